@@ -1,0 +1,328 @@
+"""LlamaGen-style decoder (DESIGN.md section 2).
+
+Pre-norm RMSNorm, SwiGLU FFN, no biases, untied embeddings, 2D (or 1D) RoPE driven by explicit
+position ids. Parameter names follow LlamaGen's gpt.py so its checkpoints load with strict checks.
+
+What the model knows of MuToR: it can append ``num_extra`` copies of one learned embedding (the
+register token) after the regular tokens, and it attends with a given ``Visibility`` rule and given
+position ids. Nothing else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import Visibility, attend, resolve_backend
+from .config import ModelConfig
+
+PRESETS = {  # (n_layer, n_head, dim)
+    "tiny": (2, 2, 64),
+    "small": (4, 4, 128),
+    "B": (12, 12, 768),
+    "L": (24, 16, 1024),
+    "XL": (36, 20, 1280),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int
+    n_head: int
+    dim: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """LlamaGen: 2/3 of 4*dim rounded up to a multiple of 256."""
+        h = int(2 * 4 * self.dim / 3)
+        return -(-h // 256) * 256
+
+
+def model_shape(cfg: ModelConfig) -> Shape:
+    base = PRESETS.get(cfg.preset, (None, None, None))
+    n_layer, n_head, dim = (v if v is not None else b for v, b in zip((cfg.n_layer, cfg.n_head, cfg.dim), base))
+    return Shape(n_layer, n_head, dim)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Rotary(nn.Module):
+    """RoPE from (row, col) position ids. 2D: the first half of each head's (interleaved) pairs
+    rotate by row, the second half by column (LlamaGen). 1D: all pairs rotate by column.
+    Tokens with position (-1, -1) (a prefix without a cell) get the identity rotation, or zeros
+    (LlamaGen's class token) when ``cls_rope='zeros'``."""
+
+    def __init__(self, head_dim: int, base: float, mode: str, cls_rope: str):
+        super().__init__()
+        self.mode, self.cls_rope = mode, cls_rope
+        if mode == "2d":
+            half = head_dim // 2
+            inv = 1.0 / base ** (torch.arange(0, half, 2)[: half // 2].float() / half)
+        else:
+            inv = 1.0 / base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions (B, L, 2) long -> cos, sin (B, L, 1, head_dim // 2) float32."""
+        pos = positions.float()
+        if self.mode == "2d":
+            ang = torch.cat([pos[..., 0:1] * self.inv_freq, pos[..., 1:2] * self.inv_freq], dim=-1)
+        else:
+            ang = pos[..., 1:2] * self.inv_freq
+        cos, sin = ang.cos(), ang.sin()
+        cell_less = (positions[..., :1] < 0)
+        if self.cls_rope == "zeros":
+            cos = cos.masked_fill(cell_less, 0.0)
+        else:
+            cos = cos.masked_fill(cell_less, 1.0)
+        sin = sin.masked_fill(cell_less, 0.0)
+        return cos.unsqueeze(2), sin.unsqueeze(2)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, L, heads, head_dim), pairs (x[2i], x[2i+1]) rotated by the angle of pair i."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class LabelEmbedder(nn.Module):
+    """Class embedding with one extra "null" row (index num_classes) for CFG."""
+
+    def __init__(self, num_classes: int, dim: int, dropout: float):
+        super().__init__()
+        self.num_classes, self.dropout = num_classes, dropout
+        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+
+    def forward(self, labels: Tensor) -> Tensor:
+        """labels (B,) in 0..num_classes (num_classes = null) -> (B, 1, dim)."""
+        if self.training and self.dropout > 0:
+            drop = torch.rand(labels.shape, device=labels.device) < self.dropout
+            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+        return self.embedding_table(labels).unsqueeze(1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, shape: Shape):
+        super().__init__()
+        self.n_head, self.head_dim, self.dim = shape.n_head, shape.head_dim, shape.dim
+        self.wqkv = nn.Linear(shape.dim, 3 * shape.dim, bias=False)
+        self.wo = nn.Linear(shape.dim, shape.dim, bias=False)
+        self.attn_dropout = cfg.attn_dropout
+        self.resid_dropout = nn.Dropout(cfg.resid_dropout)
+        self.backend = cfg.attention
+        self.cache: tuple[Tensor, Tensor] | None = None
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], vis: Visibility | None,
+                cache_start: int | None = None) -> Tensor:
+        B, L, _ = x.shape
+        q, k, v = self.wqkv(x).view(B, L, 3, self.n_head, self.head_dim).unbind(2)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        backend = resolve_backend(self.backend, x.device)
+        dropout = self.attn_dropout if self.training else 0.0
+        if cache_start is None:
+            out = attend(q, k, v, vis, backend, dropout)
+        else:
+            kc, vc = self.cache
+            end = cache_start + L
+            kc[:B, :, cache_start:end], vc[:B, :, cache_start:end] = k, v
+            keys, values = kc[:B, :, :end], vc[:B, :, :end]
+            if L == 1:
+                out = F.scaled_dot_product_attention(q, keys, values)
+            else:  # prefill: causal over the new tokens, all of the past
+                qi = torch.arange(cache_start, end, device=x.device)[:, None]
+                mask = torch.arange(end, device=x.device)[None, :] <= qi
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, L, self.dim)
+        return self.resid_dropout(self.wo(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig, shape: Shape):
+        super().__init__()
+        self.w1 = nn.Linear(shape.dim, shape.ffn_dim, bias=False)
+        self.w3 = nn.Linear(shape.dim, shape.ffn_dim, bias=False)
+        self.w2 = nn.Linear(shape.ffn_dim, shape.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(cfg.ffn_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, shape: Shape):
+        super().__init__()
+        self.attention = Attention(cfg, shape)
+        self.feed_forward = FeedForward(cfg, shape)
+        self.attention_norm = RMSNorm(shape.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(shape.dim, cfg.norm_eps)
+
+    def forward(self, x, rope, vis=None, cache_start=None):
+        h = x + self.attention(self.attention_norm(x), rope, vis, cache_start)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class GPT(nn.Module):
+    """Decoder over [prefix, tokens, extra tokens].
+
+    prefix: class labels (B,) when cfg.prefix == "class" (one class token), or prompt tokens
+    (B, P) when cfg.prefix == "prompt". ``register_token`` adds the one shared learnable embedding
+    used for every extra token.
+    """
+
+    def __init__(self, cfg: ModelConfig, register_token: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.shape = shape = model_shape(cfg)
+        if shape.dim % shape.n_head:
+            raise ValueError(f"model.dim={shape.dim} is not divisible by model.n_head={shape.n_head}")
+        if cfg.prefix == "class":
+            self.cls_embedding = LabelEmbedder(cfg.num_classes, shape.dim, cfg.class_dropout)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, shape.dim)
+        self.tok_dropout = nn.Dropout(cfg.token_dropout)
+        self.layers = nn.ModuleList(TransformerBlock(cfg, shape) for _ in range(shape.n_layer))
+        self.norm = RMSNorm(shape.dim, cfg.norm_eps)
+        self.output = nn.Linear(shape.dim, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(shape.head_dim, cfg.rope_base, cfg.rope, cfg.cls_rope)
+        if register_token:
+            self.register_embedding = nn.Parameter(torch.zeros(shape.dim))
+        self.reset_parameters()
+
+    @property
+    def has_register_token(self) -> bool:
+        return hasattr(self, "register_embedding")
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, std)
+        nn.init.zeros_(self.output.weight)       # LlamaGen zero-inits the output layer
+        if self.has_register_token:
+            nn.init.normal_(self.register_embedding, 0.0, std)
+
+    def prefix_len(self, prefix: Tensor) -> int:
+        return 1 if self.cfg.prefix == "class" else prefix.shape[1]
+
+    def embed(self, tokens: Tensor | None, prefix: Tensor | None, num_extra: int = 0) -> Tensor:
+        """(B, P + T_tokens + num_extra, dim) input embeddings, before token dropout."""
+        parts = []
+        if prefix is not None:
+            if self.cfg.prefix == "class":
+                parts.append(self.cls_embedding(prefix))
+            else:
+                parts.append(self.tok_embeddings(prefix))
+        if tokens is not None and tokens.shape[1] > 0:
+            parts.append(self.tok_embeddings(tokens))
+        if num_extra:
+            if not self.has_register_token:
+                raise ValueError("num_extra > 0 needs a model built with register_token=True")
+            B = parts[0].shape[0]
+            parts.append(self.register_embedding.to(parts[0].dtype).expand(B, num_extra, -1))
+        return torch.cat(parts, dim=1)
+
+    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
+               cache_start: int | None = None) -> Tensor:
+        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm."""
+        if positions.shape[:2] != h.shape[:2]:
+            raise ValueError(f"position ids {tuple(positions.shape)} do not match tokens {tuple(h.shape[:2])}")
+        rope = self.rotary(positions)
+        h = self.tok_dropout(h)
+        for layer in self.layers:
+            h = layer(h, rope, vis, cache_start)
+        return h
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final norm + LM head, float32 logits."""
+        return self.output(self.norm(h)).float()
+
+    def forward(self, tokens: Tensor | None, positions: Tensor, prefix: Tensor | None = None,
+                num_extra: int = 0, visibility: Visibility | None = None) -> Tensor:
+        """Logits (B, P + T + num_extra, vocab) for prefix + tokens + extra tokens."""
+        h = self.embed(tokens, prefix, num_extra)
+        return self.logits(self.hidden(h, positions, visibility))
+
+    # ------------------------------------------------------------------ decoding
+    def setup_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> None:
+        """Static KV cache for decoding (not part of the state dict)."""
+        p = self.output.weight
+        dtype, device = dtype or p.dtype, device or p.device
+        s = self.shape
+        for layer in self.layers:
+            shape = (batch_size, s.n_head, max_len, s.head_dim)
+            layer.attention.cache = (torch.zeros(shape, dtype=dtype, device=device),
+                                     torch.zeros(shape, dtype=dtype, device=device))
+
+    def clear_cache(self) -> None:
+        for layer in self.layers:
+            layer.attention.cache = None
+
+    def decode(self, tokens: Tensor | None, positions: Tensor, cache_start: int,
+               prefix: Tensor | None = None) -> Tensor:
+        """Cached step: embeds (prefix and) tokens, writes their keys at ``cache_start``, returns
+        logits (B, L, vocab) of the new tokens."""
+        h = self.embed(tokens, prefix)
+        return self.logits(self.hidden(h, positions, None, cache_start))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: ModelConfig, register_token: bool = False) -> GPT:
+    return GPT(cfg, register_token)
+
+
+# ------------------------------------------------------------------ LlamaGen interop
+
+def llamagen_state_dict(obj) -> dict:
+    """The GPT weights of a LlamaGen checkpoint: under "model", "ema", "module" or bare."""
+    for key in ("model", "ema", "module", "state_dict"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            return obj[key]
+    if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    raise ValueError("checkpoint holds no GPT weights (expected a state dict, or one under 'model'/'ema')")
+
+
+def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
+    """Load a LlamaGen c2i GPT checkpoint (path or loaded object) into ``model`` with strict key
+    checking. The register embedding, if the model has one, is new and keeps its init.
+    Logits match LlamaGen's only with ``cls_rope='zeros'`` (their class-token rotation)."""
+    if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
+        obj = torch.load(obj, map_location="cpu", weights_only=True)
+    if use_ema and isinstance(obj, dict) and "ema" in obj:
+        obj = obj["ema"]
+    sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
+    sd = {k: v for k, v in sd.items() if k != "freqs_cis" and ".kv_cache." not in k and k != "causal_mask"}
+    own = model.state_dict()
+    expected = set(own) - {"register_embedding"}
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}"
+                         f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                         f"{'…' if len(unexpected) > 8 else ''}")
+    bad = [k for k in sd if sd[k].shape != own[k].shape]
+    if bad:
+        raise ValueError("checkpoint shapes differ: " + ", ".join(
+            f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:4]))
+    if model.has_register_token:
+        sd["register_embedding"] = own["register_embedding"]
+    model.load_state_dict(sd, strict=True)

@@ -1,0 +1,354 @@
+"""Register layout for MuToR (DESIGN.md section 1): pure tensor code, no model.
+
+Sequence terms. A sample has P prefix tokens (class token or prompt) and a body x_0..x_{N-1} on a
+grid (H, W), N = H*W, raster order; 1D data is H = 1. The *regular inputs* are
+prefix + x_0..x_{N-2}: T = P + N - 1 tokens; regular input i predicts body token i - (P - 1).
+
+Registers. A register is anchored at body token x_t (regular input P + t) and predicts the body
+token at grid offset (Δr, Δc): cell (row(t)+Δr, col(t)+Δc). For MuToR-1D the last prefix token is an
+anchor too (t = -1, virtual cell (0, -1)). A target off the grid (below the last row, or past the
+right edge under the default "geometric" rule) is invalid; the "raster" rule instead takes
+x_{t + Δr*W + Δc} and is only invalid past the end. A register's position id is that of the regular
+input that predicts its target under next-token prediction (regular input P - 1 + target).
+
+Attention (see attention.Visibility): regular input i sees regular inputs 0..i; a register anchored
+at x_t sees regular inputs 0..P+t and itself. Physical order: regular block first, registers after.
+
+Position ids are (row, col) pairs. On a grid with H > 1 the prefix has no cell: (-1, -1); body token
+t is at (t // W, t % W). On a line (H = 1) the prefix lies on the line: regular input i is at (0, i).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .attention import NEVER, Visibility
+
+Objective = Literal["ntp", "mutor-1d", "mutor-2d"]
+
+
+class LayoutError(ValueError):
+    """An impossible register setting for the given grid; one-line message."""
+
+
+@dataclass(frozen=True)
+class RegisterSpec:
+    """What registers to place. See ObjectiveConfig for the meaning of each field."""
+    objective: Objective = "ntp"
+    d_min: int = 1
+    d_max: int = 4
+    d_max_2d: int = 4
+    placement: Literal["dense", "sparse"] = "dense"
+    num_registers: int = 80
+    per_register_offsets: bool = False
+    edge: Literal["geometric", "raster"] = "geometric"
+
+    @classmethod
+    def from_config(cls, obj) -> "RegisterSpec":
+        name = obj.name if obj.name in ("ntp", "mutor-1d", "mutor-2d") else "ntp"
+        return cls(name, obj.d_min, obj.d_max, obj.d_max_2d, obj.placement, obj.num_registers,
+                   obj.per_register_offsets, obj.edge)
+
+    @property
+    def uses_registers(self) -> bool:
+        return self.objective != "ntp"
+
+    def offsets(self) -> Tensor:
+        """Candidate offsets (C, 2) as (Δr, Δc)."""
+        return candidate_offsets(self.objective, self.d_min, self.d_max, self.d_max_2d)
+
+    def check(self, grid: tuple[int, int], prefix_len: int) -> None:
+        """Raise LayoutError if this spec cannot work on ``grid``."""
+        H, W = grid
+        if H < 1 or W < 1 or H * W < 2:
+            raise LayoutError(f"grid {H}x{W}: need at least 2 body tokens")
+        if prefix_len < 1:
+            raise LayoutError(f"prefix length {prefix_len}: need at least one prefix token")
+        if not self.uses_registers:
+            return
+        if self.objective == "mutor-2d" and H == 1:
+            raise LayoutError(f"objective.name=mutor-2d needs a 2D grid, got {H}x{W} (use mutor-1d)")
+        if self.objective == "mutor-2d" and self.d_max_2d > max(H, W):
+            raise LayoutError(f"objective.d_max_2d={self.d_max_2d} exceeds the grid {H}x{W}")
+        if self.objective == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):
+            raise LayoutError(f"objective.d_min={self.d_min}: every 1D target falls off the {H}x{W} grid")
+        if self.placement == "sparse":
+            anchors = num_anchors(self.objective, grid)
+            if self.num_registers > anchors:
+                raise LayoutError(f"objective.num_registers={self.num_registers} exceeds the "
+                                  f"{anchors} anchors of a {H}x{W} grid")
+
+
+def candidate_offsets(objective: str, d_min: int, d_max: int, d_max_2d: int) -> Tensor:
+    if objective == "mutor-2d":
+        D = d_max_2d
+        rc = [(r, c) for r in range(D) for c in range(D) if (r, c) != (0, 0)]
+    elif objective == "mutor-1d":
+        rc = [(0, d) for d in range(d_min, d_max + 1)]
+    else:
+        rc = []
+    return torch.tensor(rc, dtype=torch.long).reshape(-1, 2)
+
+
+def first_anchor(objective: str) -> int:
+    """Body index of the first anchor: -1 (last prefix token) for 1D offsets, else 0."""
+    return -1 if objective == "mutor-1d" else 0
+
+
+def num_anchors(objective: str, grid: tuple[int, int]) -> int:
+    return grid[0] * grid[1] - 1 - first_anchor(objective)
+
+
+def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge: str,
+                   lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Targets of ``anchors`` (..., ) body indices under ``offsets`` (..., 2), broadcast together.
+
+    Returns (target body index, clamped into range where invalid; valid bool). ``lengths`` (B,)
+    limits valid targets per sample (padded 1D data); shapes must then start with B.
+    """
+    H, W = grid
+    N = H * W
+    dr, dc = offsets[..., 0], offsets[..., 1]
+    if edge == "raster":
+        target = anchors + dr * W + dc
+        valid = target < N
+    else:
+        row = torch.div(anchors, W, rounding_mode="floor")
+        col = anchors - row * W                      # anchor -1 -> cell (-1, W-1)...
+        row = torch.where(anchors < 0, torch.zeros_like(row), row)
+        col = torch.where(anchors < 0, torch.full_like(col, -1), col)  # ...virtual cell (0, -1)
+        tr, tc = row + dr, col + dc
+        valid = (tr < H) & (tc < W) & (tc >= 0)
+        target = tr * W + tc
+    if lengths is not None:
+        valid = valid & (target < lengths.view(-1, *([1] * (target.dim() - 1))))
+    target = torch.where(valid, target, torch.zeros_like(target))
+    return target, valid
+
+
+def regular_position_ids(grid: tuple[int, int], prefix_len: int, length: int | None = None) -> Tensor:
+    """(L, 2) position ids of the first ``length`` tokens of prefix + body (default: T inputs)."""
+    H, W = grid
+    P = prefix_len
+    L = P + H * W - 1 if length is None else length
+    i = torch.arange(L)
+    if H == 1:
+        return torch.stack([torch.zeros_like(i), i], dim=-1)
+    t = (i - P).clamp(min=0)
+    pos = torch.stack([t // W, t % W], dim=-1)
+    return torch.where((i < P)[:, None], torch.full_like(pos, -1), pos)
+
+
+@dataclass
+class Layout:
+    """Everything the model and the loss need for one batch. Shapes: B samples, T regular
+    inputs, R register slots (padded; ``reg_valid`` says which are real). Physical order:
+    regular inputs 0..T-1, then registers T..T+R-1."""
+    grid: tuple[int, int]
+    prefix_len: int
+    position_ids: Tensor    # (B, T+R, 2) long
+    key_rank: Tensor        # (B, T+R) long
+    query_limit: Tensor     # (B, T+R) long
+    ntp_target: Tensor      # (B, T) body index each regular input predicts (clamped)
+    ntp_valid: Tensor       # (B, T) bool: has a loss (not prefix-internal, not padding)
+    reg_anchor: Tensor      # (B, R) body index of the anchor (-1 = last prefix token)
+    reg_offset: Tensor      # (B, R, 2) (Δr, Δc)
+    reg_target: Tensor      # (B, R) body index of the target (clamped)
+    reg_valid: Tensor       # (B, R) bool
+
+    @property
+    def num_regular(self) -> int:
+        return self.ntp_target.shape[1]
+
+    @property
+    def num_registers(self) -> int:
+        return self.reg_target.shape[1]
+
+    @property
+    def visibility(self) -> Visibility | None:
+        """The attention rule for the model; None = plain causal (no registers)."""
+        if self.num_registers == 0:
+            return None
+        return Visibility(self.key_rank, self.query_limit, num_main=self.num_regular)
+
+    def dense_mask(self) -> Tensor:
+        """(B, T+R, T+R) bool attention matrix (True = may attend); for SDPA and pictures."""
+        return Visibility(self.key_rank, self.query_limit).dense_mask()[:, 0]
+
+    def mask_mod(self):
+        """FlexAttention mask_mod of this layout."""
+        return Visibility(self.key_rank, self.query_limit).mask_mod()
+
+    def gather_targets(self, body: Tensor) -> tuple[Tensor, Tensor]:
+        """body (B, N) tokens -> (ntp targets (B, T), register targets (B, R))."""
+        return body.gather(1, self.ntp_target), body.gather(1, self.reg_target)
+
+    def interleaved_order(self) -> Tensor:
+        """(B, T+R) permutation placing each register right after its anchor (the logical
+        order of the paper), unused register slots last. ``x[b, order[b]]`` reorders tokens."""
+        B, T, R = self.reg_target.shape[0], self.num_regular, self.num_registers
+        reg_key = torch.where(self.reg_valid, 2 * (self.prefix_len + self.reg_anchor) + 1,
+                              torch.full_like(self.reg_anchor, 4 * (T + R)))
+        key = torch.cat([2 * torch.arange(T, device=reg_key.device).expand(B, T), reg_key], 1)
+        return torch.argsort(key, dim=1, stable=True)
+
+
+def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: RegisterSpec,
+                generator: torch.Generator | None = None, lengths: Tensor | None = None,
+                device: torch.device | str | None = None) -> Layout:
+    """Build the layout of one batch.
+
+    lengths: (B,) number of real body tokens per sample (1D padding, right-padded); None = full.
+    Offsets: one per sequence drawn uniformly from the candidates (``per_register_offsets``: one per
+    anchor). Dense: every anchor with a valid target gets a register. Sparse: K anchors drawn
+    without replacement among the valid ones (fewer if fewer are valid).
+    """
+    spec.check(grid, prefix_len)
+    H, W = grid
+    N, P, B = H * W, prefix_len, batch_size
+    T = P + N - 1
+    if lengths is not None:
+        lengths = torch.as_tensor(lengths, dtype=torch.long).cpu()
+        if lengths.shape != (B,) or (lengths < 1).any() or (lengths > N).any():
+            raise LayoutError(f"lengths must be (B,)={B} values in 1..{N}, got {lengths.tolist()}")
+
+    reg_pos = regular_position_ids(grid, P)                              # (T, 2)
+    i = torch.arange(T)
+    ntp_target = (i - (P - 1)).clamp(min=0).expand(B, T)
+    ntp_valid = (i >= P - 1).expand(B, T)
+    if lengths is not None:
+        ntp_valid = ntp_valid & (ntp_target < lengths[:, None])
+    ntp_target = torch.where(ntp_valid, ntp_target, torch.zeros_like(ntp_target))
+
+    if spec.uses_registers:
+        offsets = spec.offsets()
+        a0 = first_anchor(spec.objective)
+        anchors = torch.arange(a0, N - 1)                                # (A,)
+        A = anchors.numel()
+        if spec.per_register_offsets:
+            pick = torch.randint(len(offsets), (B, A), generator=generator)
+        else:
+            pick = torch.randint(len(offsets), (B, 1), generator=generator).expand(B, A)
+        off = offsets[pick]                                              # (B, A, 2)
+        target, valid = offset_targets(grid, anchors.expand(B, A), off, spec.edge, lengths)
+        if spec.placement == "sparse":
+            score = torch.rand(B, A, generator=generator).masked_fill(~valid, 2.0)
+            slot = score.argsort(dim=1)[:, :spec.num_registers].sort(dim=1).values
+        else:
+            R = int(valid.sum(1).max())
+            key = (~valid).long() * A + torch.arange(A)
+            slot = key.argsort(dim=1)[:, :R]
+        reg_anchor = anchors[slot]
+        reg_offset = off.gather(1, slot[..., None].expand(-1, -1, 2))
+        reg_target = target.gather(1, slot)
+        reg_valid = valid.gather(1, slot)
+    else:
+        reg_anchor = reg_target = torch.zeros(B, 0, dtype=torch.long)
+        reg_offset = torch.zeros(B, 0, 2, dtype=torch.long)
+        reg_valid = torch.zeros(B, 0, dtype=torch.bool)
+
+    R = reg_target.shape[1]
+    position_ids = torch.cat([reg_pos.expand(B, T, 2), reg_pos[P - 1 + reg_target]], dim=1)
+    key_rank = torch.cat([i.expand(B, T), torch.full((B, R), NEVER)], dim=1)
+    reg_limit = torch.where(reg_valid, P + reg_anchor, torch.full_like(reg_anchor, -1))
+    query_limit = torch.cat([i.expand(B, T), reg_limit], dim=1)
+
+    out = Layout(grid, P, position_ids, key_rank, query_limit, ntp_target, ntp_valid,
+                 reg_anchor, reg_offset, reg_target, reg_valid)
+    for name, value in vars(out).items():
+        if isinstance(value, Tensor):
+            setattr(out, name, value.contiguous().to(device) if device is not None else value.contiguous())
+    return out
+
+
+# ----------------------------------------------------------------------------- picture
+
+def draw_mask(layout: Layout, sample: int, path: str, order: str = "interleaved") -> None:
+    """Save the attention matrix of one sample as a PNG: rows attend to columns; regular tokens
+    in blue, registers in orange, unused register slots omitted."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    T, P = layout.num_regular, layout.prefix_len
+    mask = layout.dense_mask()[sample]
+    keep = torch.cat([torch.ones(T, dtype=torch.bool), layout.reg_valid[sample]])
+    idx = layout.interleaved_order()[sample] if order == "interleaved" else torch.arange(len(keep))
+    idx = idx[keep[idx]]
+    m = mask[idx][:, idx].numpy()
+    is_reg = (idx >= T).numpy()
+    labels = []
+    for j in idx.tolist():
+        if j < T:
+            labels.append(f"p{j}" if j < P else f"x{j - P}")
+        else:
+            r = j - T
+            labels.append(f"r{int(layout.reg_anchor[sample, r])}→x{int(layout.reg_target[sample, r])}")
+    L = len(idx)
+    img = np.ones((L, L, 3))
+    reg_row = is_reg[:, None] | np.zeros((1, L), dtype=bool)
+    col_reg = np.zeros((L, 1), dtype=bool) | is_reg[None, :]
+    blue, orange, purple = np.array([0.2, 0.4, 0.85]), np.array([0.95, 0.55, 0.1]), np.array([0.55, 0.3, 0.7])
+    colour = np.where((reg_row & col_reg)[..., None], purple, np.where(reg_row[..., None], orange, blue))
+    img[m] = colour[m]
+    size = max(4.0, 0.22 * L)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(img, interpolation="nearest")
+    ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
+    ax.set_yticks(range(L), labels, fontsize=6)
+    for k, r in enumerate(is_reg):
+        for tick in (ax.get_xticklabels()[k], ax.get_yticklabels()[k]):
+            tick.set_color("darkorange" if r else "navy")
+    H, W = layout.grid
+    ax.set_title(f"grid {H}x{W}, prefix {P}: rows attend to columns "
+                 f"(blue: regular, orange: register → regular, purple: register self)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _grid_arg(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 4x4") from None
+    return h, w
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Draw the MuToR attention mask of one sample.")
+    ap.add_argument("--grid", type=_grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
+    ap.add_argument("--prefix", type=int, default=1, help="prefix length P")
+    ap.add_argument("--objective", default=None, choices=["mutor-1d", "mutor-2d"],
+                    help="default: mutor-2d for H > 1, mutor-1d for H = 1")
+    ap.add_argument("--dmax2d", type=int, default=3, help="D for 2D offsets")
+    ap.add_argument("--dmin", type=int, default=1)
+    ap.add_argument("--dmax", type=int, default=4)
+    ap.add_argument("--sparse", type=int, default=0, help="K registers (0 = dense)")
+    ap.add_argument("--per-register-offsets", action="store_true")
+    ap.add_argument("--edge", choices=["geometric", "raster"], default="geometric")
+    ap.add_argument("--order", choices=["interleaved", "appended"], default="interleaved")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="mask.png")
+    args = ap.parse_args(argv)
+    objective = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
+    spec = RegisterSpec(objective, args.dmin, args.dmax, args.dmax2d,
+                        "sparse" if args.sparse else "dense", max(args.sparse, 1),
+                        args.per_register_offsets, args.edge)
+    try:
+        layout = make_layout(1, args.grid, args.prefix, spec, torch.Generator().manual_seed(args.seed))
+    except LayoutError as e:
+        raise SystemExit(f"error: {e}")
+    draw_mask(layout, 0, args.out, args.order)
+    offs = sorted({tuple(o) for o in layout.reg_offset[0][layout.reg_valid[0]].tolist()})
+    print(f"wrote {args.out}: {layout.num_regular} regular tokens, "
+          f"{int(layout.reg_valid[0].sum())} registers, offsets {offs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Model invariants: registers never change regular outputs; registers are blind to what they must
+not see; backends agree; KV-cache decoding; GPT-B size; LlamaGen interop; overfitting."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mutor2d.attention import Visibility
+from mutor2d.config import ModelConfig, ObjectiveConfig
+from mutor2d.model import GPT, load_llamagen, model_shape
+from mutor2d.objectives import Batch, build_objective
+from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
+
+V, C = 24, 5
+
+
+def tiny(prefix="class", rope="2d", register=True, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(preset="tiny", vocab_size=V, num_classes=C, prefix=prefix, rope=rope,
+                      token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0, **kw)
+    m = GPT(cfg, register_token=register).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    return m
+
+
+def set_backend(m, name):
+    for layer in m.layers:
+        layer.attention.backend = name
+
+
+CASES = [  # name, grid, prefix kind, spec, padded
+    ("2d-dense", (4, 4), "class", RegisterSpec("mutor-2d", d_max_2d=3), False),
+    ("2d-sparse", (4, 5), "class", RegisterSpec("mutor-2d", d_max_2d=4, placement="sparse", num_registers=6), False),
+    ("2d-per-reg", (3, 4), "class", RegisterSpec("mutor-2d", d_max_2d=3, per_register_offsets=True), False),
+    ("1d-on-grid", (4, 4), "class", RegisterSpec("mutor-1d", d_min=1, d_max=4, edge="raster"), False),
+    ("1d-dense-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4), True),
+    ("1d-sparse-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4, placement="sparse", num_registers=4), True),
+]
+
+
+def inputs(case, B=4, seed=0):
+    name, grid, prefix_kind, spec, padded = case
+    gen = torch.Generator().manual_seed(seed)
+    N = grid[0] * grid[1]
+    body = torch.randint(0, V, (B, N), generator=gen)
+    prefix = torch.randint(0, C, (B,), generator=gen) if prefix_kind == "class" else torch.randint(0, V, (B, 3), generator=gen)
+    P = 1 if prefix_kind == "class" else 3
+    lengths = torch.tensor([N, N - 3, N - 5, N - 1][:B]) if padded else None
+    lay = make_layout(B, grid, P, spec, torch.Generator().manual_seed(seed + 1), lengths)
+    return body, prefix, lay
+
+
+def run(m, body, prefix, lay, vis="split", h=None):
+    T, R = lay.num_regular, lay.num_registers
+    if vis == "split":
+        vis = lay.visibility
+    elif vis == "dense":
+        vis = Visibility(lay.key_rank, lay.query_limit)
+    h = m.embed(body[:, : T - lay.prefix_len], prefix, R) if h is None else h
+    return m.logits(m.hidden(h, lay.position_ids, vis))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_regular_logits_unchanged_by_registers(case, backend):
+    m = tiny(prefix=case[2], rope="2d" if case[1][0] > 1 else "1d")
+    set_backend(m, backend)
+    body, prefix, lay = inputs(case)
+    T = lay.num_regular
+    assert lay.num_registers > 0
+    with_regs = run(m, body, prefix, lay)
+    without = m(body[:, : T - lay.prefix_len], lay.position_ids[:, :T], prefix)
+    torch.testing.assert_close(with_regs[:, :T], without, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_register_blind_to_future_and_other_registers(case):
+    m = tiny(prefix=case[2], rope="2d" if case[1][0] > 1 else "1d")
+    body, prefix, lay = inputs(case)
+    T, R, P = lay.num_regular, lay.num_registers, lay.prefix_len
+    base_h = m.embed(body[:, : T - P], prefix, R)
+    base = run(m, body, prefix, lay, h=base_h)
+    gen = torch.Generator().manual_seed(7)
+    checked = 0
+    for b in range(body.shape[0]):
+        for r in torch.nonzero(lay.reg_valid[b]).flatten().tolist()[:4]:
+            a = P + int(lay.reg_anchor[b, r])               # last regular index it may see
+            h = base_h.clone()
+            h[b, a + 1:T] += torch.randn(h[b, a + 1:T].shape, generator=gen)   # later regular tokens
+            others = [T + j for j in range(R) if j != r]
+            h[b, others] += torch.randn(h[b, others].shape, generator=gen)    # other registers
+            out = run(m, body, prefix, lay, h=h)
+            torch.testing.assert_close(out[b, T + r], base[b, T + r], rtol=1e-5, atol=1e-5)
+            # and it does see its anchor
+            h2 = base_h.clone()
+            h2[b, a] += 1.0
+            assert not torch.allclose(run(m, body, prefix, lay, h=h2)[b, T + r], base[b, T + r])
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_backends_and_layouts_agree(case):
+    m = tiny(prefix=case[2])
+    body, prefix, lay = inputs(case)
+    ref = run(m, body, prefix, lay, vis="dense")           # SDPA with a dense boolean mask
+    split = run(m, body, prefix, lay, vis="split")         # causal block + register block
+    torch.testing.assert_close(split, ref, rtol=1e-5, atol=1e-5)
+    set_backend(m, "flex")
+    torch.testing.assert_close(run(m, body, prefix, lay), ref, rtol=1e-5, atol=1e-5)
+    set_backend(m, "sdpa")
+    # interleaved physical order (each register right after its anchor) gives the same outputs
+    order = lay.interleaved_order()
+    h = m.embed(body[:, : lay.num_regular - lay.prefix_len], prefix, lay.num_registers)
+    h_perm = h.gather(1, order[..., None].expand(-1, -1, h.shape[-1]))
+    pos_perm = lay.position_ids.gather(1, order[..., None].expand(-1, -1, 2))
+    vis = Visibility(lay.key_rank, lay.query_limit).permute(order)
+    out = m.logits(m.hidden(h_perm, pos_perm, vis))
+    torch.testing.assert_close(out, ref.gather(1, order[..., None].expand(-1, -1, ref.shape[-1])),
+                               rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_kv_cache_decoding_matches_full_forward():
+    m = tiny(register=False)
+    grid, B = (3, 4), 3
+    body = torch.randint(0, V, (B, 12))
+    labels = torch.randint(0, C, (B,))
+    pos = regular_position_ids(grid, 1).expand(B, -1, -1)
+    full = m(body[:, :-1], pos, labels)
+    m.setup_cache(B, 12)
+    step = [m.decode(None, pos[:, :1], 0, prefix=labels)]
+    for t in range(11):
+        step.append(m.decode(body[:, t:t + 1], pos[:, t + 1:t + 2], t + 1))
+    torch.testing.assert_close(torch.cat(step, 1), full, rtol=1e-5, atol=1e-5)
+    # chunked prefill (prompt of several tokens) matches too
+    m.setup_cache(B, 12)
+    pre = m.decode(body[:, :4], pos[:, :5], 0, prefix=labels)
+    torch.testing.assert_close(pre, full[:, :5], rtol=1e-5, atol=1e-5)
+    m.clear_cache()
+
+
+def test_gpt_b_parameter_count():
+    m = GPT(ModelConfig(preset="B"))
+    n = m.num_params()
+    assert abs(n - 111e6) / 111e6 < 0.01, n
+    assert model_shape(ModelConfig(preset="B")).ffn_dim == 2048
+    assert model_shape(ModelConfig(preset="L")).ffn_dim == 2816
+    assert model_shape(ModelConfig(preset="XL")).ffn_dim == 3584
+
+
+# ---------------------------------------------------------------- LlamaGen interop
+
+def llamagen_state_dict(n_layer, dim, n_head, vocab, classes, seed=0):
+    """A state dict in LlamaGen's c2i GPT key layout, random values."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = -(-int(2 * 4 * dim / 3) // 256) * 256
+    r = lambda *s: torch.randn(*s, generator=g) * 0.1
+    sd = {"tok_embeddings.weight": r(vocab, dim), "cls_embedding.embedding_table.weight": r(classes + 1, dim),
+          "norm.weight": 1 + r(dim), "output.weight": r(vocab, dim)}
+    for i in range(n_layer):
+        p = f"layers.{i}."
+        sd.update({p + "attention.wqkv.weight": r(3 * dim, dim), p + "attention.wo.weight": r(dim, dim),
+                   p + "feed_forward.w1.weight": r(hidden, dim), p + "feed_forward.w3.weight": r(hidden, dim),
+                   p + "feed_forward.w2.weight": r(dim, hidden), p + "attention_norm.weight": 1 + r(dim),
+                   p + "ffn_norm.weight": 1 + r(dim)})
+    return sd
+
+
+def llamagen_reference_logits(sd, n_layer, n_head, labels, idx, grid_size, eps=1e-5):
+    """LlamaGen's c2i training forward written out from its published rules: a (cls + grid) table of
+    (cos, sin) per head-dim pair, class rows all zero, row frequencies on the first half of pairs."""
+    dim = sd["norm.weight"].numel()
+    hd = dim // n_head
+    half = hd // 2
+    freqs = 1.0 / (10000 ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    t = torch.arange(grid_size).float()
+    f = torch.outer(t, freqs)
+    grid = torch.cat([f[:, None, :].expand(-1, grid_size, -1), f[None, :, :].expand(grid_size, -1, -1)], -1)
+    table = torch.stack([grid.cos(), grid.sin()], -1).flatten(0, 1)
+    table = torch.cat([torch.zeros(1, hd // 2, 2), table])
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def rot(x, fc):
+        xs = x.reshape(*x.shape[:-1], -1, 2)
+        fc = fc.view(1, xs.shape[1], 1, xs.shape[3], 2)
+        return torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
+                            xs[..., 1] * fc[..., 0] + xs[..., 0] * fc[..., 1]], -1).flatten(3)
+
+    h = torch.cat([sd["cls_embedding.embedding_table.weight"][labels][:, None], sd["tok_embeddings.weight"][idx]], 1)
+    B, L, _ = h.shape
+    fc = table[:L]
+    for i in range(n_layer):
+        p = f"layers.{i}."
+        x = norm(h, sd[p + "attention_norm.weight"])
+        q, k, v = (x @ sd[p + "attention.wqkv.weight"].T).split(dim, -1)
+        q, k, v = (z.view(B, L, n_head, hd) for z in (q, k, v))
+        q, k = rot(q, fc), rot(k, fc)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        h = h + a.transpose(1, 2).reshape(B, L, dim) @ sd[p + "attention.wo.weight"].T
+        x = norm(h, sd[p + "ffn_norm.weight"])
+        ff = (F.silu(x @ sd[p + "feed_forward.w1.weight"].T) * (x @ sd[p + "feed_forward.w3.weight"].T))
+        h = h + ff @ sd[p + "feed_forward.w2.weight"].T
+    return norm(h, sd["norm.weight"]) @ sd["output.weight"].T
+
+
+@pytest.mark.parametrize("wrap", ["model", "ema", "bare"])
+@torch.no_grad()
+def test_llamagen_checkpoint_loads_and_matches(wrap, tmp_path):
+    n_layer, dim, n_head, vocab, classes, gs = 2, 64, 4, 40, 7, 4
+    sd = llamagen_state_dict(n_layer, dim, n_head, vocab, classes)
+    obj = sd if wrap == "bare" else {wrap: sd, "steps": 10}
+    path = tmp_path / "c2i.pt"
+    torch.save(obj, path)
+    cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=n_head, dim=dim, vocab_size=vocab,
+                      num_classes=classes, cls_rope="zeros", token_dropout=0, resid_dropout=0,
+                      ffn_dropout=0, class_dropout=0)
+    model = GPT(cfg, register_token=True).eval()
+    load_llamagen(model, path)
+    labels = torch.tensor([0, 3, 6])
+    idx = torch.randint(0, vocab, (3, gs * gs - 1))
+    pos = regular_position_ids((gs, gs), 1).expand(3, -1, -1)
+    ours = model(idx, pos, labels)
+    ref = llamagen_reference_logits(sd, n_layer, n_head, labels, idx, gs)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    # identity rotation on the class token is a different (new-model) default
+    model.rotary.cls_rope = "identity"
+    assert not torch.allclose(model(idx, pos, labels), ref, atol=1e-4)
+
+
+def test_llamagen_mismatch_is_clear():
+    sd = llamagen_state_dict(2, 64, 4, 40, 7)
+    cfg = ModelConfig(preset="custom", n_layer=3, n_head=4, dim=64, vocab_size=40, num_classes=7)
+    with pytest.raises(ValueError, match=r"missing \['layers.2"):
+        load_llamagen(GPT(cfg), {"model": sd})
+    sd2 = dict(sd, extra_thing=torch.zeros(1))
+    cfg = ModelConfig(preset="custom", n_layer=2, n_head=4, dim=64, vocab_size=40, num_classes=7)
+    with pytest.raises(ValueError, match="unexpected \\['extra_thing'\\]"):
+        load_llamagen(GPT(cfg), sd2)
+    cfg = ModelConfig(preset="custom", n_layer=2, n_head=4, dim=64, vocab_size=50, num_classes=7)
+    with pytest.raises(ValueError, match="shapes differ: tok_embeddings.weight"):
+        load_llamagen(GPT(cfg), sd)
+
+
+# ---------------------------------------------------------------- overfitting
+
+@pytest.mark.parametrize("objective", [
+    ObjectiveConfig(name="ntp"),
+    ObjectiveConfig(name="mutor-2d", d_max_2d=3, reg_weight=0.5),
+    ObjectiveConfig(name="mutor-2d", d_max_2d=3, placement="sparse", num_registers=4),
+    ObjectiveConfig(name="mutor-1d", d_min=1, d_max=3),
+    ObjectiveConfig(name="multihead", d_max_2d=2),
+], ids=["ntp", "mutor2d", "mutor2d-sparse", "mutor1d", "multihead"])
+def test_tiny_model_overfits(objective):
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny", vocab_size=8, num_classes=4, token_dropout=0, resid_dropout=0,
+                      ffn_dropout=0, class_dropout=0)
+    spec = RegisterSpec.from_config(objective)
+    model = GPT(cfg, register_token=spec.uses_registers and objective.name != "multihead")
+    loss_fn = build_objective(objective, model)
+    batch = Batch(torch.randint(0, 8, (4, 16)), torch.arange(4), (4, 4))
+    opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(300):
+        out = loss_fn(model.train(), batch, gen)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(out["loss"].item())
+    assert losses[0] > 0.9 * math.log(8)
+    tail = sum(losses[-30:]) / 30                       # offsets are redrawn every step: smooth
+    assert tail < 0.4 * losses[0], tail

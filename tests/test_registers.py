@@ -1,0 +1,237 @@
+"""Register layout: targets, validity, position ids and the visibility rule, against hand-computed
+values and an independent brute-force reference."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mutor2d.attention import NEVER
+from mutor2d.registers import (LayoutError, RegisterSpec, make_layout, offset_targets,
+                               regular_position_ids)
+
+
+def g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def reg_list(lay, b):
+    v = lay.reg_valid[b]
+    return lay.reg_anchor[b][v].tolist(), lay.reg_target[b][v].tolist()
+
+
+def test_2d_hand_computed_offset_1_1_geometric():
+    # 3x3 grid, offset (1,1): anchors on the last column or last row have no target.
+    t, v = offset_targets((3, 3), torch.arange(0, 8), torch.tensor([1, 1]), "geometric")
+    assert v.tolist() == [True, True, False, True, True, False, False, False]
+    assert t[v].tolist() == [4, 5, 7, 8]
+
+
+def test_2d_hand_computed_offset_raster_wraps():
+    t, v = offset_targets((3, 3), torch.arange(0, 8), torch.tensor([1, 1]), "raster")
+    assert v.tolist() == [True] * 5 + [False] * 3
+    assert t[v].tolist() == [4, 5, 6, 7, 8]
+
+
+def test_2d_hand_computed_below_last_row():
+    t, v = offset_targets((3, 4), torch.arange(0, 11), torch.tensor([2, 0]), "geometric")
+    assert v.tolist() == [True] * 4 + [False] * 7
+    assert t[v].tolist() == [8, 9, 10, 11]
+
+
+def test_2d_layout_positions_and_limits_hand_computed():
+    spec = RegisterSpec("mutor-2d", d_max_2d=2)  # candidates (0,1), (1,0), (1,1)
+    for seed in range(20):
+        lay = make_layout(1, (3, 3), 1, spec, g(seed))
+        off = tuple(lay.reg_offset[0, 0].tolist())
+        if off != (1, 1):
+            continue
+        assert reg_list(lay, 0) == ([0, 1, 3, 4], [4, 5, 7, 8])
+        T = lay.num_regular
+        assert T == 9
+        # register position = cell of the target's NTP predictor x_{target-1}
+        assert lay.position_ids[0, T:].tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]
+        assert lay.query_limit[0, T:].tolist() == [1, 2, 4, 5]
+        assert (lay.key_rank[0, T:] == NEVER).all()
+        # regular positions: class token has no cell, x_t at (t // 3, t % 3)
+        assert lay.position_ids[0, :T].tolist() == [[-1, -1]] + [[t // 3, t % 3] for t in range(8)]
+        assert lay.ntp_target[0].tolist() == list(range(9))
+        return
+    pytest.fail("offset (1,1) never drawn")
+
+
+def test_1d_hand_computed_with_prefix_anchor():
+    spec = RegisterSpec("mutor-1d", d_min=3, d_max=3)
+    lay = make_layout(2, (1, 6), 2, spec, g(), lengths=torch.tensor([6, 4]))
+    T = lay.num_regular
+    assert T == 2 + 5
+    assert reg_list(lay, 0) == ([-1, 0, 1, 2], [2, 3, 4, 5])
+    assert reg_list(lay, 1) == ([-1, 0], [2, 3])           # padded: targets must be < 4
+    v = lay.reg_valid[0]
+    assert lay.position_ids[0, T:][v].tolist() == [[0, 3], [0, 4], [0, 5], [0, 6]]
+    assert lay.query_limit[0, T:][v].tolist() == [1, 2, 3, 4]
+    assert lay.position_ids[0, :T].tolist() == [[0, i] for i in range(T)]
+    # NTP: regular input 1 (last prompt token) predicts x_0; padding has no loss
+    assert lay.ntp_valid[0].tolist() == [False, True, True, True, True, True, True]
+    assert lay.ntp_valid[1].tolist() == [False, True, True, True, True, False, False]
+    assert lay.ntp_target[0, 1:].tolist() == [0, 1, 2, 3, 4, 5]
+    # invalid register slots see only themselves
+    assert (lay.query_limit[1, T:][~lay.reg_valid[1]] == -1).all()
+
+
+def test_1d_d1_register_sits_on_last_prefix_position():
+    lay = make_layout(1, (1, 5), 3, RegisterSpec("mutor-1d", d_min=1, d_max=1), g())
+    assert reg_list(lay, 0) == ([-1, 0, 1, 2, 3], [0, 1, 2, 3, 4])
+    T = lay.num_regular
+    assert lay.position_ids[0, T:, 1].tolist() == [2, 3, 4, 5, 6]
+
+
+def test_mutor1d_on_2d_grid_uses_class_position_for_x0():
+    lay = make_layout(1, (2, 3), 1, RegisterSpec("mutor-1d", d_min=1, d_max=1), g())
+    T = lay.num_regular
+    a, t = reg_list(lay, 0)
+    assert a == [-1, 0, 1, 3, 4] and t == [0, 1, 2, 4, 5]   # geometric: no wrap from x2 to x3
+    assert lay.position_ids[0, T].tolist() == [-1, -1]       # predictor of x_0 is the class token
+
+
+def _reference(grid, P, off, edge, length):
+    """Brute force: list of (anchor, target) pairs for one sample and one offset."""
+    H, W = grid
+    N = H * W
+    out = []
+    start = -1 if off[0] == 0 and "1d" in edge else 0
+    for t in range(start, N - 1):
+        if edge.startswith("raster"):
+            j = t + off[0] * W + off[1]
+            ok = j < N
+        else:
+            r, c = (0, -1) if t == -1 else divmod(t, W)
+            rr, cc = r + off[0], c + off[1]
+            ok = rr < H and cc < W
+            j = rr * W + cc
+        if ok and j < length:
+            out.append((t, j))
+    return out
+
+
+@pytest.mark.parametrize("grid", [(4, 4), (3, 5), (5, 2), (1, 9)])
+@pytest.mark.parametrize("edge", ["geometric", "raster"])
+def test_dense_layout_matches_brute_force(grid, edge):
+    H, W = grid
+    objective = "mutor-1d" if H == 1 else "mutor-2d"
+    spec = RegisterSpec(objective, d_min=2, d_max=4, d_max_2d=min(3, H), edge=edge)
+    B = 6
+    lengths = torch.tensor([H * W - (i % 3) for i in range(B)]) if H == 1 else None
+    lay = make_layout(B, grid, 1, spec, g(3), lengths=lengths)
+    T = lay.num_regular
+    for b in range(B):
+        off = tuple(lay.reg_offset[b, 0].tolist())
+        length = int(lengths[b]) if lengths is not None else H * W
+        tag = edge + ("1d" if objective == "mutor-1d" else "")
+        assert list(zip(*reg_list(lay, b))) == _reference(grid, 1, off, tag, length)
+        for r in torch.nonzero(lay.reg_valid[b]).flatten().tolist():
+            j = int(lay.reg_target[b, r])
+            assert lay.position_ids[b, T + r].tolist() == lay.position_ids[b, 1 - 1 + j].tolist()
+
+
+def test_sparse_draws_k_valid_anchors_and_varies():
+    spec = RegisterSpec("mutor-2d", d_max_2d=3, placement="sparse", num_registers=5)
+    lay = make_layout(8, (4, 4), 1, spec, g(0))
+    assert lay.num_registers == 5
+    lay2 = make_layout(8, (4, 4), 1, spec, g(1))
+    assert not torch.equal(lay.reg_anchor, lay2.reg_anchor)
+    for b in range(8):
+        a = lay.reg_anchor[b].tolist()
+        assert a == sorted(set(a))
+        full = _reference((4, 4), 1, tuple(lay.reg_offset[b, 0].tolist()), "geometric", 16)
+        assert set(zip(*reg_list(lay, b))) <= set(full)
+        assert int(lay.reg_valid[b].sum()) == min(5, len(full))
+
+
+def test_sparse_fewer_valid_than_k_marks_rest_invalid():
+    # 3x3 grid, offset (2,2) has a single valid anchor
+    spec = RegisterSpec("mutor-2d", d_max_2d=3, placement="sparse", num_registers=6)
+    for seed in range(60):
+        lay = make_layout(1, (3, 3), 1, spec, g(seed))
+        if tuple(lay.reg_offset[0, 0].tolist()) == (2, 2):
+            assert reg_list(lay, 0) == ([0], [8])
+            assert int(lay.reg_valid.sum()) == 1 and lay.num_registers == 6
+            return
+    pytest.fail("offset (2,2) never drawn")
+
+
+def test_one_offset_per_sequence_by_default_and_per_register_option():
+    spec = RegisterSpec("mutor-2d", d_max_2d=4)
+    lay = make_layout(16, (6, 6), 1, spec, g(0))
+    for b in range(16):
+        offs = lay.reg_offset[b][lay.reg_valid[b]]
+        assert (offs == offs[0]).all()
+    assert len({tuple(lay.reg_offset[b, 0].tolist()) for b in range(16)}) > 3
+    lay = make_layout(2, (6, 6), 1, RegisterSpec("mutor-2d", d_max_2d=4, per_register_offsets=True), g(0))
+    offs = lay.reg_offset[0][lay.reg_valid[0]]
+    assert len({tuple(o) for o in offs.tolist()}) > 3
+    for b in range(2):
+        for r in torch.nonzero(lay.reg_valid[b]).flatten().tolist():
+            a, (dr, dc) = int(lay.reg_anchor[b, r]), lay.reg_offset[b, r].tolist()
+            assert int(lay.reg_target[b, r]) == (a // 6 + dr) * 6 + a % 6 + dc
+
+
+def test_dense_mask_rule():
+    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max_2d=3), g(5))
+    m = lay.dense_mask()
+    T = lay.num_regular
+    assert torch.equal(m[:, :T, :T], torch.tril(torch.ones(T, T, dtype=torch.bool)).expand(2, T, T))
+    assert not m[:, :T, T:].any()                               # regular tokens never see registers
+    for b in range(2):
+        for r in range(lay.num_registers):
+            row = m[b, T + r]
+            if lay.reg_valid[b, r]:
+                a = int(lay.reg_anchor[b, r]) + 1
+                assert row[: a + 1].all() and not row[a + 1:T].any()
+            else:
+                assert not row[:T].any()
+            regs = row[T:].clone()
+            assert regs[r] and int(regs.sum()) == 1             # itself only
+
+
+def test_interleaved_order_puts_register_after_anchor():
+    lay = make_layout(1, (3, 3), 1, RegisterSpec("mutor-2d", d_max_2d=2), g(0))
+    order = lay.interleaved_order()[0].tolist()
+    T = lay.num_regular
+    for r in range(lay.num_registers):
+        if lay.reg_valid[0, r]:
+            pos = order.index(T + r)
+            assert order[pos - 1] == 1 + int(lay.reg_anchor[0, r])
+
+
+def test_regular_position_ids_line_and_grid():
+    assert regular_position_ids((1, 4), 2).tolist() == [[0, i] for i in range(5)]
+    assert regular_position_ids((2, 2), 1).tolist() == [[-1, -1], [0, 0], [0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("spec,grid,msg", [
+    (RegisterSpec("mutor-2d"), (1, 16), "needs a 2D grid"),
+    (RegisterSpec("mutor-2d", placement="sparse", num_registers=300), (16, 16), "num_registers=300"),
+    (RegisterSpec("mutor-2d", d_max_2d=9), (4, 4), "d_max_2d=9"),
+    (RegisterSpec("mutor-1d", d_min=7, d_max=8), (4, 4), "d_min=7"),
+])
+def test_impossible_combinations_are_one_line_errors(spec, grid, msg):
+    with pytest.raises(LayoutError, match=msg) as e:
+        make_layout(1, grid, 1, spec, g())
+    assert "\n" not in str(e.value)
+
+
+def test_bad_lengths_error():
+    with pytest.raises(LayoutError, match="lengths"):
+        make_layout(2, (1, 5), 1, RegisterSpec("mutor-1d"), g(), lengths=torch.tensor([5, 9]))
+
+
+def test_mask_picture_command(tmp_path):
+    out = tmp_path / "mask.png"
+    r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "4x4", "--dmax2d", "3",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+    r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "1x8", "--dmax2d", "3",
+                        "--objective", "mutor-2d", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode != 0 and "needs a 2D grid" in r.stderr and "Traceback" not in r.stderr
