@@ -305,8 +305,8 @@ def draw_mask(layout: Layout, sample: int, path: str, order: str = "interleaved"
         for tick in (ax.get_xticklabels()[k], ax.get_yticklabels()[k]):
             tick.set_color("darkorange" if r else "navy")
     H, W = layout.grid
-    ax.set_title(f"grid {H}x{W}, prefix {P}: rows attend to columns "
-                 f"(blue: regular, orange: register → regular, purple: register self)", fontsize=8)
+    ax.set_title(f"grid {H}x{W}, prefix {P}: rows attend to columns\n"
+                 f"blue: regular, orange: register → regular, purple: register → itself", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
