@@ -293,6 +293,13 @@ def sample_py(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+def sample_main():
+    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
 def test_sample_py_grid_png_on_cpu(digits_run):
     r = sample_py("--ckpt", digits_run, "--classes", "1,7,9", "--per-class", "3", "--cfg", "2", "--seed", "1")
     assert r.returncode == 0, r.stderr
@@ -303,10 +310,9 @@ def test_sample_py_grid_png_on_cpu(digits_run):
 
 
 def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):
-    out = tmp_path / "s.npz"
-    r = sample_py("--ckpt", digits_run, "--num", "20", "--npz", out, "--batch-size", "8", "--top-p", "0.9",
-                  "--seed", "5")
-    assert r.returncode == 0, r.stderr
+    out = tmp_path / "s.npz"         # in-process: the grid test above runs the script as a subprocess
+    sample_main()(["--ckpt", str(digits_run), "--num", "20", "--npz", str(out), "--batch-size", "8",
+                   "--top-p", "0.9", "--seed", "5"])
     images, labels, meta = read_npz(out)
     assert images.shape == (20, 8, 8, 3) and images.dtype == np.uint8
     assert np.bincount(labels, minlength=C).tolist() == [2] * C
@@ -314,13 +320,6 @@ def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):
     assert meta["cfg_scale"] == 1.0 and meta["temperature"] == 1.0 and meta["top_k"] == 0
     assert meta["checkpoint"].endswith("step_00000003.pt") and meta["config"]["data"]["name"] == "digits"
     assert json.loads(json.dumps(meta)) == meta and not shard_dir(out).exists()
-
-
-def sample_main():
-    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 @pytest.mark.parametrize("args, msg", [
