@@ -294,10 +294,11 @@ def sample_py(*args):
 
 
 def sample_main():
+    """sample.py's main, run in this process on the CPU (as accelerate state is process-wide)."""
     spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.main
+    return lambda argv: module.main([*argv, "--device", "cpu"])
 
 
 def test_sample_py_grid_png_on_cpu(digits_run):
