@@ -53,7 +53,8 @@ class DataConfig:
     """Where training tokens come from. ``name`` picks the dataset builder in mutor2d.data."""
     name: Literal["digits", "codes", "stargraph"] = "digits"
     path: str | None = None          # codes: folder written by tokenizers/extract_codes.py
-    tokenizer: str = "pixel"         # digits: "pixel" (grey levels) or a VQ checkpoint path
+    test_path: str | None = None     # codes: folder for the test split (optional)
+    tokenizer: str = "pixel"         # "pixel" (digits grey levels) or a VQ checkpoint path (digits, codes)
     levels: int = 17                 # pixel tokenizer: number of grey levels
     num_workers: int = 0
     # star graph (1D task)

@@ -1,0 +1,249 @@
+"""Token data: digits (pixel and VQ tokenizers), image-folder scanning, augmentations, code
+extraction (corrupt files, resume, settings check) and the code dataset."""
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mutor2d.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
+                           scan_image_folder)
+from mutor2d.config import DataConfig
+from mutor2d.data import CodeDataset, PixelTokenizer, build_dataset, build_tokenizer, collate
+from mutor2d.vq import VQModel, VQTokenizer, vq_config
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(codebook_size=32, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1, z_channels=8,
+            norm_groups=4, image_size=8, usage_window=0)
+
+
+class Quiet:
+    """accelerate-like single-process state."""
+    process_index, num_processes, is_main_process = 0, 1, True
+
+    def wait_for_everyone(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def vq_path(tmp_path_factory):
+    torch.manual_seed(0)
+    model = VQModel(vq_config("tiny", **TINY))
+    with torch.no_grad():
+        model.quant_conv.weight.mul_(20)  # spread encodings over many codes
+    path = tmp_path_factory.mktemp("vq") / "vq.pt"
+    torch.save({"model": model.state_dict(), "ema": None,
+                "config": {"kind": "vq", "model": model.config.to_dict()}}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """3 classes x 3 images of assorted sizes; class 'b' holds one corrupt file."""
+    root = tmp_path_factory.mktemp("imgs") / "train"
+    rng = np.random.default_rng(0)
+    sizes = [(20, 24), (31, 17), (12, 12)]
+    for c in ("a", "b", "c"):
+        (root / c).mkdir(parents=True)
+        for i, (w, h) in enumerate(sizes):
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    (root / "b" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    return root
+
+
+def run_extract(folder, out, vq_path, **kw):
+    lines = []
+    tok = VQTokenizer.from_checkpoint(vq_path)
+    summary = extract(folder, out, tok, str(vq_path), state=Quiet(), progress=False, log=lines.append,
+                      **{"num_crops": 2, "flip": True, "shard_size": 2, "batch_size": 5, **kw})
+    return summary, lines
+
+
+# ----------------------------------------------------------------------------- digits
+
+def test_digits_pixel_default():
+    cfg = DataConfig()
+    ds = build_dataset(cfg, "train")
+    test = build_dataset(cfg, "test")
+    assert len(ds) + len(test) == 1797 and ds.grid == (8, 8) and ds.vocab_size == 17 and ds.num_classes == 10
+    item = ds[0]
+    assert item["body"].shape == (64,) and item["body"].dtype == torch.long and item["prefix"].shape == ()
+    batch = collate([ds[i] for i in range(8)])
+    assert batch["body"].shape == (8, 64) and batch["prefix"].shape == (8,)
+    labels = torch.stack([ds[i]["prefix"] for i in range(len(ds))])
+    assert labels.min() == 0 and labels.max() == 9
+    assert ds.codes.max() < 17 and ds.codes.min() >= 0
+    assert isinstance(build_tokenizer(cfg), PixelTokenizer)
+    assert build_tokenizer(cfg).decode(ds.codes[:2]).shape == (2, 3, 8, 8)
+
+
+def test_digits_through_a_vq_tokenizer(vq_path):
+    cfg = DataConfig(tokenizer=str(vq_path))
+    ds = build_dataset(cfg, "test")
+    assert ds.grid == (4, 4) and ds.vocab_size == 32 and ds.num_classes == 10
+    assert ds[0]["body"].shape == (16,) and 0 <= ds.codes.min() and ds.codes.max() < 32
+    assert len(ds.codes.unique()) > 1
+    tok = build_tokenizer(cfg)
+    assert tok.decode(ds.codes[:3]).shape == (3, 3, 8, 8)
+
+
+# ----------------------------------------------------------------------------- folders and augmentations
+
+def test_scan_image_folder_and_layout_errors(folder, tmp_path):
+    files, labels, classes = scan_image_folder(folder)
+    assert classes == ["a", "b", "c"] and len(files) == 9 and labels == [0] * 3 + [1] * 3 + [2] * 3
+    assert files[0] == str(Path("a") / "0.png")
+    with pytest.raises(CodesError, match="does not exist"):
+        scan_image_folder(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CodesError, match="one subfolder per class"):
+        scan_image_folder(tmp_path / "empty")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    Image.new("RGB", (4, 4)).save(flat / "x.png")
+    with pytest.raises(CodesError, match="1 images directly inside"):
+        scan_image_folder(flat)
+    (flat / "cls").mkdir()
+    with pytest.raises(CodesError, match="outside class subfolders"):
+        scan_image_folder(flat)
+    (flat / "x.png").unlink()
+    with pytest.raises(CodesError, match="no images"):
+        scan_image_folder(flat)
+
+
+def test_augmentations():
+    assert augmentation_names(1, False) == ["center"]
+    assert augmentation_names(3, True) == ["center", "center+flip", "tl", "tl+flip", "tr", "tr+flip"]
+    with pytest.raises(CodesError, match="num_crops"):
+        augmentation_names(6, True)
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 70, 3), dtype=np.uint8))
+    assert center_crop_arr(img, 16).size == (16, 16)
+    # a big image is first halved (BOX) then resized: still the right size
+    assert center_crop_arr(img.resize((700, 400)), 16).size == (16, 16)
+    names = augmentation_names(5, True)
+    views = augment(img, 16, names, crop_range=1.25)
+    assert views.shape == (10, 3, 16, 16) and 0 <= views.min() and views.max() <= 1
+    assert torch.equal(views[1], views[0].flip(-1))           # center+flip mirrors center
+    assert torch.equal(views[3], views[2].flip(-1))
+    big = np.asarray(center_crop_arr(img, 20)) / 255.0        # corners of the 1.25x centre crop
+    assert torch.allclose(views[2], torch.from_numpy(big[:16, :16]).permute(2, 0, 1).float())
+    assert torch.allclose(views[8], torch.from_numpy(big[4:, 4:]).permute(2, 0, 1).float())
+
+
+# ----------------------------------------------------------------------------- extraction
+
+def test_extract_codes_shapes_labels_skips(folder, vq_path, tmp_path, capsys):
+    out = tmp_path / "codes"
+    summary, lines = run_extract(folder, out, vq_path)
+    assert summary["complete"] and summary["num_skipped"] == 1 and summary["done_shards"] == 5
+    assert "skipped 1 unreadable" in lines[-1]
+    assert str(folder / "b" / "1.png") in capsys.readouterr().out  # reported by path
+    store = open_store(out)
+    h = store.header
+    assert store.codes.shape == (9, 4, 4, 4) and store.codes.dtype == np.uint16
+    assert store.labels.tolist() == [0, 0, 0, 1, -1, 1, 2, 2, 2]
+    assert h["grid"] == [4, 4] and h["codebook_size"] == 32 and h["num_augs"] == 4
+    assert h["augmentations"] == ["center", "center+flip", "tl", "tl+flip"]
+    assert h["classes"] == ["a", "b", "c"] and h["source"] == str(folder.resolve())
+    assert h["skipped"] == [str(Path("b") / "1.png")] and len(h["tokenizer_sha256"]) == 64
+    assert (out / "files.txt").read_text().splitlines()[4] == str(Path("b") / "1.png")
+    assert int(store.codes.max()) < 32
+    # row 7 = c/1.png: its codes are the tokenizer's codes of its augmented views
+    tok = VQTokenizer.from_checkpoint(vq_path)
+    with Image.open(folder / "c" / "1.png") as im:
+        want = tok.encode(augment(im.convert("RGB"), 8, h["augmentations"], 1.1))
+    assert np.array_equal(store.codes[7], want.numpy())
+
+
+def test_extract_codes_resumes_after_interruption(folder, vq_path, tmp_path):
+    full, _ = run_extract(folder, tmp_path / "full", vq_path)
+    out = tmp_path / "resumed"
+    first, lines = run_extract(folder, out, vq_path, max_shards=2)
+    assert not first["complete"] and first["done_shards"] == 2 and "rerun" in lines[-1]
+    assert len(list((out / "shards").glob("*.json"))) == 2
+    with pytest.raises(CodesError, match="incomplete"):
+        open_store(out)
+    with pytest.raises(CodesError, match="incomplete"):
+        CodeDataset(out)
+    marker = out / "shards" / "000000.json"
+    stamp = marker.stat().st_mtime_ns
+    second, lines = run_extract(folder, out, vq_path)
+    assert second["complete"] and any("2 of 5 shards already done" in s for s in lines)
+    assert marker.stat().st_mtime_ns == stamp  # finished shards were not redone
+    a, b = open_store(tmp_path / "full"), open_store(out)
+    assert np.array_equal(a.codes, b.codes) and np.array_equal(a.labels, b.labels)
+    assert b.header["num_skipped"] == full["num_skipped"] == 1
+    with pytest.raises(CodesError, match="other settings.*augmentations"):
+        run_extract(folder, out, vq_path, num_crops=1)
+
+
+def test_extract_codes_splits_shards_over_processes(folder, vq_path, tmp_path):
+    class Rank(Quiet):
+        def __init__(self, i):
+            self.process_index, self.num_processes, self.is_main_process = i, 2, i == 0
+
+    out = tmp_path / "two"
+    tok = VQTokenizer.from_checkpoint(vq_path)
+    kw = dict(num_crops=2, flip=True, shard_size=2, batch_size=5, progress=False, log=lambda s: None)
+    extract(folder, out, tok, str(vq_path), state=Rank(1), **kw)  # rank 1: shards 1 and 3
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["000001.json", "000003.json"]
+    summary = extract(folder, out, tok, str(vq_path), state=Rank(0), **kw)  # rank 0: 0, 2, 4; then finishes
+    assert summary["complete"]
+    one, _ = run_extract(folder, tmp_path / "one", vq_path)
+    assert np.array_equal(open_store(out).codes, open_store(tmp_path / "one").codes)
+    assert open_store(out).header["num_skipped"] == 1
+
+
+def test_extract_codes_script_errors(tmp_path, vq_path):
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(tmp_path / "empty"),
+                        "--tokenizer", str(vq_path), "--out", str(tmp_path / "o"), "--workers", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith("error: image folder") and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------- the code dataset
+
+def test_code_dataset(folder, vq_path, tmp_path):
+    out = tmp_path / "codes"
+    run_extract(folder, out, vq_path)
+    cfg = DataConfig(name="codes", path=str(out), tokenizer=str(vq_path))
+    ds = build_dataset(cfg, "train")
+    assert len(ds) == 8 and ds.grid == (4, 4) and ds.vocab_size == 32 and ds.num_classes == 3
+    item = ds[0]
+    assert item["body"].shape == (16,) and item["body"].dtype == torch.long and item["prefix"].dtype == torch.long
+    labels = [int(ds[i]["prefix"]) for i in range(len(ds))]
+    assert sorted(labels) == [0, 0, 0, 1, 1, 2, 2, 2]
+    store = open_store(out)
+    views = {tuple(store.codes[0, a].reshape(-1).tolist()) for a in range(4)}
+    torch.manual_seed(0)
+    draws = [tuple(ds[0]["body"].tolist()) for _ in range(40)]
+    assert set(draws) <= views and len(set(draws)) > 1  # random augmentations, all from the stored ones
+    torch.manual_seed(0)
+    assert [tuple(ds[0]["body"].tolist()) for _ in range(40)] == draws  # seeded by torch's RNG
+    clone = pickle.loads(pickle.dumps(ds))  # what a DataLoader worker receives: no memmap inside
+    assert clone._codes is None and torch.equal(clone[3]["prefix"], ds[3]["prefix"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
+    batch = next(iter(loader))
+    assert batch["body"].shape == (4, 16) and batch["prefix"].shape == (4,)
+    tok = build_tokenizer(cfg)
+    assert tok.decode(batch["body"].reshape(4, 4, 4)).shape == (4, 3, 8, 8)
+    with pytest.raises(ValueError, match="data.test_path"):
+        build_dataset(cfg, "test")
+    test = build_dataset(DataConfig(name="codes", path=str(out), test_path=str(out)), "test")
+    assert torch.equal(test[0]["body"], torch.from_numpy(store.codes[0, 0].astype(np.int64)).reshape(-1))
+    with pytest.raises(ValueError, match="not a codes folder"):
+        build_dataset(DataConfig(name="codes", path=str(tmp_path)), "train")
+    with pytest.raises(ValueError, match="only works with data.name='digits'"):
+        build_tokenizer(DataConfig(name="codes", path=str(out)))
+    header = json.loads((out / "header.json").read_text())
+    header["tokenizer_sha256"] = "0" * 64
+    (out / "header.json").write_text(json.dumps(header))
+    with pytest.warns(UserWarning, match="not the checkpoint that made the codes"):
+        build_tokenizer(cfg)

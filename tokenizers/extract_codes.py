@@ -1,0 +1,48 @@
+"""Tokenise an ImageFolder tree (root/CLASS/IMAGE, the ImageNet train layout) into a codes folder.
+
+    python tokenizers/extract_codes.py --images /data/imagenet/train --tokenizer vq_ds16_c2i.pt \
+        --out data/imagenet_codes --crops 5 --flip
+    accelerate launch --num_processes 8 tokenizers/extract_codes.py ...   (shards split over GPUs)
+
+Writes codes.npy (uint16, num_images x num_augs x H x W, memory-mapped), labels.npy, files.txt and
+header.json (see mutor2d/codes.py). Rerunning the same command resumes: finished shards are skipped.
+Train on the result with ``data.name: codes``, ``data.path: OUT``, ``data.tokenizer: VQ.pt``.
+"""
+import argparse
+
+from mutor2d.codes import extract
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", required=True, help="ImageFolder root: one subfolder per class")
+    ap.add_argument("--tokenizer", required=True, help="VQ checkpoint (LlamaGen vq_ds16_c2i.pt or train_vq.py output)")
+    ap.add_argument("--out", required=True, help="output codes folder (created; reused to resume)")
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="resolution to tokenise at (default: the tokenizer's own, 256 for LlamaGen's VQ-16)")
+    ap.add_argument("--crops", type=int, default=1, help="1 = ADM centre crop only; up to 5 adds the 4 corner crops")
+    ap.add_argument("--flip", action=argparse.BooleanOptionalAction, default=True,
+                    help="add the horizontal mirror of every crop (default: on)")
+    ap.add_argument("--crop-range", type=float, default=1.1, help="corner crops come from a centre crop this much larger")
+    ap.add_argument("--shard-size", type=int, default=1024, help="images per resumable shard")
+    ap.add_argument("--batch-size", type=int, default=64, help="views per tokenizer call")
+    ap.add_argument("--workers", type=int, default=4, help="image decoding processes per rank")
+    ap.add_argument("--max-shards", type=int, default=None, help="stop each process after this many new shards")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        from accelerate import PartialState
+        from mutor2d.vq import VQTokenizer
+        state = PartialState()
+        tokenizer = VQTokenizer.from_checkpoint(args.tokenizer, device=state.device, image_size=args.image_size)
+        summary = extract(args.images, args.out, tokenizer, args.tokenizer, num_crops=args.crops, flip=args.flip,
+                          crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
+                          num_workers=args.workers, max_shards=args.max_shards, state=state,
+                          progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
