@@ -1,0 +1,39 @@
+"""Leaderboard of evaluation records: a markdown table and a plot of FID against training step.
+
+    python eval/leaderboard.py RUN_DIR_OR_RECORD... [--plot OUT.png] [--paper | --no-paper]
+
+Reads RUN_DIR/eval/*.json (written by eval/fid.py) or record files given directly. The MuToR paper's
+ImageNet rows (DESIGN.md section 3) are shown alongside when a record's reference names ImageNet.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mutor2d import records
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run folders (their eval/*.json) or record files")
+    ap.add_argument("--plot", default=None, help="write a PNG of FID against training step here")
+    ap.add_argument("--paper", action=argparse.BooleanOptionalAction, default=None,
+                    help="show the paper's ImageNet rows (default: when a record's reference is ImageNet)")
+    args = ap.parse_args(argv)
+    recs, notes = records.read_records(args.runs)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not recs:
+        raise records.RecordError("no evaluation records found in " + ", ".join(args.runs))
+    table = records.markdown_table(recs, paper=args.paper)
+    print(table)
+    if args.plot:
+        print(f"plot: {records.plot_fid(recs, args.plot, paper=args.paper)}", file=sys.stderr)
+    return table
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}")

@@ -1,0 +1,239 @@
+"""Evaluation records and the leaderboard over them.
+
+A record is one JSON object per file, written under ``RUN/eval/`` (or where asked), with keys:
+method, objective (the run's objective settings), step, metrics (fid, is, precision, recall, kid,
+accuracy, ...), skipped (metric -> why), evaluator (torch-fidelity version, feature extractor,
+weights), reference, reference_detail, n (samples), sampling (the sample file's metadata without
+the run config), seed, samples, checkpoint, run_config, created.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+
+# MuToR paper (DESIGN.md section 3): LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
+PAPER_ROWS = [  # method, objective, step, fid, is
+    ("next-token", "paper", 100_000, 7.71, 146.5),
+    ("MuToR-1D", "paper", 100_000, 7.01, 155.6),
+    ("MuToR-2D", "paper, 256 reg.", 100_000, 6.57, 163.2),
+    ("MuToR-2D", "paper, sparse 80 reg.", 100_000, 6.87, 162.1),
+    ("next-token", "paper", 200_000, 6.83, 158.4),
+    ("MuToR-1D", "paper", 200_000, 6.43, 163.0),
+    ("MuToR-2D", "paper, 256 reg.", 200_000, 5.65, 183.5),
+    ("MuToR-2D", "paper, sparse 80 reg.", 200_000, 5.89, 175.6),
+    ("next-token", "paper", 360_000, 6.18, 171.5),
+    ("MuToR-1D", "paper", 360_000, 5.79, 178.3),
+    ("MuToR-2D", "paper, 256 reg.", 360_000, 5.09, 195.3),
+    ("MuToR-2D", "paper, sparse 80 reg.", 360_000, 5.03, 195.6),
+    ("next-token", "paper", 500_000, 5.82, 175.8),
+    ("MuToR-2D", "paper, sparse 80 reg., D=3", 360_000, 5.56, None),
+    ("MuToR-2D", "paper, sparse 80 reg., D=5", 360_000, 5.53, None),
+]
+PAPER_EVALUATOR = "ADM suite (TF Inception)"
+PAPER_REFERENCE = "ImageNet 256 (ADM batch)"
+
+
+class RecordError(ValueError):
+    """A missing or unreadable record; the message is one line naming the file."""
+
+
+def run_dir_from_meta(meta: dict) -> Path | None:
+    """The run folder a sample file came from: meta["run_dir"], else the folder above the
+    checkpoint's ``checkpoints/`` folder (RUN/checkpoints/step_X.pt). None if neither is known."""
+    if meta.get("run_dir"):
+        return Path(meta["run_dir"])
+    ckpt = meta.get("checkpoint") or meta.get("ckpt")
+    if ckpt and Path(ckpt).parent.name == "checkpoints":
+        return Path(ckpt).parent.parent
+    return None
+
+
+def make_record(result, *, samples, reference, method: str | None = None, samples_path: str = "") -> dict:
+    """A record from a metrics.Result and the two metrics.ImageSource it compared."""
+    meta = dict(samples.meta)
+    config = meta.pop("config", None) or meta.pop("run_config", None) or {}
+    objective = config.get("objective", {}) if isinstance(config, dict) else {}
+    return {
+        "method": method or objective.get("name") or "unknown",
+        "objective": objective,
+        "step": meta.get("step"),
+        "metrics": result.metrics,
+        "skipped": result.skipped,
+        "evaluator": result.evaluator,
+        "reference": reference.name,
+        "reference_detail": {"n": reference.n, "stored_stats": reference.mu is not None},
+        "n": samples.n,
+        "sampling": meta,
+        "seed": meta.get("seed"),
+        "samples": samples_path or samples.name,
+        "checkpoint": meta.get("checkpoint") or meta.get("ckpt"),
+        "run_config": config,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def record_name(record: dict) -> str:
+    """File name of a record in RUN/eval/: samples, reference and feature extractor, so that
+    re-evaluating the same samples the same way replaces the old record."""
+    samples = Path(str(record["samples"])).stem
+    reference = Path(str(record["reference"]).replace(":", "-")).stem
+    fe = record["evaluator"]["feature_extractor"]
+    return f"{_slug(samples)}__{_slug(reference)}__{_slug(fe)}.json"
+
+
+def write_record(record: dict, path: str | os.PathLike) -> Path:
+    """Write ``record`` as JSON to ``path`` (a .json file, or a folder to put record_name() in)."""
+    path = Path(path)
+    if path.suffix != ".json":
+        path = path / record_name(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_records(paths) -> tuple[list[dict], list[str]]:
+    """Records from run folders (their eval/*.json) and/or JSON files -> (records, notes), where
+    notes name the run folders that hold no records."""
+    records, notes = [], []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted((p / "eval").glob("*.json"))
+            if not files:
+                notes.append(f"{p}: no eval/*.json records")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise RecordError(f"{p}: no such run folder or record file")
+        for f in files:
+            try:
+                rec = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise RecordError(f"{f}: not a readable JSON record ({e})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("metrics"), dict):
+                raise RecordError(f"{f}: not an evaluation record (no 'metrics' object)")
+            rec.setdefault("_file", str(f))
+            records.append(rec)
+    return records, notes
+
+
+def objective_summary(objective: dict) -> str:
+    """Short text of the settings that distinguish runs of one objective."""
+    name = objective.get("name")
+    if not name or name == "ntp":
+        return ""
+    parts = [f"a={objective.get('reg_weight')}"]
+    if name == "mutor-2d":
+        parts.append(f"D={objective.get('d_max_2d')}")
+    elif name == "mutor-1d":
+        parts.append(f"d={objective.get('d_min')}..{objective.get('d_max')}")
+    if name == "multihead":
+        parts.append(f"heads={objective.get('num_heads') or 'all'} {objective.get('multihead_layout', '')}".strip())
+    else:
+        parts.append("sparse K=%s" % objective.get("num_registers") if objective.get("placement") == "sparse"
+                     else "dense")
+        if objective.get("edge", "geometric") != "geometric":
+            parts.append(objective["edge"])
+        if objective.get("per_register_offsets"):
+            parts.append("per-register offsets")
+    return ", ".join(parts)
+
+
+def is_imagenet(record: dict) -> bool:
+    """ImageNet records (the paper's rows apply): the reference names ImageNet."""
+    return "imagenet" in str(record.get("reference", "")).lower()
+
+
+def _num(v, digits: int) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _evaluator_text(ev: dict) -> str:
+    if not isinstance(ev, dict):
+        return str(ev)
+    text = f"{ev.get('feature_extractor', '?')} (torch-fidelity {ev.get('version', '?')})"
+    if ev.get("weights_sha256"):
+        text += f" w:{ev['weights_sha256'][:8]}"
+    return text
+
+
+def _reference_text(rec: dict) -> str:
+    ref = str(rec.get("reference", "?"))
+    name = ref if ref.startswith("digits:") else Path(ref).name
+    if (rec.get("reference_detail") or {}).get("stored_stats") and rec.get("evaluator", {}).get("fid_reference") \
+            == "stored mu/sigma":
+        name += " (stored stats)"
+    return name
+
+
+def sort_key(rec: dict):
+    return (str(rec.get("reference")), rec.get("method", ""), objective_summary(rec.get("objective") or {}),
+            rec.get("step") if rec.get("step") is not None else -1)
+
+
+def markdown_table(records: list[dict], paper: bool | None = None) -> str:
+    """Markdown table: method, objective, step, FID, IS, precision, recall, evaluator, reference, n.
+    The paper's rows (DESIGN.md section 3) are added when ``paper`` is True, or, by default, when
+    any record is an ImageNet one."""
+    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", "evaluator", "reference", "n"]
+    rows = []
+    for rec in sorted(records, key=sort_key):
+        m = rec["metrics"]
+        rows.append([rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
+                     "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2),
+                     _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
+                     _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?"))])
+    if paper if paper is not None else any(is_imagenet(r) for r in records):
+        for method, objective, step, fid, is_ in PAPER_ROWS:
+            rows.append([method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–",
+                         PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+        rows.append(["LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
+                     PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = None) -> Path:
+    """PNG of FID against training step, one line per (method, objective settings, reference,
+    feature extractor); the paper's curves dashed when ``paper`` (default: any ImageNet record)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for rec in records:
+        fid, step = rec["metrics"].get("fid"), rec.get("step")
+        if fid is None or step is None:
+            continue
+        label = " ".join(x for x in (rec.get("method", "?"), objective_summary(rec.get("objective") or {})) if x)
+        label += f" [{_reference_text(rec)}, {rec.get('evaluator', {}).get('feature_extractor', '?')}]"
+        series.setdefault(label, []).append((int(step), float(fid)))
+    if not series:
+        raise RecordError("no record has both an FID and a training step: nothing to plot")
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if paper if paper is not None else any(is_imagenet(r) for r in records):
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for method, objective, step, fid, _ in PAPER_ROWS[:12]:
+            curves.setdefault(f"{method} ({objective})", []).append((step, fid))
+        for label, pts in curves.items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", marker="x", alpha=0.7, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("FID")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out

@@ -1,0 +1,270 @@
+"""Evaluation: FID/IS/precision/recall/KID through torch-fidelity, ADM-style references, the embedded
+digits metric, records and the leaderboard. Offline: Inception runs on a stand-in weights file the
+tests write (random weights, torch-fidelity's own loading code)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from torch_fidelity.metric_fid import fid_features_to_statistics
+
+from mutor2d import metrics as M
+from mutor2d import records as R
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"eval_{name}", ROOT / "eval" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def classifier(cache):
+    """The default digits classifier, trained once into a temp cache."""
+    return M.digits_classifier_path(cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def standin_inception(tmp_path_factory):
+    """A torch-fidelity Inception weights file with random (He-initialised) weights: built by the
+    real FeatureExtractorInceptionV3 with its loading switched off, saved as a state dict, and later
+    loaded by torch-fidelity through ``feature_extractor_weights_path`` like the real file."""
+    import torch_fidelity.feature_extractor_inceptionv3 as fi
+    with torch.random.fork_rng(), \
+            mock.patch.object(fi, "load_state_dict_from_url", lambda *a, **k: {}), \
+            mock.patch.object(fi.FeatureExtractorInceptionV3, "load_state_dict", lambda self, *a, **k: None):
+        torch.manual_seed(0)
+        net = fi.FeatureExtractorInceptionV3(M.INCEPTION, ["2048"])
+        for m in net.modules():
+            if isinstance(m, nn.Conv2d):      # keep activations alive through 40+ layers
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+    path = tmp_path_factory.mktemp("weights") / "standin-inception.pth"
+    torch.save(net.state_dict(), path)
+    return path
+
+
+def source(images, labels=None, name="x"):
+    return M.ImageSource(name, M.ArrayImages(images), labels, identity=name)
+
+
+def save_samples(path, images, labels, meta):
+    np.savez(path, images=images, labels=labels, meta=np.array(json.dumps(meta)))
+    return path
+
+
+# ----------------------------------------------------------------------------- FID formula
+
+def test_frechet_distance_equals_torch_fidelity_formula():
+    from torch_fidelity.metric_fid import fid_statistics_to_metric
+    rng = np.random.default_rng(0)
+    for n in (10, 200):                     # singular (n < D) and full-rank covariances
+        a, b = rng.normal(size=(n, 64)), rng.normal(1.0, 2.0, size=(n, 64)) @ rng.normal(size=(64, 64))
+        s1 = {"mu": a.mean(0), "sigma": np.cov(a, rowvar=False)}
+        s2 = {"mu": b.mean(0), "sigma": np.cov(b, rowvar=False)}
+        ref = fid_statistics_to_metric(s1, s2, False)["frechet_inception_distance"]
+        ours = M.frechet_distance(s1["mu"], s1["sigma"], s2["mu"], s2["sigma"])
+        low_rank = M.frechet_distance(s1["mu"], s1["sigma"], s2["mu"], s2["sigma"], features1=a)
+        assert ours == pytest.approx(ref, rel=1e-6) and low_rank == pytest.approx(ref, rel=1e-6)
+        assert M.frechet_distance(s1["mu"], s1["sigma"], s1["mu"], s1["sigma"]) == pytest.approx(0, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- embedded metric
+
+def test_digits_classifier_is_accurate_and_cached(classifier, cache):
+    images, labels = M.digits_uint8("test")
+    acc = M.classifier_accuracy(torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels), classifier)
+    assert acc > 0.9
+    with mock.patch.object(M, "train_digits_classifier", side_effect=AssertionError("retrained")):
+        assert M.digits_classifier_path(cache_dir=cache) == classifier
+    other = M.DigitsClassifierSettings(epochs=1)
+    assert M.digits_classifier_path(other, cache_dir=cache) != classifier   # settings key the cache
+
+
+def test_fid_of_a_set_against_itself_is_zero_and_grows_with_perturbation(classifier):
+    images, labels = M.digits_uint8("test")
+    real = source(images, labels, "test")
+    same = M.compute_metrics(real, real, features="digits", weights_path=classifier, metrics=("fid", "prc"),
+                             use_cache=False)
+    assert same.metrics["fid"] == pytest.approx(0, abs=1e-3)   # float error on a trace of ~1e3
+    assert same.metrics["precision"] == 1 and same.metrics["recall"] == 1
+    assert same.metrics["accuracy"] > 0.9
+    rng = np.random.default_rng(0)
+    fids = []
+    for noise in (30, 90):
+        noisy = np.clip(images + rng.normal(0, noise, images.shape), 0, 255).astype(np.uint8)
+        r = M.compute_metrics(source(noisy, labels, f"noisy{noise}"), real, features="digits",
+                              weights_path=classifier, metrics=("fid",), use_cache=False)
+        fids.append(r.metrics["fid"])
+    assert 1.0 < fids[0] < fids[1]
+
+
+def test_adm_stats_only_reference_uses_stored_mu_sigma(classifier, tmp_path):
+    train = M.open_images("digits:train")
+    feats = M.extract_features(train, features="digits", weights_path=classifier)["feat"]
+    ref = tmp_path / "ref_stats.npz"
+    np.savez(ref, **fid_features_to_statistics(feats))      # what torch-fidelity would compute
+    test = M.open_images("digits:test")
+    stats = M.compute_metrics(test, M.open_images(ref), features="digits", weights_path=classifier,
+                              use_cache=False)  # all four asked for
+    direct = M.compute_metrics(test, train, features="digits", weights_path=classifier, metrics=("fid",),
+                               use_cache=False)
+    assert stats.metrics["fid"] == pytest.approx(direct.metrics["fid"], rel=1e-6)
+    assert stats.evaluator["fid_reference"] == "stored mu/sigma"
+    assert set(stats.skipped) == {"prc", "kid"} and "is" in stats.metrics   # IS needs no reference
+    np.savez(ref, mu=np.zeros(2048), sigma=np.eye(2048))
+    with pytest.raises(M.MetricsError, match="dim 2048"):
+        M.compute_metrics(test, M.open_images(ref), features="digits", weights_path=classifier, use_cache=False)
+
+
+def test_digits_floor(classifier, cache):
+    floor = M.digits_floor(100, cache_dir=cache)
+    assert floor["fid"] > 0 and floor["precision"] > 0.5 and 1 < floor["is"] <= 10
+
+
+# ----------------------------------------------------------------------------- Inception, offline
+
+def test_inception_offline_whole_path_with_adm_reference(standin_inception, tmp_path):
+    """eval/fid.py on a sample file against an ADM batch (arr_0 + mu/sigma) with the stand-in
+    weights: FID comes from the stored stats, precision/recall from arr_0, the record lands in the
+    run folder named by the sample metadata, and the reference features are cached."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (5, 24, 24, 3), dtype=np.uint8)
+    feats = M.extract_features(source(images), features="inception", weights_path=standin_inception, device="cpu")
+    stats = fid_features_to_statistics(feats["2048"])
+    mu, sigma = stats["mu"].astype(np.float64), stats["sigma"]
+    shift = np.zeros_like(mu)
+    shift[:4] = 0.5                                            # |shift|² = 1: the FID against these stats
+    ref = tmp_path / "VIRTUAL_imagenet_test.npz"
+    np.savez(ref, arr_0=images, mu=mu + shift, sigma=sigma)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    objective = {"name": "mutor-2d", "reg_weight": 0.5, "d_max_2d": 4, "placement": "sparse", "num_registers": 80}
+    meta = {"checkpoint": str(run / "checkpoints" / "step_00000100.pt"), "step": 100,
+            "config": {"objective": objective}, "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+            "seed": 7, "per_class": 1}
+    samples = save_samples(tmp_path / "samples.npz", images, np.arange(5), meta)
+    fid = load_script("fid")
+    rec = fid.main([str(samples), "--ref", str(ref), "--inception-weights", str(standin_inception),
+                    "--device", "cpu", "--cache-dir", str(tmp_path / "c"), "--quiet"])
+    m = rec["metrics"]
+    assert m["fid"] == pytest.approx(1.0, abs=1e-3)
+    assert m["precision"] == 1 and m["recall"] == 1 and "kid" in m and m["is"] >= 1
+    assert rec["skipped"] == {} and rec["evaluator"]["fid_reference"] == "stored mu/sigma"
+    assert rec["evaluator"]["feature_extractor"] == "inception-v3-compat"
+    assert rec["evaluator"]["weights_sha256"] and rec["evaluator"]["version"]
+    assert (rec["method"], rec["step"], rec["seed"], rec["n"]) == ("mutor-2d", 100, 7, 5)
+    assert rec["sampling"]["cfg_scale"] == 2.0 and "config" not in rec["sampling"]
+    written = list((run / "eval").glob("*.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["metrics"] == m
+    assert list((tmp_path / "c" / "fidelity_cache").glob("mutor2d-*-features-2048.pt"))
+
+
+def test_inception_without_weights_offline_is_a_clear_error(tmp_path, monkeypatch):
+    import torch_fidelity.feature_extractor_inceptionv3 as fi
+    monkeypatch.setattr(fi, "load_state_dict_from_url", mock.Mock(side_effect=OSError("no network")))
+    images = np.zeros((4, 8, 8, 3), np.uint8)
+    with pytest.raises(M.MetricsError, match="--inception-weights"):
+        M.compute_metrics(source(images), source(images, name="y"), metrics=("fid",), device="cpu", use_cache=False)
+
+
+# ----------------------------------------------------------------------------- image sources
+
+def test_npz_images_stream_stored_and_compressed(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (7, 5, 6, 3), dtype=np.uint8)
+    for save in (np.savez, np.savez_compressed):
+        path = tmp_path / f"{save.__name__}.npz"
+        save(path, arr_0=images, arr_1=np.arange(7))
+        src = M.open_images(path, lazy_bytes=0)
+        assert isinstance(src.dataset, M.NpzImages) and src.n == 7
+        for i in (0, 6, 3):                                      # backwards seek too
+            assert torch.equal(src.dataset[i], torch.from_numpy(images[i]).permute(2, 0, 1))
+        assert src.labels.tolist() == list(range(7))
+        assert isinstance(M.open_images(path).dataset, M.ArrayImages)   # small: read into memory
+
+
+def test_image_folder_source(tmp_path):
+    from PIL import Image
+    images = np.random.default_rng(0).integers(0, 256, (3, 6, 6, 3), dtype=np.uint8)
+    for i, im in enumerate(images):
+        Image.fromarray(im).save(tmp_path / f"{i}.png")
+    src = M.open_images(tmp_path)
+    assert src.n == 3 and torch.equal(src.dataset[1], torch.from_numpy(images[1]).permute(2, 0, 1))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: np.savez(p, foo=np.zeros(3)), "neither images"),
+    (lambda p: np.savez(p, images=np.zeros((2, 4, 4, 3), np.float32)), "uint8"),
+    (lambda p: np.savez(p, mu=np.zeros(3), sigma=np.zeros(3)), "sigma"),
+    (lambda p: p.write_text("not a zip"), "not a readable npz"),
+    (lambda p: None, "no such file"),
+])
+def test_bad_inputs_give_one_line_errors(tmp_path, make, match):
+    path = tmp_path / "x.npz"
+    make(path)
+    with pytest.raises(M.MetricsError, match=match) as e:
+        M.open_images(path)
+    assert "\n" not in str(e.value)
+
+
+def test_fid_script_reports_errors_in_one_line(tmp_path):
+    samples = save_samples(tmp_path / "s.npz", np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4, np.int64), {})
+    out = subprocess.run([sys.executable, "eval/fid.py", str(samples), "--ref", "digits:valid"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.strip() == "error: 'digits:valid': expected digits:train or digits:test"
+
+
+# ----------------------------------------------------------------------------- records, leaderboard
+
+def fake_record(method, step, fid, reference, objective):
+    return {"method": method, "objective": objective, "step": step,
+            "metrics": {"fid": fid, "is": 100.0 + step / 1000, "precision": 0.7, "recall": 0.6},
+            "skipped": {}, "evaluator": {"name": "torch-fidelity", "version": "0.4.0",
+                                         "feature_extractor": "inception-v3-compat"},
+            "reference": reference, "n": 50000, "sampling": {"cfg_scale": 2.0}, "seed": 0, "samples": f"s{step}.npz"}
+
+
+def test_leaderboard_on_two_fake_records(tmp_path):
+    ref = "/data/VIRTUAL_imagenet256_labeled.npz"
+    mutor = {"name": "mutor-2d", "reg_weight": 0.5, "d_max_2d": 4, "placement": "sparse", "num_registers": 80}
+    R.write_record(fake_record("mutor-2d", 100000, 6.5, ref, mutor), tmp_path / "a" / "eval")
+    R.write_record(fake_record("ntp", 100000, 7.9, ref, {"name": "ntp"}), tmp_path / "b" / "eval" / "r.json")
+    board = load_script("leaderboard")
+    png = tmp_path / "fid.png"
+    table = board.main([str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(png)])
+    lines = table.splitlines()
+    assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("method", "objective", "step", "FID", "IS", "precision",
+                                                             "recall", "evaluator", "reference", "n")]
+    ours = [line for line in lines if "VIRTUAL_imagenet256_labeled.npz" in line]
+    assert len(ours) == 2
+    assert "| mutor-2d | a=0.5, D=4, sparse K=80 | 100000 | 6.50 | 200.0 | 0.700 | 0.600 |" in ours[0]
+    assert "| ntp |  | 100000 | 7.90 |" in ours[1]
+    assert any("| next-token | paper | 100000 | 7.71 | 146.5 |" in line for line in lines)   # paper rows: ImageNet
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    digits = [fake_record("ntp", 500, 9.0, "digits:train", {"name": "ntp"})]
+    assert "paper" not in R.markdown_table(digits) and "paper" in R.markdown_table(digits, paper=True)
+
+
+def test_leaderboard_errors(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(R.RecordError, match="no such run folder"):
+        R.read_records([tmp_path / "missing"])
+    recs, notes = R.read_records([tmp_path / "run"])
+    assert recs == [] and "no eval/*.json" in notes[0]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(R.RecordError, match="not an evaluation record"):
+        R.read_records([tmp_path / "bad.json"])
