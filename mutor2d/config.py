@@ -112,12 +112,13 @@ class TrainConfig:
     ckpt_every: int = 500
     keep_ckpts: int = 2
     sample_every: int = 0            # 0 = only at the end
-    eval_every: int = 0              # online embedded-metric evaluation; 0 = off
+    eval_every: int = 0              # online embedded-metric evaluation (digits); 0 = off
+    eval_per_class: int = 20         # samples per class for the online evaluation
     ema: bool = False
     ema_decay: float = 0.9999
     compile: bool = False
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
-    out_dir: str = "runs/default"
+    out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
 
 
 @dataclass
@@ -251,7 +252,25 @@ def validate(cfg: RunConfig) -> RunConfig:
     _positive("train.grad_accum", t.grad_accum)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.grad_accum: {t.grad_accum} does not divide train.batch_size={t.batch_size}")
+    _check_train(t, op)
     return cfg
+
+
+def _check_train(t: TrainConfig, op: OptimConfig) -> None:
+    """Settings of the train and optim sections (mutor2d.training)."""
+    _positive("optim.weight_decay", op.weight_decay, allow_zero=True)
+    _positive("optim.min_lr", op.min_lr, allow_zero=True)
+    _positive("optim.grad_clip", op.grad_clip, allow_zero=True)
+    _positive("optim.warmup_steps", op.warmup_steps, allow_zero=True)
+    for b in op.betas:
+        if not 0 <= b < 1:
+            raise ConfigError(f"optim.betas: expected values in [0, 1), got {list(op.betas)}")
+    _positive("train.log_every", t.log_every)
+    for k in ("ckpt_every", "keep_ckpts", "sample_every", "eval_every"):
+        _positive(f"train.{k}", getattr(t, k), allow_zero=True)
+    _positive("train.eval_per_class", t.eval_per_class)
+    if not 0 < t.ema_decay < 1:
+        raise ConfigError(f"train.ema_decay: expected a number in (0, 1), got {t.ema_decay!r}")
 
 
 def _positive(key, value, allow_zero=False, upper=None):

@@ -1,0 +1,240 @@
+"""Training loop: every objective trains, resume is exact, a killed run resumes cleanly, config
+errors are one line, and two DDP processes (gloo, CPU) match one process on the same global batch."""
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mutor2d import checkpoint as ckpt_lib
+from mutor2d import config as C
+from mutor2d.config import ConfigError
+from mutor2d.training import StepBatches, TrainModule, param_groups, read_log, train
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+TINY = {
+    "model": {"preset": "tiny", "attention": "sdpa"},
+    "data": {"name": "digits", "levels": 5},
+    "objective": {"name": "mutor-2d", "d_max_2d": 3},
+    "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 2},
+    "train": {"batch_size": 8, "max_steps": 3, "log_every": 1, "ckpt_every": 0, "keep_ckpts": 0,
+              "tracker": "none", "seed": 3},
+    "sample": {"classes": [0, 7], "per_class": 1},
+}
+
+
+def tiny(*overrides: str) -> C.RunConfig:
+    return C.from_dict(C.apply_overrides(json.loads(json.dumps(TINY)), list(overrides)))
+
+
+def write_yaml(path: Path, *overrides: str) -> Path:
+    path.write_text(yaml.safe_dump(C.apply_overrides(json.loads(json.dumps(TINY)), list(overrides))))
+    return path
+
+
+def losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_log(run_dir) if "loss" in r}
+
+
+def env(threads: int | None = None):
+    """Subprocess environment; ``threads`` = this process's count where results must match bit-exactly."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads or 1), "PYTHONUNBUFFERED": "1"}
+
+
+# ----------------------------------------------------------------------------- data order, groups
+
+def test_step_batches_same_global_batch_for_any_world_and_restartable():
+    one = list(StepBatches(10, 8, 1, 0, 2, seed=1, start=0, end=4))        # 2 micro-batches of 4
+    two = [list(StepBatches(10, 8, 2, r, 2, seed=1, start=0, end=4)) for r in (0, 1)]  # 2 x 2 of 2
+    for s in range(4):
+        glob_one = sorted(sum(one[2 * s: 2 * s + 2], []))
+        glob_two = sorted(sum(two[0][2 * s: 2 * s + 2] + two[1][2 * s: 2 * s + 2], []))
+        assert glob_one == glob_two and len(glob_one) == 8
+    # each epoch is a permutation: 10 samples, positions 0..9 cover every index once
+    flat = sum(one, [])
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert list(StepBatches(10, 8, 1, 0, 2, seed=1, start=2, end=4)) == one[4:]
+    with pytest.raises(ConfigError, match="not divisible by processes x train.grad_accum = 3 x 1"):
+        StepBatches(10, 8, 3, 0, 1, seed=1, start=0, end=1)
+
+
+def test_weight_decay_groups_follow_llamagen():
+    from mutor2d.model import GPT
+    from mutor2d.objectives import build_objective
+    cfg = tiny("model.vocab_size=5", "model.num_classes=10")
+    model = GPT(cfg.model, register_token=True)
+    groups = param_groups(TrainModule(model, build_objective(cfg.objective, model)), 0.05)
+    decay, no_decay = ({id(p) for p in g["params"]} for g in groups)
+    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
+    assert id(model.tok_embeddings.weight) in decay and id(model.layers[0].attention.wqkv.weight) in decay
+    assert id(model.norm.weight) in no_decay and id(model.register_embedding) in no_decay
+    assert len(decay) + len(no_decay) == len(list(model.parameters()))
+
+
+# ----------------------------------------------------------------------------- objectives
+
+@pytest.mark.parametrize("overrides", [
+    ["objective.name=ntp"],
+    ["objective.name=mutor-1d", "objective.d_max=3"],
+    ["objective.name=mutor-2d"],
+    ["objective.name=mutor-2d", "objective.placement=sparse", "objective.num_registers=10"],
+    ["objective.name=multihead", "objective.d_max_2d=2"],
+], ids=["ntp", "mutor-1d", "mutor-2d", "mutor-2d-sparse", "multihead"])
+def test_each_objective_trains_and_checkpoints(tmp_path, overrides):
+    cfg = tiny(*overrides, "train.ema=true", "train.ema_decay=0.5")
+    train(cfg, tmp_path)
+    log = read_log(tmp_path)
+    assert [r["step"] for r in log] == [1, 2, 3]
+    for r in log:
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["images_per_s"] > 0
+        assert ("loss_reg" in r) == (cfg.objective.name != "ntp")
+    assert abs(log[0]["loss"] - math.log(5)) < 0.05          # zero-init head: uniform over 5 tokens
+    assert [r["lr"] for r in log] == pytest.approx([1.5e-3, 3e-3, 0.0])  # warmup 2, cosine to 0
+    # the checkpoint rebuilds the same model; data fields were resolved from the dataset
+    saved = ckpt_lib.load(ckpt_lib.checkpoint_path(tmp_path, 3))
+    assert saved["step"] == 3 and saved["grid"] == [8, 8] and len(saved["rng"]) == 1
+    assert saved["config"]["model"]["vocab_size"] == 5 and saved["config"]["model"]["num_classes"] == 10
+    assert bool(saved["objective"]) == (cfg.objective.name == "multihead")
+    model, cfg2, step = ckpt_lib.load_model(tmp_path, use_ema=False)
+    assert step == 3 and cfg2.objective == cfg.objective
+    raw = {k: v for k, v in saved["model"].items()}
+    assert all(torch.equal(v, raw[k]) for k, v in model.state_dict().items())
+    assert not torch.equal(saved["ema"]["output.weight"], raw["output.weight"])  # EMA lags the model
+    assert (tmp_path / "samples" / "step_00000003.png").stat().st_size > 0
+    assert C.load(tmp_path / "config.yaml").model.vocab_size == 5
+
+
+def test_sample_grid_rows_are_classes(tmp_path):
+    from PIL import Image
+    train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path)
+    img = Image.open(tmp_path / "samples" / "step_00000001.png")
+    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2
+    assert img.size == (3 * 66 + 2, 2 * 66 + 2)
+
+
+# ----------------------------------------------------------------------------- resume
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
+    """Sparse registers (layout generator), dropout and label dropout (torch RNG), grad
+    accumulation, warmup + cosine, EMA: steps 4..6 after resuming at 3 equal the straight run."""
+    over = ["objective.placement=sparse", "objective.num_registers=12", "train.max_steps=6",
+            "train.ckpt_every=3", "train.grad_accum=2", "train.ema=true", "train.ema_decay=0.9",
+            "model.class_dropout=0.5", "train.sample_every=100"]
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    train(tiny(*over), straight)
+    train(tiny(*over), resumed, resume=str(ckpt_lib.checkpoint_path(straight, 3)))
+    a, b = losses(straight), losses(resumed)
+    assert sorted(b) == [4, 5, 6]
+    assert [a[s] for s in (4, 5, 6)] == [b[s] for s in (4, 5, 6)]
+    ca, cb = (ckpt_lib.load(ckpt_lib.checkpoint_path(d, 6)) for d in (straight, resumed))
+    for part in ("model", "ema"):
+        assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part])
+    # "auto" continues a finished run to a larger max_steps; a fresh start refuses a used folder
+    train(tiny(*over[:-1], "train.max_steps=7", "optim.schedule=constant"), straight, resume="auto")
+    assert sorted(losses(straight)) == list(range(1, 8))
+    with pytest.raises(ConfigError, match="already has checkpoints: pass --resume auto"):
+        train(tiny(*over), straight)
+    with pytest.raises(ConfigError, match=r"objective.num_registers=11 differs from the checkpoint's 12"):
+        train(tiny(*over[:1], "objective.num_registers=11", *over[2:]), straight, resume="auto")
+
+
+def _wait_for(predicate, proc, timeout=60.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def test_sigkilled_run_resumes_from_last_checkpoint(tmp_path):
+    cfg = write_yaml(tmp_path / "t.yaml", "optim.schedule=constant", "train.max_steps=10000",
+                     "train.ckpt_every=4", "train.keep_ckpts=2", "train.sample_every=0")
+    run = tmp_path / "run"
+    cmd = [PY, str(ROOT / "train.py"), "--config", str(cfg), "--out", str(run)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(torch.get_num_threads()), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def past_checkpoint():  # a checkpoint exists and training has moved on beyond it
+        ck = ckpt_lib.list_checkpoints(run)
+        steps = list(losses(run)) if (run / "log.jsonl").exists() else []
+        return bool(ck) and bool(steps) and max(steps) % 4 in (1, 2)
+    try:
+        assert _wait_for(past_checkpoint, proc), proc.stderr.read().decode()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed_log = losses(run)
+    last = ckpt_lib.latest_valid(run)
+    k = ckpt_lib.load(last)["step"]
+    assert k % 4 == 0 and max(killed_log) > k                  # killed between two checkpoints
+    # a half-written next checkpoint (what a non-atomic writer would leave) must be skipped
+    ckpt_lib.checkpoint_path(run, k + 1).write_bytes(last.read_bytes()[:1000])
+    # resume in-process (same code path as train.py --resume auto; saves a second interpreter start)
+    train(C.load(cfg, ["train.max_steps=%d" % (k + 3)]), run, resume="auto")
+    after = losses(run)
+    assert sorted(after) == list(range(1, k + 4))              # no duplicate or lost log records
+    for s in range(k + 1, min(max(killed_log), k + 3) + 1):     # recomputed steps match the killed run
+        assert after[s] == killed_log[s]
+    assert ckpt_lib.load(ckpt_lib.latest_valid(run))["step"] == k + 3
+    for p in ckpt_lib.list_checkpoints(run):
+        if p.name != ckpt_lib.checkpoint_path(run, k + 1).name:
+            ckpt_lib.load(p)                                   # every kept checkpoint is readable
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+
+
+# ----------------------------------------------------------------------------- errors
+
+def test_config_errors_are_one_line(tmp_path):
+    cfg = write_yaml(tmp_path / "t.yaml")
+    r = subprocess.run([PY, str(ROOT / "train.py"), "--config", str(cfg), "--out", str(tmp_path / "r"),
+                        "--set", "train.log_every=0"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["error: train.log_every: expected > 0, got 0"]
+    for overrides, msg in [
+        (["model.vocab_size=100"], r"model.vocab_size=100 does not match the data \(5\); leave it out"),
+        (["objective.d_max_2d=9"], "objective.d_max_2d=9 exceeds the grid 8x8"),
+        (["sample.classes=[12]"], "sample.classes: 12 is not a class of this data"),
+    ]:
+        with pytest.raises(ConfigError, match=msg) as e:
+            train(tiny(*overrides), tmp_path / "x")
+        assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- DDP
+
+def test_two_ddp_processes_match_one_process(tmp_path):
+    """Same global batch (8 = 2 x 4), no dropout, NTP: per-step losses agree to float tolerance."""
+    over = ["objective.name=ntp", "model.token_dropout=0", "model.resid_dropout=0", "model.ffn_dropout=0",
+            "model.class_dropout=0", "train.max_steps=3", "train.sample_every=100"]
+    cfg = write_yaml(tmp_path / "t.yaml", *over)
+    ddp = tmp_path / "ddp"
+    # accelerate 1.15: "--cpu --num_processes 2" starts ONE process (multi-CPU needs MPI there);
+    # "--multi_gpu" starts 2 through torchrun, and training.py picks gloo/CPU when there is no CUDA
+    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        str(ROOT / "train.py"), "--config", str(cfg), "--out", str(ddp)],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    single = tmp_path / "one"
+    train(tiny(*over), single)
+    a, b = losses(single), losses(ddp)
+    assert sorted(a) == sorted(b) == [1, 2, 3]
+    for s in a:
+        assert abs(a[s] - b[s]) < 1e-5, (s, a[s], b[s])
+    saved = ckpt_lib.load(ckpt_lib.checkpoint_path(ddp, 3))
+    assert len(saved["rng"]) == 2                               # one RNG state per process
+    ref = ckpt_lib.load(ckpt_lib.checkpoint_path(single, 3))["model"]
+    assert all(torch.allclose(saved["model"][k], ref[k], atol=1e-5) for k in ref)

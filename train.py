@@ -1,0 +1,59 @@
+"""Train a model: python train.py --config NAME [--out RUN_DIR] [--set section.key=value ...]
+[--max-steps N] [--resume auto|PATH]
+
+Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``.
+The run folder (default runs/<config name>, or train.out_dir) receives config.yaml, log.jsonl,
+checkpoints/ and samples/. See mutor2d/training.py for the rules.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mutor2d import checkpoint as ckpt_lib
+from mutor2d import config as config_lib
+from mutor2d.config import ConfigError
+from mutor2d.registers import LayoutError
+from mutor2d.training import default_run_dir, train
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Train a class-conditional AR model (NTP / MuToR / multi-head).")
+    ap.add_argument("--config", help="YAML path or name under configs/ (e.g. digits_mutor2d.yaml); "
+                                     "optional with --resume PATH (the checkpoint's config is used)")
+    ap.add_argument("--out", help="run folder (default: train.out_dir, else runs/<config name>)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config value (repeatable)")
+    ap.add_argument("--max-steps", type=int, help="override train.max_steps")
+    ap.add_argument("--resume", metavar="auto|PATH",
+                    help="'auto': continue from the newest valid checkpoint of the run folder (fresh "
+                         "start if none); PATH: a checkpoint file or run folder to continue from")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> Path:
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    if args.config:
+        cfg = config_lib.load(args.config, overrides)
+    elif args.resume and args.resume != "auto":
+        saved = ckpt_lib.load(ckpt_lib.resolve(args.resume))
+        cfg = config_lib.from_dict(config_lib.apply_overrides(saved["config"], overrides))
+    else:
+        raise ConfigError("--config is required (it may be left out only with --resume PATH)")
+    run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
+    return train(cfg, run_dir, resume=args.resume)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        run_dir = run(args)
+    except (ConfigError, LayoutError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"run folder: {run_dir}")
+
+
+if __name__ == "__main__":
+    main()
