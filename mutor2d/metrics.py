@@ -535,37 +535,34 @@ def classifier_accuracy(images: Tensor, labels: Tensor, weights_path=None) -> fl
 # ----------------------------------------------------------------------------- online evaluation
 
 def online_digits_eval(model, data_cfg, num_per_class: int, generator: torch.Generator | None = None, *,
-                       cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                       cache_dir: str | os.PathLike | None = None) -> dict:
+                       tokenizer=None, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+                       top_p: float = 1.0, cache_dir: str | os.PathLike | None = None) -> dict:
     """Sample ``num_per_class`` images of each digit class with ``sampling.generate`` and score them
     with the embedded metric against the digits train split (the classifier's training data; real
-    test images against it give the floor, see ``digits_floor``).
-    Returns {fid, is, precision, recall, accuracy} (floats). ``model`` (unwrapped GPT) is put back
-    in its former train/eval mode."""
-    from .data import build_dataset, build_tokenizer
+    held-out images against it give the floor, see ``digits_floor``).
+
+    tokenizer: the data's tokenizer (built from ``data_cfg`` when None; pass it to avoid reloading a
+    VQ each time); its ``grid`` (VQ) or 8x8 (pixel tokenizer) is the sampled grid.
+    Returns {fid, is, precision, recall, accuracy} (floats); ``model`` keeps its train/eval mode."""
+    from .data import build_tokenizer
     from .sampling import generate
 
     if data_cfg.name != "digits":
         raise MetricsError(f"online evaluation: data.name={data_cfg.name!r}, the embedded metric needs 'digits'")
     if num_per_class < 1:
         raise MetricsError(f"online evaluation: num_per_class must be >= 1, got {num_per_class}")
-    grid = build_dataset(data_cfg, "test").grid
+    tokenizer = tokenizer or build_tokenizer(data_cfg)
+    grid = tuple(getattr(tokenizer, "grid", (8, 8)))
     device = next(model.parameters()).device
     labels = torch.arange(10, device=device).repeat_interleave(num_per_class)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            codes = generate(model, labels, grid, cfg_scale=cfg_scale, temperature=temperature,
-                             top_k=top_k, top_p=top_p, generator=generator)
-    finally:
-        model.train(was_training)
-    images = build_tokenizer(data_cfg).decode(codes.view(-1, *grid).cpu())
+    codes = generate(model, labels, grid, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                     generator=generator)
+    with torch.no_grad():
+        images = tokenizer.decode(codes.view(-1, *grid).to(getattr(tokenizer, "device", "cpu"))).cpu()
     samples = ImageSource("online", ArrayImages(to_uint8(images).permute(0, 2, 3, 1).numpy()), labels.cpu().numpy())
+    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_cfg.data_seed), cache_dir)
     res = compute_metrics(samples, open_images("digits:train", data_cfg.data_seed), features="digits",
-                          weights_path=digits_classifier_path(DigitsClassifierSettings(data_seed=data_cfg.data_seed),
-                                                              cache_dir),
-                          metrics=("fid", "is", "prc"), device=device.type, use_cache=False)
+                          weights_path=weights, metrics=("fid", "is", "prc"), device=device.type, use_cache=False)
     return {k: res.metrics[k] for k in ("fid", "is", "precision", "recall", "accuracy") if k in res.metrics}
 
 

@@ -28,6 +28,15 @@ def load_script(name):
     return mod
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small ops: one thread is as fast on an idle machine and far faster on a shared one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
@@ -268,3 +277,41 @@ def test_leaderboard_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(R.RecordError, match="not an evaluation record"):
         R.read_records([tmp_path / "bad.json"])
+
+
+# ----------------------------------------------------------------------------- online evaluation
+
+def test_online_digits_eval(classifier, cache, monkeypatch):
+    """A generator that returns real test digits of the asked classes scores near the floor with
+    high accuracy; an untrained model runs through the real sampler and keeps its training mode."""
+    from mutor2d import sampling
+    from mutor2d.config import DataConfig, ModelConfig
+    from mutor2d.data import build_dataset
+    from mutor2d.model import GPT
+
+    data = DataConfig()
+    test = build_dataset(data, "test")
+
+    def real_digits(model, labels, grid, **kw):
+        assert grid == (8, 8) and kw["generator"] is not None
+        picks = [torch.nonzero(test.labels == c).flatten() for c in range(10)]
+        seen = [0] * 10
+        rows = []
+        for c in labels.tolist():
+            rows.append(picks[c][seen[c]])
+            seen[c] += 1
+        return test.codes[torch.stack(rows)].reshape(len(labels), -1)
+
+    gen = torch.Generator().manual_seed(0)
+    with monkeypatch.context() as m:
+        m.setattr(sampling, "generate", real_digits)
+        good = M.online_digits_eval(GPT(ModelConfig(vocab_size=17, num_classes=10)), data, 10, gen,
+                                    cache_dir=cache)
+    assert set(good) == {"fid", "is", "precision", "recall", "accuracy"}
+    assert good["accuracy"] > 0.9 and good["is"] > 5
+
+    model = GPT(ModelConfig(vocab_size=17, num_classes=10)).train()
+    bad = M.online_digits_eval(model, data, 2, gen, cache_dir=cache)
+    assert model.training and bad["fid"] > good["fid"] and 0 <= bad["accuracy"] <= 1
+    with pytest.raises(M.MetricsError, match="needs 'digits'"):
+        M.online_digits_eval(model, DataConfig(name="stargraph"), 2, gen)
