@@ -237,7 +237,11 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokeni
     from tqdm import tqdm
     if state is None:
         from accelerate import PartialState
-        state = PartialState()
+        state = PartialState(cpu=not torch.cuda.is_available())
+    launched = int(os.environ.get("WORLD_SIZE", state.num_processes))
+    if launched != state.num_processes:
+        raise CodesError(f"{launched} processes were launched but accelerate sees {state.num_processes}; "
+                         f"each would redo the others' shards")
     if tokenizer.vocab_size > np.iinfo(np.uint16).max + 1:
         raise CodesError(f"codebook size {tokenizer.vocab_size} does not fit uint16 codes")
     if shard_size < 1 or batch_size < 1:

@@ -38,13 +38,13 @@ from .vq import VQConfig, VQModel, vq_config
 
 @dataclass
 class VQDataConfig:
-    """digits: the embedded sklearn digits (train split; test split for eval), upsampled to the
-    VQ's image size. folder: an ImageFolder tree at ``path`` (eval on ``eval_path`` if given, else
-    on the first ``eval_images`` training images, centre-cropped)."""
+    """digits: the embedded sklearn digits (train split; eval on the first ``eval_images`` of the
+    test split), upsampled to the VQ's image size. folder: an ImageFolder tree at ``path`` (eval on
+    the first ``eval_images`` of ``eval_path`` if given, else of the training images, centre-cropped)."""
     name: Literal["digits", "folder"] = "digits"
     path: str | None = None
     eval_path: str | None = None
-    eval_images: int = 256
+    eval_images: int = 512
     crop_range: float = 1.1          # folder: random crop out of an ADM centre crop this much larger
     flip: bool = True                # folder: random horizontal flips
     num_workers: int = 0
@@ -193,7 +193,7 @@ def build_image_data(cfg: VQRunConfig) -> tuple[Dataset, torch.Tensor]:
     if d.name == "digits":
         train, _ = digits_images("train", d.data_seed)
         test, _ = digits_images("test", d.data_seed)
-        return torch.utils.data.TensorDataset(digits_rgb(train, size)), digits_rgb(test, size)
+        return torch.utils.data.TensorDataset(digits_rgb(train, size)), digits_rgb(test[:d.eval_images], size)
     train = FolderImages(d.path, size, True, d.crop_range, d.flip)
     ev = FolderImages(d.eval_path or d.path, size, False, d.crop_range, False, limit=d.eval_images)
     return train, torch.stack([ev[i] for i in range(len(ev))])
@@ -240,7 +240,7 @@ def train(cfg: VQRunConfig, log=print, accelerator=None) -> dict:
     from accelerate import Accelerator
     from .lpips import load_lpips
 
-    acc = accelerator or Accelerator()
+    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     t, out = cfg.train, Path(cfg.train.out_dir)
     torch.manual_seed(t.seed)
     if t.batch_size % acc.num_processes:

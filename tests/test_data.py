@@ -17,6 +17,15 @@ from mutor2d.config import DataConfig
 from mutor2d.data import CodeDataset, PixelTokenizer, build_dataset, build_tokenizer, collate
 from mutor2d.vq import VQModel, VQTokenizer, vq_config
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny convolutions gain nothing from intra-op threads; on a busy machine they lose a lot."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(codebook_size=32, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1, z_channels=8,
             norm_groups=4, image_size=8, usage_window=0)

@@ -2,6 +2,7 @@
 strict loading, LPIPS, and a short tokenizer-training run with resume."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,16 @@ from mutor2d.lpips import LPIPS, load_lpips
 from mutor2d.vq import (PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq,
                         load_vq_state, vq_config)
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny convolutions gain nothing from intra-op threads; on a busy machine they lose a lot."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(codebook_size=32, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1, z_channels=8,
              norm_groups=4, image_size=8, usage_window=128)
 
@@ -258,7 +269,7 @@ def test_lpips_from_local_files(tmp_path):
 def test_train_vq_runs_checkpoints_and_resumes(tmp_path):
     from mutor2d.vq_train import load_config, train
     out = tmp_path / "run"
-    sets = ["model.preset=tiny", "train.batch_size=8", "train.max_steps=3", "train.log_every=1",
+    sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
             "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]
     lines = []
     metrics = train(load_config("vq_digits", sets), log=lines.append)
@@ -288,3 +299,37 @@ def test_vq_config_errors():
     with pytest.raises(ConfigError, match="vq preset"):
         load_config("vq_digits", ["model.preset=huge"])
     assert isinstance(load_config("vq_digits").model, VQConfig)
+
+
+def test_train_vq_on_an_image_folder(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+    from mutor2d.vq_train import FolderImages, load_config, train
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (30, 22, 3), dtype=np.uint8)).save(tmp_path / "imgs" / c / f"{i}.png")
+    (tmp_path / "imgs" / "dog" / "bad.png").write_bytes(b"broken")
+    ds = FolderImages(tmp_path / "imgs", 16, train=True, crop_range=1.25, flip=True)
+    assert len(ds) == 7
+    views = torch.stack([ds[i] for i in range(len(ds))])
+    assert views.shape == (7, 3, 16, 16) and 0 <= views.min() and views.max() <= 1
+    assert "bad.png" in capsys.readouterr().out  # reported, and the next image used instead
+    ev = FolderImages(tmp_path / "imgs", 16, train=False, crop_range=1.25, flip=True)
+    assert torch.equal(ev[0], ev[0])  # evaluation views are the deterministic centre crop
+    out = tmp_path / "run"
+    cfg = load_config("vq_digits", ["model.preset=tiny", "data.name=folder", f"data.path={tmp_path / 'imgs'}",
+                                    "data.eval_images=4", "train.batch_size=4", "train.max_steps=2",
+                                    "train.eval_every=0", f"train.out_dir={out}"])
+    metrics = train(cfg, log=lambda s: None)
+    assert 0 <= metrics["l1"] <= 1 and (out / "checkpoints" / "step_00000002.pt").is_file()
+
+
+def test_train_vq_script_reports_bad_config_in_one_line():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_vq_script", ROOT / "tokenizers" / "train_vq.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit, match=r"^error: unknown config key 'model.channels'"):
+        script.main(["vq_digits", "--set", "model.channels=3"])

@@ -31,9 +31,10 @@ def main(argv=None):
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
+        import torch
         from accelerate import PartialState
         from mutor2d.vq import VQTokenizer
-        state = PartialState()
+        state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
         tokenizer = VQTokenizer.from_checkpoint(args.tokenizer, device=state.device, image_size=args.image_size)
         summary = extract(args.images, args.out, tokenizer, args.tokenizer, num_crops=args.crops, flip=args.flip,
                           crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
