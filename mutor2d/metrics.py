@@ -11,10 +11,10 @@ comparable to published numbers); precision/recall and KID need reference images
 skipped when only statistics are present; IS needs the samples only.
 
 The embedded metric: a small CNN trained on the digits TRAIN split (seconds on CPU, cached under
-``~/.cache/mutor2d`` by a hash of its settings) is registered as the torch-fidelity feature extractor
-``mutor2d-digits`` (features: penultimate layer ``feat`` for FID/KID/PRC, ``logits`` for IS), so
-digits metrics take the same code path as Inception ones; plus its accuracy on generated images
-against the classes asked for.
+``$MUTOR2D_CACHE`` or ``~/.cache/mutor2d`` by a hash of its settings) is registered as the
+torch-fidelity feature extractor ``mutor2d-digits`` (features: penultimate layer ``feat`` for
+FID/KID/PRC, ``logits`` for IS), so digits metrics take the same code path as Inception ones; plus
+its accuracy on generated images against the classes asked for.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ INCEPTION = "inception-v3-compat"
 DIGITS = "mutor2d-digits"
 FEATURES = {"inception": INCEPTION, "digits": DIGITS}
 METRICS = ("fid", "is", "prc", "kid")
-DEFAULT_CACHE = Path("~/.cache/mutor2d")
+DEFAULT_CACHE = Path(os.environ.get("MUTOR2D_CACHE", "~/.cache/mutor2d"))  # classifier, feature caches
 DIGITS_DATA_SEED = 1234  # DataConfig.data_seed default: the split the digits runs train on
 LAZY_BYTES = 1 << 30     # npz image arrays above this size are streamed, not loaded
 
@@ -423,7 +423,8 @@ def _extractor(features: str, layers, kwargs: dict):
     except (OSError, RuntimeError) as e:  # no network for the default download, or a foreign file
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         hint = "; on an offline machine pass --inception-weights PATH" if features == "inception" else ""
-        raise MetricsError(f"could not load the {FEATURES[features]} weights ({type(e).__name__}: {msg}){hint}") from None
+        raise MetricsError(f"could not load the {FEATURES[features]} weights "
+                           f"({type(e).__name__}: {msg}){hint}") from None
 
 
 def _tf_kwargs(samples: Dataset, weights_path, cuda: bool, batch_size: int, verbose: bool, **extra) -> dict:

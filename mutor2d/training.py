@@ -484,9 +484,9 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None = None)
         net = ema.module if ema is not None else gpt
         gen = torch.Generator(device=device).manual_seed(cfg.sample.seed)
         with preserved_rng(device):
-            res = online_digits_eval(net, cfg.data, t.eval_per_class, gen, cfg_scale=cfg.sample.cfg_scale,
-                                     temperature=cfg.sample.temperature, top_k=cfg.sample.top_k,
-                                     top_p=cfg.sample.top_p)
+            res = online_digits_eval(net, cfg.data, t.eval_per_class, gen, tokenizer=tokenizer,
+                                     cfg_scale=cfg.sample.cfg_scale, temperature=cfg.sample.temperature,
+                                     top_k=cfg.sample.top_k, top_p=cfg.sample.top_p)
         return {f"eval_{k}": v for k, v in res.items()}
 
     module.train()

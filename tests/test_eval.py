@@ -315,3 +315,27 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
     assert model.training and bad["fid"] > good["fid"] and 0 <= bad["accuracy"] <= 1
     with pytest.raises(M.MetricsError, match="needs 'digits'"):
         M.online_digits_eval(model, DataConfig(name="stargraph"), 2, gen)
+
+
+def test_training_logs_online_eval_to_jsonl_and_tensorboard(classifier, cache, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mutor2d import config as C
+    from mutor2d.training import read_log, train
+
+    monkeypatch.setattr(M, "DEFAULT_CACHE", cache)       # the classifier trained by the fixture
+    cfg = C.from_dict({
+        "model": {"preset": "tiny", "attention": "sdpa"}, "data": {"name": "digits", "levels": 5},
+        "objective": {"name": "mutor-2d", "d_max_2d": 3},
+        "train": {"batch_size": 8, "max_steps": 2, "log_every": 1, "ckpt_every": 0, "keep_ckpts": 0,
+                  "eval_every": 2, "eval_per_class": 1, "tracker": "tensorboard", "seed": 3},
+        "sample": {"classes": [0], "per_class": 1}})
+    with mock.patch.object(M, "train_digits_classifier", side_effect=AssertionError("retrained")):
+        run = train(cfg, tmp_path / "run")
+    evals = [r for r in read_log(run) if "eval_fid" in r]
+    assert len(evals) == 1 and evals[0]["step"] == 2
+    assert {"eval_fid", "eval_is", "eval_precision", "eval_recall", "eval_accuracy"} <= set(evals[0])
+    tags = set()
+    for events in (run / "tb").rglob("events.out.tfevents.*"):
+        tags |= set(EventAccumulator(str(events)).Reload().Tags()["scalars"])
+    assert {"eval/fid", "eval/accuracy"} <= tags
