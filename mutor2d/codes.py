@@ -200,18 +200,17 @@ def _prepare(out: Path, plan: dict, files: list[str], labels: list[int]) -> None
     _write_json_atomic(plan, out / "header.json")
 
 
-class _ShardImages(torch.utils.data.Dataset):
-    """Images of one shard -> (row, views (A, 3, S, S) or None, error or None)."""
+class _Images(torch.utils.data.Dataset):
+    """Row -> (row, views (A, 3, S, S) or None, error or None)."""
 
-    def __init__(self, root: Path, files: list[str], rows: range, image_size: int, names, crop_range):
-        self.root, self.files, self.rows = root, files, rows
+    def __init__(self, root: Path, files: list[str], image_size: int, names, crop_range):
+        self.root, self.files = root, files
         self.image_size, self.names, self.crop_range = image_size, names, crop_range
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.files)
 
-    def __getitem__(self, i: int):
-        row = self.rows[i]
+    def __getitem__(self, row: int):
         try:
             with Image.open(self.root / self.files[row]) as im:
                 img = im.convert("RGB")
@@ -264,37 +263,42 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokeni
         log(f"[rank {state.process_index}] {len(mine) - len(todo)} of {len(mine)} shards already done, skipping them")
     if max_shards is not None:
         todo = todo[:max_shards]
-    n_images = sum(len(range(s * shard_size, min((s + 1) * shard_size, len(files)))) for s in todo)
-    bar = tqdm(total=n_images, desc=f"extract[{state.process_index}]", unit="img",
-               disable=not progress, position=state.process_index)
-    for s in todo:
-        rows = range(s * shard_size, min((s + 1) * shard_size, len(files)))
-        loader = torch.utils.data.DataLoader(
-            _ShardImages(folder, files, rows, plan["image_size"], names, crop_range),
-            batch_size=batch_size, num_workers=num_workers, collate_fn=_collate)
-        skipped = []
-        for items in loader:
-            good = []
-            for row, views, err in items:
-                if err is None:
-                    good.append((row, views))
-                else:
-                    skipped.append(files[row])
-                    label_arr[row] = -1
-                    bar.write(f"skipped unreadable image {folder / files[row]} ({err})")
-            if good:
-                views = torch.cat([v for _, v in good])  # (n*A, 3, S, S), encoded batch_size at a time
-                toks = torch.cat([tokenizer.encode(v).cpu() for v in views.split(batch_size)])
-                toks = toks.numpy().astype(np.uint16)
-                toks = toks.reshape(len(good), len(names), *toks.shape[1:])
-                for (row, _), t in zip(good, toks):
-                    codes[row] = t
-                    label_arr[row] = labels[row]
-            bar.update(len(items))
-        codes.flush()
-        label_arr.flush()
-        _write_json_atomic({"shard": s, "rows": [rows.start, rows.stop], "skipped": skipped},
-                           out / "shards" / f"{s:06d}.json")
+    # one loader for all of this process's shards; no batch straddles two shards
+    plan_batches = []  # (shard, last batch of the shard?, rows)
+    for sh in todo:
+        rows = list(range(sh * shard_size, min((sh + 1) * shard_size, len(files))))
+        chunks = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
+        plan_batches += [(sh, j == len(chunks) - 1, c) for j, c in enumerate(chunks)]
+    loader = torch.utils.data.DataLoader(
+        _Images(folder, files, plan["image_size"], names, crop_range),
+        batch_sampler=[rows for _, _, rows in plan_batches], num_workers=num_workers, collate_fn=_collate)
+    bar = tqdm(total=sum(len(r) for _, _, r in plan_batches), desc=f"extract[{state.process_index}]",
+               unit="img", disable=not progress, position=state.process_index)
+    skipped: list[str] = []
+    for (sh, last, _), items in zip(plan_batches, loader):
+        good = []
+        for row, views, err in items:
+            if err is None:
+                good.append((row, views))
+            else:
+                skipped.append(files[row])
+                label_arr[row] = -1
+                bar.write(f"skipped unreadable image {folder / files[row]} ({err})")
+        if good:
+            views = torch.cat([v for _, v in good])  # (n*A, 3, S, S), encoded batch_size at a time
+            toks = torch.cat([tokenizer.encode(v).cpu() for v in views.split(batch_size)])
+            toks = toks.numpy().astype(np.uint16).reshape(len(good), len(names), *toks.shape[1:])
+            for (row, _), t in zip(good, toks):
+                codes[row] = t
+                label_arr[row] = labels[row]
+        bar.update(len(items))
+        if last:
+            codes.flush()
+            label_arr.flush()
+            stop = min((sh + 1) * shard_size, len(files))
+            _write_json_atomic({"shard": sh, "rows": [sh * shard_size, stop], "skipped": skipped},
+                               out / "shards" / f"{sh:06d}.json")
+            skipped = []
     bar.close()
     state.wait_for_everyone()
     return _finish(out, plan, state, log)

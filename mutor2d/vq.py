@@ -442,8 +442,9 @@ def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bo
     """A VQ checkpoint -> VQModel in eval mode.
 
     Accepts mutor2d VQ checkpoints (``config["model"]`` holds the architecture) and LlamaGen's
-    (weights under "model" or "ema", architecture read from the weights). ``config`` forces an
-    architecture; the weights must then match it exactly. ``use_ema`` prefers "ema" when present."""
+    (weights under "model", "ema" or "state_dict", or a bare state dict; architecture read from the
+    weights, image size 256). ``config`` forces an architecture; the weights must then match it
+    exactly. ``use_ema`` prefers "ema" when present. ``path`` may be a train_vq.py run folder."""
     path = _resolve(path)
     if not path.is_file():
         raise VQError(f"VQ checkpoint {str(path)!r} does not exist")
@@ -454,10 +455,12 @@ def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bo
     if not isinstance(ckpt, dict):
         raise VQError(f"VQ checkpoint {str(path)!r}: expected a dict, got {type(ckpt).__name__}")
     state = ckpt.get("ema") if use_ema and ckpt.get("ema") is not None else ckpt.get("model")
+    if state is None:
+        state = ckpt.get("state_dict")
     if state is None and "quantize.embedding.weight" in ckpt:
         state = ckpt  # a bare state dict
     if not isinstance(state, dict):
-        raise VQError(f"VQ checkpoint {str(path)!r} has no weights under 'model' or 'ema' "
+        raise VQError(f"VQ checkpoint {str(path)!r} has no weights under 'model', 'ema' or 'state_dict' "
                       f"(keys: {sorted(ckpt)[:8]})")
     if config is None:
         stored = ckpt.get("config")

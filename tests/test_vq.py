@@ -223,6 +223,10 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "missing keys [encoder.conv_in.weight]" in msg
     assert "unexpected keys [encoder.extra.weight]" in msg
+    partial = {k: v for k, v in sd.items() if k != "decoder.conv_out.bias"}
+    torch.save({"state_dict": partial}, path)  # architecture inferred from the weights, then strict
+    with pytest.raises(VQError, match=r"missing keys \[decoder.conv_out.bias\]"):
+        load_vq(path)
     with pytest.raises(VQError, match="shape mismatches.*quantize.embedding.weight"):
         load_vq_state(VQModel(vq_config("tiny", **{**SMALL, "codebook_size": 16})), sd)
     torch.save({"model": {"tok_embeddings.weight": torch.zeros(2, 2)}}, path)
