@@ -392,8 +392,9 @@ def feature_layers(features: str) -> dict:
 def evaluator_info(features: str, weights_path) -> dict:
     """What the record says produced the numbers: torch-fidelity version, extractor, weights file."""
     info = {"name": "torch-fidelity", "version": torch_fidelity.__version__, "feature_extractor": FEATURES[features]}
-    if weights_path is None:
-        return {**info, "weights": "torch-fidelity default (downloaded)"}
+    if weights_path is None and features == "inception":
+        from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+        return {**info, "weights": f"torch-fidelity download: {URL_INCEPTION_V3.rsplit('/', 1)[-1]}"}
     p = Path(weights_path)
     if not p.is_file():
         raise MetricsError(f"weights file {str(weights_path)!r} does not exist")
@@ -430,7 +431,7 @@ def _extractor(features: str, layers, kwargs: dict):
 def _tf_kwargs(samples: Dataset, weights_path, cuda: bool, batch_size: int, verbose: bool, **extra) -> dict:
     return dict(input1=samples, cuda=cuda, batch_size=batch_size, verbose=verbose,
                 feature_extractor_weights_path=None if weights_path is None else str(weights_path),
-                save_cpu_ram=not isinstance(samples, NpzImages), **extra)  # workers only pay off for files
+                save_cpu_ram=isinstance(samples, ArrayImages), **extra)  # DataLoader workers only for files
 
 
 def extract_features(source: ImageSource, *, features: str = "inception", weights_path=None, layers=None,
