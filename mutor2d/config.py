@@ -64,6 +64,7 @@ class DataConfig:
     num_train: int = 200000
     num_test: int = 2000
     data_seed: int = 1234
+    reverse_answer: bool = False     # answer goal -> source (the positive control: no planning needed)
 
 
 @dataclass
