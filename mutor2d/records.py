@@ -182,21 +182,26 @@ def sort_key(rec: dict):
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     """Markdown table: method, objective, step, FID, IS, precision, recall, evaluator, reference, n.
     The paper's rows (DESIGN.md section 3) are added when ``paper`` is True, or, by default, when
-    any record is an ImageNet one."""
-    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", "evaluator", "reference", "n"]
+    any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
+    columns of their own, after recall."""
+    std = ("fid", "is", "precision", "recall")
+    extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
+                               if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
+    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator", "reference", "n"]
     rows = []
     for rec in sorted(records, key=sort_key):
         m = rec["metrics"]
         rows.append([rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
                      "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2),
                      _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
+                     *(_num(m.get(k), 3) for k in extra),
                      _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?"))])
     if paper if paper is not None else any(is_imagenet(r) for r in records):
         for method, objective, step, fid, is_ in PAPER_ROWS:
             rows.append([method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–",
-                         PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+                         *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
         rows.append(["LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                     PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+                     *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)

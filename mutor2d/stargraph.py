@@ -53,37 +53,45 @@ class StarGraphShape:
 
 
 def make_graphs(shape: StarGraphShape, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` random graphs -> prompts (count, P) and answers (count, path_len), int64 tokens."""
+    """``count`` random graphs -> prompts (count, P) and answers (count, path_len), int64 tokens.
+    Vectorised: distinct nodes are the first 1 + E entries of a random permutation per graph."""
     rng = np.random.default_rng(seed)
     d, L, E = shape.degree, shape.path_len, shape.num_edges
-    prompts = np.empty((count, shape.prompt_len), dtype=np.int64)
-    answers = np.empty((count, L), dtype=np.int64)
-    for i in range(count):
-        nodes = rng.choice(shape.num_nodes, size=1 + d * (L - 1), replace=False) + NUM_SPECIAL
-        source, arms = nodes[0], nodes[1:].reshape(d, L - 1)
-        paths = np.concatenate([np.full((d, 1), source), arms], axis=1)      # (d, L)
-        edges = np.stack([paths[:, :-1].reshape(-1), paths[:, 1:].reshape(-1)], axis=1)
-        edges = edges[rng.permutation(E)]
-        goal_arm = rng.integers(d)
-        prompts[i] = np.concatenate([edges.reshape(-1), [QUERY, source, paths[goal_arm, -1], ANSWER]])
-        answers[i] = paths[goal_arm]
-    return prompts, answers
+    nodes = rng.random((count, shape.num_nodes)).argsort(axis=1)[:, : 1 + E] + NUM_SPECIAL
+    source = nodes[:, :1]                                                  # (count, 1)
+    paths = np.concatenate([np.repeat(source[:, None], d, 1), nodes[:, 1:].reshape(count, d, L - 1)], 2)
+    edges = np.stack([paths[:, :, :-1].reshape(count, E), paths[:, :, 1:].reshape(count, E)], 2)
+    order = rng.random((count, E)).argsort(axis=1)
+    edges = np.take_along_axis(edges, order[:, :, None], 1)                # shuffled edge list
+    goal_arm = rng.integers(d, size=count)
+    answers = paths[np.arange(count), goal_arm]                            # (count, L)
+    special = np.stack([np.full(count, QUERY), source[:, 0], answers[:, -1], np.full(count, ANSWER)], 1)
+    prompts = np.concatenate([edges.reshape(count, 2 * E), special], 1)
+    return prompts.astype(np.int64), answers.astype(np.int64)
 
 
 class StarGraphs(Dataset):
     """Items ``{"body": answer (N,), "prefix": prompt (P,)}``; ``grid`` = (1, path_len).
-    ``test`` graphs come from a different seed stream and exclude any prompt seen in train."""
+    ``test`` graphs come from a different seed stream and exclude any prompt seen in train.
+    ``reverse`` writes the answer goal -> source (the positive control: each node is then the
+    unique predecessor of the previous one, a lookup). ``first_step_index`` is the answer position
+    of the node after the source (1, or N-2 when reversed)."""
 
     num_classes = 0
 
-    def __init__(self, shape: StarGraphShape, count: int, seed: int, exclude: "StarGraphs | None" = None):
+    def __init__(self, shape: StarGraphShape, count: int, seed: int, exclude: "StarGraphs | None" = None,
+                 reverse: bool = False):
         self.shape = shape
         prompts, answers = make_graphs(shape, count, seed)
         if exclude is not None:
             seen = {p.tobytes() for p in exclude.prompts.numpy()}
             keep = np.array([p.tobytes() not in seen for p in prompts], dtype=bool)
             prompts, answers = prompts[keep], answers[keep]
+        if reverse:
+            answers = np.ascontiguousarray(answers[:, ::-1])
         self.prompts, self.answers = torch.from_numpy(prompts), torch.from_numpy(answers)
+        self.reverse = reverse
+        self.first_step_index = shape.path_len - 2 if reverse else 1
         self.grid = (1, shape.path_len)
         self.vocab_size = shape.vocab_size
 
@@ -96,13 +104,13 @@ class StarGraphs(Dataset):
 
 def build_stargraph(cfg, split: str) -> StarGraphs:
     """Train and test sets of a DataConfig (degree, path_len, num_nodes, num_train, num_test,
-    data_seed); test graphs use seed data_seed + 1 and never repeat a train prompt."""
+    data_seed, reverse_answer); test graphs use seed data_seed + 1 and never repeat a train prompt."""
     shape = StarGraphShape(cfg.degree, cfg.path_len, cfg.num_nodes)
     if split == "train":
-        return StarGraphs(shape, cfg.num_train, cfg.data_seed)
+        return StarGraphs(shape, cfg.num_train, cfg.data_seed, reverse=cfg.reverse_answer)
     if split == "test":
         train = StarGraphs(shape, cfg.num_train, cfg.data_seed)
-        return StarGraphs(shape, cfg.num_test, cfg.data_seed + 1, exclude=train)
+        return StarGraphs(shape, cfg.num_test, cfg.data_seed + 1, exclude=train, reverse=cfg.reverse_answer)
     raise ValueError(f"split {split!r}: expected 'train' or 'test'")
 
 
@@ -120,3 +128,61 @@ def shortcut_answer(prompt: torch.Tensor, shape: StarGraphShape, first_step: int
         node = edges[edges[:, 0] == node][0, 1]
         out.append(node)
     return torch.stack(out)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def solve_rates(model, dataset: StarGraphs, batch_size: int = 256, device="cpu") -> dict:
+    """Greedy decoding of every test graph: exact-path solve rate and first-step accuracy
+    (the node after the source, the one the shortcut can only guess)."""
+    from .sampling import generate
+    solved = first = 0
+    for s in range(0, len(dataset), batch_size):
+        prompts = dataset.prompts[s:s + batch_size].to(device)
+        answers = dataset.answers[s:s + batch_size].to(device)
+        out = generate(model, prompts, dataset.grid, temperature=0.0)
+        solved += int((out == answers).all(1).sum())
+        k = dataset.first_step_index
+        first += int((out[:, k] == answers[:, k]).sum())
+    n = len(dataset)
+    return {"solve_rate": solved / n, "first_step_acc": first / n, "n": n}
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batch_size: int = 256,
+                            device="cpu") -> dict:
+    """Teacher-forced accuracy per answer position: of the next-token head, and (for models with a
+    register token) of registers at each offset d, by target position. This is the diagnostic
+    that moves first when registers start to plan. Returns {"ntp": [acc per position],
+    "reg": {d: [acc per target position, None where no register targets it]}}."""
+    from .objectives import Batch
+    from .registers import RegisterSpec, make_layout
+    N = dataset.shape.path_len
+    P = dataset.shape.prompt_len
+    ntp_hits, n = torch.zeros(N), 0
+    reg_hits = {d: torch.zeros(N) for d in offsets}
+    reg_count = {d: torch.zeros(N) for d in offsets}
+    for s in range(0, len(dataset), batch_size):
+        body = dataset.answers[s:s + batch_size].to(device)
+        prompt = dataset.prompts[s:s + batch_size].to(device)
+        B = body.shape[0]
+        for d in offsets if model.has_register_token else [None]:
+            spec = RegisterSpec("mutor-1d", d_min=d, d_max=d) if d is not None else RegisterSpec("ntp")
+            lay = make_layout(B, dataset.grid, P, spec, device=device)
+            T, R = lay.num_regular, lay.num_registers
+            logits = model(body[:, : N - 1], lay.position_ids, prompt, R, lay.visibility)
+            pred = logits.argmax(-1)
+            ntp_t, reg_t = lay.gather_targets(body)
+            if d is None or d == offsets[0]:
+                ntp_hits += (pred[:, P - 1:T] == ntp_t[:, P - 1:]).float().sum(0).cpu()
+                n += B
+            if d is not None:
+                ok = ((pred[:, T:] == reg_t) & lay.reg_valid).float()
+                reg_hits[d].index_add_(0, lay.reg_target[0].cpu(), ok.sum(0).cpu())
+                reg_count[d].index_add_(0, lay.reg_target[0].cpu(), lay.reg_valid.float().sum(0).cpu())
+    out = {"ntp": (ntp_hits / max(n, 1)).tolist(), "reg": {}}
+    if model.has_register_token:
+        out["reg"] = {d: [None if c == 0 else round(float(h / c), 4) for h, c in zip(reg_hits[d], reg_count[d])]
+                      for d in offsets}
+    return out
