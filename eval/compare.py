@@ -103,6 +103,10 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
              cache: Path, batch_size: int = 250, seed: int = 0, tag: str = "") -> list[Path]:
     """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale. ``tag`` goes into
     the sample file name (and so the record's), keeping records of another label apart."""
+    names = [f"eval_{tag}step{step:08d}_cfg{s:g}" for s in cfg_scales]
+    found = [sorted((run_dir / "eval").glob(f"{n}__*.json")) for n in names]
+    if all(found):                                       # scored before: keep those records
+        return [f[0] for f in found]
     path = ckpt_lib.checkpoint_path(run_dir, step)
     model, cfg, got = ckpt_lib.load_model(path)
     tokenizer = build_tokenizer(cfg.data)
@@ -161,6 +165,11 @@ def run_all(units: list[dict], jobs: int) -> list[dict]:
 def floor_records(out: Path, num: int, draws: int, cache: Path, data_seed: int = metrics.DIGITS_DATA_SEED) -> list[dict]:
     """Real held-out images (digits:test) against digits:train: as is, and ``draws`` resamples (with
     replacement) of ``num`` images."""
+    old = sorted((out / "floor" / "eval").glob("*.json"))
+    if len(old) == draws + 1:                            # made before with these settings
+        recs = [json.loads(p.read_text()) for p in old]
+        if all(r["n"] == num for r in recs if r["study"]["seed"] is not None):
+            return sorted(recs, key=lambda r: r["study"]["seed"] is not None)
     test = metrics.open_images("digits:test", data_seed)
     ref = metrics.open_images("digits:train", data_seed)
     weights = metrics.digits_classifier_path(metrics.DigitsClassifierSettings(data_seed=data_seed), cache)
