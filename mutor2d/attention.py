@@ -9,8 +9,10 @@ limit*. Query q sees key k iff ``key_rank[k] <= query_limit[q]`` or ``k == q``.
 
 Because the rule names tokens, not places, the physical order of tokens is free. When the first
 ``num_main`` tokens are the main block in causal order (the appended layout), the SDPA backend
-splits the work: a plain causal kernel for the main block, and for the extra tokens a masked
-attention over the main keys merged with their own key. No (L x L) mask is built on that path.
+splits the work: a plain causal kernel for the main block, and one SDPA call for the E extra
+queries over all keys with a (B, 1, E, L) boolean mask (main keys up to the limit, plus the
+diagonal). No (L x L) mask and no float score tensor is ever built on that path, and backward
+keeps only the fused kernel's O(E) statistics.
 
 Backends: "sdpa" (torch's scaled_dot_product_attention) and "flex" (FlexAttention with a block mask
 built once per forward pass; compiled on CUDA).
@@ -62,6 +64,16 @@ class Visibility:
                 self.mask_mod(), B, None, L, L, device=self.key_rank.device)
         return self._cache["block_mask"]
 
+    def extra_mask(self) -> Tensor:
+        """(B, 1, L - num_main, L) bool rows of the extra tokens (True = may attend); built once
+        and reused by every layer."""
+        if "extra_mask" not in self._cache:
+            T, L = self.num_main, self.length
+            m = self.key_rank[:, None, :] <= self.query_limit[:, T:, None]
+            own = torch.arange(L, device=m.device) == torch.arange(T, L, device=m.device)[:, None]
+            self._cache["extra_mask"] = (m | own).unsqueeze(1)
+        return self._cache["extra_mask"]
+
     def permute(self, order: Tensor) -> "Visibility":
         """The same rule on tokens reordered by ``order`` (B, L); no fast path after it."""
         return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order), None)
@@ -101,21 +113,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None, backend: str
 
 
 def _split_attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility) -> Tensor:
-    """Appended layout: causal main block + extra tokens over (main prefix, self).
-
-    Extra token e's output is softmax over [scores to main keys with rank <= limit[e], own score].
-    Both parts are combined exactly through their log-sum-exp.
-    """
+    """Appended layout: causal main block, then the extra queries over (main prefix, self)."""
     T = vis.num_main
     main = F.scaled_dot_product_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], is_causal=True)
     if q.shape[2] == T:
         return main
-    qe, ke, ve = q[:, :, T:], k[:, :, T:], v[:, :, T:]
-    scale = q.shape[-1] ** -0.5
-    s_main = torch.matmul(qe, k[:, :, :T].transpose(-1, -2)).float() * scale      # (B,h,E,T)
-    allowed = vis.key_rank[:, None, :T] <= vis.query_limit[:, T:, None]            # (B,E,T)
-    s_main = s_main.masked_fill(~allowed[:, None], float("-inf"))
-    s_self = (qe.float() * ke.float()).sum(-1, keepdim=True) * scale               # (B,h,E,1)
-    p = torch.softmax(torch.cat([s_main, s_self], dim=-1), dim=-1)
-    extra = torch.matmul(p[..., :T].to(v.dtype), v[:, :, :T]) + p[..., T:].to(v.dtype) * ve
+    extra = F.scaled_dot_product_attention(q[:, :, T:], k, v, attn_mask=vis.extra_mask())
     return torch.cat([main, extra], dim=2)

@@ -58,8 +58,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        """x * rsqrt(mean(x^2) + eps) computed in float32, cast back, times the weight."""
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
 
 
 class Rotary(nn.Module):
@@ -79,7 +79,8 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions (B, L, 2) long -> cos, sin (B, L, 1, head_dim // 2) float32."""
+        """positions (B, L, 2) long -> (cos, signed sin), each (B, L, 1, head_dim) float32: the
+        angle of pair i repeated on both of its lanes, sin negated on the even lane."""
         pos = positions.float()
         if self.mode == "2d":
             ang = torch.cat([pos[..., 0:1] * self.inv_freq, pos[..., 1:2] * self.inv_freq], dim=-1)
@@ -92,15 +93,17 @@ class Rotary(nn.Module):
         else:
             cos = cos.masked_fill(cell_less, 1.0)
         sin = sin.masked_fill(cell_less, 0.0)
-        return cos.unsqueeze(2), sin.unsqueeze(2)
+        cos2 = torch.stack([cos, cos], dim=-1).flatten(-2)
+        sin2 = torch.stack([-sin, sin], dim=-1).flatten(-2)
+        return cos2.unsqueeze(2), sin2.unsqueeze(2)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, L, heads, head_dim), pairs (x[2i], x[2i+1]) rotated by the angle of pair i."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(-2).type_as(x)
+    """x (B, L, heads, head_dim), pairs (x[2i], x[2i+1]) rotated by the angle of pair i, in float32:
+    (x0 cos - x1 sin, x1 cos + x0 sin) = x * cos + swap_pairs(x) * signed sin (three kernels)."""
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.addcmul(xf * cos, swapped, sin).type_as(x)
 
 
 class LabelEmbedder(nn.Module):
@@ -237,7 +240,7 @@ class GPT(nn.Module):
                 raise ValueError("num_extra > 0 needs a model built with register_token=True")
             B = parts[0].shape[0]
             parts.append(self.register_embedding.to(parts[0].dtype).expand(B, num_extra, -1))
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
                cache_start: int | None = None) -> Tensor:

@@ -1,0 +1,172 @@
+"""Shared helpers of the benchmarks: timing, the machine's own limits, peak memory, JSON output.
+
+Timing rule: cases are run round-robin (one repetition of every case, then the next round) so slow
+phases of a shared machine hit all cases alike; a case's time is the median of its repetitions.
+
+Machine limits, measured in the same process as the benchmark:
+* matmul rate: FLOP/s of a large square ``torch.mm`` (fp32 on CPU; the benchmark dtype on GPU);
+* read bandwidth: bytes/s of ``tensor.sum()`` over a tensor far larger than the caches.
+
+Peak memory of a CPU case: a fresh subprocess (glibc told to unmap every freed block of 64 KiB or
+more, so RSS follows live memory) builds the model and optimizer, materialises the gradients and
+optimizer state, runs the step once (one-off thread pools, library workspaces), resets the kernel's
+peak-RSS counter (/proc/self/clear_refs), reads its resident set size (RSS, /proc/self/statm), runs
+the step again, then reads the peak RSS (VmHWM, /proc/self/status). Step peak = peak - resident
+before the step: the activations and temporaries of the step, nothing static. On CUDA the same quantity
+comes from ``torch.cuda.max_memory_allocated`` in process.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
+                     device: torch.device = torch.device("cpu")) -> dict[str, dict]:
+    """Median wall time (s) of each callable; cases interleaved per repetition."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    sync(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "reps": len(ts)}
+            for name, ts in times.items()}
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048,
+                reps: int = 5) -> float:
+    """FLOP/s of an (n x n) @ (n x n) matmul, median of ``reps`` (output buffer reused)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    t = time_round_robin({"mm": lambda: torch.mm(a, b, out=out)}, reps, warmup=1, device=device)
+    return 2 * n ** 3 / t["mm"]["median_s"]
+
+
+def read_bandwidth(device: torch.device, nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """Bytes/s read by ``x.sum()`` over an fp32 tensor of ``nbytes``."""
+    x = torch.ones(nbytes // 4, device=device)
+    t = time_round_robin({"sum": lambda: x.sum()}, reps, warmup=1, device=device)
+    return x.numel() * 4 / t["sum"]["median_s"]
+
+
+def machine(device: torch.device) -> dict:
+    """What the numbers were measured on."""
+    info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu": _cpu_model(), "torch": torch.__version__, "python": platform.python_version(),
+            "device": str(device)}
+    try:
+        info["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ----------------------------------------------------------------------------- memory
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since start or the last reset_peak_rss()."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+# glibc malloc: every block >= 64 KiB is its own mapping, unmapped on free, and the heap top is
+# trimmed at once; so RSS follows live tensor memory instead of what the allocator keeps cached.
+EXACT_RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def run_children(script: str, arg_lists: list[list[str]], parallel: int = 1, timeout: float = 900) -> list[dict]:
+    """Run ``python script args`` for each args in fresh processes (with EXACT_RSS_ENV),
+    ``parallel`` at a time; return the JSON object on each one's last stdout line. (A process's
+    peak RSS is its own: running them side by side changes their times, not their memory.)"""
+    env = {**os.environ, **EXACT_RSS_ENV}
+    results: list[dict] = []
+    for i in range(0, len(arg_lists), parallel):
+        group = arg_lists[i:i + parallel]
+        procs = [subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env) for args in group]
+        for args, proc in zip(group, procs):
+            out, err = proc.communicate(timeout=timeout)
+            lines = out.strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                tail = (err or out).strip().splitlines()[-1:] or ["no output"]
+                raise RuntimeError(f"{os.path.basename(script)} {' '.join(args)} failed: {tail[0]}")
+            results.append(json.loads(lines[-1]))
+    return results
+
+
+# ----------------------------------------------------------------------------- output
+
+def rounded(obj, digits: int = 4):
+    """Round floats in nested dicts/lists for a readable JSON line."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def emit(result: dict) -> None:
+    """Print the result as one JSON object on the last line of stdout."""
+    print(json.dumps(rounded(result), sort_keys=False), flush=True)
+
+
+def log(msg: str) -> None:
+    """Progress to stderr (stdout's last line is reserved for the JSON result)."""
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One prepared run for a lent GPU (H100/H200 class), under 8 minutes in all:
+#   1. the CUDA tests (FlexAttention compiled vs SDPA, fp32 and bf16; bf16 training step; KV decoding),
+#   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
+#      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
+#      measured bf16 matmul rate and the nominal peak),
+#   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute, compile on/off).
+# Each step has its own time limit, so one slow step cannot eat the others' time.
+# Results: one JSON file per benchmark (and the logs) under $OUT (default bench/out/).
+#
+#   bash bench/gpu.sh                      # PEAK_TFLOPS=989 (H100/H200 SXM bf16 dense) by default
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+[ -x .venv/bin/python ] && PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-bench/out}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" \
+    | tee -a "$OUT/gpu.txt" || exit 1
+
+step() {  # step NAME SECONDS CMD...: run with a time limit, keep the log and the last (JSON) line
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2> "$OUT/$name.err"
+    local rc=$?
+    [ "$name" = cuda_tests ] || tail -n 1 "$OUT/$name.log" > "$OUT/$name.json"
+    echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+}
+
+step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py -k cuda
+step train_step 230 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
+    --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS"
+step sample 130 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3
+cat "$OUT/summary.txt"

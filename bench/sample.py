@@ -1,0 +1,184 @@
+"""Sampling benchmark: KV-cache decoding vs full recompute, with and without CFG, torch.compile
+on and off; and the GPT-B decode step against the machine's memory-bandwidth floor.
+
+* ``kv`` / ``kv_cfg``: ``mutor2d.sampling.generate`` (KV cache) for ``--images`` images of
+  H*W tokens, without and with classifier-free guidance (CFG doubles the decoded batch).
+* ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
+* ``*_compiled``: after ``mutor2d.sampling.compile_decoder`` (compile time reported apart).
+* decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
+  positions; mean time per step against the floor = bytes of the weights one step reads (every
+  parameter but the embedding tables) / read bandwidth measured in the same run (a large sum).
+
+Side by side in one process, round-robin, median of ``--reps``. The last stdout line is JSON.
+
+    python bench/sample.py                 # CPU: GPT-B width, 2 layers, 256 tokens; GPT-B step
+    python bench/sample.py --quick         # seconds, for CI (no compile)
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import common
+from mutor2d.config import ModelConfig
+from mutor2d.model import GPT
+from mutor2d.registers import regular_position_ids
+from mutor2d.sampling import compile_decoder, generate, sample_logits
+
+TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
+
+
+def build(args, n_layer: int, device: torch.device) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
+                      vocab_size=args.vocab, num_classes=1000)
+    model = GPT(cfg).to(device).eval()
+    with torch.no_grad():              # LlamaGen zero-inits the head; give it real logits
+        model.output.weight.normal_(0, 0.02)
+    return model
+
+
+@torch.no_grad()
+def recompute(model: GPT, labels: torch.Tensor, grid: tuple[int, int], generator) -> torch.Tensor:
+    """Sample without a cache: step t runs the whole sequence prefix + x_0..x_{t-1}."""
+    B, N = labels.shape[0], grid[0] * grid[1]
+    pos = regular_position_ids(grid, 1, N).to(labels.device).expand(B, N, 2)
+    out = torch.empty(B, N, dtype=torch.long, device=labels.device)
+    for t in range(N):
+        h = model.hidden(model.embed(out[:, :t], labels), pos[:, : t + 1])
+        out[:, t] = sample_logits(model.logits(h[:, -1]), 1.0, generator=generator)
+    return out
+
+
+def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> callable:
+    """A closure running the model alone over all H*W decode positions (no sampling)."""
+    N = grid[0] * grid[1]
+    pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)
+    labels = torch.arange(batch, device=device)
+    tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=device)
+
+    @torch.no_grad()
+    def run():
+        model.setup_cache(batch, N)
+        model.decode(None, pos[:, :1], 0, prefix=labels)
+        for t in range(1, N):
+            model.decode(tok, pos[:, t:t + 1], t)
+    return run
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes of the parameters every decode step reads (embedding tables are only indexed)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if not n.startswith(("tok_embeddings", "cls_embedding")))
+
+
+def grid_arg(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16") from None
+    return h, w
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile (CI)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--layers", type=int, default=None, help="depth of the throughput runs (default: 2 on CPU, 12 on GPU)")
+    ap.add_argument("--step-layers", type=int, default=12, help="depth of the decode-step run (0 = skip)")
+    ap.add_argument("--images", type=int, default=2)
+    ap.add_argument("--grid", type=grid_arg, default=(16, 16))
+    ap.add_argument("--cfg-scale", type=float, default=2.0)
+    ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
+        args.layers, args.step_layers = 1, min(args.step_layers, 2)
+    if args.layers is None:
+        args.layers = 12 if args.device.startswith("cuda") else 2
+    args.compile = args.compile or ("off" if args.quick else "on")
+    if args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    if args.images < 1:
+        ap.error(f"--images {args.images}: expected at least 1")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    device = torch.device(args.device)
+    grid, n = args.grid, args.images
+    N = grid[0] * grid[1]
+    labels = torch.arange(n, device=device)
+
+    def gen():
+        return torch.Generator(device=device).manual_seed(0)
+
+    model = build(args, args.layers, device)
+    cases = {
+        "kv": lambda: generate(model, labels, grid, generator=gen()),
+        "kv_cfg": lambda: generate(model, labels, grid, cfg_scale=args.cfg_scale, generator=gen()),
+        "recompute": lambda: recompute(model, labels, grid, gen()),
+    }
+    common.log(f"timing {list(cases)} x {args.reps} reps")
+    times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
+
+    compile_s = None
+    if args.compile == "on":
+        compile_decoder(model)
+        common.log("compiling the decode step")
+        t0 = time.perf_counter()
+        cases["kv"]()
+        cases["kv_cfg"]()
+        compile_s = time.perf_counter() - t0
+        compiled = {"kv_compiled": cases["kv"], "kv_cfg_compiled": cases["kv_cfg"]}
+        times.update({k: v["median_s"] for k, v in
+                      common.time_round_robin(compiled, args.reps, 0, device).items()})
+    del model
+
+    throughput = {k: {"images_per_s": n / t, "tokens_per_s": n * N / t, "time_s": t} for k, t in times.items()}
+    ratios = {"kv_speedup": times["recompute"] / times["kv"], "cfg_cost": times["kv_cfg"] / times["kv"]}
+    if "kv_compiled" in times:
+        ratios["compile_speedup"] = times["kv"] / times["kv_compiled"]
+        ratios["cfg_cost_compiled"] = times["kv_cfg_compiled"] / times["kv_compiled"]
+
+    step = None
+    if args.step_layers:
+        common.log(f"decode step at {args.step_layers} layers, batch 4")
+        big = build(args, args.step_layers, device)
+        bw = common.read_bandwidth(device, nbytes=(64 << 20) if args.quick else (1 << 30))
+        t = common.time_round_robin({"steps": decode_steps(big, 4, grid, device)}, args.reps, 1, device)
+        per_step = t["steps"]["median_s"] / N
+        wb = weight_bytes(big)
+        s = big.shape
+        kv_bytes = 2 * s.n_layer * 4 * s.n_head * s.head_dim * (N / 2) * 4   # mean cache read
+        step = {"layers": args.step_layers, "batch": 4, "step_s": per_step, "weight_bytes": wb,
+                "mean_kv_cache_bytes": kv_bytes, "read_bandwidth_bytes_per_s": bw,
+                "floor_s": wb / bw, "step_vs_floor": per_step / (wb / bw)}
+        del big
+
+    targets = {f"kv_speedup_ge_{TARGETS['kv_speedup_ge']:g}": ratios["kv_speedup"] >= TARGETS["kv_speedup_ge"],
+               f"cfg_cost_le_{TARGETS['cfg_cost_le']:g}": ratios["cfg_cost"] <= TARGETS["cfg_cost_le"]}
+    if step:
+        targets[f"step_vs_floor_le_{TARGETS['step_vs_floor_le']:g}"] = step["step_vs_floor"] <= TARGETS["step_vs_floor_le"]
+    common.emit({
+        "bench": "sample", "machine": common.machine(device),
+        "settings": {"dim": args.dim, "heads": args.heads, "layers": args.layers, "vocab": args.vocab,
+                     "images": n, "grid": list(grid), "tokens": N, "cfg_scale": args.cfg_scale,
+                     "compile": args.compile, "reps": args.reps, "quick": args.quick},
+        "throughput": throughput, "compile_s": compile_s, "ratios": ratios, "decode_step": step,
+        "targets": targets,
+    })
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}")

@@ -1,0 +1,316 @@
+"""Training-step benchmark: next-token (NTP) vs MuToR-2D sparse (K registers) vs dense registers.
+
+One step = forward + backward + gradient clipping + AdamW step of the real objective
+(mutor2d.objectives) on random tokens, as mutor2d.training runs it, at GPT-B width (depth reducible
+on CPU). Cases run side by side in one process, round-robin, median of several repetitions.
+Per attention backend:
+  time and peak-memory ratios against NTP, and against the token-count ideal (T + R) / T,
+  where T = regular inputs and R = register slots actually processed (padded to the batch maximum).
+Backends: "sdpa" (appended layout: causal block + register block, the CPU training path),
+"flex" (FlexAttention block mask; CUDA only, it has no backward on CPU) and "sdpa-mask" (reference:
+one SDPA call over a dense (B, 1, L, L) boolean mask, what the interleaved layout would cost).
+
+MFU: an NTP step at full depth against the machine's fp32 (CPU) / benchmark-dtype (GPU) matmul rate,
+measured in the same run. Model FLOPs = 3 x forward FLOPs, forward = 2 x matmul parameters x tokens
++ causal attention (2 x T^2 x dim per layer and sample); embeddings and elementwise work not counted.
+
+Peak memory (activations and temporaries of one step, above the static parameters, gradients and
+optimizer state): a fresh process per case on CPU, its peak RSS above its RSS before the step (see
+bench/common.py); torch.cuda.max_memory_allocated on GPU. The last stdout line is one JSON object.
+
+    python bench/train_step.py            # CPU: GPT-B width, 2 layers, batch 4, T = 256 inputs
+    python bench/train_step.py --quick    # seconds, for CI
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import torch
+
+import common
+from mutor2d.attention import Visibility
+from mutor2d.config import ModelConfig, ObjectiveConfig
+from mutor2d.model import GPT, model_shape
+from mutor2d.objectives import Batch, MuToR
+from mutor2d.registers import Layout, LayoutError
+
+CASES = ("ntp", "sparse", "dense")
+TARGETS = {"sparse": 1.35, "dense": 2.05}   # time and memory ratio bounds vs NTP (issue 9)
+MFU_TARGET = 0.70
+
+
+class _MaskLayout(Layout):
+    """The same layout, but its visibility has no fast path: SDPA gets the dense boolean mask."""
+
+    @property
+    def visibility(self):
+        vis = Layout.visibility.fget(self)
+        return None if vis is None else Visibility(vis.key_rank, vis.query_limit)
+
+
+class _MaskMuToR(MuToR):
+    def layout(self, batch, prefix_len, generator):
+        lay = super().layout(batch, prefix_len, generator)
+        return _MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+
+
+def objective_config(case: str, args) -> ObjectiveConfig:
+    if case == "ntp":
+        return ObjectiveConfig(name="ntp")
+    return ObjectiveConfig(name="mutor-2d", d_max_2d=args.dmax2d, reg_weight=0.5,
+                           placement=case, num_registers=args.registers)
+
+
+def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False):
+    """Model (with a register token), optimizer with materialised state, and one batch."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
+                      vocab_size=args.vocab, num_classes=1000)
+    model = GPT(cfg, register_token=True).to(device).train()
+    if compile_blocks:                     # as training does with train.compile: per block
+        for block in model.layers:
+            block.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05,
+                            fused=device.type == "cuda")
+    for p in model.parameters():          # optimizer state and gradients exist from the start
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    H, W = args.grid
+    gen = torch.Generator().manual_seed(1)
+    body = torch.randint(0, args.vocab, (args.batch, H * W), generator=gen).to(device)
+    labels = torch.randint(0, 1000, (args.batch,), generator=gen).to(device)
+    return model, opt, Batch(body, labels, (H, W))
+
+
+def make_step(model, opt, batch, backend: str, case: str, args, device, keep_grads: bool = False):
+    """A closure running one training step of ``case`` on ``backend`` as the training loop does:
+    forward, backward, gradient clipping at 1.0, AdamW. ``keep_grads``: gradients stay allocated
+    between steps (zeroed, not freed), so a memory measurement sees only the step's own memory."""
+    for layer in model.layers:
+        layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
+    cfg = objective_config(case, args)
+    loss_fn = _MaskMuToR(cfg) if backend == "sdpa-mask" else MuToR(cfg)
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
+           else contextlib.nullcontext())
+
+    def step():
+        for layer in model.layers:
+            layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
+        with amp:
+            out = loss_fn(model, batch, torch.Generator(device=device).manual_seed(2))
+        opt.zero_grad(set_to_none=not keep_grads)
+        out["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return step
+
+
+def register_slots(case: str, args, device) -> tuple[int, float]:
+    """(R register slots processed, mean valid registers per sample) for the benchmark's draw."""
+    lay = MuToR(objective_config(case, args)).layout(
+        Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
+              torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),
+        1, torch.Generator(device=device).manual_seed(2))
+    return lay.num_registers, lay.reg_valid.float().sum(1).mean().item()
+
+
+def step_flops(model: GPT, batch: int, T: int) -> float:
+    """Model FLOPs of one training step (see module docstring)."""
+    s = model.shape
+    matmul_params = s.n_layer * (4 * s.dim ** 2 + 3 * s.dim * s.ffn_dim) + s.dim * model.cfg.vocab_size
+    forward = 2 * matmul_params * batch * T + s.n_layer * 2 * batch * T ** 2 * s.dim
+    return 3.0 * forward
+
+
+def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], dict]:
+    run, skipped = [], {}
+    for b in wanted:
+        if b == "flex" and device.type != "cuda":
+            skipped[b] = "FlexAttention has no backward pass on CPU (a torch limit)"
+        else:
+            run.append(b)
+    return run, skipped
+
+
+# ----------------------------------------------------------------------------- memory
+
+def memory_child(args) -> dict:
+    """Runs in a fresh process: peak RSS of one step above the static state."""
+    device = torch.device("cpu")
+    backend, case = args.memory_child.split(":")
+    model, opt, batch = build(args, args.layers, device, args.compile == "all")
+    step = make_step(model, opt, batch, backend, case, args, device, keep_grads=True)
+    step()                                  # one-off allocations happen here
+    if not common.reset_peak_rss():
+        raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); use --no-memory")
+    before = common.rss_bytes()
+    step()
+    peak = common.peak_rss_bytes()
+    return {"step_peak_bytes": peak - before, "rss_before": before, "peak_rss": peak}
+
+
+def child_args(args) -> list[str]:
+    return ["--dim", str(args.dim), "--heads", str(args.heads), "--vocab", str(args.vocab),
+            "--layers", str(args.layers), "--batch", str(args.batch),
+            "--grid", f"{args.grid[0]}x{args.grid[1]}", "--registers", str(args.registers),
+            "--dmax2d", str(args.dmax2d), "--dtype", args.dtype, "--compile", args.compile]
+
+
+def measure_memory(args, backends: list[str], device) -> dict:
+    """Step peak memory per backend and case (quick mode: the first backend only)."""
+    out = {}
+    for b in backends[:1] if args.quick else backends:
+        if device.type == "cuda":
+            out[b] = {c: cuda_step_peak(args, b, c, device) for c in CASES}
+        else:
+            common.log(f"memory: {b}, one fresh process per case")
+            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in CASES],
+                                       parallel=len(CASES) if args.quick else 1)
+            out[b] = dict(zip(CASES, runs))
+    return out
+
+
+def cuda_step_peak(args, backend: str, case: str, device) -> dict:
+    model, opt, batch = build(args, args.layers, device, args.compile == "all")
+    step = make_step(model, opt, batch, backend, case, args, device, keep_grads=True)
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del model, opt, batch, step
+    torch.cuda.empty_cache()
+    return {"step_peak_bytes": peak}
+
+
+# ----------------------------------------------------------------------------- main
+
+def grid_arg(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16") from None
+    return h, w
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (CI)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
+    ap.add_argument("--dim", type=int, default=768, help="width (GPT-B: 768)")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--layers", type=int, default=None, help="depth of the ratio runs (default: 2 on CPU, 12 on GPU)")
+    ap.add_argument("--mfu-layers", type=int, default=12, help="depth of the MFU run (0 = skip)")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--grid", type=grid_arg, default=(16, 16))
+    ap.add_argument("--registers", type=int, default=80, help="K of the sparse case")
+    ap.add_argument("--dmax2d", type=int, default=4, help="D of the 2D offsets")
+    ap.add_argument("--backends", default="sdpa,flex,sdpa-mask")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--compile", choices=["off", "mfu", "all"], default="off",
+                    help="torch.compile each transformer block (as train.compile) in the MFU run / all runs")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's nominal peak (e.g. 989 for H100/H200 bf16 dense): MFU against it too")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
+        args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)
+    if args.layers is None:
+        args.layers = 12 if args.device.startswith("cuda") else 2
+    for b in args.backends.split(","):
+        if b not in ("sdpa", "flex", "sdpa-mask"):
+            ap.error(f"--backends: unknown backend {b!r}; expected sdpa, flex or sdpa-mask")
+    if args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    if args.memory_child:
+        common.emit(memory_child(args))
+        return
+    device = torch.device(args.device)
+    backends, skipped = backends_for(device, args.backends.split(","))
+    H, W = args.grid
+    T = 1 + H * W - 1
+    slots = {case: register_slots(case, args, device) for case in CASES}
+
+    # ---- step time, side by side
+    model, opt, batch = build(args, args.layers, device, args.compile == "all")
+    steps = {f"{b}/{c}": make_step(model, opt, batch, b, c, args, device) for b in backends for c in CASES}
+    common.log(f"timing {len(steps)} cases x {args.reps} reps")
+    times = common.time_round_robin(steps, args.reps, warmup=1, device=device)
+    del model, opt, steps
+
+    memory = {} if args.no_memory else measure_memory(args, backends, device)
+
+    ratios = {}
+    for b in backends:
+        r = {}
+        for c in ("sparse", "dense"):
+            ideal = (T + slots[c][0]) / T
+            r[f"{c}_time"] = times[f"{b}/{c}"]["median_s"] / times[f"{b}/ntp"]["median_s"]
+            r[f"{c}_ideal"] = ideal
+            r[f"{c}_time_vs_ideal"] = r[f"{c}_time"] / ideal
+            if b in memory:
+                r[f"{c}_mem"] = memory[b][c]["step_peak_bytes"] / memory[b]["ntp"]["step_peak_bytes"]
+                r[f"{c}_mem_vs_ideal"] = r[f"{c}_mem"] / ideal
+        ratios[b] = r
+
+    # ---- MFU of the NTP step at full depth
+    mfu = None
+    if args.mfu_layers:
+        common.log(f"MFU: NTP step at {args.mfu_layers} layers")
+        model, opt, batch = build(args, args.mfu_layers, device, args.compile != "off")
+        default = "flex" if device.type == "cuda" else "sdpa"
+        t = common.time_round_robin({"ntp": make_step(model, opt, batch, default, "ntp", args, device)},
+                                    max(2, args.reps - 2), warmup=1, device=device)["ntp"]["median_s"]
+        flops = step_flops(model, args.batch, T)
+        del model, opt, batch
+        mm_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        rate = common.matmul_rate(device, mm_dtype, n=512 if args.quick else (8192 if device.type == "cuda" else 2048))
+        mfu = {"layers": args.mfu_layers, "step_s": t, "model_flops": flops, "achieved_flops_per_s": flops / t,
+               "matmul_flops_per_s": rate, "fraction_of_matmul": flops / t / rate}
+        if args.peak_tflops:
+            mfu["fraction_of_peak"] = flops / t / (args.peak_tflops * 1e12)
+
+    main_backend = "flex" if device.type == "cuda" and "flex" in backends else backends[0]
+    targets = {}
+    if main_backend in ratios:
+        r = ratios[main_backend]
+        for c, bound in TARGETS.items():
+            targets[f"{c}_time_le_{bound}"] = r[f"{c}_time"] <= bound
+            if f"{c}_mem" in r:
+                targets[f"{c}_mem_le_{bound}"] = r[f"{c}_mem"] <= bound
+    if mfu:
+        targets[f"mfu_ge_{MFU_TARGET}"] = mfu["fraction_of_matmul"] >= MFU_TARGET
+
+    shape = model_shape(ModelConfig(preset="custom", n_layer=args.layers, n_head=args.heads, dim=args.dim))
+    common.emit({
+        "bench": "train_step", "machine": common.machine(device),
+        "settings": {"dim": args.dim, "heads": args.heads, "ffn": shape.ffn_dim, "layers": args.layers,
+                     "vocab": args.vocab, "batch": args.batch, "grid": [H, W], "T": T,
+                     "registers_sparse": slots["sparse"][0], "registers_dense": slots["dense"][0],
+                     "valid_registers_dense_mean": slots["dense"][1], "dmax2d": args.dmax2d,
+                     "dtype": args.dtype, "compile": args.compile, "reps": args.reps, "quick": args.quick},
+        "backends": backends, "skipped": skipped, "main_backend": main_backend,
+        "time_s": {k: v["median_s"] for k, v in times.items()},
+        "step_peak_mb": {b: {c: m["step_peak_bytes"] / 2 ** 20 for c, m in d.items()} for b, d in memory.items()},
+        "ratios": ratios, "mfu": mfu, "targets": targets,
+    })
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (LayoutError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}")
