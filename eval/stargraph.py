@@ -54,7 +54,8 @@ def main(argv=None) -> dict:
                     "ntp_acc_by_position": tf["ntp"], "reg_acc_by_target": tf["reg"]},
         "evaluator": "stargraph greedy decoding + teacher-forced accuracy",
         "reference": f"held-out path-star graphs (degree {cfg.data.degree}, path_len {cfg.data.path_len}, "
-                     f"{cfg.data.num_nodes} nodes, seed {cfg.data.data_seed + 1})",
+                     f"{cfg.data.num_nodes} nodes, seed {cfg.data.data_seed + 1}"
+                     f"{', reversed answers' if cfg.data.reverse_answer else ''})",
         "n": rates["n"], "sampling": {"temperature": 0.0}, "checkpoint": str(path),
         "seed": cfg.train.seed,
     }
