@@ -267,7 +267,7 @@ def test_tiny_model_overfits(objective):
     model = GPT(cfg, register_token=spec.uses_registers and objective.name != "multihead")
     loss_fn = build_objective(objective, model)
     batch = Batch(torch.randint(0, 8, (4, 16)), torch.arange(4), (4, 4))
-    opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=1e-2)
+    opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(300):
@@ -275,7 +275,9 @@ def test_tiny_model_overfits(objective):
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
-        losses.append(out["loss"].item())
-    assert losses[0] > 0.9 * math.log(8)
-    tail = sum(losses[-30:]) / 30                       # offsets are redrawn every step: smooth
-    assert tail < 0.4 * losses[0], tail
+        losses.append((out["loss"].item(), out["loss_ntp"].item()))
+    assert losses[0][0] > 0.9 * math.log(8)
+    # offsets (and sparse anchors) are redrawn every step: compare smoothed tails
+    tail, tail_ntp = (sum(x[i] for x in losses[-30:]) / 30 for i in (0, 1))
+    assert tail < 0.5 * losses[0][0], tail
+    assert tail_ntp < 0.25 * losses[0][1], tail_ntp
