@@ -2,6 +2,10 @@
 
 Timing rule: cases are run round-robin (one repetition of every case, then the next round) so slow
 phases of a shared machine hit all cases alike; a case's time is the median of its repetitions.
+Clock: "wall" (perf_counter, the default) or "cpu" (this process's CPU time, process_time): on a
+machine shared with other jobs, wall time also measures the neighbours, while the CPU time of a
+single-threaded run (--threads 1) measures only this work. Use "cpu" with one thread only: with
+more, idle threads spinning at barriers are counted too.
 
 Machine limits, measured in the same process as the benchmark:
 * matmul rate: FLOP/s of a large square ``torch.mm`` (fp32 on CPU; the benchmark dtype on GPU);
@@ -35,9 +39,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = time.perf_counter
+
+
+def setup(threads: int | None, clock: str, device: torch.device) -> None:
+    """Set the intra-op thread count and the clock of every later measurement."""
+    global _clock
+    if threads:
+        torch.set_num_threads(threads)
+    if clock == "cpu" and device.type == "cuda":
+        raise ValueError("--clock cpu measures CPU work; use --clock wall on a GPU")
+    _clock = CLOCKS[clock]
+
+
 def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
                      device: torch.device = torch.device("cpu")) -> dict[str, dict]:
-    """Median wall time (s) of each callable; cases interleaved per repetition."""
+    """Median time (s, on the chosen clock) of each callable; cases interleaved per repetition."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -46,10 +64,10 @@ def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: in
     for _ in range(reps):
         for name, fn in fns.items():
             sync(device)
-            t0 = time.perf_counter()
+            t0 = _clock()
             fn()
             sync(device)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(_clock() - t0)
     return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "reps": len(ts)}
             for name, ts in times.items()}
 

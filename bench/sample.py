@@ -95,6 +95,9 @@ def parse(argv=None):
     ap.add_argument("--grid", type=grid_arg, default=(16, 16))
     ap.add_argument("--cfg-scale", type=float, default=2.0)
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu = process CPU time, for a shared machine (with --threads 1)")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     if args.quick:
@@ -112,6 +115,7 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     args = parse(argv)
+    common.setup(args.threads, args.clock, torch.device(args.device))
     device = torch.device(args.device)
     grid, n = args.grid, args.images
     N = grid[0] * grid[1]
@@ -171,7 +175,8 @@ def main(argv=None) -> None:
         "bench": "sample", "machine": common.machine(device),
         "settings": {"dim": args.dim, "heads": args.heads, "layers": args.layers, "vocab": args.vocab,
                      "images": n, "grid": list(grid), "tokens": N, "cfg_scale": args.cfg_scale,
-                     "compile": args.compile, "reps": args.reps, "quick": args.quick},
+                     "compile": args.compile, "reps": args.reps, "quick": args.quick,
+                     "threads": torch.get_num_threads(), "clock": args.clock},
         "throughput": throughput, "compile_s": compile_s, "ratios": ratios, "decode_step": step,
         "targets": targets,
     })

@@ -155,7 +155,8 @@ def child_args(args) -> list[str]:
     return ["--dim", str(args.dim), "--heads", str(args.heads), "--vocab", str(args.vocab),
             "--layers", str(args.layers), "--batch", str(args.batch),
             "--grid", f"{args.grid[0]}x{args.grid[1]}", "--registers", str(args.registers),
-            "--dmax2d", str(args.dmax2d), "--dtype", args.dtype, "--compile", args.compile]
+            "--dmax2d", str(args.dmax2d), "--dtype", args.dtype, "--compile", args.compile,
+            "--threads", str(torch.get_num_threads())]
 
 
 def measure_memory(args, backends: list[str], device) -> dict:
@@ -212,6 +213,9 @@ def parse(argv=None):
     ap.add_argument("--registers", type=int, default=80, help="K of the sparse case")
     ap.add_argument("--dmax2d", type=int, default=4, help="D of the 2D offsets")
     ap.add_argument("--backends", default="sdpa,flex,sdpa-mask")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu = process CPU time, for a shared machine (with --threads 1)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--compile", choices=["off", "mfu", "all"], default="off",
                     help="torch.compile each transformer block (as train.compile) in the MFU run / all runs")
@@ -235,6 +239,7 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     args = parse(argv)
+    common.setup(args.threads, args.clock, torch.device(args.device))
     if args.memory_child:
         common.emit(memory_child(args))
         return
@@ -301,7 +306,8 @@ def main(argv=None) -> None:
                      "vocab": args.vocab, "batch": args.batch, "grid": [H, W], "T": T,
                      "registers_sparse": slots["sparse"][0], "registers_dense": slots["dense"][0],
                      "valid_registers_dense_mean": slots["dense"][1], "dmax2d": args.dmax2d,
-                     "dtype": args.dtype, "compile": args.compile, "reps": args.reps, "quick": args.quick},
+                     "dtype": args.dtype, "compile": args.compile, "reps": args.reps, "quick": args.quick,
+                     "threads": torch.get_num_threads(), "clock": args.clock},
         "backends": backends, "skipped": skipped, "main_backend": main_backend,
         "time_s": {k: v["median_s"] for k, v in times.items()},
         "step_peak_mb": {b: {c: m["step_peak_bytes"] / 2 ** 20 for c, m in d.items()} for b, d in memory.items()},

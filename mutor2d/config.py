@@ -124,6 +124,8 @@ class TrainConfig:
 
 @dataclass
 class SampleConfig:
+    """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
+    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed."""
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0

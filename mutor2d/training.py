@@ -490,7 +490,8 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None = None)
         return {f"eval_{k}": v for k, v in res.items()}
 
     module.train()
-    bar = tqdm(total=t.max_steps, initial=start, disable=not main, dynamic_ncols=True, desc="train")
+    bar = tqdm(total=t.max_steps, initial=start, disable=not main, dynamic_ncols=True, desc="train",
+               mininterval=1.0)
     sums: dict[str, torch.Tensor] = {}
     window_start, window_steps = time.perf_counter(), 0
     data = iter(loader)
