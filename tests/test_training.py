@@ -276,3 +276,27 @@ def test_online_eval_is_logged_and_leaves_training_unchanged(tmp_path, monkeypat
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     with pytest.raises(ConfigError, match="train.eval_every=2: online evaluation uses the embedded digits"):
         train(tiny("train.eval_every=2", "model.prefix=prompt"), tmp_path / "c")
+
+
+def test_shipped_configs_hold_the_paper_recipe():
+    """configs/llamagen_b_*.yaml: LlamaGen-B on ImageNet codes with the MuToR paper's recipe
+    (DESIGN.md 2); the digits defaults differ only in the objective."""
+    expect = {"llamagen_b_ntp": ("ntp", "dense"), "llamagen_b_mutor1d": ("mutor-1d", "dense"),
+              "llamagen_b_mutor2d": ("mutor-2d", "dense"), "llamagen_b_mutor2d_sparse": ("mutor-2d", "sparse")}
+    for name, (objective, placement) in expect.items():
+        cfg = C.load(f"{name}.yaml")
+        m, o, op, t = cfg.model, cfg.objective, cfg.optim, cfg.train
+        assert (m.preset, m.vocab_size, m.num_classes, m.class_dropout) == ("B", 16384, 1000, 0.1)
+        assert (m.token_dropout, m.resid_dropout, m.ffn_dropout) == (0.1, 0.1, 0.1)
+        assert (op.lr, op.betas, op.weight_decay, op.schedule, op.warmup_steps) == (4e-4, (0.9, 0.95), 0.05, "constant", 0)
+        assert (t.batch_size, t.max_steps, t.mixed_precision) == (1024, 360_000, "bf16")
+        assert (cfg.data.name, cfg.data.path) == ("codes", "data/imagenet256_codes")
+        assert (o.name, o.placement) == (objective, placement)
+        if objective != "ntp":
+            assert o.reg_weight == 0.5
+        if objective == "mutor-2d":
+            assert o.d_max_2d == 4 and (placement == "dense" or o.num_registers == 80)
+    a, b = C.load("digits_mutor2d.yaml"), C.load("digits_ntp.yaml")
+    assert (a.objective.name, b.objective.name) == ("mutor-2d", "ntp")
+    assert {k: v for k, v in a.to_dict().items() if k != "objective"} == \
+        {k: v for k, v in b.to_dict().items() if k != "objective"}
