@@ -53,8 +53,8 @@ def model_shape(cfg: ModelConfig) -> Shape:
 
 class Linear(nn.Linear):
     """nn.Linear without bias. On CPU, for 2..SMALL_ROWS input rows (a decode step), it computes
-    (W @ x^T)^T: MKL runs that orientation ~1.4x faster than x @ W^T for a few rows (measured in
-    docs/BENCHMARKS.md); same result up to float rounding."""
+    (W @ x^T)^T with x contiguous (so x^T is a transposed view): MKL runs that ~1.4x faster than
+    x @ W^T for a few rows (docs/BENCHMARKS.md); same result up to float rounding."""
     SMALL_ROWS = 4
 
     def __init__(self, in_features: int, out_features: int):
@@ -62,8 +62,9 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.device.type == "cpu" and 1 < x.numel() // x.shape[-1] <= self.SMALL_ROWS:
-            rows = x.reshape(-1, x.shape[-1])
-            return torch.mm(self.weight, rows.t()).t().reshape(*x.shape[:-1], self.out_features)
+            rows = x.reshape(-1, x.shape[-1]).contiguous()    # x^T must be a transposed view
+            out = torch.mm(self.weight, rows.t()).t().contiguous()
+            return out.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight)
 
 
@@ -74,8 +75,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x * rsqrt(mean(x^2) + eps) computed in float32, cast back, times the weight."""
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
 class Rotary(nn.Module):
