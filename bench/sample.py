@@ -6,8 +6,9 @@ on and off; and the GPT-B decode step against the machine's memory-bandwidth flo
 * ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
 * ``*_compiled``: after ``mutor2d.sampling.compile_decoder`` (compile time reported apart).
 * decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
-  positions; mean time per step against the floor = bytes of the weights one step reads (every
-  parameter but the embedding tables) / read bandwidth measured in the same run (a large sum).
+  positions, eager and (unless --compile off) compiled; mean time per step against the floor =
+  bytes of the weights one step reads (every parameter but the embedding tables) / read bandwidth
+  measured in the same run (a large sum).
 
 Side by side in one process, round-robin, median of ``--reps``. The last stdout line is JSON.
 
@@ -157,20 +158,27 @@ def main(argv=None) -> None:
         common.log(f"decode step at {args.step_layers} layers, batch 4")
         big = build(args, args.step_layers, device)
         bw = common.read_bandwidth(device, nbytes=(64 << 20) if args.quick else (1 << 30))
-        t = common.time_round_robin({"steps": decode_steps(big, 4, grid, device)}, args.reps, 1, device)
-        per_step = t["steps"]["median_s"] / N
+        steps = decode_steps(big, 4, grid, device)
+        per_step = common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
         wb = weight_bytes(big)
         s = big.shape
         kv_bytes = 2 * s.n_layer * 4 * s.n_head * s.head_dim * (N / 2) * 4   # mean cache read
         step = {"layers": args.step_layers, "batch": 4, "step_s": per_step, "weight_bytes": wb,
                 "mean_kv_cache_bytes": kv_bytes, "read_bandwidth_bytes_per_s": bw,
                 "floor_s": wb / bw, "step_vs_floor": per_step / (wb / bw)}
+        if args.compile == "on":            # what `sample.py --compile` runs
+            compile_decoder(big)
+            common.log("compiling the GPT-B decode step")
+            steps()
+            per_step = common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
+            step.update(step_s_compiled=per_step, step_vs_floor_compiled=per_step / (wb / bw))
         del big
 
     targets = {f"kv_speedup_ge_{TARGETS['kv_speedup_ge']:g}": ratios["kv_speedup"] >= TARGETS["kv_speedup_ge"],
                f"cfg_cost_le_{TARGETS['cfg_cost_le']:g}": ratios["cfg_cost"] <= TARGETS["cfg_cost_le"]}
     if step:
-        targets[f"step_vs_floor_le_{TARGETS['step_vs_floor_le']:g}"] = step["step_vs_floor"] <= TARGETS["step_vs_floor_le"]
+        best = min(step["step_vs_floor"], step.get("step_vs_floor_compiled", float("inf")))
+        targets[f"step_vs_floor_le_{TARGETS['step_vs_floor_le']:g}"] = best <= TARGETS["step_vs_floor_le"]
     common.emit({
         "bench": "sample", "machine": common.machine(device),
         "settings": {"dim": args.dim, "heads": args.heads, "layers": args.layers, "vocab": args.vocab,

@@ -53,7 +53,7 @@ def model_shape(cfg: ModelConfig) -> Shape:
 
 class Linear(nn.Linear):
     """nn.Linear without bias. On CPU, for 2..SMALL_ROWS input rows (a decode step), it computes
-    (W @ x^T)^T with x contiguous (so x^T is a transposed view): MKL runs that ~1.4x faster than
+    (W @ x^T)^T with x contiguous (so x^T is a transposed view): MKL runs that ~2x faster than
     x @ W^T for a few rows (docs/BENCHMARKS.md); same result up to float rounding."""
     SMALL_ROWS = 4
 

@@ -5,11 +5,15 @@ nodes, so the path from the source to the end of an arm has ``path_len`` nodes. 
 distinct values drawn from ``num_nodes``. One arm's end is the goal.
 
 Sequence (1D, the degenerate grid H = 1):
-  prompt (prefix, P = 2E + 4 tokens): the E = degree*(path_len-1) edges "u v" in random order,
-      then QUERY, source, goal, ANSWER;
+  prompt (prefix, P = 3E + 4 tokens): the E = degree*(path_len-1) edges "u v |" in random order
+      (EDGE ends each edge, as the original's delimiters do), then QUERY, source, goal, ANSWER;
   answer (body, N = path_len tokens): source, a_1, ..., goal.
 Loss is on the answer only (the prompt is the prefix). Next-token training learns the shortcut
 "follow the edge that starts at the previous node", which cannot choose a_1: ~1/degree solved.
+Without the EDGE delimiter that lookup is ambiguous: the token after "u v" is the next edge's u, so
+"the token whose predecessor is a_k" matches both a_k's successor and an unrelated u, and telling
+them apart needs the parity of the absolute position, which relative (RoPE) attention does not
+give; models then stay on the initial plateau (docs/RESULTS.md, "Star graph").
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-QUERY, ANSWER = 0, 1       # special tokens; node v is token v + NUM_SPECIAL
-NUM_SPECIAL = 2
+QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL
+NUM_SPECIAL = 3
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class StarGraphShape:
 
     @property
     def prompt_len(self) -> int:
-        return 2 * self.num_edges + 4
+        return 3 * self.num_edges + 4
 
     @property
     def vocab_size(self) -> int:
@@ -63,10 +67,11 @@ def make_graphs(shape: StarGraphShape, count: int, seed: int) -> tuple[np.ndarra
     edges = np.stack([paths[:, :, :-1].reshape(count, E), paths[:, :, 1:].reshape(count, E)], 2)
     order = rng.random((count, E)).argsort(axis=1)
     edges = np.take_along_axis(edges, order[:, :, None], 1)                # shuffled edge list
+    edges = np.concatenate([edges, np.full((count, E, 1), EDGE)], 2)       # "u v |"
     goal_arm = rng.integers(d, size=count)
     answers = paths[np.arange(count), goal_arm]                            # (count, L)
     special = np.stack([np.full(count, QUERY), source[:, 0], answers[:, -1], np.full(count, ANSWER)], 1)
-    prompts = np.concatenate([edges.reshape(count, 2 * E), special], 1)
+    prompts = np.concatenate([edges.reshape(count, 3 * E), special], 1)
     return prompts.astype(np.int64), answers.astype(np.int64)
 
 
@@ -118,8 +123,8 @@ def shortcut_answer(prompt: torch.Tensor, shape: StarGraphShape, first_step: int
     """The 'Clever Hans' answer: from the source take ``first_step``-th outgoing edge, then follow
     the unique edge out of each node. For tests of the harness: solves 1/degree of graphs."""
     E = shape.num_edges
-    edges = prompt[: 2 * E].view(E, 2)
-    source = prompt[2 * E + 1]
+    edges = prompt[: 3 * E].view(E, 3)[:, :2]
+    source = prompt[3 * E + 1]
     out = [source]
     starts = edges[edges[:, 0] == source][:, 1]
     node = starts[first_step % len(starts)]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from mutor2d.config import DataConfig
-from mutor2d.stargraph import (ANSWER, NUM_SPECIAL, QUERY, StarGraphShape, build_stargraph,
+from mutor2d.stargraph import (ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, build_stargraph,
                                make_graphs, shortcut_answer)
 
 
@@ -11,12 +11,13 @@ def test_graph_structure():
     shape = StarGraphShape(degree=3, path_len=4, num_nodes=20)
     prompts, answers = make_graphs(shape, 50, seed=0)
     E = shape.num_edges
-    assert prompts.shape == (50, 2 * E + 4) and answers.shape == (50, 4)
+    assert prompts.shape == (50, 3 * E + 4) and answers.shape == (50, 4)
     for p, a in zip(prompts, answers):
-        edges = {(int(u), int(v)) for u, v in p[: 2 * E].reshape(E, 2)}
+        edges = {(int(u), int(v)) for u, v in p[: 3 * E].reshape(E, 3)[:, :2]}
         assert len(edges) == E
-        assert p[2 * E] == QUERY and p[-1] == ANSWER
-        assert p[2 * E + 1] == a[0] and p[2 * E + 2] == a[-1]          # source, goal
+        assert p[3 * E] == QUERY and p[-1] == ANSWER
+        assert (p[2: 3 * E: 3] == EDGE).all()                            # "u v |" per edge
+        assert p[3 * E + 1] == a[0] and p[3 * E + 2] == a[-1]          # source, goal
         assert all((int(u), int(v)) in edges for u, v in zip(a[:-1], a[1:]))  # a real path
         assert sum(1 for u, _ in edges if u == a[0]) == 3              # degree arms from the source
         nodes = {n for e in edges for n in e}
@@ -29,9 +30,9 @@ def test_split_disjoint_and_seeded():
     seen = {tuple(p.tolist()) for p in train.prompts}
     assert not any(tuple(p.tolist()) in seen for p in test.prompts)
     assert torch.equal(build_stargraph(cfg, "train").prompts, train.prompts)
-    assert train.grid == (1, 5) and train.vocab_size == 14
+    assert train.grid == (1, 5) and train.vocab_size == 12 + NUM_SPECIAL
     item = train[0]
-    assert item["body"].shape == (5,) and item["prefix"].shape == (2 * 8 + 4,)
+    assert item["body"].shape == (5,) and item["prefix"].shape == (3 * 8 + 4,)
 
 
 def test_shortcut_solves_about_one_over_degree():
