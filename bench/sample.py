@@ -25,7 +25,7 @@ import torch
 import common
 from mutor2d.config import ModelConfig
 from mutor2d.model import GPT
-from mutor2d.registers import regular_position_ids
+from mutor2d.registers import grid_arg, regular_position_ids
 from mutor2d.sampling import compile_decoder, generate, sample_logits
 
 TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
@@ -73,14 +73,6 @@ def weight_bytes(model: GPT) -> int:
     """Bytes of the parameters every decode step reads (embedding tables are only indexed)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                if not n.startswith(("tok_embeddings", "cls_embedding")))
-
-
-def grid_arg(text: str) -> tuple[int, int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16") from None
-    return h, w
 
 
 def parse(argv=None):

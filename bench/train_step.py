@@ -33,7 +33,7 @@ from mutor2d.attention import Visibility
 from mutor2d.config import ModelConfig, ObjectiveConfig
 from mutor2d.model import GPT, model_shape
 from mutor2d.objectives import Batch, MuToR
-from mutor2d.registers import Layout, LayoutError
+from mutor2d.registers import Layout, LayoutError, grid_arg
 
 CASES = ("ntp", "sparse", "dense")
 TARGETS = {"sparse": 1.35, "dense": 2.05}   # time and memory ratio bounds vs NTP (issue 9)
@@ -189,14 +189,6 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-
-def grid_arg(text: str) -> tuple[int, int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16") from None
-    return h, w
-
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -312,17 +312,18 @@ def draw_mask(layout: Layout, sample: int, path: str, order: str = "interleaved"
     plt.close(fig)
 
 
-def _grid_arg(text: str) -> tuple[int, int]:
+def grid_arg(text: str) -> tuple[int, int]:
+    """argparse type for an 'HxW' grid."""
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 4x4") from None
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16 (1xN for 1D)") from None
     return h, w
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Draw the MuToR attention mask of one sample.")
-    ap.add_argument("--grid", type=_grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
+    ap.add_argument("--grid", type=grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
     ap.add_argument("--prefix", type=int, default=1, help="prefix length P")
     ap.add_argument("--objective", default=None, choices=["mutor-1d", "mutor-2d"],
                     help="default: mutor-2d for H > 1, mutor-1d for H = 1")

@@ -426,15 +426,12 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def _resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run folder -> its newest valid checkpoint."""
-    path = Path(path)
-    if path.is_dir():
-        from .checkpoint import latest_valid
-        found = latest_valid(path)
-        if found is None:
-            raise VQError(f"no valid checkpoint under run folder {str(path)!r}")
-        return found
-    return path
+    """A checkpoint file, or a run folder -> its newest valid checkpoint (checkpoint.resolve)."""
+    from .checkpoint import resolve
+    try:
+        return resolve(path)
+    except FileNotFoundError as e:
+        raise VQError(str(e)) from None
 
 
 def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bool = True,

@@ -17,13 +17,7 @@ from mutor2d.config import DataConfig
 from mutor2d.data import CodeDataset, PixelTokenizer, build_dataset, build_tokenizer, collate
 from mutor2d.vq import VQModel, VQTokenizer, vq_config
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny convolutions gain nothing from intra-op threads; on a busy machine they lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 ROOT = Path(__file__).resolve().parent.parent

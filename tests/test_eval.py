@@ -28,13 +28,7 @@ def load_script(name):
     return mod
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small ops: one thread is as fast on an idle machine and far faster on a shared one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,7 @@ def tiny(prefix="class", rope="2d", register=False, seed=0, dropout=0.0):
     return m
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny decoding steps run faster on one thread (and do not fight other jobs for cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def gen(seed):

@@ -13,13 +13,7 @@ from mutor2d.lpips import LPIPS, load_lpips
 from mutor2d.vq import (PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq,
                         load_vq_state, vq_config)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny convolutions gain nothing from intra-op threads; on a busy machine they lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 ROOT = Path(__file__).resolve().parent.parent
