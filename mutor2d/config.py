@@ -120,6 +120,8 @@ class TrainConfig:
     compile: bool = False
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
+    init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
+                                     # run folder, or a LlamaGen GPT checkpoint); "" = random init
 
 
 @dataclass

@@ -323,8 +323,9 @@ def llamagen_state_dict(obj) -> dict:
 
 
 def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
-    """Load a LlamaGen c2i GPT checkpoint (path or loaded object) into ``model`` with strict key
-    checking. The register embedding, if the model has one, is new and keeps its init.
+    """Load a LlamaGen c2i GPT checkpoint, or a mutor2d one (path or loaded object), into ``model``
+    with strict key checking. The register embedding, if the model has one, keeps its init (a
+    checkpoint's own is taken when it has one; it is dropped for a model without registers).
     Logits match LlamaGen's only with ``cls_rope='zeros'`` (their class-token rotation)."""
     if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
         obj = torch.load(obj, map_location="cpu", weights_only=True)
@@ -332,6 +333,8 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
         obj = obj["ema"]
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
     sd = {k: v for k, v in sd.items() if k != "freqs_cis" and ".kv_cache." not in k and k != "causal_mask"}
+    if not model.has_register_token:    # a MuToR checkpoint into a model without registers
+        sd.pop("register_embedding", None)
     own = model.state_dict()
     expected = set(own) - {"register_embedding"}
     missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
@@ -343,6 +346,6 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     if bad:
         raise ValueError("checkpoint shapes differ: " + ", ".join(
             f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:4]))
-    if model.has_register_token:
+    if model.has_register_token and "register_embedding" not in sd:
         sd["register_embedding"] = own["register_embedding"]
     model.load_state_dict(sd, strict=True)

@@ -47,7 +47,7 @@ from . import checkpoint as ckpt_lib
 from . import config as config_lib
 from .config import ConfigError, RunConfig
 from .data import build_dataset, collate
-from .model import GPT
+from .model import GPT, load_llamagen
 from .objectives import Batch, build_objective
 from .registers import LayoutError, RegisterSpec
 
@@ -352,6 +352,19 @@ def _find_resume(resume: str | None, run_dir: Path) -> Path | None:
         raise ConfigError(f"--resume {resume}: {e}") from None
 
 
+def _init_weights(model: GPT, source: str) -> None:
+    """train.init_from: model weights of a mutor2d checkpoint (or the newest of a run folder) or a
+    LlamaGen GPT checkpoint; optimizer, step and data order start fresh."""
+    try:
+        path = ckpt_lib.resolve(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file {str(path)!r}")
+        obj = torch.load(path, map_location="cpu", weights_only=False)   # LlamaGen's hold argparse args
+        load_llamagen(model, obj)
+    except Exception as e:
+        raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
+
+
 def train(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None = None) -> Path:
     """Train ``cfg`` into ``run_dir`` up to ``cfg.train.max_steps``; returns the run folder.
 
@@ -397,6 +410,8 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None = None)
     if saved is not None:
         model.load_state_dict(saved["model"], strict=True)
         objective.load_state_dict(saved["objective"], strict=True)
+    elif t.init_from:
+        _init_weights(model, t.init_from)
     if t.compile:
         for block in list(model.layers) + list(getattr(objective, "heads", [])):
             block.compile()

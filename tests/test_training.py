@@ -165,6 +165,31 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
         train(tiny(*over[:1], "objective.num_registers=11", *over[2:]), straight, resume="auto")
 
 
+def test_init_from_starts_a_mutor_run_from_next_token_weights(tmp_path):
+    """train.init_from: a fresh MuToR run starts from an NTP run's weights (the register embedding
+    is new); a bad source is a one-line ConfigError."""
+    ntp = tmp_path / "ntp"
+    train(tiny("objective.name=ntp", "train.max_steps=2"), ntp)
+    src = ckpt_lib.load(ckpt_lib.checkpoint_path(ntp, 2))["model"]
+    still = ["train.max_steps=1", "optim.lr=1e-12", "optim.warmup_steps=0", "optim.schedule=constant"]
+    got = {}
+    for name, extra in (("warm", [f"train.init_from={ntp}"]), ("cold", [])):
+        train(tiny(*still, *extra), tmp_path / name)
+        got[name] = ckpt_lib.load(ckpt_lib.checkpoint_path(tmp_path / name, 1))["model"]
+    assert set(got["warm"]) == set(src) | {"register_embedding"}
+    assert all(torch.allclose(got["warm"][k], src[k], rtol=0, atol=1e-9) for k in src)
+    assert not torch.allclose(got["cold"]["layers.0.attention.wqkv.weight"],
+                              src["layers.0.attention.wqkv.weight"], rtol=0, atol=1e-3)
+    # a MuToR checkpoint into a next-token model: its register embedding is dropped
+    train(tiny("objective.name=ntp", f"train.init_from={tmp_path / 'warm'}", "train.max_steps=1"),
+          tmp_path / "back")
+    with pytest.raises(ConfigError, match=r"train.init_from='.*missing.pt'") as e:
+        train(tiny(f"train.init_from={tmp_path / 'missing.pt'}"), tmp_path / "x")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"train.init_from=.*does not match the model"):
+        train(tiny("model.n_layer=3", f"train.init_from={ntp}"), tmp_path / "y")
+
+
 def _wait_for(predicate, proc, timeout=60.0):
     end = time.time() + timeout
     while time.time() < end:
