@@ -13,7 +13,7 @@ Loss is on the answer only (the prompt is the prefix). Next-token training learn
 Without the EDGE delimiter that lookup is ambiguous: the token after "u v" is the next edge's u, so
 "the token whose predecessor is a_k" matches both a_k's successor and an unrelated u, and telling
 them apart needs the parity of the absolute position, which relative (RoPE) attention does not
-give; models then stay on the initial plateau (docs/RESULTS.md, "Star graph").
+give (our next-token runs without it never left the initial plateau; docs/RESULTS.md, "Star graph").
 """
 from __future__ import annotations
 
