@@ -151,7 +151,10 @@ def main(argv=None) -> None:
         big = build(args, args.step_layers, device)
         bw = common.read_bandwidth(device, nbytes=(64 << 20) if args.quick else (1 << 30))
         steps = decode_steps(big, 4, grid, device)
-        per_step = common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
+
+        def time_step() -> float:
+            return common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
+        per_step = time_step()
         wb = weight_bytes(big)
         s = big.shape
         kv_bytes = 2 * s.n_layer * 4 * s.n_head * s.head_dim * (N / 2) * 4   # mean cache read
@@ -162,7 +165,7 @@ def main(argv=None) -> None:
             compile_decoder(big)
             common.log("compiling the GPT-B decode step")
             steps()
-            per_step = common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
+            per_step = time_step()
             step.update(step_s_compiled=per_step, step_vs_floor_compiled=per_step / (wb / bw))
         del big
 

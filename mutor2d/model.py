@@ -75,6 +75,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """x * rsqrt(mean(x^2) + eps) computed in float32, cast back, times the weight."""
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
@@ -333,9 +334,9 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
         obj = obj["ema"]
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
     sd = {k: v for k, v in sd.items() if k != "freqs_cis" and ".kv_cache." not in k and k != "causal_mask"}
+    own = model.state_dict()
     if not model.has_register_token:    # a MuToR checkpoint into a model without registers
         sd.pop("register_embedding", None)
-    own = model.state_dict()
     expected = set(own) - {"register_embedding"}
     missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
     if missing or unexpected:
@@ -346,6 +347,6 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     if bad:
         raise ValueError("checkpoint shapes differ: " + ", ".join(
             f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:4]))
-    if model.has_register_token and "register_embedding" not in sd:
-        sd["register_embedding"] = own["register_embedding"]
+    if model.has_register_token:
+        sd.setdefault("register_embedding", own["register_embedding"])
     model.load_state_dict(sd, strict=True)

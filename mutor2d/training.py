@@ -356,10 +356,7 @@ def _init_weights(model: GPT, source: str) -> None:
     """train.init_from: model weights of a mutor2d checkpoint (or the newest of a run folder) or a
     LlamaGen GPT checkpoint; optimizer, step and data order start fresh."""
     try:
-        path = ckpt_lib.resolve(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file {str(path)!r}")
-        obj = torch.load(path, map_location="cpu", weights_only=False)   # LlamaGen's hold argparse args
+        obj = torch.load(ckpt_lib.resolve(source), map_location="cpu", weights_only=False)   # LlamaGen's hold argparse args
         load_llamagen(model, obj)
     except Exception as e:
         raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
