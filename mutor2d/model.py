@@ -9,6 +9,7 @@ position ids. Nothing else.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
@@ -329,7 +330,8 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     checkpoint's own is taken when it has one; it is dropped for a model without registers).
     Logits match LlamaGen's only with ``cls_rope='zeros'`` (their class-token rotation)."""
     if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
-        obj = torch.load(obj, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([argparse.Namespace]):   # LlamaGen's training args
+            obj = torch.load(obj, map_location="cpu", weights_only=True)
     if use_ema and isinstance(obj, dict) and "ema" in obj:
         obj = obj["ema"]
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}

@@ -1,5 +1,6 @@
 """Model invariants: registers never change regular outputs; registers are blind to what they must
 not see; backends agree; KV-cache decoding; GPT-B size; LlamaGen interop; overfitting."""
+import argparse
 import math
 
 import pytest
@@ -217,7 +218,8 @@ def llamagen_reference_logits(sd, n_layer, n_head, labels, idx, grid_size, eps=1
 def test_llamagen_checkpoint_loads_and_matches(wrap, tmp_path):
     n_layer, dim, n_head, vocab, classes, gs = 2, 64, 4, 40, 7, 4
     sd = llamagen_state_dict(n_layer, dim, n_head, vocab, classes)
-    obj = sd if wrap == "bare" else {wrap: sd, "steps": 10}
+    # LlamaGen's train_c2i.py also pickles its argparse arguments next to the weights
+    obj = sd if wrap == "bare" else {wrap: sd, "steps": 10, "args": argparse.Namespace(gpt_model="GPT-B")}
     path = tmp_path / "c2i.pt"
     torch.save(obj, path)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=n_head, dim=dim, vocab_size=vocab,
