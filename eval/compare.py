@@ -12,7 +12,8 @@ For each method and seed: train ``configs/study_digits.yaml`` with the method's 
 against digits:train, and the teacher-forced next-token NLL of the digits test split (NTP head, nats
 per token); one record per (step, cfg) in RUN/eval/ (eval/leaderboard.py reads them).
 Compute-matched point: next-token trained for ``steps x t(method)/t(next-token)`` steps, t = median
-measured training seconds per step (from RUN/log.jsonl) of the runs above. Floor: real held-out
+measured training seconds per step (from RUN/log.jsonl) of the runs above, or ``--cm-ratio`` (to add
+seeds later at the step an earlier invocation measured: the measured ratio depends on machine load). Floor: real held-out
 images (digits:test) against the same reference, as is and resampled to ``--num``.
 Outputs: OUT/table.md (mean ± sd over seeds), OUT/summary.json, the plot. Rerunning resumes:
 finished trainings, sample files and records are kept.
@@ -315,6 +316,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="train next-token for this method's measured wall time ('' = skip)")
     ap.add_argument("--cm-max", type=float, default=2.0,
                     help="next-token runs train to this multiple of --steps (the compute-matched point's limit)")
+    ap.add_argument("--cm-ratio", type=float, default=None,
+                    help="use this cost ratio (method step / next-token step) instead of the one measured in "
+                         "this invocation: to add seeds to an earlier study at its compute-matched step")
     ap.add_argument("--floor-draws", type=int, default=5, help="resamples of the held-out floor")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override the base config for every run (e.g. model.dim=32)")
@@ -360,6 +364,8 @@ def main(argv=None) -> dict:
         raise StudyError("--compute-matched needs next-token among --methods (its speed is the unit)")
     if args.cm_max < 1:
         raise StudyError(f"--cm-max {args.cm_max}: expected >= 1")
+    if args.cm_ratio is not None and not args.cm_ratio >= 1:
+        raise StudyError(f"--cm-ratio {args.cm_ratio}: expected >= 1 (a method step costs at least a next-token step)")
 
     def unit(method, seed, steps, ev, ckpt_every):
         return dict(method=method, label=method, seed=seed, steps=steps, ckpt_every=ckpt_every, eval_steps=ev,
@@ -381,13 +387,15 @@ def main(argv=None) -> dict:
     if cm and not args.report_only:
         per_step = {m: statistics.median(d["train_seconds"] / d["train_steps"] for d in done if d["method"] == m)
                     for m in ("next-token", cm)}
-        ratio = per_step[cm] / per_step["next-token"]
+        measured = per_step[cm] / per_step["next-token"]
+        ratio = measured if args.cm_ratio is None else args.cm_ratio
         cm_step = min(ntp_steps, max(args.steps, round(args.steps * ratio / grain) * grain))
         note = " (capped by --cm-max)" if cm_step < args.steps * ratio - grain else ""
-        print(f"compute-matched: {cm} costs {ratio:.2f}x a next-token step -> next-token at step {cm_step}{note}",
-              flush=True)
-        summary["compute_matched"] = {"method": cm, "ratio": ratio, "step": cm_step, "s_per_step": per_step,
-                                      "capped": bool(note)}
+        given = "" if args.cm_ratio is None else f" (--cm-ratio; measured here {measured:.2f}x)"
+        print(f"compute-matched: {cm} costs {ratio:.2f}x a next-token step{given} -> next-token at step "
+              f"{cm_step}{note}", flush=True)
+        summary["compute_matched"] = {"method": cm, "ratio": ratio, "measured_ratio": measured, "step": cm_step,
+                                      "s_per_step": per_step, "capped": bool(note)}
         cm_units = [{**unit("next-token", s, ntp_steps, [cm_step], grain), "label": CM} for s in seeds]
         summary["runs"] += run_all(cm_units, args.jobs)
     groups = summarise(collect(out), cfg_scales)

@@ -4,6 +4,7 @@ the next-token cross-entropy; bad settings are one-line errors."""
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,19 @@ def test_quick_compute_matched_point_and_floor(quick):
     assert held[0]["metrics"]["accuracy"] > 0.9        # real digits are recognised: the classifier works
 
 
+def test_cm_ratio_fixes_the_compute_matched_step(quick, tmp_path):
+    """Seeds added later reuse the first invocation's ratio: --cm-ratio replaces the measured one."""
+    out = tmp_path / "study"
+    shutil.copytree(quick[0], out)
+    steps = compare.QUICK["steps"]
+    summary = compare.main(["--quick", "--out", str(out), "--cm-ratio", "1.5"])
+    cm = summary["compute_matched"]
+    assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
+    recs = [json.loads(p.read_text()) for p in (out / "next-token" / "seed0" / "eval").glob("*.json")]
+    assert sorted({r["step"] for r in recs if r["study"]["method"] == compare.CM}) == \
+        sorted({quick[1]["compute_matched"]["step"], round(1.5 * steps)})
+
+
 def test_quick_table_plot_and_leaderboard(quick, capsys):
     out, summary = quick
     md = (out / "table.md").read_text()
@@ -124,6 +138,7 @@ def test_mean_sd_and_fmt():
     (["--num", "15"], "--num 15"),
     (["--methods", "mutor-2d-D4", "--compute-matched", "mutor-2d-D4"], "needs next-token"),
     (["--set", "optim.schedule=cosine"], "optim.schedule=constant"),
+    (["--cm-ratio", "0.5"], "--cm-ratio 0.5"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, argv, needle):
     with pytest.raises(ValueError, match=None) as e:
