@@ -13,8 +13,8 @@ against digits:train, and the teacher-forced next-token NLL of the digits test s
 per token); one record per (step, cfg) in RUN/eval/ (eval/leaderboard.py reads them).
 Compute-matched point: next-token trained for ``steps x t(method)/t(next-token)`` steps, t = median
 measured training seconds per step (from RUN/log.jsonl) of the runs above, or ``--cm-ratio`` (to add
-seeds later at the step an earlier invocation measured: the measured ratio depends on machine load). Floor: real held-out
-images (digits:test) against the same reference, as is and resampled to ``--num``.
+seeds later at the step an earlier invocation measured: the measured ratio depends on machine load).
+Floor: real held-out images (digits:test) against the same reference, as is and resampled to ``--num``.
 Outputs: OUT/table.md (mean ± sd over seeds), OUT/summary.json, the plot. Rerunning resumes:
 finished trainings, sample files and records are kept.
 """

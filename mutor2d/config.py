@@ -251,6 +251,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"model.dim: {dim} is not divisible by model.n_head={m.n_head}")
     for k in ("token_dropout", "attn_dropout", "resid_dropout", "ffn_dropout", "class_dropout"):
         _positive(f"model.{k}", getattr(m, k), allow_zero=True, upper=1.0)
+    _positive("data.num_train", cfg.data.num_train)
+    _positive("data.num_test", cfg.data.num_test)
     _positive("optim.lr", op.lr)
     _positive("train.batch_size", t.batch_size)
     _positive("train.max_steps", t.max_steps, allow_zero=True)

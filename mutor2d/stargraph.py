@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL
 NUM_SPECIAL = 3
+_ROWS = 8192                       # graphs per random draw in make_graphs
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,12 @@ class StarGraphShape:
 
 def make_graphs(shape: StarGraphShape, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``count`` random graphs -> prompts (count, P) and answers (count, path_len), int64 tokens.
-    Vectorised: distinct nodes are the first 1 + E entries of a random permutation per graph."""
+    Vectorised: distinct nodes are the first 1 + E entries of a random permutation per graph, drawn
+    ``_ROWS`` graphs at a time (the same numbers as one draw; memory stays bounded for large num_nodes)."""
     rng = np.random.default_rng(seed)
     d, L, E = shape.degree, shape.path_len, shape.num_edges
-    nodes = rng.random((count, shape.num_nodes)).argsort(axis=1)[:, : 1 + E] + NUM_SPECIAL
+    nodes = np.concatenate([rng.random((min(_ROWS, count - i), shape.num_nodes)).argsort(axis=1)[:, : 1 + E]
+                            for i in range(0, count, _ROWS)]) + NUM_SPECIAL
     source = nodes[:, :1]                                                  # (count, 1)
     paths = np.concatenate([np.repeat(source[:, None], d, 1), nodes[:, 1:].reshape(count, d, L - 1)], 2)
     edges = np.stack([paths[:, :, :-1].reshape(count, E), paths[:, :, 1:].reshape(count, E)], 2)

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from mutor2d.config import DataConfig
+from mutor2d import stargraph
+from mutor2d import config as config_lib
+from mutor2d.config import ConfigError, DataConfig
 from mutor2d.stargraph import (ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, build_stargraph,
                                make_graphs, shortcut_answer)
 
@@ -22,6 +24,14 @@ def test_graph_structure():
         assert sum(1 for u, _ in edges if u == a[0]) == 3              # degree arms from the source
         nodes = {n for e in edges for n in e}
         assert len(nodes) == 1 + 3 * 3 and min(nodes) >= NUM_SPECIAL
+
+
+def test_graphs_drawn_in_chunks_equal_one_draw(monkeypatch):
+    shape = StarGraphShape(degree=3, path_len=4, num_nodes=30)
+    whole = make_graphs(shape, 10, seed=5)
+    monkeypatch.setattr(stargraph, "_ROWS", 3)                        # 3 + 3 + 3 + 1 graphs
+    for a, b in zip(whole, make_graphs(shape, 10, seed=5)):
+        assert (a == b).all()
 
 
 def test_split_disjoint_and_seeded():
@@ -46,6 +56,8 @@ def test_shortcut_solves_about_one_over_degree():
 def test_bad_shape_is_one_line_error():
     with pytest.raises(ValueError, match="num_nodes=5"):
         StarGraphShape(3, 4, 5)
+    with pytest.raises(ConfigError, match=r"^data.num_test: expected > 0, got 0$"):
+        config_lib.load("stargraph_ntp.yaml", ["data.num_test=0"])
 
 
 # ----------------------------------------------------------------------------- evaluation
