@@ -356,7 +356,9 @@ def _init_weights(model: GPT, source: str) -> None:
     """train.init_from: model weights of a mutor2d checkpoint (or the newest of a run folder) or a
     LlamaGen GPT checkpoint; optimizer, step and data order start fresh."""
     try:
-        obj = torch.load(ckpt_lib.resolve(source), map_location="cpu", weights_only=False)   # LlamaGen's hold argparse args
+        # not weights_only: a mutor2d checkpoint also pickles its RNG states (load_llamagen(path) reads only
+        # weights and LlamaGen's argparse args)
+        obj = torch.load(ckpt_lib.resolve(source), map_location="cpu", weights_only=False)
         load_llamagen(model, obj)
     except Exception as e:
         raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
