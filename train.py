@@ -3,18 +3,22 @@
 
 Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``.
 The run folder (default runs/<config name>, or train.out_dir) receives config.yaml, log.jsonl,
-checkpoints/ and samples/. See mutor2d/training.py for the rules.
+checkpoints/ and samples/. See mutor2d/engine/ for the rules.
+
+Exit codes: 0 done; 2 bad config or input (one line on stderr); 1 training diverged (non-finite);
+75 stopped by SIGTERM/SIGINT after writing a checkpoint (continue with --resume auto).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as config_lib
+from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
-from mutor2d.registers import LayoutError
-from mutor2d.training import default_run_dir, train
+from mutor2d.engine import PREEMPTED_EXIT, Diverged, Preempted, default_run_dir, train
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -26,8 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="override a config value (repeatable)")
     ap.add_argument("--max-steps", type=int, help="override train.max_steps")
     ap.add_argument("--resume", metavar="auto|PATH",
-                    help="'auto': continue from the newest valid checkpoint of the run folder (fresh "
-                         "start if none); PATH: a checkpoint file or run folder to continue from")
+                    help="'auto': continue from the newest readable checkpoint of the run folder (fresh "
+                         "start if it has none); PATH: a checkpoint file or run folder to continue from")
     return ap.parse_args(argv)
 
 
@@ -35,11 +39,15 @@ def run(args: argparse.Namespace) -> Path:
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
+    if args.config and lm_lib.is_lm_config(args.config):        # task: lm (Hugging Face causal LMs)
+        if args.resume:
+            raise ConfigError("--resume: not supported yet for task: lm configs")
+        return lm_lib.train(args.config, args.out or default_run_dir(args.config), overrides)
     if args.config:
         cfg = config_lib.load(args.config, overrides)
     elif args.resume and args.resume != "auto":
-        saved = ckpt_lib.load(ckpt_lib.resolve(args.resume))
-        cfg = config_lib.from_dict(config_lib.apply_overrides(saved["config"], overrides))
+        saved = ckpt_lib.read_meta(args.resume)["config"]
+        cfg = config_lib.from_dict(config_lib.apply_overrides(saved, overrides))
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
@@ -50,8 +58,15 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         run_dir = run(args)
-    except (ConfigError, LayoutError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
+    except Preempted as e:
+        print(str(e), file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT) from None
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except (ValueError, FileNotFoundError) as e:      # ConfigError, CheckpointError, LayoutError, ...
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"run folder: {run_dir}")
 
 

@@ -5,6 +5,11 @@ on and off; and the GPT-B decode step against the machine's memory-bandwidth flo
   H*W tokens, without and with classifier-free guidance (CFG doubles the decoded batch).
 * ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
 * ``*_compiled``: after ``mutor2d.sampling.compile_decoder`` (compile time reported apart).
+* ``spec_registers`` / ``spec_jacobi``: exact speculative decoding (register drafts, ``--draft``
+  K; Jacobi window K) without CFG; their forward passes per image, tokens per forward and
+  acceptance by draft distance go in ``speculative``. Random weights give near-uniform target and
+  draft distributions, so acceptance says nothing about a trained checkpoint: these rows measure
+  the cost of a round.
 * decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
   positions, eager and (unless --compile off) compiled; mean time per step against the floor =
   bytes of the weights one step reads (every parameter but the embedding tables) / read bandwidth
@@ -31,11 +36,11 @@ from mutor2d.sampling import compile_decoder, generate, sample_logits
 TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
 
 
-def build(args, n_layer: int, device: torch.device) -> GPT:
+def build(args, n_layer: int, device: torch.device, register: bool = False) -> GPT:
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
                       vocab_size=args.vocab, num_classes=1000)
-    model = GPT(cfg).to(device).eval()
+    model = GPT(cfg, register_token=register).to(device).eval()
     with torch.no_grad():              # LlamaGen zero-inits the head; give it real logits
         model.output.weight.normal_(0, 0.02)
     return model
@@ -87,6 +92,7 @@ def parse(argv=None):
     ap.add_argument("--images", type=int, default=2)
     ap.add_argument("--grid", type=grid_arg, default=(16, 16))
     ap.add_argument("--cfg-scale", type=float, default=2.0)
+    ap.add_argument("--draft", type=int, default=4, help="K: register drafts / Jacobi window")
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -103,6 +109,8 @@ def parse(argv=None):
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if args.images < 1:
         ap.error(f"--images {args.images}: expected at least 1")
+    if args.draft < 1:
+        ap.error(f"--draft {args.draft}: expected at least 1")
     return args
 
 
@@ -117,11 +125,16 @@ def main(argv=None) -> None:
     def gen():
         return torch.Generator(device=device).manual_seed(0)
 
-    model = build(args, args.layers, device)
+    model = build(args, args.layers, device, register=True)
+    spec_stats = {"registers": {}, "jacobi": {}}
     cases = {
         "kv": lambda: generate(model, labels, grid, generator=gen()),
         "kv_cfg": lambda: generate(model, labels, grid, cfg_scale=args.cfg_scale, generator=gen()),
         "recompute": lambda: recompute(model, labels, grid, gen()),
+        "spec_registers": lambda: generate(model, labels, grid, generator=gen(), decode="registers",
+                                           draft=args.draft, stats=spec_stats["registers"]),
+        "spec_jacobi": lambda: generate(model, labels, grid, generator=gen(), decode="jacobi",
+                                        window=args.draft, stats=spec_stats["jacobi"]),
     }
     common.log(f"timing {list(cases)} x {args.reps} reps")
     times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
@@ -141,6 +154,12 @@ def main(argv=None) -> None:
 
     throughput = {k: {"images_per_s": n / t, "tokens_per_s": n * N / t, "time_s": t} for k, t in times.items()}
     ratios = {"kv_speedup": times["recompute"] / times["kv"], "cfg_cost": times["kv_cfg"] / times["kv"]}
+    speculative = {"draft": args.draft}
+    for mode, st in spec_stats.items():
+        ratios[f"{mode}_wall_speedup"] = times["kv"] / times[f"spec_{mode}"]
+        speculative[mode] = {k: st[k] for k in ("forwards_per_image", "tokens_per_forward",
+                                                "acceptance_by_distance")}
+        speculative[mode]["forward_reduction"] = N / st["forwards_per_image"]
     if "kv_compiled" in times:
         ratios["compile_speedup"] = times["kv"] / times["kv_compiled"]
         ratios["cfg_cost_compiled"] = times["kv_cfg_compiled"] / times["kv_compiled"]
@@ -181,6 +200,7 @@ def main(argv=None) -> None:
                      "compile": args.compile, "reps": args.reps, "quick": args.quick,
                      "threads": torch.get_num_threads(), "clock": args.clock},
         "throughput": throughput, "compile_s": compile_s, "ratios": ratios, "decode_step": step,
+        "speculative": speculative,
         "targets": targets,
     })
 

@@ -1,7 +1,7 @@
 """Training-step benchmark: next-token (NTP) vs MuToR-2D sparse (K registers) vs dense registers.
 
 One step = forward + backward + gradient clipping + AdamW step of the real objective
-(mutor2d.objectives) on random tokens, as mutor2d.training runs it, at GPT-B width (depth reducible
+(mutor2d.objectives) on random tokens, as mutor2d.engine runs it, at GPT-B width (depth reducible
 on CPU). Cases run side by side in one process, round-robin, median of several repetitions.
 Per attention backend:
   time and peak-memory ratios against NTP, and against the token-count ideal (T + R) / T,
@@ -32,7 +32,8 @@ import common
 from mutor2d.attention import Visibility
 from mutor2d.config import ModelConfig, ObjectiveConfig
 from mutor2d.model import GPT, model_shape
-from mutor2d.objectives import Batch, MuToR
+from mutor2d.engine.speed import train_flops
+from mutor2d.objectives import Batch, RegisterObjective
 from mutor2d.registers import Layout, LayoutError, grid_arg
 
 CASES = ("ntp", "sparse", "dense")
@@ -49,7 +50,7 @@ class _MaskLayout(Layout):
         return None if vis is None else Visibility(vis.key_rank, vis.query_limit)
 
 
-class _MaskMuToR(MuToR):
+class _MaskObjective(RegisterObjective):
     def layout(self, batch, prefix_len, generator):
         lay = super().layout(batch, prefix_len, generator)
         return _MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
@@ -58,7 +59,7 @@ class _MaskMuToR(MuToR):
 def objective_config(case: str, args) -> ObjectiveConfig:
     if case == "ntp":
         return ObjectiveConfig(name="ntp")
-    return ObjectiveConfig(name="mutor-2d", d_max_2d=args.dmax2d, reg_weight=0.5,
+    return ObjectiveConfig(name="mutor-2d", d_max=args.dmax2d, reg_weight=0.5,
                            placement=case, num_registers=args.registers)
 
 
@@ -91,7 +92,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
-    loss_fn = _MaskMuToR(cfg) if backend == "sdpa-mask" else MuToR(cfg)
+    loss_fn = _MaskObjective(cfg) if backend == "sdpa-mask" else RegisterObjective(cfg)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
 
@@ -109,7 +110,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
 def register_slots(case: str, args, device) -> tuple[int, float]:
     """(R register slots processed, mean valid registers per sample) for the benchmark's draw."""
-    lay = MuToR(objective_config(case, args)).layout(
+    lay = RegisterObjective(objective_config(case, args)).layout(
         Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
               torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),
         1, torch.Generator(device=device).manual_seed(2))
@@ -117,11 +118,8 @@ def register_slots(case: str, args, device) -> tuple[int, float]:
 
 
 def step_flops(model: GPT, batch: int, T: int) -> float:
-    """Model FLOPs of one training step (see module docstring)."""
-    s = model.shape
-    matmul_params = s.n_layer * (4 * s.dim ** 2 + 3 * s.dim * s.ffn_dim) + s.dim * model.cfg.vocab_size
-    forward = 2 * matmul_params * batch * T + s.n_layer * 2 * batch * T ** 2 * s.dim
-    return 3.0 * forward
+    """Model FLOPs of one training step: the training log's formula (mutor2d.engine.speed)."""
+    return train_flops(model.shape, model.cfg.vocab_size, batch, T)
 
 
 def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], dict]:

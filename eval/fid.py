@@ -8,14 +8,18 @@ REF: an image folder, an npz of images, an ADM reference batch (arr_0 and/or mu,
 the stored mu/sigma; precision/recall and KID need arr_0), or digits:train / digits:test.
 --features defaults to digits (the embedded classifier) for the digits references, else inception.
 The record goes to --json OUT, else to RUN/eval/ when the samples' metadata names a run, else stdout.
+No input is unpickled: --inception-weights must be a plain state dict (read with weights_only=True).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from mutor2d import metrics, records
+from mutor2d.evaluation import digits, records
+from mutor2d.evaluation import metrics as M
+from mutor2d.evaluation.sources import DIGITS_DATA_SEED, MetricsError, open_images
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -23,58 +27,65 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("samples", help="sample npz or image folder")
     ap.add_argument("--ref", required=True, help="reference: folder, npz (images and/or mu/sigma), digits:SPLIT")
-    ap.add_argument("--features", choices=sorted(metrics.FEATURES), default=None,
+    ap.add_argument("--features", choices=sorted(M.FEATURES), default=None,
                     help="feature extractor (default: digits for digits:* references, else inception)")
     ap.add_argument("--inception-weights", default=None,
                     help="torch-fidelity Inception weights file (pt_inception-2015-12-05); default: download")
-    ap.add_argument("--metrics", default=",".join(metrics.METRICS),
-                    help=f"comma-separated subset of {','.join(metrics.METRICS)} (prc = precision/recall)")
+    ap.add_argument("--metrics", default=",".join(M.METRICS),
+                    help=f"comma-separated subset of {','.join(M.METRICS)} (prc = precision/recall)")
     ap.add_argument("--json", default=None, help="write the record here (a .json file or a folder)")
     ap.add_argument("--method", default=None, help="method name for the record (default: the run's objective)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--cache-dir", default=str(metrics.DEFAULT_CACHE),
+    ap.add_argument("--cache-dir", default=str(digits.DEFAULT_CACHE),
                     help="digits classifier and reference-feature cache (default: %(default)s)")
     ap.add_argument("--no-cache", action="store_true", help="do not cache reference features")
     ap.add_argument("--quiet", action="store_true", help="no torch-fidelity progress output")
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def score(args) -> tuple:
+    """(result, samples, reference) of the parsed flags."""
     features = args.features or ("digits" if args.ref.startswith("digits:") else "inception")
     if args.inception_weights and features != "inception":
-        raise metrics.MetricsError(f"--inception-weights is for --features inception, not {features!r}")
-    wanted = [m.strip() for m in args.metrics.split(",") if m.strip()]
+        raise MetricsError(f"--inception-weights is for --features inception, not {features!r}")
     if args.batch_size < 1:
-        raise metrics.MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
-
-    samples = metrics.open_images(args.samples)
-    data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", metrics.DIGITS_DATA_SEED)
-    reference = metrics.open_images(args.ref, data_seed)
+        raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
+    samples = open_images(args.samples)
+    data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
+    reference = open_images(args.ref, data_seed)
     cache = Path(args.cache_dir).expanduser()
     weights = args.inception_weights
     if features == "digits":
-        weights = metrics.digits_classifier_path(metrics.DigitsClassifierSettings(data_seed=data_seed), cache)
-    result = metrics.compute_metrics(samples, reference, features=features, weights_path=weights, metrics=wanted,
-                                     device=args.device, batch_size=args.batch_size,
-                                     cache_root=cache / "fidelity_cache", use_cache=not args.no_cache,
-                                     verbose=not args.quiet)
+        weights = digits.digits_classifier_path(digits.DigitsClassifierSettings(data_seed=data_seed), cache)
+    result = M.compute_metrics(samples, reference, features=features, weights_path=weights,
+                               metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
+                               device=args.device, batch_size=args.batch_size, cache_root=cache / "fidelity_cache",
+                               use_cache=not args.no_cache, verbose=not args.quiet)
+    return result, samples, reference
+
+
+def record_place(args, samples):
+    """--json, else RUN/eval/ of the run the samples' metadata names, else None (stdout)."""
+    if args.json is not None:
+        return args.json
+    run = records.run_dir_from_meta(samples.meta)
+    if run is not None and not run.is_dir():
+        raise MetricsError(f"the samples' metadata names run folder {str(run)!r}, which does not exist here; "
+                           "pass --json OUT")
+    return None if run is None else run / "eval"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    result, samples, reference = score(args)
     record = records.make_record(result, samples=samples, reference=reference, method=args.method,
                                  samples_path=args.samples)
-
     for k, v in result.metrics.items():
         print(f"{k:>10}: {v:.6g}")
     for k, why in result.skipped.items():
         print(f"{k:>10}: skipped ({why})")
-    out = args.json
-    if out is None:
-        run = records.run_dir_from_meta(samples.meta)
-        if run is not None:
-            if not run.is_dir():
-                raise metrics.MetricsError(f"the samples' metadata names run folder {str(run)!r}, which does not "
-                                           "exist here; pass --json OUT")
-            out = run / "eval"
+    out = record_place(args, samples)
     if out is None:
         print(json.dumps(record, indent=2))
     else:
@@ -85,5 +96,6 @@ def main(argv=None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError) as e:  # MetricsError/RecordError, and torch-fidelity's checks (ValueError)
-        raise SystemExit(f"error: {e}")
+    except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

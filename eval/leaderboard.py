@@ -3,14 +3,14 @@
     python eval/leaderboard.py RUN_DIR_OR_RECORD... [--plot OUT.png] [--paper | --no-paper]
 
 Reads RUN_DIR/eval/*.json (written by eval/fid.py) or record files given directly. The MuToR paper's
-ImageNet rows (DESIGN.md section 3) are shown alongside when a record's reference names ImageNet.
+reported ImageNet rows are shown alongside when a record's reference names ImageNet.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mutor2d import records
+from mutor2d.evaluation import records
 
 
 def main(argv=None) -> str:
@@ -35,5 +35,6 @@ def main(argv=None) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"error: {e}")
+    except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

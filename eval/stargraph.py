@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 from mutor2d import checkpoint
-from mutor2d.config import ConfigError
+from mutor2d.evaluation import records
 from mutor2d.stargraph import build_stargraph, solve_rates, teacher_forced_accuracy
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", required=True, help="checkpoint file or run folder (newest checkpoint)")
     ap.add_argument("--num", type=int, default=0, help="evaluate the first NUM test graphs (0 = all)")
@@ -29,39 +29,50 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--no-ema", action="store_true", help="use the raw weights even if EMA exists")
     ap.add_argument("--json", default=None, help="output JSON path")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def probe_offsets(text: str | None, path_len: int) -> list[int]:
+    """--offsets, each in 1..path_len-1 (default 2..path_len-1)."""
     try:
-        path = checkpoint.resolve(args.ckpt)
-        model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)
-        if cfg.data.name != "stargraph":
-            raise ValueError(f"--ckpt {args.ckpt}: trained on data.name={cfg.data.name!r}, not stargraph")
-        offsets = ([int(d) for d in args.offsets.split(",") if d.strip()] if args.offsets
-                   else list(range(2, cfg.data.path_len)))
-        if any(d < 1 or d >= cfg.data.path_len for d in offsets):
-            raise ValueError(f"--offsets {args.offsets}: each d must be in 1..{cfg.data.path_len - 1}")
-    except (FileNotFoundError, ValueError, ConfigError) as e:
-        raise SystemExit(f"error: {e}")
+        offsets = [int(d) for d in text.split(",") if d.strip()] if text else list(range(2, path_len))
+    except ValueError:
+        raise ValueError(f"--offsets {text}: expected comma-separated integers") from None
+    if any(d < 1 or d >= path_len for d in offsets):
+        raise ValueError(f"--offsets {text}: each d must be in 1..{path_len - 1}")
+    return offsets
+
+
+def make_record(cfg, step: int, path, rates: dict, tf: dict) -> dict:
+    o, d = cfg.objective, cfg.data
+    return {
+        "method": o.name, "objective": dataclasses.asdict(o), "step": step,
+        "metrics": {"solve_rate": rates["solve_rate"], "first_step_acc": rates["first_step_acc"],
+                    "ntp_acc_by_position": tf["ntp"], "reg_acc_by_target": tf["reg"]},
+        "evaluator": "stargraph greedy decoding + teacher-forced accuracy",
+        "reference": f"held-out path-star graphs (degree {d.degree}, path_len {d.path_len}, "
+                     f"{d.num_nodes} nodes, seed {d.data_seed + 1}{', reversed answers' if d.reverse_answer else ''})",
+        "n": rates["n"], "sampling": {"temperature": 0.0}, "checkpoint": str(path), "seed": cfg.train.seed,
+    }
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    path = checkpoint.resolve(args.ckpt)
+    model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)
+    if cfg.data.name != "stargraph":
+        raise ValueError(f"--ckpt {args.ckpt}: trained on data.name={cfg.data.name!r}, not stargraph")
+    offsets = probe_offsets(args.offsets, cfg.data.path_len)
     test = build_stargraph(cfg.data, "test")
     if args.num:
         test.prompts, test.answers = test.prompts[: args.num], test.answers[: args.num]
     torch.manual_seed(0)
     rates = solve_rates(model, test, args.batch_size)
     tf = teacher_forced_accuracy(model, test, offsets, args.batch_size)
-    o = cfg.objective
-    record = {
-        "method": o.name, "objective": dataclasses.asdict(o), "step": step,
-        "metrics": {"solve_rate": rates["solve_rate"], "first_step_acc": rates["first_step_acc"],
-                    "ntp_acc_by_position": tf["ntp"], "reg_acc_by_target": tf["reg"]},
-        "evaluator": "stargraph greedy decoding + teacher-forced accuracy",
-        "reference": f"held-out path-star graphs (degree {cfg.data.degree}, path_len {cfg.data.path_len}, "
-                     f"{cfg.data.num_nodes} nodes, seed {cfg.data.data_seed + 1}"
-                     f"{', reversed answers' if cfg.data.reverse_answer else ''})",
-        "n": rates["n"], "sampling": {"temperature": 0.0}, "checkpoint": str(path),
-        "seed": cfg.train.seed,
-    }
-    out = Path(args.json) if args.json else path.parent.parent / "eval" / f"stargraph_step{step:08d}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    record = make_record(cfg, step, path, rates, tf)
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    out = records.write_record(record, Path(args.json) if args.json else
+                               run_dir / "eval" / f"stargraph_step{step:08d}.json")
     print(f"step {step}: solve rate {rates['solve_rate']:.3f}, first-step accuracy "
           f"{rates['first_step_acc']:.3f} on {rates['n']} graphs -> {out}")
     for d, accs in tf["reg"].items():
@@ -71,4 +82,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as e:   # ConfigError, bad checkpoints, bad flags
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,26 +1,30 @@
 """Attention backends over a token-visibility rule.
 
-The rule (DESIGN.md 1.4, stated without registers): every token has a *key rank* and a *query
-limit*. Query q sees key k iff ``key_rank[k] <= query_limit[q]`` or ``k == q``.
+The rule: every key has a *rank* and every query a *limit*. Query q sees key k iff
+``key_rank[k] <= query_limit[q]`` or k is q's own key.
 
-* Main tokens carry their causal index as both rank and limit: plain causal attention.
-* Extra tokens carry rank = NEVER (no one else sees them) and limit = the last main index they may
-  read (-1: only themselves).
+* Regular tokens carry their causal index as both rank and limit: plain causal attention.
+* Extra tokens (registers) carry rank = NEVER (nobody else sees them) and limit = the last
+  regular index they may read (-1: only themselves).
 
 Because the rule names tokens, not places, the physical order of tokens is free. When the first
-``num_main`` tokens are the main block in causal order (the appended layout), the SDPA backend
-splits the work: a plain causal kernel for the main block, and one SDPA call for the E extra
-queries over all keys with a (B, 1, E, L) boolean mask (main keys up to the limit, plus the
-diagonal). No (L x L) mask and no float score tensor is ever built on that path, and backward
-keeps only the fused kernel's O(E) statistics.
+``num_regular`` tokens are the regular block in causal order (the appended layout), the SDPA
+backend splits the work: a plain causal kernel for the regular block, and one SDPA call for the E
+extra queries over all keys with a (B, 1, E, L) boolean mask. No (L x L) mask and no float score
+tensor is built on that path.
 
-Backends: "sdpa" (torch's scaled_dot_product_attention) and "flex" (FlexAttention with a block mask
-built once per forward pass; compiled on CUDA).
+Cached decoding: the new queries are R regular tokens (their keys go to the KV cache) followed by
+E extra tokens (their keys never do). The keys are [cache[:end], extra keys]; a Visibility over
+them says who sees what, with ``own_key`` giving each query's own key index.
+
+A backend is an object with ``attend`` (full forward) and ``attend_cached`` (decode step);
+``BACKENDS`` maps names to backends and ``resolve_backend`` turns ``auto`` into one per device.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -29,26 +33,47 @@ from torch import Tensor
 NEVER = 1 << 30  # key rank of tokens nobody else may see
 
 
-@dataclass
+@dataclass(init=False)
 class Visibility:
-    """key_rank, query_limit: (B, L) long. num_main: size of a leading causal main block, or None."""
+    """key_rank (B, Lk) and query_limit (B, Lq) long. num_regular: size of a leading causal
+    regular block (same sequence for queries and keys), or None. own_key (B, Lq) long: index
+    of each query's own key; None = the query's own index (queries and keys are one sequence)."""
     key_rank: Tensor
     query_limit: Tensor
-    num_main: int | None = None
+    num_regular: int | None = None
+    own_key: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(self, key_rank: Tensor, query_limit: Tensor, num_regular: int | None = None,
+                 own_key: Tensor | None = None, *, num_main: int | None = None):
+        self.key_rank, self.query_limit, self.own_key = key_rank, query_limit, own_key
+        self.num_regular = num_regular if num_regular is not None else num_main
+        self._cache = {}
+
+    @property
+    def num_main(self) -> int | None:
+        """Old name of ``num_regular``."""
+        return self.num_regular
 
     @property
     def length(self) -> int:
         return self.key_rank.shape[1]
 
+    def _own(self, device) -> Tensor:
+        if self.own_key is not None:
+            return self.own_key
+        return torch.arange(self.query_limit.shape[1], device=device)[None]
+
     def dense_mask(self) -> Tensor:
-        """(B, 1, L, L) bool, True = may attend."""
-        m = self.key_rank[:, None, :] <= self.query_limit[:, :, None]
-        eye = torch.eye(self.length, dtype=torch.bool, device=m.device)
-        return (m | eye).unsqueeze(1)
+        """(B, 1, Lq, Lk) bool, True = may attend; built once and reused by every layer."""
+        if "dense" not in self._cache:
+            m = self.key_rank[:, None, :] <= self.query_limit[:, :, None]
+            keys = torch.arange(self.length, device=m.device)
+            self._cache["dense"] = (m | (keys == self._own(m.device)[..., None])).unsqueeze(1)
+        return self._cache["dense"]
 
     def mask_mod(self):
-        """FlexAttention mask_mod implementing the rule."""
+        """FlexAttention mask_mod implementing the rule (queries and keys one sequence)."""
         rank, limit = self.key_rank, self.query_limit
 
         def mask_mod(b, h, q, k):
@@ -65,10 +90,10 @@ class Visibility:
         return self._cache["block_mask"]
 
     def extra_mask(self) -> Tensor:
-        """(B, 1, L - num_main, L) bool rows of the extra tokens (True = may attend); built once
-        and reused by every layer."""
+        """(B, 1, L - num_regular, L) bool rows of the extra tokens (True = may attend); built
+        once and reused by every layer."""
         if "extra_mask" not in self._cache:
-            T, L = self.num_main, self.length
+            T, L = self.num_regular, self.length
             m = self.key_rank[:, None, :] <= self.query_limit[:, T:, None]
             own = torch.arange(L, device=m.device) == torch.arange(T, L, device=m.device)[:, None]
             self._cache["extra_mask"] = (m | own).unsqueeze(1)
@@ -76,15 +101,78 @@ class Visibility:
 
     def permute(self, order: Tensor) -> "Visibility":
         """The same rule on tokens reordered by ``order`` (B, L); no fast path after it."""
-        return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order), None)
+        return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order))
+
+
+def cached_causal(q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+    """New regular queries at cache indices start..start+L-1 over the cache ``keys[:start+L]``."""
+    L = q.shape[2]
+    if L == 1:
+        return F.scaled_dot_product_attention(q, keys, values)
+    qi = torch.arange(start, start + L, device=q.device)[:, None]
+    mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= qi
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
+class Backend(Protocol):
+    """q, k, v: (B, heads, L, head_dim) -> (B, heads, L, head_dim)."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None,
+               dropout_p: float = 0.0) -> Tensor:
+        """Full forward; ``vis`` None = causal."""
+
+    def attend_cached(self, q: Tensor, keys: Tensor, values: Tensor, start: int,
+                      vis: Visibility | None) -> Tensor:
+        """Decode step: the L new queries over ``keys`` (B, heads, Lk, head_dim) =
+        [cache[:end], keys of extra tokens]. ``vis`` None: the new queries are regular tokens at
+        cache indices start.. and attend causally (no extra tokens); else ``vis`` decides."""
+
+
+class SdpaBackend:
+    """torch's scaled_dot_product_attention; split regular/extra fast path (see module doc)."""
+
+    def attend(self, q, k, v, vis, dropout_p=0.0):
+        if vis is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if vis.num_regular is not None and not dropout_p:
+            return _split_attend(q, k, v, vis)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=vis.dense_mask(), dropout_p=dropout_p)
+
+    def attend_cached(self, q, keys, values, start, vis):
+        if vis is None:
+            return cached_causal(q, keys, values, start)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=vis.dense_mask())
+
+
+class FlexBackend(SdpaBackend):
+    """FlexAttention with a block mask built once per forward pass (compiled on CUDA). Decode
+    steps are a few queries: they use the SDPA path."""
+
+    def attend(self, q, k, v, vis, dropout_p=0.0):
+        if dropout_p:
+            raise ValueError("model.attention=flex does not support attention dropout; use sdpa")
+        if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+            raise ValueError("model.attention=flex has no backward pass on CPU (a torch limit); "
+                             "train with model.attention=sdpa on CPU")
+        if vis is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return _flex(q.is_cuda)(q, k, v, block_mask=vis.block_mask())
+
+
+BACKENDS: dict[str, Backend] = {"sdpa": SdpaBackend(), "flex": FlexBackend()}
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
+    """``auto`` -> flex on CUDA, sdpa elsewhere; any other name must be in BACKENDS."""
     if name == "auto":
         return "flex" if device.type == "cuda" else "sdpa"
-    if name not in ("sdpa", "flex"):
-        raise ValueError(f"attention backend {name!r}: expected 'auto', 'sdpa' or 'flex'")
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend {name!r}: expected 'auto' or one of {sorted(BACKENDS)}")
     return name
+
+
+def get_backend(name: str, device: torch.device) -> Backend:
+    return BACKENDS[resolve_backend(name, device)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,26 +183,13 @@ def _flex(compiled: bool):
 
 def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None, backend: str,
            dropout_p: float = 0.0) -> Tensor:
-    """q, k, v: (B, heads, L, head_dim) -> (B, heads, L, head_dim). ``vis`` None = causal."""
-    if backend == "flex":
-        if dropout_p:
-            raise ValueError("model.attention=flex does not support attention dropout; use sdpa")
-        if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
-            raise ValueError("model.attention=flex has no backward pass on CPU (a torch limit); "
-                             "train with model.attention=sdpa on CPU")
-        if vis is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return _flex(q.is_cuda)(q, k, v, block_mask=vis.block_mask())
-    if vis is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-    if vis.num_main is not None and not dropout_p:
-        return _split_attend(q, k, v, vis)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=vis.dense_mask(), dropout_p=dropout_p)
+    """q, k, v: (B, heads, L, head_dim) -> (B, heads, L, head_dim) with the named backend."""
+    return get_backend(backend, q.device).attend(q, k, v, vis, dropout_p)
 
 
 def _split_attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility) -> Tensor:
-    """Appended layout: causal main block, then the extra queries over (main prefix, self)."""
-    T = vis.num_main
+    """Appended layout: causal regular block, then the extra queries over (regular prefix, self)."""
+    T = vis.num_regular
     main = F.scaled_dot_product_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], is_causal=True)
     if q.shape[2] == T:
         return main

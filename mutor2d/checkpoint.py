@@ -1,43 +1,38 @@
-"""Checkpoint files: one ``torch.save`` dict per checkpoint, written atomically.
+"""Checkpoint files: written atomically, read without running code.
 
-Layout of a checkpoint dict:
+A training checkpoint is one ``torch.save`` dict holding only tensors and plain containers, so it
+loads with ``torch.load(weights_only=True)``: a file that holds any other Python object is refused
+with a one-line error and never runs. Layout:
   model: GPT state dict; ema: EMA state dict or None; objective: state of the objective module
-  (multihead heads) or {}; optimizer, scheduler: state dicts; step: int; rng: RNG states;
-  config: the resolved RunConfig as a plain dict.
-Files live in ``RUN_DIR/checkpoints/step_XXXXXXXX.pt``; the newest valid one is the resume point.
+  (multi-head heads) or {}; optimizer: state dict; step: int; rng: one RNG state per process
+  (mutor2d.engine.rng); config: the resolved RunConfig as a plain dict; grid: [H, W].
+Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``; the newest readable one is the resume point.
+For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
+when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
 from . import config as config_lib
-from .model import GPT
-from .registers import RegisterSpec
+from . import io
 
 _STEP = re.compile(r"step_(\d+)\.pt$")
 
 
+# an unreadable, unsafe or foreign checkpoint; one-line message naming the file
+CheckpointError = io.UnsafeFileError
+
+
 def save_atomic(obj, path: str | os.PathLike) -> Path:
-    """torch.save to a temp file in the same folder, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """torch.save to a temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    return io.write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
@@ -53,48 +48,117 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def load(path: str | os.PathLike, map_location="cpu") -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:  # truncated or foreign file
-        raise ValueError(f"checkpoint {str(path)!r} is unreadable ({type(e).__name__}: {e})") from None
+def safe_load(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False, allow=()):
+    """torch.load with weights_only=True (numpy arrays of plain dtypes and ``allow`` permitted: older
+    checkpoints pickled their numpy RNG state); any failure is a one-line error naming ``path``."""
+    return io.read_torch_file(path, what, allow=allow, mmap=mmap)
+
+
+def load(path: str | os.PathLike, mmap: bool = False) -> dict:
+    """A mutor2d training checkpoint as a dict (see module doc)."""
+    obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
-        raise ValueError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
     return obj
 
 
+def is_readable(path: str | os.PathLike) -> bool:
+    """Cheap validity check (memory-mapped: tensor data is not read)."""
+    try:
+        load(path, mmap=True)
+        return True
+    except (CheckpointError, FileNotFoundError):
+        return False
+
+
 def latest_valid(run_dir: str | os.PathLike) -> Path | None:
-    """Newest checkpoint of ``run_dir`` that loads; None if there is none."""
-    for p in reversed(list_checkpoints(run_dir)):
-        try:
-            load(p)
-            return p
-        except ValueError:
-            continue
-    return None
+    """Newest readable checkpoint of ``run_dir``; None if there is none."""
+    return next((p for p in reversed(list_checkpoints(run_dir)) if is_readable(p)), None)
 
 
 def resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run folder (its newest valid checkpoint)."""
+    """A checkpoint file, or a run folder (its newest readable checkpoint)."""
     p = Path(path)
     if p.is_dir():
         found = latest_valid(p)
         if found is None:
-            raise FileNotFoundError(f"no valid checkpoint under {str(p)!r}")
+            raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")
         return found
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist")
     return p
 
 
-def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
-    """Build the GPT of a checkpoint for inference -> (model in eval mode, RunConfig, step).
-    ``use_ema`` takes the EMA weights when the checkpoint has them."""
-    ckpt = load(resolve(path))
-    cfg = config_lib.from_dict(ckpt["config"])
-    spec = RegisterSpec.from_config(cfg.objective)
-    model = GPT(cfg.model, register_token=spec.uses_registers)
-    state = ckpt["ema"] if use_ema and ckpt.get("ema") is not None else ckpt["model"]
+def read_meta(path: str | os.PathLike) -> dict:
+    """{"step", "grid", "has_ema", "config"} of a checkpoint or safetensors export, without reading weights."""
+    path = resolve(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        return {"step": int(meta.get("step", 0)), "grid": json.loads(meta.get("grid", "null")),
+                "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}"))}
+    ckpt = load(path, mmap=True)
+    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
+            "config": ckpt["config"]}
+
+
+def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
+    """(GPT state dict, meta) of a mutor2d checkpoint or safetensors export."""
+    path = resolve(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(path)), read_meta(path)
+    ckpt = load(path)
+    meta = {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
+            "config": ckpt["config"]}
+    return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta
+
+
+def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
+    """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, RunConfig,
+    meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them."""
+    from .model import GPT
+    from .objectives import uses_registers
+    state, meta = load_weights(path, use_ema)
+    cfg = config_lib.from_dict(meta["config"])
+    model = GPT(cfg.model, register_token=uses_registers(cfg.objective))
     model.load_state_dict(state, strict=True)
-    return model.to(device).eval(), cfg, int(ckpt["step"])
+    return model.to(device).eval(), cfg, meta
+
+
+def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
+    """(model in eval mode, RunConfig, step) of a checkpoint or export; see ``open_model``."""
+    model, cfg, meta = open_model(path, use_ema, device)
+    return model, cfg, meta["step"]
+
+
+def export_safetensors(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> Path:
+    """Write a checkpoint's weights (EMA when present and ``use_ema``) as safetensors, config in the metadata."""
+    from safetensors.torch import save_file
+    state, meta = load_weights(path, use_ema)
+    info = {"step": str(meta["step"]), "grid": json.dumps(meta["grid"]), "config": json.dumps(meta["config"]),
+            "weights": "ema" if use_ema and meta["has_ema"] else "model", "format": "mutor2d"}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out), metadata=info)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Export a checkpoint's weights as safetensors for sharing.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="CKPT (file or run folder) -> OUT.safetensors")
+    ex.add_argument("ckpt")
+    ex.add_argument("out")
+    ex.add_argument("--no-ema", action="store_true", help="export the raw weights even when EMA exists")
+    args = ap.parse_args(argv)
+    try:
+        out = export_safetensors(args.ckpt, args.out, use_ema=not args.no_ema)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,22 +1,27 @@
 """Token datasets.
 
-Every dataset yields dicts ``{"body": LongTensor (N,), "prefix": LongTensor ()}`` (class label) and
-exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`` stacks them.
+Every dataset yields dicts ``{"body": LongTensor (N,), "prefix": LongTensor}`` (class label, or a
+prompt) and exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`` stacks them.
 
-Builders (``data.name``):
-  digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, 10 classes, no
-          download). ``data.tokenizer: pixel`` quantises grey levels (grid 8x8); a VQ checkpoint path
-          (e.g. one made by tokenizers/train_vq.py on digits) tokenises the digits upsampled to the
-          VQ's image size instead.
+``DATASETS`` maps ``data.name`` to a :class:`DatasetKind` (builds a split and the tokenizer that
+turns its tokens into images). Each reads only its own config fields:
+  digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download).
+          ``data.tokenizer: pixel`` quantises grey levels (grid 8x8); a VQ checkpoint path (e.g. one
+          made by tokenizers/train_vq.py on digits) tokenises the digits upsampled to the VQ's
+          image size instead.
   codes   a folder written by tokenizers/extract_codes.py (``data.path``; ``data.test_path`` for the
           test split): one random augmentation per sample, drawn from torch's RNG (seeded per
           DataLoader worker).
   stargraph  the 1D path-star task (mutor2d.stargraph).
+Adding a dataset: a class with ``build`` and ``tokenizer``, one line in ``DATASETS`` (and its
+config variant in mutor2d.config).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,34 +29,27 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .config import DataConfig
+from . import tokenizer as tokenizer_lib
+from .tokenizer import PixelTokenizer, Tokenizer  # noqa: F401  (PixelTokenizer: old import path)
+from .tokenizer.codes import open_store
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16
 
 
-class PixelTokenizer:
-    """Quantise grey levels in [0, 1] to ``levels`` tokens and back. Grid = image size."""
+@functools.lru_cache(maxsize=1)
+def _load_digits():
+    from sklearn.datasets import load_digits
+    return load_digits()
 
-    def __init__(self, levels: int):
-        if levels < 2:
-            raise ValueError(f"data.levels: need at least 2 grey levels, got {levels}")
-        self.levels = levels
-        self.vocab_size = levels
 
-    def encode(self, images: Tensor) -> Tensor:
-        """images (B, H, W) float in [0, 1] -> codes (B, H, W) long."""
-        return (images.clamp(0, 1) * (self.levels - 1)).round().long()
-
-    def decode(self, codes: Tensor) -> Tensor:
-        """codes (B, H, W) long -> images (B, 3, H, W) float in [0, 1]."""
-        img = codes.float() / (self.levels - 1)
-        return img.unsqueeze(1).expand(-1, 3, -1, -1)
+def digits_num_classes() -> int:
+    """Number of digit classes, read from the data (its ``target_names``)."""
+    return len(_load_digits().target_names)
 
 
 def digits_images(split: str, seed: int) -> tuple[Tensor, Tensor]:
     """The digits split: images (n, 8, 8) float in [0, 1], labels (n,). 80/20 split by ``seed``."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
+    d = _load_digits()
     order = np.random.default_rng(seed).permutation(len(d.target))
     cut = int(round(0.8 * len(order)))
     idx = {"train": order[:cut], "test": order[cut:]}.get(split)
@@ -78,18 +76,19 @@ class TokenGrids(Dataset):
 
 def digits_rgb(images: Tensor, size: int) -> Tensor:
     """Grey digits (B, 8, 8) in [0, 1] -> (B, 3, size, size) in [0, 1] (bilinear upsampling)."""
+    if images.shape[-2:] == (size, size):
+        return images[:, None].float().clamp(0, 1).expand(-1, 3, -1, -1).contiguous()
     up = F.interpolate(images[:, None].float(), size=(size, size), mode="bilinear", align_corners=False)
     return up.clamp(0, 1).expand(-1, 3, -1, -1).contiguous()
 
 
 class CodeDataset(Dataset):
-    """Token grids of a codes folder (mutor2d.codes): rows with a readable image only.
+    """Token grids of a codes folder (mutor2d.tokenizer.codes): rows with a readable image only.
 
     Each item takes augmentation ``torch.randint(num_augs)`` when ``random_aug`` (else the first,
     "center"). The memmap is opened lazily so DataLoader workers each map the file themselves."""
 
     def __init__(self, path: str | Path, random_aug: bool = True):
-        from .codes import open_store
         store = open_store(path)
         self.path, self.header, self.random_aug = Path(path), store.header, random_aug
         self.rows = np.flatnonzero(np.asarray(store.labels) >= 0)
@@ -117,49 +116,90 @@ class CodeDataset(Dataset):
         return {"body": body, "prefix": torch.tensor(int(self._labels[row]))}
 
 
-def build_tokenizer(cfg: DataConfig):
-    """The tokenizer that turns this data's tokens into images (``decode``)."""
-    if cfg.tokenizer == "pixel":
-        if cfg.name == "digits":
-            return PixelTokenizer(cfg.levels)
-        raise ValueError(f"data.tokenizer='pixel' only works with data.name='digits'; "
-                         f"data.name={cfg.name!r} needs data.tokenizer set to a VQ checkpoint path")
-    if cfg.name not in ("digits", "codes"):
-        raise ValueError(f"data.name={cfg.name!r} has no image tokenizer (data.tokenizer={cfg.tokenizer!r})")
-    from .vq import VQTokenizer
-    tok = VQTokenizer.from_checkpoint(cfg.tokenizer)
-    if cfg.name == "codes" and cfg.path is not None:
-        from .codes import open_store
-        header = open_store(cfg.path, require_complete=False).header
-        if header.get("tokenizer_sha256") != tok.sha256:
-            warnings.warn(f"data.tokenizer={cfg.tokenizer!r} is not the checkpoint that made the codes at "
-                          f"{cfg.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
-    return tok
+# ----------------------------------------------------------------------------- the registry
+
+class DatasetKind(Protocol):
+    """One ``data.name``: builds a split and the tokenizer that turns its tokens into images."""
+
+    def build(self, cfg, split: str) -> Dataset: ...
+
+    def tokenizer(self, cfg) -> Tokenizer: ...
 
 
-def build_dataset(cfg: DataConfig, split: str = "train") -> Dataset:
-    if split not in ("train", "test"):
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
-    if cfg.name == "digits":
-        tok = build_tokenizer(cfg)
+class Digits:
+    """data: tokenizer, levels, data_seed. The 8x8 digits, tokenised by ``data.tokenizer``."""
+
+    def build(self, cfg, split: str) -> TokenGrids:
+        tok = self.tokenizer(cfg)
         images, labels = digits_images(split, cfg.data_seed)
-        if isinstance(tok, PixelTokenizer):
-            codes = tok.encode(images)
-        else:
-            codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
-        return TokenGrids(codes, labels, tok.vocab_size, 10)
-    if cfg.name == "codes":
+        codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
+        return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
+
+    def tokenizer(self, cfg) -> Tokenizer:
+        return tokenizer_lib.build_tokenizer(cfg)
+
+
+class Codes:
+    """data: path, test_path, tokenizer. A codes folder per split; the tokenizer must be the
+    checkpoint that made the codes (same codebook size; a different file is a warning)."""
+
+    def build(self, cfg, split: str) -> "CodeDataset":
         path = cfg.path if split == "train" else cfg.test_path
         if path is None:
             key = "data.path" if split == "train" else "data.test_path"
             raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
                              f"for the {split} split")
         return CodeDataset(path, random_aug=split == "train")
-    if cfg.name == "stargraph":
+
+    def tokenizer(self, cfg) -> Tokenizer:
+        if tokenizer_lib.parse_tokenizer(cfg.tokenizer)[1] is None:
+            raise ValueError(f"data.tokenizer={cfg.tokenizer!r} only works with data.name='digits'; "
+                             f"data.name='codes' needs data.tokenizer set to a VQ checkpoint path")
+        tok = tokenizer_lib.build_tokenizer(cfg)
+        if cfg.path is not None:
+            header = open_store(cfg.path, require_complete=False, check_values=False).header
+            if header["codebook_size"] != tok.vocab_size:
+                raise ValueError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} codes but the codes at "
+                                 f"{cfg.path!r} come from a codebook of {header['codebook_size']}")
+            if header.get("tokenizer_sha256") != tok.sha256:
+                warnings.warn(f"data.tokenizer={cfg.tokenizer!r} is not the checkpoint that made the codes at "
+                              f"{cfg.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
+        return tok
+
+
+class StarGraph:
+    """data: degree, path_len, num_nodes, num_train, num_test, data_seed, reverse_answer."""
+
+    def build(self, cfg, split: str) -> Dataset:
         from .stargraph import build_stargraph
         return build_stargraph(cfg, split)
-    raise ValueError(f"data.name={cfg.name!r}: no dataset builder")
+
+    def tokenizer(self, cfg) -> Tokenizer:
+        raise ValueError("data.name='stargraph' has no image tokenizer (its tokens are graph nodes)")
+
+
+DATASETS: dict[str, DatasetKind] = {"digits": Digits(), "codes": Codes(), "stargraph": StarGraph()}
+
+
+def _kind(cfg) -> DatasetKind:
+    kind = DATASETS.get(cfg.name)
+    if kind is None:
+        raise ValueError(f"data.name={cfg.name!r}: no dataset builder (known: {', '.join(sorted(DATASETS))})")
+    return kind
+
+
+def build_tokenizer(cfg) -> Tokenizer:
+    """The tokenizer that turns this data's tokens into images (``decode``)."""
+    return _kind(cfg).tokenizer(cfg)
+
+
+def build_dataset(cfg, split: str = "train") -> Dataset:
+    """Split ``split`` ("train" or "test") of the dataset ``cfg.name`` names (DATASETS)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
+    return _kind(cfg).build(cfg, split)
 
 
 def collate(items: list[dict]) -> dict:
+    """Items of one dataset -> a batch: each key stacked along a new first dimension."""
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}

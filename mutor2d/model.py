@@ -1,11 +1,12 @@
-"""LlamaGen-style decoder (DESIGN.md section 2).
+"""LlamaGen-style decoder.
 
 Pre-norm RMSNorm, SwiGLU FFN, no biases, untied embeddings, 2D (or 1D) RoPE driven by explicit
 position ids. Parameter names follow LlamaGen's gpt.py so its checkpoints load with strict checks.
 
 What the model knows of MuToR: it can append ``num_extra`` copies of one learned embedding (the
 register token) after the regular tokens, and it attends with a given ``Visibility`` rule and given
-position ids. Nothing else.
+position ids. Nothing else. The same holds for cached decoding (``GPT.decode``): extra tokens read
+the cache under their visibility rule and are never written to it.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import Visibility, attend, resolve_backend
+from .attention import NEVER, Visibility, get_backend
+from .conditioning import LabelEmbedder, conditioning  # noqa: F401  (LabelEmbedder: old import path)
 from .config import ModelConfig
 
 PRESETS = {  # (n_layer, n_head, dim)
@@ -125,20 +127,29 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.addcmul(xf * cos, swapped, sin).type_as(x)
 
 
-class LabelEmbedder(nn.Module):
-    """Class embedding with one extra "null" row (index num_classes) for CFG."""
+@dataclass
+class CacheStep:
+    """One cached decode step. ``start``: cache index of the first new regular token (int, or
+    (B,) long per row); ``num_regular``: R new regular tokens, written to the cache; ``end``: how
+    many cache entries the step reads (start + R, the largest over rows); ``vis``: the rule over
+    the keys [cache[:end], keys of the extra tokens], or None (no extra tokens, one int start:
+    causal attention of the new tokens)."""
+    start: int | Tensor
+    num_regular: int
+    end: int
+    vis: Visibility | None = None
 
-    def __init__(self, num_classes: int, dim: int, dropout: float):
-        super().__init__()
-        self.num_classes, self.dropout = num_classes, dropout
-        self.embedding_table = nn.Embedding(num_classes + 1, dim)
-
-    def forward(self, labels: Tensor) -> Tensor:
-        """labels (B,) in 0..num_classes (num_classes = null) -> (B, 1, dim)."""
-        if self.training and self.dropout > 0:
-            drop = torch.rand(labels.shape, device=labels.device) < self.dropout
-            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
-        return self.embedding_table(labels).unsqueeze(1)
+    def write(self, cache: Tensor, new: Tensor) -> Tensor:
+        """Write ``new[:, :, :R]`` (B, heads, L, head_dim) into ``cache`` at ``start``; return
+        the keys (or values) the step reads: [cache[:end], new[:, :, R:]]."""
+        B, R = new.shape[0], self.num_regular
+        if isinstance(self.start, int):
+            cache[:B, :, self.start:self.start + R] = new[:, :, :R]
+        else:
+            idx = (self.start[:, None] + torch.arange(R, device=new.device))[:, None, :, None]
+            cache[:B].scatter_(2, idx.expand(-1, new.shape[1], -1, new.shape[3]), new[:, :, :R])
+        read = cache[:B, :, :self.end]
+        return read if new.shape[2] == R else torch.cat([read, new[:, :, R:]], dim=2)
 
 
 class Attention(nn.Module):
@@ -149,30 +160,23 @@ class Attention(nn.Module):
         self.wo = Linear(shape.dim, shape.dim)
         self.attn_dropout = cfg.attn_dropout
         self.resid_dropout = nn.Dropout(cfg.resid_dropout)
-        self.backend = cfg.attention
+        self.backend = cfg.attention       # a name in attention.BACKENDS, or "auto"
         self.cache: tuple[Tensor, Tensor] | None = None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], vis: Visibility | None,
-                cache_start: int | None = None) -> Tensor:
+                step: CacheStep | None = None) -> Tensor:
+        """x (B, L, dim) -> (B, L, dim). ``step`` set: a cached decode step (``vis`` unused)."""
         B, L, _ = x.shape
         q, k, v = self.wqkv(x).view(B, L, 3, self.n_head, self.head_dim).unbind(2)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        backend = resolve_backend(self.backend, x.device)
-        dropout = self.attn_dropout if self.training else 0.0
-        if cache_start is None:
-            out = attend(q, k, v, vis, backend, dropout)
+        backend = get_backend(self.backend, x.device)
+        if step is None:
+            out = backend.attend(q, k, v, vis, self.attn_dropout if self.training else 0.0)
         else:
             kc, vc = self.cache
-            end = cache_start + L
-            kc[:B, :, cache_start:end], vc[:B, :, cache_start:end] = k, v
-            keys, values = kc[:B, :, :end], vc[:B, :, :end]
-            if L == 1:
-                out = F.scaled_dot_product_attention(q, keys, values)
-            else:  # prefill: causal over the new tokens, all of the past
-                qi = torch.arange(cache_start, end, device=x.device)[:, None]
-                mask = torch.arange(end, device=x.device)[None, :] <= qi
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            keys, values = step.write(kc, k), step.write(vc, v)
+            out = backend.attend_cached(q, keys, values, step.start, step.vis)
         out = out.transpose(1, 2).reshape(B, L, self.dim)
         return self.resid_dropout(self.wo(out))
 
@@ -197,17 +201,17 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(shape.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(shape.dim, cfg.norm_eps)
 
-    def forward(self, x, rope, vis=None, cache_start=None):
-        h = x + self.attention(self.attention_norm(x), rope, vis, cache_start)
+    def forward(self, x, rope, vis=None, step=None):
+        h = x + self.attention(self.attention_norm(x), rope, vis, step)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
 class GPT(nn.Module):
     """Decoder over [prefix, tokens, extra tokens].
 
-    prefix: class labels (B,) when cfg.prefix == "class" (one class token), or prompt tokens
-    (B, P) when cfg.prefix == "prompt". ``register_token`` adds the one shared learnable embedding
-    used for every extra token.
+    prefix: what ``CONDITIONING[cfg.prefix]`` takes (class labels (B,): one class token; prompt
+    tokens (B, P)). ``register_token`` adds the one shared learnable embedding used for every
+    extra token.
     """
 
     def __init__(self, cfg: ModelConfig, register_token: bool = False):
@@ -216,8 +220,8 @@ class GPT(nn.Module):
         self.shape = shape = model_shape(cfg)
         if shape.dim % shape.n_head:
             raise ValueError(f"model.dim={shape.dim} is not divisible by model.n_head={shape.n_head}")
-        if cfg.prefix == "class":
-            self.cls_embedding = LabelEmbedder(cfg.num_classes, shape.dim, cfg.class_dropout)
+        self.conditioning = conditioning(cfg.prefix)
+        self.conditioning.build(self)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, shape.dim)
         self.tok_dropout = nn.Dropout(cfg.token_dropout)
         self.layers = nn.ModuleList(TransformerBlock(cfg, shape) for _ in range(shape.n_layer))
@@ -242,16 +246,13 @@ class GPT(nn.Module):
             nn.init.normal_(self.register_embedding, 0.0, std)
 
     def prefix_len(self, prefix: Tensor) -> int:
-        return 1 if self.cfg.prefix == "class" else prefix.shape[1]
+        return self.conditioning.prefix_len(prefix)
 
     def embed(self, tokens: Tensor | None, prefix: Tensor | None, num_extra: int = 0) -> Tensor:
         """(B, P + T_tokens + num_extra, dim) input embeddings, before token dropout."""
         parts = []
         if prefix is not None:
-            if self.cfg.prefix == "class":
-                parts.append(self.cls_embedding(prefix))
-            else:
-                parts.append(self.tok_embeddings(prefix))
+            parts.append(self.conditioning.embed(self, prefix))
         if tokens is not None and tokens.shape[1] > 0:
             parts.append(self.tok_embeddings(tokens))
         if num_extra:
@@ -262,14 +263,14 @@ class GPT(nn.Module):
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
-               cache_start: int | None = None) -> Tensor:
+               step: CacheStep | None = None) -> Tensor:
         """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm."""
         if positions.shape[:2] != h.shape[:2]:
             raise ValueError(f"position ids {tuple(positions.shape)} do not match tokens {tuple(h.shape[:2])}")
         rope = self.rotary(positions)
         h = self.tok_dropout(h)
         for layer in self.layers:
-            h = layer(h, rope, vis, cache_start)
+            h = layer(h, rope, vis, step)
         return h
 
     def logits(self, h: Tensor) -> Tensor:
@@ -297,19 +298,44 @@ class GPT(nn.Module):
         for layer in self.layers:
             layer.attention.cache = None
 
-    def decode(self, tokens: Tensor | None, positions: Tensor, cache_start: int,
-               prefix: Tensor | None = None) -> Tensor:
-        """Cached step: embeds (prefix and) tokens, writes their keys at ``cache_start``, returns
-        logits (B, L, vocab) of the new tokens."""
-        h = self.embed(tokens, prefix)
-        return self.logits(self.hidden(h, positions, None, cache_start))
+    def decode(self, tokens: Tensor | None, positions: Tensor, cache_start: int | Tensor,
+               prefix: Tensor | None = None, extra_positions: Tensor | None = None,
+               extra_limit: Tensor | None = None) -> Tensor:
+        """Cached step -> logits (B, R + E, vocab) of the new tokens.
+
+        Regular part: (prefix and) ``tokens``, R tokens with ``positions`` (B, R, 2); their keys
+        are written at cache index ``cache_start`` (int, or (B,) long: one start per row) and
+        they attend causally to the cache. Extra part (optional): E register tokens with
+        ``extra_positions`` (B, E, 2); extra e reads cache entries 0..``extra_limit[b, e]``
+        (this step's regular tokens included; -1 = none) and itself; its keys are never written
+        to the cache and no regular token sees it."""
+        E = 0 if extra_positions is None else extra_positions.shape[1]
+        h = self.embed(tokens, prefix, E)
+        R = h.shape[1] - E
+        if E == 0 and isinstance(cache_start, int):
+            step = CacheStep(cache_start, R, cache_start + R)
+        else:
+            step = self._extra_step(h.shape[0], R, cache_start, extra_limit, h.device)
+            if E:
+                positions = torch.cat([positions, extra_positions], dim=1)
+        return self.logits(self.hidden(h, positions, None, step))
+
+    @staticmethod
+    def _extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, device) -> CacheStep:
+        """The CacheStep of a decode with per-row starts and/or extra tokens."""
+        start = torch.as_tensor(start, dtype=torch.long, device=device).expand(B).contiguous()
+        end = int(start.max()) + R
+        limit = torch.zeros(B, 0, dtype=torch.long, device=device) if extra_limit is None else extra_limit
+        E = limit.shape[1]
+        regular = start[:, None] + torch.arange(R, device=device)                   # (B, R)
+        key_rank = torch.cat([torch.arange(end, device=device).expand(B, end),
+                              torch.full((B, E), NEVER, device=device)], dim=1)
+        own = torch.cat([regular, (end + torch.arange(E, device=device)).expand(B, E)], dim=1)
+        vis = Visibility(key_rank, torch.cat([regular, limit], dim=1), R, own_key=own)
+        return CacheStep(start, R, end, vis)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def build_model(cfg: ModelConfig, register_token: bool = False) -> GPT:
-    return GPT(cfg, register_token)
 
 
 # ------------------------------------------------------------------ LlamaGen interop

@@ -1,4 +1,4 @@
-"""Register layout for MuToR (DESIGN.md section 1): pure tensor code, no model.
+"""Register layout for MuToR (multi-token prediction with registers): pure tensor code, no model.
 
 Sequence terms. A sample has P prefix tokens (class token or prompt) and a body x_0..x_{N-1} on a
 grid (H, W), N = H*W, raster order; 1D data is H = 1. The *regular inputs* are
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .attention import NEVER, Visibility
 
-Objective = Literal["ntp", "mutor-1d", "mutor-2d"]
+RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.objective may be
 
 
 class LayoutError(ValueError):
@@ -37,11 +37,17 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class RegisterSpec:
-    """What registers to place. See ObjectiveConfig for the meaning of each field."""
-    objective: Objective = "ntp"
+    """What registers to place.
+
+    objective: "ntp" (no registers), "mutor-1d" (offsets (0, d) for d = d_min..d_max, inclusive)
+    or "mutor-2d" (offsets {0..D-1}^2 minus (0, 0) with D = d_max; d_min unused).
+    placement: "dense" (a register at every anchor with a valid target) or "sparse"
+    (``num_registers`` anchors drawn among the valid ones). One offset per sequence, or one per
+    anchor with ``per_register_offsets``. edge: "geometric" or "raster" (see ``offset_targets``).
+    """
+    objective: RegisterKind = "ntp"
     d_min: int = 1
     d_max: int = 4
-    d_max_2d: int = 4
     placement: Literal["dense", "sparse"] = "dense"
     num_registers: int = 80
     per_register_offsets: bool = False
@@ -49,8 +55,13 @@ class RegisterSpec:
 
     @classmethod
     def from_config(cls, obj) -> "RegisterSpec":
-        name = obj.name if obj.name in ("ntp", "mutor-1d", "mutor-2d") else "ntp"
-        return cls(name, obj.d_min, obj.d_max, obj.d_max_2d, obj.placement, obj.num_registers,
+        """The spec of a tagged objective config (mutor2d.config): ntp, mutor-1d or mutor-2d.
+        Other objectives place no registers; asking for their spec is an error."""
+        if obj.name == "ntp":
+            return cls("ntp")
+        if obj.name not in ("mutor-1d", "mutor-2d"):
+            raise LayoutError(f"objective.name={obj.name} places no registers (no register spec)")
+        return cls(obj.name, getattr(obj, "d_min", 1), obj.d_max, obj.placement, obj.num_registers,
                    obj.per_register_offsets, obj.edge)
 
     @property
@@ -59,7 +70,7 @@ class RegisterSpec:
 
     def offsets(self) -> Tensor:
         """Candidate offsets (C, 2) as (Δr, Δc)."""
-        return candidate_offsets(self.objective, self.d_min, self.d_max, self.d_max_2d)
+        return candidate_offsets(self.objective, self.d_min, self.d_max)
 
     def check(self, grid: tuple[int, int], prefix_len: int) -> None:
         """Raise LayoutError if this spec cannot work on ``grid``."""
@@ -72,8 +83,8 @@ class RegisterSpec:
             return
         if self.objective == "mutor-2d" and H == 1:
             raise LayoutError(f"objective.name=mutor-2d needs a 2D grid, got {H}x{W} (use mutor-1d)")
-        if self.objective == "mutor-2d" and self.d_max_2d > max(H, W):
-            raise LayoutError(f"objective.d_max_2d={self.d_max_2d} exceeds the grid {H}x{W}")
+        if self.objective == "mutor-2d" and self.d_max > max(H, W):
+            raise LayoutError(f"objective.d_max={self.d_max} exceeds the grid {H}x{W}")
         if self.objective == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):
             raise LayoutError(f"objective.d_min={self.d_min}: every 1D target falls off the {H}x{W} grid")
         if self.placement == "sparse":
@@ -83,9 +94,11 @@ class RegisterSpec:
                                   f"{anchors} anchors of a {H}x{W} grid")
 
 
-def candidate_offsets(objective: str, d_min: int, d_max: int, d_max_2d: int) -> Tensor:
+def candidate_offsets(objective: str, d_min: int, d_max: int) -> Tensor:
+    """Candidate offsets (C, 2) as (dr, dc): mutor-2d {0..d_max-1}^2 minus (0, 0) in raster order;
+    mutor-1d (0, d) for d = d_min..d_max; anything else none."""
     if objective == "mutor-2d":
-        D = d_max_2d
+        D = d_max
         rc = [(r, c) for r in range(D) for c in range(D) if (r, c) != (0, 0)]
     elif objective == "mutor-1d":
         rc = [(0, d) for d in range(d_min, d_max + 1)]
@@ -173,15 +186,11 @@ class Layout:
         """The attention rule for the model; None = plain causal (no registers)."""
         if self.num_registers == 0:
             return None
-        return Visibility(self.key_rank, self.query_limit, num_main=self.num_regular)
+        return Visibility(self.key_rank, self.query_limit, num_regular=self.num_regular)
 
     def dense_mask(self) -> Tensor:
         """(B, T+R, T+R) bool attention matrix (True = may attend); for SDPA and pictures."""
         return Visibility(self.key_rank, self.query_limit).dense_mask()[:, 0]
-
-    def mask_mod(self):
-        """FlexAttention mask_mod of this layout."""
-        return Visibility(self.key_rank, self.query_limit).mask_mod()
 
     def gather_targets(self, body: Tensor) -> tuple[Tensor, Tensor]:
         """body (B, N) tokens -> (ntp targets (B, T), register targets (B, R))."""
@@ -223,33 +232,7 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
     if lengths is not None:
         ntp_valid = ntp_valid & (ntp_target < lengths[:, None])
     ntp_target = torch.where(ntp_valid, ntp_target, torch.zeros_like(ntp_target))
-
-    if spec.uses_registers:
-        offsets = spec.offsets()
-        a0 = first_anchor(spec.objective)
-        anchors = torch.arange(a0, N - 1)                                # (A,)
-        A = anchors.numel()
-        if spec.per_register_offsets:
-            pick = torch.randint(len(offsets), (B, A), generator=generator)
-        else:
-            pick = torch.randint(len(offsets), (B, 1), generator=generator).expand(B, A)
-        off = offsets[pick]                                              # (B, A, 2)
-        target, valid = offset_targets(grid, anchors.expand(B, A), off, spec.edge, lengths)
-        if spec.placement == "sparse":
-            score = torch.rand(B, A, generator=generator).masked_fill(~valid, 2.0)
-            slot = score.argsort(dim=1)[:, :spec.num_registers].sort(dim=1).values
-        else:
-            R = int(valid.sum(1).max())
-            key = (~valid).long() * A + torch.arange(A)
-            slot = key.argsort(dim=1)[:, :R]
-        reg_anchor = anchors[slot]
-        reg_offset = off.gather(1, slot[..., None].expand(-1, -1, 2))
-        reg_target = target.gather(1, slot)
-        reg_valid = valid.gather(1, slot)
-    else:
-        reg_anchor = reg_target = torch.zeros(B, 0, dtype=torch.long)
-        reg_offset = torch.zeros(B, 0, 2, dtype=torch.long)
-        reg_valid = torch.zeros(B, 0, dtype=torch.bool)
+    reg_anchor, reg_offset, reg_target, reg_valid = _place_registers(B, grid, spec, generator, lengths)
 
     R = reg_target.shape[1]
     position_ids = torch.cat([reg_pos.expand(B, T, 2), reg_pos[P - 1 + reg_target]], dim=1)
@@ -263,6 +246,35 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
         if isinstance(value, Tensor):
             setattr(out, name, value.contiguous().to(device) if device is not None else value.contiguous())
     return out
+
+
+def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generator: torch.Generator | None,
+                     lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(anchor (B, R), offset (B, R, 2), target (B, R), valid (B, R)) of the register slots.
+
+    Random draws, in this order: the offsets (``randint``), then for sparse placement one score per
+    anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order."""
+    if not spec.uses_registers:
+        empty = torch.zeros(B, 0, dtype=torch.long)
+        return empty, torch.zeros(B, 0, 2, dtype=torch.long), empty, torch.zeros(B, 0, dtype=torch.bool)
+    offsets = spec.offsets()
+    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1)   # (A,)
+    A = anchors.numel()
+    if spec.per_register_offsets:
+        pick = torch.randint(len(offsets), (B, A), generator=generator)
+    else:
+        pick = torch.randint(len(offsets), (B, 1), generator=generator).expand(B, A)
+    off = offsets[pick]                                                  # (B, A, 2)
+    target, valid = offset_targets(grid, anchors.expand(B, A), off, spec.edge, lengths)
+    if spec.placement == "sparse":
+        score = torch.rand(B, A, generator=generator).masked_fill(~valid, 2.0)
+        slot = score.argsort(dim=1)[:, :spec.num_registers].sort(dim=1).values
+    else:
+        R = int(valid.sum(1).max())
+        key = (~valid).long() * A + torch.arange(A)
+        slot = key.argsort(dim=1)[:, :R]
+    return (anchors[slot], off.gather(1, slot[..., None].expand(-1, -1, 2)), target.gather(1, slot),
+            valid.gather(1, slot))
 
 
 # ----------------------------------------------------------------------------- picture
@@ -338,8 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="mask.png")
     args = ap.parse_args(argv)
     objective = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
-    spec = RegisterSpec(objective, args.dmin, args.dmax, args.dmax2d,
-                        "sparse" if args.sparse else "dense", max(args.sparse, 1),
+    d_max = args.dmax2d if objective == "mutor-2d" else args.dmax
+    spec = RegisterSpec(objective, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
                         args.per_register_offsets, args.edge)
     try:
         layout = make_layout(1, args.grid, args.prefix, spec, torch.Generator().manual_seed(args.seed))

@@ -111,8 +111,8 @@ class StarGraphs(Dataset):
 
 
 def build_stargraph(cfg, split: str) -> StarGraphs:
-    """Train and test sets of a DataConfig (degree, path_len, num_nodes, num_train, num_test,
-    data_seed, reverse_answer); test graphs use seed data_seed + 1 and never repeat a train prompt."""
+    """Train and test sets of a stargraph data config (degree, path_len, num_nodes, num_train,
+    num_test, data_seed, reverse_answer); test graphs use seed data_seed + 1 and never repeat a train prompt."""
     shape = StarGraphShape(cfg.degree, cfg.path_len, cfg.num_nodes)
     if split == "train":
         return StarGraphs(shape, cfg.num_train, cfg.data_seed, reverse=cfg.reverse_answer)
@@ -164,7 +164,6 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
     register token) of registers at each offset d, by target position. This is the diagnostic
     that moves first when registers start to plan. Returns {"ntp": [acc per position],
     "reg": {d: [acc per target position, None where no register targets it]}}."""
-    from .objectives import Batch
     from .registers import RegisterSpec, make_layout
     N = dataset.shape.path_len
     P = dataset.shape.prompt_len

@@ -114,7 +114,7 @@ def test_step_flops_counts_every_matmul_weight():
 
 
 SPLIT_CASES = [
-    ("2d-dense-16x16", (16, 16), 1, RegisterSpec("mutor-2d", d_max_2d=4), None),
+    ("2d-dense-16x16", (16, 16), 1, RegisterSpec("mutor-2d", d_max=4), None),
     ("2d-sparse", (16, 16), 1, RegisterSpec("mutor-2d", placement="sparse", num_registers=80), None),
     ("1d-padded", (1, 40), 3, RegisterSpec("mutor-1d", d_min=2, d_max=4), torch.tensor([40, 9, 3])),
 ]
@@ -181,7 +181,7 @@ def _forward_backward(model, backend, lay, body, labels, dtype):
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("spec", [RegisterSpec("mutor-2d", d_max_2d=4),
+@pytest.mark.parametrize("spec", [RegisterSpec("mutor-2d", d_max=4),
                                   RegisterSpec("mutor-2d", placement="sparse", num_registers=80)],
                          ids=["dense", "sparse"])
 def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):

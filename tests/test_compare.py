@@ -1,6 +1,6 @@
-"""eval/compare.py (the digits study driver): --quick runs the whole pipeline (train, sample, score,
-compute-matched point, floor, table, plot) and leaves records the leaderboard reads; the test NLL is
-the next-token cross-entropy; bad settings are one-line errors."""
+"""The digits study (mutor2d.evaluation.study, command line eval/compare.py): --quick runs the whole
+pipeline (train, sample, score, compute-matched point, floor, table, plot) and leaves records the
+leaderboard reads; the test NLL is the next-token cross-entropy; bad settings are one-line errors."""
 import importlib.util
 import json
 import math
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.data import build_dataset, collate
+from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +29,7 @@ def _load(name: str, path: Path):
     return mod
 
 
-compare = _load("compare_driver", ROOT / "eval" / "compare.py")
-leaderboard = _load("leaderboard_cli", ROOT / "eval" / "leaderboard.py")
+compare = _load("compare_driver", ROOT / "eval" / "compare.py")   # the command line: --quick sizes, main
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +74,13 @@ def test_quick_compute_matched_point_and_floor(quick):
     steps = compare.QUICK["steps"]
     assert cm["ratio"] > 0 and steps <= cm["step"] <= 2 * steps
     cm_recs = [json.loads(p.read_text()) for p in (out / "next-token" / "seed0" / "eval").glob("*.json")]
-    cm_recs = [r for r in cm_recs if r["study"]["method"] == compare.CM]
+    cm_recs = [r for r in cm_recs if r["study"]["method"] == study.CM]
     assert {r["step"] for r in cm_recs} == {cm["step"]} and len(cm_recs) == 2
     # the next-token run really went on past the equal-step point (constant lr): checkpoints up to 2x
     assert ckpt_lib.list_checkpoints(out / "next-token" / "seed0")[-1].name == f"step_{2 * steps:08d}.pt"
     floor = [json.loads(p.read_text()) for p in (out / "floor" / "eval").glob("*.json")]
     held = [r for r in floor if r["method"] == "real held-out"]
-    assert len(held) == 1 and held[0]["n"] == len(build_dataset(compare.config_lib.load(compare.BASE).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
+    assert len(held) == 1 and held[0]["n"] == len(build_dataset(study.config_lib.load(study.BASE).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
     assert held[0]["metrics"]["accuracy"] > 0.9        # real digits are recognised: the classifier works
 
 
@@ -93,19 +93,19 @@ def test_cm_ratio_fixes_the_compute_matched_step(quick, tmp_path):
     cm = summary["compute_matched"]
     assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
     recs = [json.loads(p.read_text()) for p in (out / "next-token" / "seed0" / "eval").glob("*.json")]
-    assert sorted({r["step"] for r in recs if r["study"]["method"] == compare.CM}) == \
+    assert sorted({r["step"] for r in recs if r["study"]["method"] == study.CM}) == \
         sorted({quick[1]["compute_matched"]["step"], round(1.5 * steps)})
 
 
 def test_quick_table_plot_and_leaderboard(quick, capsys):
     out, summary = quick
     md = (out / "table.md").read_text()
-    for name in ("next-token", "mutor-2d-sparse", compare.CM, "real held-out"):
+    for name in ("next-token", "mutor-2d-sparse", study.CM, "real held-out"):
         assert f"| {name} |" in md
     png = Path(summary["plot"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    runs = [str(p) for p in sorted(out.glob("*/seed0"))]
-    table = leaderboard.main(runs)
+    runs = sorted(out.glob("*/seed0"))
+    table = records.markdown_table(records.read_records(runs)[0])
     assert "mutor-2d-sparse" in table and "next-token" in table
     # rerun: everything is found finished, only the report is rebuilt
     again = compare.main(["--quick", "--out", str(out), "--report-only"])
@@ -122,14 +122,14 @@ def test_test_nll_is_the_next_token_cross_entropy(quick):
     with torch.no_grad():
         logits = model(b["body"][:, :-1], pos, b["prefix"])          # (B, 1 + N - 1, V)
     want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["body"].reshape(-1)).item()
-    assert compare.test_nll(model, cfg.data) == pytest.approx(want, rel=1e-5)
+    assert study.test_nll(model, cfg.data) == pytest.approx(want, rel=1e-5)
 
 
 def test_mean_sd_and_fmt():
-    m, sd, n = compare.mean_sd([1.0, 2.0, 3.0])
+    m, sd, n = study.mean_sd([1.0, 2.0, 3.0])
     assert (m, n) == (2.0, 3) and sd == pytest.approx(1.0)
-    assert compare.fmt([1.0, 2.0, 3.0]) == "2.00 ± 1.00"
-    assert compare.fmt([5.0]) == "5.00" and compare.fmt([]) == "–"
+    assert study.fmt([1.0, 2.0, 3.0]) == "2.00 ± 1.00"
+    assert study.fmt([5.0]) == "5.00" and study.fmt([]) == "–"
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -11,11 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-from mutor2d.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
-                           scan_image_folder)
 from mutor2d.config import DataConfig
-from mutor2d.data import CodeDataset, PixelTokenizer, build_dataset, build_tokenizer, collate
-from mutor2d.vq import VQModel, VQTokenizer, vq_config
+from mutor2d.data import DATASETS, CodeDataset, build_dataset, build_tokenizer, collate
+from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, tokenizer_kind
+from mutor2d.tokenizer.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
+                                     scan_image_folder)
+from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -88,11 +89,13 @@ def test_digits_pixel_default():
 def test_digits_through_a_vq_tokenizer(vq_path):
     cfg = DataConfig(tokenizer=str(vq_path))
     ds = build_dataset(cfg, "test")
+    assert torch.equal(build_dataset(DataConfig(tokenizer=f"vq:{vq_path}"), "test").codes, ds.codes)
     assert ds.grid == (4, 4) and ds.vocab_size == 32 and ds.num_classes == 10
     assert ds[0]["body"].shape == (16,) and 0 <= ds.codes.min() and ds.codes.max() < 32
     assert len(ds.codes.unique()) > 1
     tok = build_tokenizer(cfg)
     assert tok.decode(ds.codes[:3]).shape == (3, 3, 8, 8)
+    assert (tok.grid, tok.image_size, tok.vocab_size) == ((4, 4), 8, 32) and tok.to("cpu").device.type == "cpu"
 
 
 # ----------------------------------------------------------------------------- folders and augmentations
@@ -175,9 +178,11 @@ def test_extract_codes_resumes_after_interruption(folder, vq_path, tmp_path):
         CodeDataset(out)
     marker = out / "shards" / "000000.json"
     stamp = marker.stat().st_mtime_ns
+    (out / "shards" / ".000002.json.k1ll3d.tmp").write_text("{")   # a marker write killed mid-way
     second, lines = run_extract(folder, out, vq_path)
     assert second["complete"] and any("2 of 5 shards already done" in s for s in lines)
     assert marker.stat().st_mtime_ns == stamp  # finished shards were not redone
+    assert not list(out.rglob("*.tmp"))
     a, b = open_store(tmp_path / "full"), open_store(out)
     assert np.array_equal(a.codes, b.codes) and np.array_equal(a.labels, b.labels)
     assert b.header["num_skipped"] == full["num_skipped"] == 1
@@ -250,3 +255,125 @@ def test_code_dataset(folder, vq_path, tmp_path):
     (out / "header.json").write_text(json.dumps(header))
     with pytest.warns(UserWarning, match="not the checkpoint that made the codes"):
         build_tokenizer(cfg)
+    (out / "header.json").write_text(json.dumps({**header, "codebook_size": 64}))
+    with pytest.raises(ValueError, match="has 32 codes but the codes at .* come from a codebook of 64"):
+        build_tokenizer(cfg)
+
+
+# ----------------------------------------------------------------------------- registries
+
+def test_registries_and_tokenizer_properties():
+    assert set(DATASETS) >= {"digits", "codes", "stargraph"} and set(TOKENIZERS) >= {"pixel", "vq"}
+    assert tokenizer_kind("pixel") == "pixel" and tokenizer_kind("runs/vq/step_1.pt") == "vq"
+    assert parse_tokenizer("vq:runs/a.pt") == ("vq", "runs/a.pt") and parse_tokenizer("C:/a.pt") == ("vq", "C:/a.pt")
+    with pytest.raises(ValueError, match="expected a VQ checkpoint path"):
+        build_tokenizer(DataConfig(tokenizer="vq"))
+    tok = build_tokenizer(DataConfig())
+    assert (tok.vocab_size, tok.grid, tok.image_size) == (17, (8, 8), 8)
+    assert tok.to("cpu") is tok and tok.device is None
+    grey = torch.rand(3, 8, 8)
+    assert torch.equal(tok.encode(grey[:, None].expand(-1, 3, -1, -1)), tok.encode(grey))
+    # the digits' pixel codes are exactly the quantised grey levels (as before the registries)
+    from mutor2d.data import digits_images
+    images, labels = digits_images("train", 1234)
+    ds = build_dataset(DataConfig(), "train")
+    assert torch.equal(ds.codes, (images.clamp(0, 1) * 16).round().long()) and torch.equal(ds.labels, labels)
+    with pytest.raises(ValueError, match="stargraph' has no image tokenizer"):
+        build_tokenizer(DataConfig(name="stargraph"))
+    with pytest.raises(ValueError, match="no dataset builder"):
+        build_dataset(type("Cfg", (), {"name": "nope"})(), "train")
+
+
+# ----------------------------------------------------------------------------- bad data is named
+
+def test_code_store_checks_ids_labels_and_shapes(folder, vq_path, tmp_path, monkeypatch):
+    import mutor2d.tokenizer.codes as codes_mod
+    out = tmp_path / "codes"
+    run_extract(folder, out, vq_path)
+    codes = np.load(out / "codes.npy", mmap_mode="r+")
+    codes[6, 1, 2, 3] = 32                       # codebook size is 32
+    codes.flush()
+    monkeypatch.setattr(codes_mod, "CHECK_CHUNK", 2 * 64)   # two rows per chunk: found in the 4th chunk
+    with pytest.raises(CodesError, match=r"codes.npy'.*row 6 holds token id 32; expected an id below the codebook size 32"):
+        open_store(out)
+    with pytest.raises(ValueError, match="row 6 holds token id 32"):
+        build_dataset(DataConfig(name="codes", path=str(out)), "train")
+    codes[6, 1, 2, 3] = 0
+    codes.flush()
+    labels = np.load(out / "labels.npy", mmap_mode="r+")
+    for bad in (3, -2):                          # 3 classes: 3 would silently be the CFG null class
+        labels[2] = bad
+        labels.flush()
+        with pytest.raises(CodesError, match=rf"labels.npy'.*row 2 holds label {bad}; expected -1 \(unreadable"):
+            open_store(out)
+    labels[2] = 0
+    labels.flush()
+    open_store(out)
+    np.save(out / "labels.npy", np.zeros(5, dtype=np.int64))
+    with pytest.raises(CodesError, match=r"labels.npy' holds int64 \(5,\), expected int64 \(9,\)"):
+        open_store(out)
+    header = json.loads((out / "header.json").read_text())
+    (out / "header.json").write_text(json.dumps({**header, "codebook_size": 0}))
+    with pytest.raises(CodesError, match="header.json'.*codebook_size=0"):
+        open_store(out)
+
+
+def test_extracting_nothing_is_an_error(vq_path, tmp_path):
+    root = tmp_path / "bad"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "0.png").write_bytes(b"not an image")
+    with pytest.raises(CodesError, match="no image of .* could be read"):
+        run_extract(root, tmp_path / "o1", vq_path)
+    r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(root), "--tokenizer",
+                        str(vq_path), "--out", str(tmp_path / "o2"), "--workers", "0", "--no-progress"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: no image of")
+
+
+class Payload:
+    """Unpickling this runs code: it writes ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def test_payload_tokenizer_never_runs(folder, tmp_path):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {"x": torch.zeros(1)}, "extra": Payload(marker)}, evil)
+    with pytest.raises(ValueError, match=r"evil.pt' refused.*builtins.exec"):
+        build_dataset(DataConfig(tokenizer=str(evil)), "train")
+    r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(folder), "--tokenizer",
+                        str(evil), "--out", str(tmp_path / "o"), "--workers", "0", "--no-progress"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: VQ checkpoint") and "evil.pt" in r.stderr
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+def test_atomic_writes(tmp_path):
+    from mutor2d.io import remove_stale_temps, write_atomic, write_json_atomic, write_text_atomic
+    path = tmp_path / "sub" / "a.json"
+    write_json_atomic(path, {"x": 1})
+    assert json.loads(path.read_text()) == {"x": 1}
+    write_text_atomic(path, "old")
+
+    def boom(f):
+        f.write(b"half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(path, boom)
+    assert path.read_text() == "old" and sorted(p.name for p in path.parent.iterdir()) == ["a.json"]
+    with pytest.raises(ValueError):
+        write_json_atomic(path, {"loss": float("nan")})   # not JSON
+    assert path.read_text() == "old"
+    (path.parent / ".a.json.x1y2.tmp").write_bytes(b"left by a SIGKILL")
+    (path.parent / ".other.tmp").write_bytes(b"")
+    assert [p.name for p in remove_stale_temps(path.parent, "a.json")] == [".a.json.x1y2.tmp"]
+    assert len(remove_stale_temps(path.parent)) == 1 and sorted(p.name for p in path.parent.iterdir()) == ["a.json"]

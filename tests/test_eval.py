@@ -1,6 +1,7 @@
 """Evaluation: FID/IS/precision/recall/KID through torch-fidelity, ADM-style references, the embedded
-digits metric, records and the leaderboard. Offline: Inception runs on a stand-in weights file the
-tests write (random weights, torch-fidelity's own loading code)."""
+digits metric, records and the leaderboard; no loader unpickles a file. Offline: Inception runs on a
+stand-in weights file the tests write (random weights, loaded by our safe reader and handed to
+torch-fidelity's network)."""
 import importlib.util
 import json
 import subprocess
@@ -15,8 +16,11 @@ import torch.nn as nn
 
 from torch_fidelity.metric_fid import fid_features_to_statistics
 
-from mutor2d import metrics as M
-from mutor2d import records as R
+from mutor2d.evaluation import digits as D
+from mutor2d.evaluation import metrics as M
+from mutor2d.evaluation import online as O
+from mutor2d.evaluation import records as R
+from mutor2d.evaluation import sources as S
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +43,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(cache):
     """The default digits classifier, trained once into a temp cache."""
-    return M.digits_classifier_path(cache_dir=cache)
+    return D.digits_classifier_path(cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,7 @@ def standin_inception(tmp_path_factory):
 
 
 def source(images, labels=None, name="x"):
-    return M.ImageSource(name, M.ArrayImages(images), labels, identity=name)
+    return S.ImageSource(name, S.ArrayImages(images), labels, identity=name)
 
 
 def save_samples(path, images, labels, meta):
@@ -89,17 +93,17 @@ def test_frechet_distance_equals_torch_fidelity_formula():
 # ----------------------------------------------------------------------------- embedded metric
 
 def test_digits_classifier_is_accurate_and_cached(classifier, cache):
-    images, labels = M.digits_uint8("test")
-    acc = M.classifier_accuracy(torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels), classifier)
+    images, labels = S.digits_uint8("test")
+    acc = D.classifier_accuracy(torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels), classifier)
     assert acc > 0.9
-    with mock.patch.object(M, "train_digits_classifier", side_effect=AssertionError("retrained")):
-        assert M.digits_classifier_path(cache_dir=cache) == classifier
-    other = M.DigitsClassifierSettings(epochs=1)
-    assert M.digits_classifier_path(other, cache_dir=cache) != classifier   # settings key the cache
+    with mock.patch.object(D, "train_digits_classifier", side_effect=AssertionError("retrained")):
+        assert D.digits_classifier_path(cache_dir=cache) == classifier
+    other = D.DigitsClassifierSettings(epochs=1)
+    assert D.digits_classifier_path(other, cache_dir=cache) != classifier   # settings key the cache
 
 
 def test_fid_of_a_set_against_itself_is_zero_and_grows_with_perturbation(classifier):
-    images, labels = M.digits_uint8("test")
+    images, labels = S.digits_uint8("test")
     real = source(images, labels, "test")
     same = M.compute_metrics(real, real, features="digits", weights_path=classifier, metrics=("fid", "prc"),
                              use_cache=False)
@@ -117,12 +121,12 @@ def test_fid_of_a_set_against_itself_is_zero_and_grows_with_perturbation(classif
 
 
 def test_adm_stats_only_reference_uses_stored_mu_sigma(classifier, tmp_path):
-    train = M.open_images("digits:train")
+    train = S.open_images("digits:train")
     feats = M.extract_features(train, features="digits", weights_path=classifier)["feat"]
     ref = tmp_path / "ref_stats.npz"
     np.savez(ref, **fid_features_to_statistics(feats))      # what torch-fidelity would compute
-    test = M.open_images("digits:test")
-    stats = M.compute_metrics(test, M.open_images(ref), features="digits", weights_path=classifier,
+    test = S.open_images("digits:test")
+    stats = M.compute_metrics(test, S.open_images(ref), features="digits", weights_path=classifier,
                               use_cache=False)  # all four asked for
     direct = M.compute_metrics(test, train, features="digits", weights_path=classifier, metrics=("fid",),
                                use_cache=False)
@@ -130,12 +134,12 @@ def test_adm_stats_only_reference_uses_stored_mu_sigma(classifier, tmp_path):
     assert stats.evaluator["fid_reference"] == "stored mu/sigma"
     assert set(stats.skipped) == {"prc", "kid"} and "is" in stats.metrics   # IS needs no reference
     np.savez(ref, mu=np.zeros(2048), sigma=np.eye(2048))
-    with pytest.raises(M.MetricsError, match="dim 2048"):
-        M.compute_metrics(test, M.open_images(ref), features="digits", weights_path=classifier, use_cache=False)
+    with pytest.raises(S.MetricsError, match="dim 2048"):
+        M.compute_metrics(test, S.open_images(ref), features="digits", weights_path=classifier, use_cache=False)
 
 
 def test_digits_floor(classifier, cache):
-    floor = M.digits_floor(100, cache_dir=cache)
+    floor = O.digits_floor(100, cache_dir=cache)
     assert floor["fid"] > 0 and floor["precision"] > 0.5 and 1 < floor["is"] <= 10
 
 
@@ -174,14 +178,13 @@ def test_inception_offline_whole_path_with_adm_reference(standin_inception, tmp_
     assert rec["sampling"]["cfg_scale"] == 2.0 and "config" not in rec["sampling"]
     written = list((run / "eval").glob("*.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["metrics"] == m
-    assert list((tmp_path / "c" / "fidelity_cache").glob("mutor2d-*-features-2048.pt"))
+    assert list((tmp_path / "c" / "fidelity_cache").glob("mutor2d-*-features.pt"))
 
 
 def test_inception_without_weights_offline_is_a_clear_error(tmp_path, monkeypatch):
-    import torch_fidelity.feature_extractor_inceptionv3 as fi
-    monkeypatch.setattr(fi, "load_state_dict_from_url", mock.Mock(side_effect=OSError("no network")))
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", mock.Mock(side_effect=OSError("no network")))
     images = np.zeros((4, 8, 8, 3), np.uint8)
-    with pytest.raises(M.MetricsError, match="--inception-weights"):
+    with pytest.raises(S.MetricsError, match="--inception-weights"):
         M.compute_metrics(source(images), source(images, name="y"), metrics=("fid",), device="cpu", use_cache=False)
 
 
@@ -192,12 +195,12 @@ def test_npz_images_stream_stored_and_compressed(tmp_path):
     for save in (np.savez, np.savez_compressed):
         path = tmp_path / f"{save.__name__}.npz"
         save(path, arr_0=images, arr_1=np.arange(7))
-        src = M.open_images(path, lazy_bytes=0)
-        assert isinstance(src.dataset, M.NpzImages) and src.n == 7
+        src = S.open_images(path, lazy_bytes=0)
+        assert isinstance(src.dataset, S.NpzImages) and src.n == 7
         for i in (0, 6, 3):                                      # backwards seek too
             assert torch.equal(src.dataset[i], torch.from_numpy(images[i]).permute(2, 0, 1))
         assert src.labels.tolist() == list(range(7))
-        assert isinstance(M.open_images(path).dataset, M.ArrayImages)   # small: read into memory
+        assert isinstance(S.open_images(path).dataset, S.ArrayImages)   # small: read into memory
 
 
 def test_image_folder_source(tmp_path):
@@ -205,7 +208,7 @@ def test_image_folder_source(tmp_path):
     images = np.random.default_rng(0).integers(0, 256, (3, 6, 6, 3), dtype=np.uint8)
     for i, im in enumerate(images):
         Image.fromarray(im).save(tmp_path / f"{i}.png")
-    src = M.open_images(tmp_path)
+    src = S.open_images(tmp_path)
     assert src.n == 3 and torch.equal(src.dataset[1], torch.from_numpy(images[1]).permute(2, 0, 1))
 
 
@@ -219,8 +222,8 @@ def test_image_folder_source(tmp_path):
 def test_bad_inputs_give_one_line_errors(tmp_path, make, match):
     path = tmp_path / "x.npz"
     make(path)
-    with pytest.raises(M.MetricsError, match=match) as e:
-        M.open_images(path)
+    with pytest.raises(S.MetricsError, match=match) as e:
+        S.open_images(path)
     assert "\n" not in str(e.value)
 
 
@@ -228,7 +231,7 @@ def test_fid_script_reports_errors_in_one_line(tmp_path):
     samples = save_samples(tmp_path / "s.npz", np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4, np.int64), {})
     out = subprocess.run([sys.executable, "eval/fid.py", str(samples), "--ref", "digits:valid"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and out.stderr.strip() == "error: 'digits:valid': expected digits:train or digits:test"
+    assert out.returncode == 2 and out.stderr.strip() == "error: 'digits:valid': expected digits:train or digits:test"
 
 
 # ----------------------------------------------------------------------------- records, leaderboard
@@ -278,13 +281,14 @@ def test_leaderboard_errors(tmp_path):
 def test_online_digits_eval(classifier, cache, monkeypatch):
     """A generator that returns real test digits of the asked classes scores near the floor with
     high accuracy; an untrained model runs through the real sampler and keeps its training mode."""
-    from mutor2d import sampling
-    from mutor2d.config import DataConfig, ModelConfig
-    from mutor2d.data import build_dataset
+    from mutor2d import config as C
+    from mutor2d import generation
+    from mutor2d.data import build_dataset, build_tokenizer
     from mutor2d.model import GPT
 
-    data = DataConfig()
-    test = build_dataset(data, "test")
+    cfg = C.load(None, ["data.name=digits", "model.preset=tiny", "model.vocab_size=17", "model.num_classes=10"])
+    test = build_dataset(cfg.data, "test")
+    tokenizer = build_tokenizer(cfg.data)
 
     def real_digits(model, labels, grid, **kw):
         assert grid == (8, 8) and kw["generator"] is not None
@@ -296,35 +300,35 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
             seen[c] += 1
         return test.codes[torch.stack(rows)].reshape(len(labels), -1)
 
-    gen = torch.Generator().manual_seed(0)
     with monkeypatch.context() as m:
-        m.setattr(sampling, "generate", real_digits)
-        good = M.online_digits_eval(GPT(ModelConfig(vocab_size=17, num_classes=10)), data, 10, gen,
-                                    cache_dir=cache)
+        m.setattr(generation, "generate", real_digits)
+        good = O.online_digits_eval(GPT(cfg.model), cfg.data, 10, cfg.sample, tokenizer, 0, cache_dir=cache)
     assert set(good) == {"fid", "is", "precision", "recall", "accuracy"}
     assert good["accuracy"] > 0.9 and good["is"] > 5
 
-    model = GPT(ModelConfig(vocab_size=17, num_classes=10)).train()
-    bad = M.online_digits_eval(model, data, 2, gen, cache_dir=cache)
+    model = GPT(cfg.model).train()
+    bad = O.online_digits_eval(model, cfg.data, 2, cfg.sample, tokenizer, 0, cache_dir=cache)
     assert model.training and bad["fid"] > good["fid"] and 0 <= bad["accuracy"] <= 1
-    with pytest.raises(M.MetricsError, match="needs 'digits'"):
-        M.online_digits_eval(model, DataConfig(name="stargraph"), 2, gen)
+    again = O.online_digits_eval(model, cfg.data, 2, cfg.sample, tokenizer, 0, cache_dir=cache)
+    assert again == bad                                       # seeded: the same samples, the same numbers
+    with pytest.raises(S.MetricsError, match="needs 'digits'"):
+        O.online_digits_eval(model, C.load("stargraph_ntp.yaml").data, 2, cfg.sample, tokenizer, 0)
 
 
 def test_training_logs_online_eval_to_jsonl_and_tensorboard(classifier, cache, tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from mutor2d import config as C
-    from mutor2d.training import read_log, train
+    from mutor2d.engine import read_log, train
 
-    monkeypatch.setattr(M, "DEFAULT_CACHE", cache)       # the classifier trained by the fixture
+    monkeypatch.setattr(D, "DEFAULT_CACHE", cache)       # the classifier trained by the fixture
     cfg = C.from_dict({
         "model": {"preset": "tiny", "attention": "sdpa"}, "data": {"name": "digits", "levels": 5},
-        "objective": {"name": "mutor-2d", "d_max_2d": 3},
+        "objective": {"name": "mutor-2d", "d_max": 3},
         "train": {"batch_size": 8, "max_steps": 2, "log_every": 1, "ckpt_every": 0, "keep_ckpts": 0,
                   "eval_every": 2, "eval_per_class": 1, "tracker": "tensorboard", "seed": 3},
         "sample": {"classes": [0], "per_class": 1}})
-    with mock.patch.object(M, "train_digits_classifier", side_effect=AssertionError("retrained")):
+    with mock.patch.object(D, "train_digits_classifier", side_effect=AssertionError("retrained")):
         run = train(cfg, tmp_path / "run")
     evals = [r for r in read_log(run) if "eval_fid" in r]
     assert len(evals) == 1 and evals[0]["step"] == 2
@@ -333,3 +337,63 @@ def test_training_logs_online_eval_to_jsonl_and_tensorboard(classifier, cache, t
     for events in (run / "tb").rglob("events.out.tfevents.*"):
         tags |= set(EventAccumulator(str(events)).Reload().Tags()["scalars"])
     assert {"eval/fid", "eval/accuracy"} <= tags
+
+
+# ----------------------------------------------------------------------------- no file is unpickled
+
+class Payload:
+    """Pickles as a call of ``exec`` that writes ``marker``: loading it unpickled runs code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def payload_file(path, marker, wrap=lambda p: p):
+    torch.save(wrap(Payload(marker)), path)
+    return path
+
+
+def test_payload_files_are_refused_and_never_run(tmp_path, classifier, standin_inception):
+    """A torch.save file holding a pickle payload, given where the evaluation reads weights or
+    features: a one-line error naming the file (or a recomputed cache entry), and the payload's code
+    never runs. The control at the end shows the payload does run when unpickled."""
+    marker = tmp_path / "marker"
+    weights = payload_file(tmp_path / "inception.pth", marker, lambda p: {"Conv2d_1a_3x3.conv.weight": p})
+    images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    samples = save_samples(tmp_path / "s.npz", images, np.zeros(4, np.int64), {})
+    fid = load_script("fid")
+    with pytest.raises(S.MetricsError, match="inception.pth") as e:
+        fid.main([str(samples), "--ref", str(samples), "--inception-weights", str(weights), "--device", "cpu",
+                  "--json", str(tmp_path / "r.json"), "--quiet", "--no-cache"])
+    assert "\n" not in str(e.value) and "refused" in str(e.value)
+    with pytest.raises(S.MetricsError, match="digits.pt"):
+        D.load_digits_classifier(payload_file(tmp_path / "digits.pt", marker, lambda p: {"settings": p}))
+    r = subprocess.run([sys.executable, "eval/fid.py", str(samples), "--ref", str(samples), "--device", "cpu",
+                        "--inception-weights", str(weights), "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("error: Inception weights file") and str(weights) in r.stderr
+
+    # a poisoned feature-cache entry is recomputed, not loaded
+    src = S.ImageSource("x", S.ArrayImages(images), identity="x")
+    first = M.compute_metrics(src, src, features="inception", weights_path=standin_inception, metrics=("fid",),
+                              device="cpu", cache_root=tmp_path / "cache")
+    (entry,) = (tmp_path / "cache").glob("*-features.pt")
+    payload_file(entry, marker)
+    second = M.compute_metrics(src, src, features="inception", weights_path=standin_inception, metrics=("fid",),
+                               device="cpu", cache_root=tmp_path / "cache")
+    assert second.metrics == first.metrics and not marker.exists()
+
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(weights)   # control: it is a real payload
+
+
+def test_fid_of_one_sample_says_too_few_samples(classifier):
+    one = source(S.digits_uint8("test")[0][:1], name="one")
+    with pytest.raises(S.MetricsError, match=r"too few samples \(1\); FID/KID need at least 2"):
+        M.compute_metrics(one, S.open_images("digits:train"), features="digits", weights_path=classifier,
+                          use_cache=False)
+    only_is = M.compute_metrics(one, one, features="digits", weights_path=classifier, metrics=("is",),
+                                use_cache=False)
+    assert "is" in only_is.metrics

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutor2d.attention import Visibility
+from mutor2d.attention import NEVER, Visibility
 from mutor2d.config import ModelConfig, ObjectiveConfig
 from mutor2d.model import GPT, load_llamagen, model_shape
-from mutor2d.objectives import Batch, build_objective
+from mutor2d.objectives import Batch, build_objective, uses_registers
 from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
 
 V, C = 24, 5
@@ -33,9 +33,9 @@ def set_backend(m, name):
 
 
 CASES = [  # name, grid, prefix kind, spec, padded
-    ("2d-dense", (4, 4), "class", RegisterSpec("mutor-2d", d_max_2d=3), False),
-    ("2d-sparse", (4, 5), "class", RegisterSpec("mutor-2d", d_max_2d=4, placement="sparse", num_registers=6), False),
-    ("2d-per-reg", (3, 4), "class", RegisterSpec("mutor-2d", d_max_2d=3, per_register_offsets=True), False),
+    ("2d-dense", (4, 4), "class", RegisterSpec("mutor-2d", d_max=3), False),
+    ("2d-sparse", (4, 5), "class", RegisterSpec("mutor-2d", d_max=4, placement="sparse", num_registers=6), False),
+    ("2d-per-reg", (3, 4), "class", RegisterSpec("mutor-2d", d_max=3, per_register_offsets=True), False),
     ("1d-on-grid", (4, 4), "class", RegisterSpec("mutor-1d", d_min=1, d_max=4, edge="raster"), False),
     ("1d-dense-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4), True),
     ("1d-sparse-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4, placement="sparse", num_registers=4), True),
@@ -256,17 +256,16 @@ def test_llamagen_mismatch_is_clear():
 
 @pytest.mark.parametrize("objective", [
     ObjectiveConfig(name="ntp"),
-    ObjectiveConfig(name="mutor-2d", d_max_2d=3, reg_weight=0.5),
-    ObjectiveConfig(name="mutor-2d", d_max_2d=3, placement="sparse", num_registers=4),
+    ObjectiveConfig(name="mutor-2d", d_max=3, reg_weight=0.5),
+    ObjectiveConfig(name="mutor-2d", d_max=3, placement="sparse", num_registers=4),
     ObjectiveConfig(name="mutor-1d", d_min=1, d_max=3),
-    ObjectiveConfig(name="multihead", d_max_2d=2),
+    ObjectiveConfig(name="multihead", d_max=2),
 ], ids=["ntp", "mutor2d", "mutor2d-sparse", "mutor1d", "multihead"])
 def test_tiny_model_overfits(objective):
     torch.manual_seed(0)
     cfg = ModelConfig(preset="tiny", vocab_size=8, num_classes=4, token_dropout=0, resid_dropout=0,
                       ffn_dropout=0, class_dropout=0)
-    spec = RegisterSpec.from_config(objective)
-    model = GPT(cfg, register_token=spec.uses_registers and objective.name != "multihead")
+    model = GPT(cfg, register_token=uses_registers(objective))
     loss_fn = build_objective(objective, model)
     batch = Batch(torch.randint(0, 8, (4, 16)), torch.arange(4), (4, 4))
     opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=3e-3)
@@ -283,3 +282,48 @@ def test_tiny_model_overfits(objective):
     tail, tail_ntp = (sum(x[i] for x in losses[-30:]) / 30 for i in (0, 1))
     assert tail < 0.5 * losses[0][0], tail
     assert tail_ntp < 0.25 * losses[0][1], tail_ntp
+
+
+# ---------------------------------------------------------------- decoding with extra tokens
+
+@torch.no_grad()
+def test_decode_with_extra_tokens_matches_full_forward_and_never_writes_the_cache():
+    """A cached step with registers gives the full forward's logits under the same rule; the
+    registers leave the cache as a step without them does; per-row starts change nothing."""
+    m = tiny()
+    grid, B, P, T = (3, 4), 2, 1, 12
+    gen = torch.Generator().manual_seed(3)
+    body, labels = torch.randint(0, V, (B, T - P), generator=gen), torch.tensor([1, 4])
+    pos = regular_position_ids(grid, P).expand(B, -1, -1)
+    extra_pos = pos[:, torch.tensor([5, 9, 11, 2])]                  # any position ids
+    extra_limit = torch.tensor([[3, 8, 11, -1], [11, 10, 7, 6]])     # last regular index read
+    E = extra_limit.shape[1]
+    rank = torch.cat([torch.arange(T).expand(B, T), torch.full((B, E), NEVER)], 1)
+    vis = Visibility(rank, torch.cat([torch.arange(T).expand(B, T), extra_limit], 1), T)
+    full = m.logits(m.hidden(m.embed(body, labels, E), torch.cat([pos, extra_pos], 1), vis))
+
+    def cached(start, extras):
+        m.setup_cache(B, T)
+        m.decode(body[:, :6], pos[:, :7], 0, prefix=labels)
+        kw = dict(extra_positions=extra_pos, extra_limit=extra_limit) if extras else {}
+        out = m.decode(body[:, 6:], pos[:, 7:], start, **kw)
+        return out, [t.clone() for layer in m.layers for t in layer.attention.cache]
+
+    out, cache = cached(7, True)
+    torch.testing.assert_close(out, full[:, 7:], rtol=1e-5, atol=1e-5)
+    plain, plain_cache = cached(7, False)
+    torch.testing.assert_close(out[:, :T - 7], plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(cache, plain_cache):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    per_row, _ = cached(torch.tensor([7, 7]), True)
+    torch.testing.assert_close(per_row, out, rtol=1e-5, atol=1e-5)
+    m.clear_cache()
+
+
+def test_backend_registry_and_auto():
+    from mutor2d.attention import BACKENDS, resolve_backend
+    assert set(BACKENDS) >= {"sdpa", "flex"}
+    assert resolve_backend("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_backend("auto", torch.device("cuda")) == "flex"
+    with pytest.raises(ValueError, match="attention backend 'nope'"):
+        resolve_backend("nope", torch.device("cpu"))

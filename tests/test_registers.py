@@ -6,9 +6,10 @@ import sys
 import pytest
 import torch
 
+from mutor2d import config as C
 from mutor2d.attention import NEVER
-from mutor2d.registers import (LayoutError, RegisterSpec, make_layout, offset_targets,
-                               regular_position_ids)
+from mutor2d.registers import (Layout, LayoutError, RegisterSpec, candidate_offsets, make_layout,
+                               offset_targets, regular_position_ids)
 
 
 def g(seed=0):
@@ -40,7 +41,7 @@ def test_2d_hand_computed_below_last_row():
 
 
 def test_2d_layout_positions_and_limits_hand_computed():
-    spec = RegisterSpec("mutor-2d", d_max_2d=2)  # candidates (0,1), (1,0), (1,1)
+    spec = RegisterSpec("mutor-2d", d_max=2)  # candidates (0,1), (1,0), (1,1)
     for seed in range(20):
         lay = make_layout(1, (3, 3), 1, spec, g(seed))
         off = tuple(lay.reg_offset[0, 0].tolist())
@@ -119,7 +120,7 @@ def _reference(grid, P, off, edge, length):
 def test_dense_layout_matches_brute_force(grid, edge):
     H, W = grid
     objective = "mutor-1d" if H == 1 else "mutor-2d"
-    spec = RegisterSpec(objective, d_min=2, d_max=4, d_max_2d=min(3, H), edge=edge)
+    spec = RegisterSpec(objective, d_min=2, d_max=4 if H == 1 else min(3, H), edge=edge)
     B = 6
     lengths = torch.tensor([H * W - (i % 3) for i in range(B)]) if H == 1 else None
     lay = make_layout(B, grid, 1, spec, g(3), lengths=lengths)
@@ -135,7 +136,7 @@ def test_dense_layout_matches_brute_force(grid, edge):
 
 
 def test_sparse_draws_k_valid_anchors_and_varies():
-    spec = RegisterSpec("mutor-2d", d_max_2d=3, placement="sparse", num_registers=5)
+    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=5)
     lay = make_layout(8, (4, 4), 1, spec, g(0))
     assert lay.num_registers == 5
     lay2 = make_layout(8, (4, 4), 1, spec, g(1))
@@ -150,7 +151,7 @@ def test_sparse_draws_k_valid_anchors_and_varies():
 
 def test_sparse_fewer_valid_than_k_marks_rest_invalid():
     # 3x3 grid, offset (2,2) has a single valid anchor
-    spec = RegisterSpec("mutor-2d", d_max_2d=3, placement="sparse", num_registers=6)
+    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=6)
     for seed in range(60):
         lay = make_layout(1, (3, 3), 1, spec, g(seed))
         if tuple(lay.reg_offset[0, 0].tolist()) == (2, 2):
@@ -161,13 +162,13 @@ def test_sparse_fewer_valid_than_k_marks_rest_invalid():
 
 
 def test_one_offset_per_sequence_by_default_and_per_register_option():
-    spec = RegisterSpec("mutor-2d", d_max_2d=4)
+    spec = RegisterSpec("mutor-2d", d_max=4)
     lay = make_layout(16, (6, 6), 1, spec, g(0))
     for b in range(16):
         offs = lay.reg_offset[b][lay.reg_valid[b]]
         assert (offs == offs[0]).all()
     assert len({tuple(lay.reg_offset[b, 0].tolist()) for b in range(16)}) > 3
-    lay = make_layout(2, (6, 6), 1, RegisterSpec("mutor-2d", d_max_2d=4, per_register_offsets=True), g(0))
+    lay = make_layout(2, (6, 6), 1, RegisterSpec("mutor-2d", d_max=4, per_register_offsets=True), g(0))
     offs = lay.reg_offset[0][lay.reg_valid[0]]
     assert len({tuple(o) for o in offs.tolist()}) > 3
     for b in range(2):
@@ -177,7 +178,7 @@ def test_one_offset_per_sequence_by_default_and_per_register_option():
 
 
 def test_dense_mask_rule():
-    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max_2d=3), g(5))
+    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max=3), g(5))
     m = lay.dense_mask()
     T = lay.num_regular
     assert torch.equal(m[:, :T, :T], torch.tril(torch.ones(T, T, dtype=torch.bool)).expand(2, T, T))
@@ -195,7 +196,7 @@ def test_dense_mask_rule():
 
 
 def test_interleaved_order_puts_register_after_anchor():
-    lay = make_layout(1, (3, 3), 1, RegisterSpec("mutor-2d", d_max_2d=2), g(0))
+    lay = make_layout(1, (3, 3), 1, RegisterSpec("mutor-2d", d_max=2), g(0))
     order = lay.interleaved_order()[0].tolist()
     T = lay.num_regular
     for r in range(lay.num_registers):
@@ -212,7 +213,7 @@ def test_regular_position_ids_line_and_grid():
 @pytest.mark.parametrize("spec,grid,msg", [
     (RegisterSpec("mutor-2d"), (1, 16), "needs a 2D grid"),
     (RegisterSpec("mutor-2d", placement="sparse", num_registers=300), (16, 16), "num_registers=300"),
-    (RegisterSpec("mutor-2d", d_max_2d=9), (4, 4), "d_max_2d=9"),
+    (RegisterSpec("mutor-2d", d_max=9), (4, 4), "d_max=9 exceeds the grid 4x4"),
     (RegisterSpec("mutor-1d", d_min=7, d_max=8), (4, 4), "d_min=7"),
 ])
 def test_impossible_combinations_are_one_line_errors(spec, grid, msg):
@@ -235,3 +236,28 @@ def test_mask_picture_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "1x8", "--dmax2d", "3",
                         "--objective", "mutor-2d", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode != 0 and "needs a 2D grid" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_spec_from_tagged_config():
+    spec = RegisterSpec.from_config(C.ObjectiveConfig(name="mutor-2d", d_max=3, placement="sparse",
+                                                      num_registers=5, edge="raster"))
+    assert spec == RegisterSpec("mutor-2d", 1, 3, "sparse", 5, False, "raster")
+    spec = RegisterSpec.from_config(C.ObjectiveConfig(name="mutor-1d", d_min=2, d_max=3))
+    assert (spec.objective, spec.d_min, spec.d_max) == ("mutor-1d", 2, 3)
+    assert not RegisterSpec.from_config(C.ObjectiveConfig(name="ntp")).uses_registers
+    with pytest.raises(LayoutError, match="objective.name=multihead places no registers"):
+        RegisterSpec.from_config(C.ObjectiveConfig(name="multihead"))
+
+
+def test_candidate_offsets_2d_excludes_origin_and_1d_is_inclusive():
+    assert candidate_offsets("mutor-2d", 1, 2).tolist() == [[0, 1], [1, 0], [1, 1]]
+    assert candidate_offsets("mutor-1d", 2, 4).tolist() == [[0, 2], [0, 3], [0, 4]]
+    assert candidate_offsets("ntp", 1, 4).shape == (0, 2)
+
+
+def test_ntp_layout_has_no_registers_and_plain_causal_visibility():
+    lay = make_layout(2, (3, 3), 1, RegisterSpec("ntp"), g())
+    assert lay.num_registers == 0 and lay.visibility is None and lay.num_regular == 9
+    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max=2), g())
+    assert lay.visibility.num_regular == lay.num_regular == 9
+    assert not hasattr(Layout, "mask_mod")

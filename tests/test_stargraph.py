@@ -56,7 +56,7 @@ def test_shortcut_solves_about_one_over_degree():
 def test_bad_shape_is_one_line_error():
     with pytest.raises(ValueError, match="num_nodes=5"):
         StarGraphShape(3, 4, 5)
-    with pytest.raises(ConfigError, match=r"^data.num_test: expected > 0, got 0$"):
+    with pytest.raises(ConfigError, match=r"^data.num_test: expected .*, got 0$"):
         config_lib.load("stargraph_ntp.yaml", ["data.num_test=0"])
 
 
@@ -66,7 +66,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from mutor2d import records, sampling
+from mutor2d import sampling
+from mutor2d.evaluation import records
 from mutor2d.config import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
@@ -126,7 +127,7 @@ def _tiny_model(register_token: bool, vocab: int) -> GPT:
 def test_teacher_forced_accuracy_matches_one_token_at_a_time():
     """Accuracies from the register layout equal those of plain causal runs: the NTP head over the
     regular sequence, and for each (anchor t, offset d) a run of prompt, x_0..x_t and one register
-    standing at the position of the target's NTP predictor (DESIGN.md 1.3). A tiny vocabulary keeps a
+    standing at the position of the target's NTP predictor. A tiny vocabulary keeps a
     random model's accuracies well away from 0."""
     shape = StarGraphShape(2, 4, 7)
     ds = StarGraphs(shape, 120, seed=6)
@@ -186,5 +187,5 @@ def test_train_and_evaluate_tiny_run(tmp_path):
     assert rec["metrics"]["reg_acc_by_target"][2][0] is None                # x_0 is never a register target
     table = records.markdown_table(records.read_records([run])[0])
     assert "solve_rate" in table.splitlines()[0] and "first_step_acc" in table.splitlines()[0]
-    with pytest.raises(SystemExit, match="--offsets 7"):
+    with pytest.raises(ValueError, match="--offsets 7"):
         ev.main(["--ckpt", str(run), "--offsets", "7"])

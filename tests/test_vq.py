@@ -1,6 +1,8 @@
 """VQ tokenizer: LlamaGen key layout, numerics against an independent functional reference,
 strict loading, LPIPS, and a short tokenizer-training run with resume."""
+import argparse
 import json
+import os
 import math
 from pathlib import Path
 
@@ -9,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d.config import ConfigError
-from mutor2d.lpips import LPIPS, load_lpips
-from mutor2d.vq import (PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq,
+from mutor2d.tokenizer.lpips import LPIPS, load_lpips
+from mutor2d.tokenizer.vq import (PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq,
                         load_vq_state, vq_config)
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -190,7 +192,8 @@ def test_tokenizer_shapes_and_code_range():
 def test_llamagen_checkpoint_loads_strictly(tmp_path):
     m = small_model(seed=4)
     path = tmp_path / "vq_llamagen_layout.pt"
-    torch.save({"model": m.state_dict(), "optimizer": {}, "steps": 7, "args": None}, path)  # LlamaGen's layout
+    args = argparse.Namespace(vq_model="VQ-16", codebook_size=32)   # LlamaGen stores its argparse args
+    torch.save({"model": m.state_dict(), "optimizer": {}, "steps": 7, "args": args}, path)  # LlamaGen's layout
     loaded = load_vq(path, config=vq_config("tiny", **SMALL))
     for k, v in m.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
@@ -203,6 +206,43 @@ def test_llamagen_checkpoint_loads_strictly(tmp_path):
     x = torch.rand(2, 3, 8, 8) * 2 - 1
     loaded = load_vq(path, config=vq_config("tiny", **SMALL))
     assert torch.equal(loaded.encode(x)[1], m.encode(x)[1])
+
+
+class Payload:
+    """Unpickling this runs code: it writes ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def test_payload_checkpoints_are_refused_and_never_run(tmp_path):
+    marker = tmp_path / "marker"
+    m = small_model(seed=4)
+    path = tmp_path / "evil.pt"
+    torch.save({"model": m.state_dict(), "config": Payload(marker)}, path)
+    with pytest.raises(VQError) as e:
+        load_vq(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "builtins.exec" in msg and "refused" in msg
+    with pytest.raises(VQError, match="refused"):
+        VQTokenizer.from_checkpoint(path)
+    torch.save({k: (Payload(marker) if k.startswith("lin0") else torch.zeros(1)) for k in ("lin0.x",)},
+               tmp_path / "lpips.pth")
+    with pytest.raises(ValueError, match="perceptual weights .*lpips.pth.* refused"):
+        load_lpips([tmp_path / "lpips.pth"])
+    # in a run folder: the payload (newest) is skipped with a warning, the older valid file is used
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    torch.save({"model": m.state_dict(), "config": {"kind": "vq", "model": m.config.to_dict()}},
+               run / "step_00000001.pt")
+    os.replace(path, run / "step_00000002.pt")
+    with pytest.warns(UserWarning, match="step_00000002.pt.*refused"):
+        tok = VQTokenizer.from_checkpoint(tmp_path / "run")
+    assert tok.vocab_size == 32
+    assert not marker.exists()
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -265,7 +305,7 @@ def test_lpips_from_local_files(tmp_path):
 # ----------------------------------------------------------------------------- training
 
 def test_train_vq_runs_checkpoints_and_resumes(tmp_path):
-    from mutor2d.vq_train import load_config, train
+    from mutor2d.tokenizer.vq_train import load_config, train
     out = tmp_path / "run"
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
             "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]
@@ -279,30 +319,38 @@ def test_train_vq_runs_checkpoints_and_resumes(tmp_path):
     tok = VQTokenizer.from_checkpoint(out)  # the run folder resolves to its newest checkpoint
     assert tok.grid == (4, 4) and tok.vocab_size == PRESETS["tiny"]["codebook_size"]
     lines.clear()
+    (out / "checkpoints" / ".step_00000004.pt.k1ll3d.tmp").write_bytes(b"a save killed mid-write")
     train(load_config("vq_digits", sets[:-2] + ["train.max_steps=4", f"train.out_dir={out}"]), log=lines.append)
     assert any("resumed" in s and "step 3" in s for s in lines)
     assert [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in e] == [1, 2, 3, 4]
+    saved = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)  # no allow-list needed
+    assert saved["step"] == 4 and saved["config"]["kind"] == "vq"
+    assert not list((out / "checkpoints").glob(".*.tmp"))
     with pytest.raises(ConfigError, match="another model"):
         train(load_config("vq_digits", sets[:-1] + ["model.codebook_size=16", f"train.out_dir={out}"]))
 
 
 def test_vq_config_errors():
-    from mutor2d.vq_train import load_config
+    from mutor2d.tokenizer.vq_train import load_config
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
     with pytest.raises(ConfigError, match="train.rec_loss"):
         load_config("vq_digits", ["train.rec_loss=l3"])
     with pytest.raises(ConfigError, match="data.path"):
         load_config("vq_digits", ["data.name=folder"])
-    with pytest.raises(ConfigError, match="vq preset"):
+    with pytest.raises(ConfigError, match="model.preset: expected a vq preset"):
         load_config("vq_digits", ["model.preset=huge"])
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config("vq_digits", ["train.lr=.nan"])
+    with pytest.raises(ConfigError, match="data.crop_range"):
+        load_config("vq_digits", ["data.crop_range=0.5"])
     assert isinstance(load_config("vq_digits").model, VQConfig)
 
 
 def test_train_vq_on_an_image_folder(tmp_path, capsys):
     import numpy as np
     from PIL import Image
-    from mutor2d.vq_train import FolderImages, load_config, train
+    from mutor2d.tokenizer.vq_train import FolderImages, load_config, train
     rng = np.random.default_rng(0)
     for c in ("cat", "dog"):
         (tmp_path / "imgs" / c).mkdir(parents=True)
@@ -324,10 +372,13 @@ def test_train_vq_on_an_image_folder(tmp_path, capsys):
     assert 0 <= metrics["l1"] <= 1 and (out / "checkpoints" / "step_00000002.pt").is_file()
 
 
-def test_train_vq_script_reports_bad_config_in_one_line():
+def test_train_vq_script_reports_bad_config_in_one_line(capsys):
     import importlib.util
     spec = importlib.util.spec_from_file_location("train_vq_script", ROOT / "tokenizers" / "train_vq.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    with pytest.raises(SystemExit, match=r"^error: unknown config key 'model.channels'"):
+    with pytest.raises(SystemExit) as exit_info:
         script.main(["vq_digits", "--set", "model.channels=3"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown config key 'model.channels'") and len(err.strip().splitlines()) == 1

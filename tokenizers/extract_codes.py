@@ -5,12 +5,14 @@
     accelerate launch --num_processes 8 tokenizers/extract_codes.py ...   (shards split over GPUs)
 
 Writes codes.npy (uint16, num_images x num_augs x H x W, memory-mapped), labels.npy, files.txt and
-header.json (see mutor2d/codes.py). Rerunning the same command resumes: finished shards are skipped.
+header.json (see mutor2d/tokenizer/codes.py). Rerunning the same command resumes: finished shards are
+skipped. Exits with status 2 and a one-line error when no image could be read.
 Train on the result with ``data.name: codes``, ``data.path: OUT``, ``data.tokenizer: VQ.pt``.
 """
 import argparse
+import sys
 
-from mutor2d.codes import extract
+from mutor2d.tokenizer.codes import extract
 
 
 def main(argv=None):
@@ -33,7 +35,7 @@ def main(argv=None):
     try:
         import torch
         from accelerate import PartialState
-        from mutor2d.vq import VQTokenizer
+        from mutor2d.tokenizer.vq import VQTokenizer
         state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
         tokenizer = VQTokenizer.from_checkpoint(args.tokenizer, device=state.device, image_size=args.image_size)
         summary = extract(args.images, args.out, tokenizer, args.tokenizer, num_crops=args.crops, flip=args.flip,
@@ -41,7 +43,8 @@ def main(argv=None):
                           num_workers=args.workers, max_shards=args.max_shards, state=state,
                           progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     return summary
 
 

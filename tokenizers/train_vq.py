@@ -8,9 +8,10 @@ Reruns resume from the newest checkpoint in train.out_dir. Use the result as a t
 ``data.tokenizer: RUN/checkpoints/step_XXXXXXXX.pt`` (or the run folder itself).
 """
 import argparse
+import sys
 
 from mutor2d.config import ConfigError
-from mutor2d.vq_train import load_config, train
+from mutor2d.tokenizer.vq_train import load_config, train
 
 
 def main(argv=None):
@@ -22,7 +23,8 @@ def main(argv=None):
         cfg = load_config(args.config, args.overrides)
         metrics = train(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
 

@@ -14,7 +14,9 @@ import os
 import re
 from pathlib import Path
 
-# MuToR paper (DESIGN.md section 3): LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
+from ..io import write_text_atomic
+
+# The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
 PAPER_ROWS = [  # method, objective, step, fid, is
     ("next-token", "paper", 100_000, 7.71, 146.5),
     ("MuToR-1D", "paper", 100_000, 7.01, 155.6),
@@ -52,7 +54,7 @@ def run_dir_from_meta(meta: dict) -> Path | None:
 
 
 def make_record(result, *, samples, reference, method: str | None = None, samples_path: str = "") -> dict:
-    """A record from a metrics.Result and the two metrics.ImageSource it compared."""
+    """A record from a metrics.Result and the two sources.ImageSource it compared."""
     meta = dict(samples.meta)
     config = meta.pop("config", None) or meta.pop("run_config", None) or {}
     objective = config.get("objective", {}) if isinstance(config, dict) else {}
@@ -93,11 +95,7 @@ def write_record(record: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix != ".json":
         path = path / record_name(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 def read_records(paths) -> tuple[list[dict], list[str]]:
@@ -131,12 +129,13 @@ def objective_summary(objective: dict) -> str:
     if not name or name == "ntp":
         return ""
     parts = [f"a={objective.get('reg_weight')}"]
-    if name == "mutor-2d":
-        parts.append(f"D={objective.get('d_max_2d')}")
+    if name == "mutor-2d":      # records written before the config renames hold d_max_2d
+        parts.append(f"D={objective.get('d_max_2d', objective.get('d_max'))}")
     elif name == "mutor-1d":
         parts.append(f"d={objective.get('d_min')}..{objective.get('d_max')}")
     if name == "multihead":
-        parts.append(f"heads={objective.get('num_heads') or 'all'} {objective.get('multihead_layout', '')}".strip())
+        layout = objective.get("layout", objective.get("multihead_layout", ""))
+        parts.append(f"heads={objective.get('num_heads') or 'all'} {layout}".strip())
     else:
         parts.append("sparse K=%s" % objective.get("num_registers") if objective.get("placement") == "sparse"
                      else "dense")
@@ -179,15 +178,7 @@ def sort_key(rec: dict):
             rec.get("step") if rec.get("step") is not None else -1)
 
 
-def markdown_table(records: list[dict], paper: bool | None = None) -> str:
-    """Markdown table: method, objective, step, FID, IS, precision, recall, evaluator, reference, n.
-    The paper's rows (DESIGN.md section 3) are added when ``paper`` is True, or, by default, when
-    any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
-    columns of their own, after recall."""
-    std = ("fid", "is", "precision", "recall")
-    extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
-                               if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
-    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator", "reference", "n"]
+def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
     rows = []
     for rec in sorted(records, key=sort_key):
         m = rec["metrics"]
@@ -196,12 +187,43 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
                      _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
                      *(_num(m.get(k), 3) for k in extra),
                      _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?"))])
+    return rows
+
+
+def _decode_text(rec: dict) -> str:
+    """``registers K=4: 21.3 fwd/img, 310 tok/s`` from the sample file's decoding mode and counts."""
+    s = rec.get("sampling") or {}
+    mode, opts, st = s.get("decode", "plain"), s.get("decode_options") or {}, s.get("decode_stats") or {}
+    text = mode + "".join(f" {k}={v}" for k, v in opts.items())
+    if st.get("forwards_per_image"):
+        text += f": {st['forwards_per_image']:.1f} fwd/img, {st.get('tokens_per_s', 0):.0f} tok/s"
+    return text
+
+
+def _paper_rows(extra: list[str]) -> list[list[str]]:
+    rows = [[method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra),
+             PAPER_EVALUATOR, PAPER_REFERENCE, "50000"] for method, objective, step, fid, is_ in PAPER_ROWS]
+    rows.append(["LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
+                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+    return rows
+
+
+def markdown_table(records: list[dict], paper: bool | None = None) -> str:
+    """Markdown table: method, objective, step, FID, IS, precision, recall, evaluator, reference, n.
+    The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
+    any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
+    columns of their own, after recall."""
+    std = ("fid", "is", "precision", "recall")
+    extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
+                               if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
+    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator", "reference", "n"]
+    rows = _table_rows(records, extra)
     if paper if paper is not None else any(is_imagenet(r) for r in records):
-        for method, objective, step, fid, is_ in PAPER_ROWS:
-            rows.append([method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–",
-                         *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
-        rows.append(["LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                     *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+        rows += _paper_rows(extra)
+    if any((r.get("sampling") or {}).get("decode", "plain") != "plain" for r in records):
+        head.append("decoding")                              # speculative runs: forwards and speed
+        texts = [_decode_text(r) for r in sorted(records, key=sort_key)]
+        rows = [row + [texts[i] if i < len(texts) else "plain"] for i, row in enumerate(rows)]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -8,15 +8,16 @@ shifted/scaled by LPIPS's fixed ImageNet constants.
 Weights: torchvision's VGG16 file (keys ``features.N.weight``/``bias``; ``classifier.*`` is ignored)
 plus the LPIPS linear-layer file (``lin0.model.1.weight`` ... ``lin4.model.1.weight``, as in the
 lpips package's / taming's ``vgg.pth``). Give both paths (or one file holding both). Nothing is
-downloaded.
+downloaded; files are read with ``weights_only=True`` (mutor2d.io.read_torch_file).
 """
 from __future__ import annotations
 
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..io import read_torch_file
 
 VGG16_LAYERS = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512]
 TAPS = (3, 8, 15, 22, 29)            # indices in vgg16.features after relu1_2 ... relu5_3
@@ -78,12 +79,7 @@ def load_lpips(paths: list[str | os.PathLike]) -> LPIPS:
         raise ValueError("perceptual loss: no weight files given")
     state: dict = {}
     for p in paths:
-        if not os.path.isfile(p):
-            raise ValueError(f"perceptual weights {str(p)!r} do not exist")
-        try:
-            obj = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise ValueError(f"perceptual weights {str(p)!r} are unreadable ({type(e).__name__}: {e})") from None
+        obj = read_torch_file(p, "perceptual weights")
         if not isinstance(obj, dict):
             raise ValueError(f"perceptual weights {str(p)!r}: expected a state dict")
         state.update({k: v for k, v in obj.items() if not k.startswith("classifier.")})

@@ -4,7 +4,7 @@ Store layout (one folder):
   header.json   grid, codebook_size, num_images, num_augs, augmentations, classes, source folder,
                 image_size, tokenizer path + sha256, shards, skipped images, complete flag
   codes.npy     uint16 (num_images, num_augs, H, W), memory-mapped (np.load(mmap_mode="r"))
-  labels.npy    int64 (num_images,); -1 = unreadable image (skipped), not filled yet otherwise
+  labels.npy    int64 (num_images,); -1 = unreadable image (skipped), or not filled yet
   files.txt     image paths relative to the source folder, one per row of codes.npy
   shards/       one JSON marker per finished shard (rows it wrote, the images it skipped)
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +27,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..io import remove_stale_temps, write_json_atomic
+
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm"}
 CROPS = ("center", "tl", "tr", "bl", "br")
 FORMAT = "mutor2d-codes/1"
+UNREADABLE = -1              # label of a row whose image could not be read (or is not extracted yet)
+CHECK_CHUNK = 1 << 24        # elements per chunk when open_store checks the arrays' values
 
 
 class CodesError(ValueError):
@@ -125,30 +128,82 @@ class CodeStore:
     header: dict
 
 
-def open_store(path: str | os.PathLike, require_complete: bool = True) -> CodeStore:
+def open_store(path: str | os.PathLike, require_complete: bool = True, check_values: bool = True) -> CodeStore:
+    """Open the store at ``path`` and check it: header fields, array shapes and dtypes, and (with
+    ``check_values``) every token id < codebook_size and every label -1 or in [0, len(classes)).
+    Any fault raises CodesError naming the file (and the row and value for bad ids or labels)."""
     path = Path(path)
     if not (path / "header.json").is_file():
         raise CodesError(f"{str(path)!r} is not a codes folder (no header.json); "
                          f"make one with tokenizers/extract_codes.py")
-    header = json.loads((path / "header.json").read_text())
-    if header.get("format") != FORMAT:
-        raise CodesError(f"{str(path)!r}: unknown codes format {header.get('format')!r}, expected {FORMAT!r}")
+    try:
+        header = json.loads((path / "header.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CodesError(f"{str(path / 'header.json')!r} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else header
+        raise CodesError(f"{str(path)!r}: unknown codes format {found!r}, expected {FORMAT!r}")
+    _check_header(path / "header.json", header)
     if require_complete and not header.get("complete"):
         done = len(list((path / "shards").glob("*.json")))
         raise CodesError(f"codes at {str(path)!r} are incomplete ({done}/{header['num_shards']} shards); "
                          f"rerun tokenizers/extract_codes.py with the same arguments to finish")
-    codes = np.load(path / "codes.npy", mmap_mode="r")
-    labels = np.load(path / "labels.npy", mmap_mode="r")
+    h, w = header["grid"]
+    codes = _open_array(path / "codes.npy", np.uint16, (header["num_images"], header["num_augs"], h, w))
+    labels = _open_array(path / "labels.npy", np.int64, (header["num_images"],))
+    if check_values:
+        n, k = header["codebook_size"], len(header["classes"])
+        _check_values(path / "codes.npy", codes, 0, n - 1, "token id", f"an id below the codebook size {n}")
+        _check_values(path / "labels.npy", labels, UNREADABLE, k - 1, "label",
+                      f"{UNREADABLE} (unreadable image) or a class in 0..{k - 1}")
     return CodeStore(path, codes, labels, header)
 
 
-def _write_json_atomic(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _check_header(file: Path, header: dict) -> None:
+    """Types and ranges of the header fields readers rely on; CodesError naming the field."""
+    def is_int(v, low):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    grid, classes = header.get("grid"), header.get("classes")
+    checks = [
+        ("grid", isinstance(grid, list) and len(grid) == 2 and all(is_int(g, 1) for g in grid),
+         "[H, W] with positive integers"),
+        ("codebook_size", is_int(header.get("codebook_size"), 1)
+         and header["codebook_size"] <= np.iinfo(np.uint16).max + 1, "an integer in 1..65536"),
+        ("classes", isinstance(classes, list) and len(classes) > 0, "a non-empty list of class names"),
+        ("num_images", is_int(header.get("num_images"), 0), "an integer >= 0"),
+        ("num_augs", is_int(header.get("num_augs"), 1), "an integer >= 1"),
+        ("num_shards", is_int(header.get("num_shards"), 0), "an integer >= 0"),
+    ]
+    for key, ok, want in checks:
+        if not ok:
+            raise CodesError(f"{str(file)!r}: {key}={header.get(key)!r}, expected {want}")
+
+
+def _open_array(file: Path, dtype, shape: tuple) -> np.ndarray:
+    """Memory-map a .npy file and check its dtype and shape against the header."""
+    try:
+        arr = np.load(file, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise CodesError(f"{str(file)!r} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if arr.dtype != dtype or arr.shape != tuple(shape):
+        raise CodesError(f"{str(file)!r} holds {arr.dtype} {tuple(arr.shape)}, expected {np.dtype(dtype)} "
+                         f"{tuple(shape)} (from header.json)")
+    return arr
+
+
+def _check_values(file: Path, arr: np.ndarray, low: int, high: int, what: str, want: str) -> None:
+    """Raise CodesError at the first row of ``arr`` holding a value outside [low, high].
+    Reads ``arr`` in chunks of about CHECK_CHUNK elements (a vectorised min/max per chunk)."""
+    rows = max(1, CHECK_CHUNK // max(1, int(np.prod(arr.shape[1:]))))
+    for start in range(0, len(arr), rows):
+        chunk = np.asarray(arr[start:start + rows]).reshape(min(rows, len(arr) - start), -1)
+        if chunk.size == 0 or (chunk.min() >= low and chunk.max() <= high):
+            continue
+        first = int(np.flatnonzero(((chunk < low) | (chunk > high)).any(1))[0])
+        values = chunk[first]
+        value = int(values[(values < low) | (values > high)][0])
+        raise CodesError(f"{str(file)!r}: row {start + first} holds {what} {value}; expected {want}")
 
 
 _PLAN_KEYS = ("source", "num_images", "files_sha256", "classes", "image_size", "augmentations",
@@ -195,9 +250,9 @@ def _prepare(out: Path, plan: dict, files: list[str], labels: list[int]) -> None
     h, w = plan["grid"]
     np.lib.format.open_memmap(out / "codes.npy", mode="w+", dtype=np.uint16,
                               shape=(len(files), plan["num_augs"], h, w)).flush()
-    np.save(out / "labels.npy", np.full(len(files), -1, dtype=np.int64))
+    np.save(out / "labels.npy", np.full(len(files), UNREADABLE, dtype=np.int64))
     (out / "files.txt").write_text("".join(f + "\n" for f in files))
-    _write_json_atomic(plan, out / "header.json")
+    write_json_atomic(out / "header.json", plan, indent=1)
 
 
 class _Images(torch.utils.data.Dataset):
@@ -232,8 +287,55 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokeni
     tokenizer: a VQTokenizer (``encode``, ``grid``, ``image_size``, ``vocab_size``, ``sha256``).
     state: an accelerate state (process_index, num_processes, wait_for_everyone, is_main_process);
     default: accelerate.PartialState(). max_shards: stop this process after that many new shards
-    (the store stays resumable). Returns a summary dict (done/total shards, skipped, complete)."""
+    (the store stays resumable). Returns a summary dict (done/total shards, skipped, complete).
+    A finished store without a single readable image raises CodesError."""
     from tqdm import tqdm
+    state = _check_settings(state, tokenizer, shard_size, batch_size)
+    folder, out = Path(folder), Path(out)
+    files, labels, classes = scan_image_folder(folder)
+    names = augmentation_names(num_crops, flip)
+    plan = _plan(folder, files, classes, tokenizer, tokenizer_path, names, crop_range, shard_size)
+    if state.is_main_process:
+        _prepare(out, plan, files, labels)
+        for where in (out, out / "shards"):  # temp files of writes killed in an earlier run
+            remove_stale_temps(where)
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        _prepare(out, plan, files, labels)  # checks only: the main process created it
+    store = CodeStore(out, np.load(out / "codes.npy", mmap_mode="r+"),
+                      np.load(out / "labels.npy", mmap_mode="r+"), plan)
+    batches = _my_batches(out, plan, state, max_shards, batch_size, log)
+    loader = torch.utils.data.DataLoader(
+        _Images(folder, files, plan["image_size"], names, crop_range),
+        batch_sampler=[rows for _, _, rows in batches], num_workers=num_workers, collate_fn=_collate)
+    bar = tqdm(total=sum(len(r) for _, _, r in batches), desc=f"extract[{state.process_index}]",
+               unit="img", disable=not progress, position=state.process_index)
+    skipped: list[str] = []
+    for (sh, last, _), items in zip(batches, loader):
+        for row, _, err in items:
+            if err is not None:
+                skipped.append(files[row])
+                bar.write(f"skipped unreadable image {folder / files[row]} ({err})")
+        _store_batch(store, items, labels, tokenizer, batch_size)
+        bar.update(len(items))
+        if last:
+            store.codes.flush()
+            store.labels.flush()
+            stop = min((sh + 1) * shard_size, len(files))
+            write_json_atomic(out / "shards" / f"{sh:06d}.json",
+                              {"shard": sh, "rows": [sh * shard_size, stop], "skipped": skipped}, indent=1)
+            skipped = []
+    bar.close()
+    state.wait_for_everyone()
+    summary = _finish(out, plan, state, log)
+    if summary["complete"] and summary["num_skipped"] == summary["num_images"]:
+        raise CodesError(f"no image of {str(folder)!r} could be read ({summary['num_skipped']} unreadable); "
+                         f"the codes folder {str(out)!r} holds nothing to train on")
+    return summary
+
+
+def _check_settings(state, tokenizer, shard_size: int, batch_size: int):
+    """The accelerate state to use (a new PartialState if None), after checking the settings."""
     if state is None:
         from accelerate import PartialState
         state = PartialState(cpu=not torch.cuda.is_available())
@@ -245,63 +347,42 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokeni
         raise CodesError(f"codebook size {tokenizer.vocab_size} does not fit uint16 codes")
     if shard_size < 1 or batch_size < 1:
         raise CodesError(f"shard_size and batch_size must be >= 1, got {shard_size}, {batch_size}")
-    folder, out = Path(folder), Path(out)
-    files, labels, classes = scan_image_folder(folder)
-    names = augmentation_names(num_crops, flip)
-    plan = _plan(folder, files, classes, tokenizer, tokenizer_path, names, crop_range, shard_size)
-    if state.is_main_process:
-        _prepare(out, plan, files, labels)
-    state.wait_for_everyone()
-    if not state.is_main_process:
-        _prepare(out, plan, files, labels)  # checks only: the main process created it
-    codes = np.load(out / "codes.npy", mmap_mode="r+")
-    label_arr = np.load(out / "labels.npy", mmap_mode="r+")
+    return state
 
+
+def _my_batches(out: Path, plan: dict, state, max_shards: int | None, batch_size: int, log) -> list:
+    """This process's unfinished shards (shard i belongs to process i % num_processes) cut into
+    batches -> [(shard, last batch of the shard?, rows)]; no batch straddles two shards."""
+    shard_size, n = plan["shard_size"], plan["num_images"]
     mine = [s for s in range(plan["num_shards"]) if s % state.num_processes == state.process_index]
     todo = [s for s in mine if not (out / "shards" / f"{s:06d}.json").is_file()]
     if len(todo) < len(mine):
         log(f"[rank {state.process_index}] {len(mine) - len(todo)} of {len(mine)} shards already done, skipping them")
     if max_shards is not None:
         todo = todo[:max_shards]
-    # one loader for all of this process's shards; no batch straddles two shards
-    plan_batches = []  # (shard, last batch of the shard?, rows)
+    batches = []
     for sh in todo:
-        rows = list(range(sh * shard_size, min((sh + 1) * shard_size, len(files))))
+        rows = list(range(sh * shard_size, min((sh + 1) * shard_size, n)))
         chunks = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-        plan_batches += [(sh, j == len(chunks) - 1, c) for j, c in enumerate(chunks)]
-    loader = torch.utils.data.DataLoader(
-        _Images(folder, files, plan["image_size"], names, crop_range),
-        batch_sampler=[rows for _, _, rows in plan_batches], num_workers=num_workers, collate_fn=_collate)
-    bar = tqdm(total=sum(len(r) for _, _, r in plan_batches), desc=f"extract[{state.process_index}]",
-               unit="img", disable=not progress, position=state.process_index)
-    skipped: list[str] = []
-    for (sh, last, _), items in zip(plan_batches, loader):
-        good = []
-        for row, views, err in items:
-            if err is None:
-                good.append((row, views))
-            else:
-                skipped.append(files[row])
-                label_arr[row] = -1
-                bar.write(f"skipped unreadable image {folder / files[row]} ({err})")
-        if good:
-            views = torch.cat([v for _, v in good])  # (n*A, 3, S, S), encoded batch_size at a time
-            toks = torch.cat([tokenizer.encode(v).cpu() for v in views.split(batch_size)])
-            toks = toks.numpy().astype(np.uint16).reshape(len(good), len(names), *toks.shape[1:])
-            for (row, _), t in zip(good, toks):
-                codes[row] = t
-                label_arr[row] = labels[row]
-        bar.update(len(items))
-        if last:
-            codes.flush()
-            label_arr.flush()
-            stop = min((sh + 1) * shard_size, len(files))
-            _write_json_atomic({"shard": sh, "rows": [sh * shard_size, stop], "skipped": skipped},
-                               out / "shards" / f"{sh:06d}.json")
-            skipped = []
-    bar.close()
-    state.wait_for_everyone()
-    return _finish(out, plan, state, log)
+        batches += [(sh, j == len(chunks) - 1, c) for j, c in enumerate(chunks)]
+    return batches
+
+
+def _store_batch(store: CodeStore, items: list, labels: list[int], tokenizer, batch_size: int) -> None:
+    """Encode the readable views of ``items`` [(row, views (A, 3, S, S) or None, error)] into the
+    store's rows (``batch_size`` views per tokenizer call); unreadable rows get the UNREADABLE label."""
+    good = [(row, views) for row, views, err in items if err is None]
+    for row, _, err in items:
+        if err is not None:
+            store.labels[row] = UNREADABLE
+    if not good:
+        return
+    views = torch.cat([v for _, v in good])  # (n*A, 3, S, S)
+    toks = torch.cat([tokenizer.encode(v).cpu() for v in views.split(batch_size)])
+    toks = toks.numpy().astype(np.uint16).reshape(len(good), -1, *toks.shape[1:])
+    for (row, _), t in zip(good, toks):
+        store.codes[row] = t
+        store.labels[row] = labels[row]
 
 
 def _finish(out: Path, plan: dict, state, log) -> dict:
@@ -313,7 +394,7 @@ def _finish(out: Path, plan: dict, state, log) -> dict:
                "num_skipped": len(skipped), "skipped": skipped}
     if state.is_main_process:
         header = {**plan, "complete": done == total, "num_skipped": len(skipped), "skipped": skipped}
-        _write_json_atomic(header, out / "header.json")
+        write_json_atomic(out / "header.json", header, indent=1)
         if done == total:
             log(f"extracted {plan['num_images'] - len(skipped)} images x {plan['num_augs']} augmentations "
                 f"-> {out} (grid {plan['grid']}); skipped {len(skipped)} unreadable images")

@@ -11,19 +11,27 @@ Quantiser rule (same as LlamaGen): z and the codebook are L2-normalised, code = 
 codebook  mean((e - sg(z))^2), commitment  beta * mean((sg(e) - z)^2), straight-through gradients.
 
 A user's ``vq_ds16_c2i.pt`` (weights under "model" or "ema") loads with strict key and shape checks:
-:func:`load_vq`. A mismatch raises :class:`VQError` listing missing / unexpected keys.
+:func:`load_vq`. A mismatch raises :class:`VQError` listing missing / unexpected keys. Files are read
+with ``weights_only=True`` (mutor2d.io.read_torch_file): a file whose pickle would run code is refused.
+The explicit allow-list ``VQ_FILE_GLOBALS`` holds argparse.Namespace, the training arguments
+LlamaGen stores beside its weights ("args").
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..checkpoint import list_checkpoints
+from ..io import UnsafeFileError, read_torch_file
 
 
 class VQError(ValueError):
@@ -425,13 +433,57 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run folder -> its newest valid checkpoint (checkpoint.resolve)."""
-    from .checkpoint import resolve
+def _weights_of(ckpt, path: Path, use_ema: bool) -> dict:
+    """The state dict inside a loaded checkpoint: "ema" (if preferred and present), "model",
+    "state_dict", or the checkpoint itself when it is a bare state dict."""
+    if not isinstance(ckpt, dict):
+        raise VQError(f"VQ checkpoint {str(path)!r}: expected a dict, got {type(ckpt).__name__}")
+    state = ckpt.get("ema") if use_ema and ckpt.get("ema") is not None else ckpt.get("model")
+    if state is None:
+        state = ckpt.get("state_dict")
+    if state is None and "quantize.embedding.weight" in ckpt:
+        state = ckpt
+    if not isinstance(state, dict):
+        raise VQError(f"VQ checkpoint {str(path)!r} has no weights under 'model', 'ema' or 'state_dict' "
+                      f"(keys: {sorted(map(str, ckpt))[:8]})")
+    return state
+
+
+VQ_FILE_GLOBALS = [argparse.Namespace]
+
+
+def _read(path: Path):
     try:
-        return resolve(path)
-    except FileNotFoundError as e:
+        return read_torch_file(path, "VQ checkpoint", allow=VQ_FILE_GLOBALS)
+    except (UnsafeFileError, FileNotFoundError) as e:
         raise VQError(str(e)) from None
+
+
+def newest_vq_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict] | None:
+    """(file, loaded dict) of the newest checkpoint of a run folder that loads safely, or None.
+    Unreadable or unsafe files are skipped with a warning naming them."""
+    for p in reversed(list_checkpoints(run_dir)):
+        try:
+            ckpt = _read(p)
+        except VQError as e:
+            warnings.warn(f"skipped {e}")
+            continue
+        if isinstance(ckpt, dict):
+            return p, ckpt
+        warnings.warn(f"skipped VQ checkpoint {str(p)!r}: not a dict")
+    return None
+
+
+def read_vq_checkpoint(path: str | os.PathLike) -> tuple[Path, dict]:
+    """A checkpoint file, or a train_vq.py run folder (its newest safely readable checkpoint)
+    -> (file, loaded dict). Loading never runs code from the file."""
+    path = Path(path)
+    if path.is_dir():
+        found = newest_vq_checkpoint(path)
+        if found is None:
+            raise VQError(f"no readable VQ checkpoint under {str(path)!r} (expected RUN/checkpoints/step_*.pt)")
+        return found
+    return path, _read(path)
 
 
 def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bool = True,
@@ -442,23 +494,11 @@ def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bo
     (weights under "model", "ema" or "state_dict", or a bare state dict; architecture read from the
     weights, image size 256). ``config`` forces an architecture; the weights must then match it
     exactly. ``use_ema`` prefers "ema" when present. ``path`` may be a train_vq.py run folder."""
-    path = _resolve(path)
-    if not path.is_file():
-        raise VQError(f"VQ checkpoint {str(path)!r} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise VQError(f"VQ checkpoint {str(path)!r} is unreadable ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict):
-        raise VQError(f"VQ checkpoint {str(path)!r}: expected a dict, got {type(ckpt).__name__}")
-    state = ckpt.get("ema") if use_ema and ckpt.get("ema") is not None else ckpt.get("model")
-    if state is None:
-        state = ckpt.get("state_dict")
-    if state is None and "quantize.embedding.weight" in ckpt:
-        state = ckpt  # a bare state dict
-    if not isinstance(state, dict):
-        raise VQError(f"VQ checkpoint {str(path)!r} has no weights under 'model', 'ema' or 'state_dict' "
-                      f"(keys: {sorted(ckpt)[:8]})")
+    return _build_vq(*read_vq_checkpoint(path), config, use_ema).to(device).eval()
+
+
+def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQModel:
+    state = _weights_of(ckpt, path, use_ema)
     if config is None:
         stored = ckpt.get("config")
         if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and stored.get("kind") == "vq":
@@ -467,7 +507,7 @@ def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bo
             config = config_from_state_dict(state).validate()
     model = VQModel(config)
     load_vq_state(model, state, source=f"VQ checkpoint {str(path)!r}")
-    return model.to(device).eval()
+    return model
 
 
 class VQTokenizer:
@@ -487,12 +527,18 @@ class VQTokenizer:
     def from_checkpoint(cls, path: str | os.PathLike, device="cpu", image_size: int | None = None) -> "VQTokenizer":
         """``path``: a VQ checkpoint file or a train_vq.py run folder (its newest valid checkpoint).
         ``image_size`` overrides the resolution the checkpoint was made for (e.g. 384 for VQ-16)."""
-        path = _resolve(path)
-        return cls(load_vq(path, device=device), sha256=file_sha256(path), image_size=image_size)
+        path, ckpt = read_vq_checkpoint(path)
+        model = _build_vq(path, ckpt, None, use_ema=True).to(device)
+        return cls(model, sha256=file_sha256(path), image_size=image_size)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def to(self, device) -> "VQTokenizer":
+        """Move the VQ weights to ``device``; returns self."""
+        self.model.to(device)
+        return self
 
     @torch.no_grad()
     def encode(self, images: Tensor) -> Tensor:

@@ -1,0 +1,118 @@
+"""LM fine-tuning step benchmark (mutor2d.lm): plain SFT (NTP) vs MuToR-1D sparse / dense, and a
+padded batch of B vs a batch-1 loop over the same B samples (the authors' released code trains at
+batch size 1 with no padding).
+
+One step = forward + backward + AdamW step of MutorLM on one batch of random (prompt, answer) token
+pairs with GSM8K-like ragged lengths, through a randomly initialised Llama of the given size (full
+fine-tuning, or LoRA with --lora). "b1loop" cases accumulate gradients over B batch-1 forward/backward
+passes, then step once: the same samples and the same update rule. Cases run round-robin, median of
+--reps (bench/common.py). Reported per case: seconds per step, slots processed (regular + register
+slots, padding included), real tokens (prompt + answer), time ratio vs the padded NTP step, and
+answer tokens/s; then the batch-B vs batch-1-loop speed-up for NTP and dense MuToR.
+The last stdout line is one JSON object.
+
+    python bench/lm_step.py                 # hidden 512, 4 layers, vocab 32000, batch 8
+    python bench/lm_step.py --quick         # seconds, for CI
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import common
+from mutor2d.lm.model import MutorLM
+from mutor2d.lm.packing import LMBatch, pack
+from mutor2d.registers import RegisterSpec
+
+SPECS = {"ntp": RegisterSpec(), "sparse": None, "dense": RegisterSpec(objective="mutor-1d", d_min=1, d_max=4)}
+
+
+def build_model(args, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                      intermediate_size=4 * args.hidden, num_attention_heads=args.hidden // 64,
+                                      num_key_value_heads=args.hidden // 64, max_position_embeddings=2048,
+                                      attn_implementation="sdpa")).to(device)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+        lm = get_peft_model(lm, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    return MutorLM(lm).to(device)
+
+
+def ragged_batch(args, g: torch.Generator) -> LMBatch:
+    B = args.batch
+    P = torch.randint(args.prompt[0], args.prompt[1] + 1, (B,), generator=g)
+    N = torch.randint(args.answer[0], args.answer[1] + 1, (B,), generator=g)
+    prompt = torch.randint(3, args.vocab, (B, int(P.max())), generator=g)
+    answer = torch.randint(3, args.vocab, (B, int(N.max())), generator=g)
+    return LMBatch(prompt, P, answer, N)
+
+
+def one_sample(batch: LMBatch, b: int) -> LMBatch:
+    P, N = int(batch.prompt_len[b]), int(batch.answer_len[b])
+    return LMBatch(batch.prompt[b:b + 1, :P], batch.prompt_len[b:b + 1], batch.answer[b:b + 1, :N],
+                   batch.answer_len[b:b + 1])
+
+
+def make_step(model, opt, packs, device):
+    packs = [p.to(device) for p in packs]
+
+    def step():
+        for p in packs:
+            (model(p)["loss"] / len(packs)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt", type=int, nargs=2, default=[60, 120], metavar=("MIN", "MAX"))
+    ap.add_argument("--answer", type=int, nargs=2, default=[80, 160], metavar=("MIN", "MAX"))
+    ap.add_argument("--sparse", type=int, default=16, help="K registers of the sparse case")
+    ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
+    device = torch.device(args.device)
+    common.setup(args.threads, args.clock, device)
+    SPECS["sparse"] = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=args.sparse)
+    model = build_model(args, device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    batch = ragged_batch(args, torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    packs = {name: pack(batch, spec, "right", 0, g) for name, spec in SPECS.items()}
+    singles = {name: [pack(one_sample(batch, b), SPECS[name], "right", 0, g) for b in range(args.batch)]
+               for name in ("ntp", "dense")}
+    fns = {name: make_step(model, opt, [p], device) for name, p in packs.items()}
+    fns.update({f"{name}_b1loop": make_step(model, opt, ps, device) for name, ps in singles.items()})
+    common.log(f"timing {len(fns)} cases x {args.reps} reps on {device}")
+    times = common.time_round_robin(fns, args.reps, warmup=1, device=device)
+    answer_tokens = int(batch.answer_len.sum())
+    real_tokens = int((batch.prompt_len + batch.answer_len - 1).sum())
+    cases = {}
+    for name, t in times.items():
+        ps = singles[name.split("_")[0]] if name.endswith("b1loop") else [packs[name]]
+        slots = sum(p.position_ids.numel() for p in ps)
+        cases[name] = {"s_per_step": t["median_s"], "slots": slots, "regular_tokens": real_tokens,
+                       "time_vs_ntp": t["median_s"] / times["ntp"]["median_s"],
+                       "answer_tokens_per_s": answer_tokens / t["median_s"]}
+    result = {"bench": "lm_step", "machine": common.machine(device), "args": vars(args), "cases": cases,
+              "batch_vs_b1loop_speedup": {n: times[f"{n}_b1loop"]["median_s"] / times[n]["median_s"]
+                                          for n in ("ntp", "dense")}}
+    common.emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""Training engine: ``setup`` builds a run from its config, ``loop`` runs its steps, ``hooks`` do the
+periodic jobs (log, checkpoints, sample grids, online evaluation), ``checkpointer`` finds the resume
+point and rotates files, ``data_order`` and ``rng`` make a run reproducible on any process count."""
+from .hooks import read_log
+from .loop import PREEMPTED_EXIT, Diverged, Preempted, train
+from .setup import TrainModule, param_groups
+from .data_order import StepBatches
+
+__all__ = ["train", "read_log", "Preempted", "Diverged", "PREEMPTED_EXIT", "TrainModule", "param_groups",
+           "StepBatches", "default_run_dir"]
+
+
+def default_run_dir(config_name) -> "Path":
+    from pathlib import Path
+    stem = Path(str(config_name)).stem if config_name else "default"
+    return Path("runs") / stem

@@ -1,0 +1,76 @@
+"""Where a run resumes from, and which checkpoints it keeps.
+
+Rules:
+  * Resume point: ``--resume auto`` takes the newest checkpoint of the run folder that loads. Each
+    unreadable one is named on stderr and renamed ``*.pt.unreadable`` (kept for inspection, never
+    counted again). Checkpoints present but none readable is an error, not a fresh start.
+  * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all) and deletes only
+    readable ones older than all of those: never a newer file, never the only readable one.
+  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``) are removed when a run starts.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import checkpoint as ckpt_lib
+from .. import io
+from ..config import ConfigError
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def remove_stale_temps(run_dir: Path) -> None:
+    for tmp in io.remove_stale_temps(run_dir / "checkpoints"):
+        warn(f"removed {tmp}, left by a save that was killed mid-write")
+
+
+def set_aside(path: Path, reason: str) -> None:
+    aside = path.with_name(path.name + ".unreadable")
+    path.rename(aside)
+    warn(f"skipped {path}: {reason}; renamed to {aside.name}")
+
+
+def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | None, dict | None]:
+    """(checkpoint path, its loaded dict) to continue from, or (None, None) for a fresh run.
+
+    resume: None (fresh: refuses a folder that has checkpoints), "auto" or a file / run folder."""
+    if resume is None:
+        if ckpt_lib.list_checkpoints(run_dir):
+            raise ConfigError(f"run folder {str(run_dir)!r} already has checkpoints: "
+                              f"pass --resume auto to continue it, or another --out")
+        return None, None
+    if resume != "auto":
+        try:
+            path = ckpt_lib.resolve(resume)
+            return path, ckpt_lib.load(path)
+        except (FileNotFoundError, ckpt_lib.CheckpointError) as e:
+            raise ConfigError(f"--resume {resume}: {e}") from None
+    found = ckpt_lib.list_checkpoints(run_dir)
+    for path in reversed(found):
+        try:
+            return path, ckpt_lib.load(path)
+        except ckpt_lib.CheckpointError as e:
+            if main:
+                set_aside(path, str(e))
+    if found:
+        raise ConfigError(f"--resume auto: none of the {len(found)} checkpoints of {str(run_dir)!r} is readable "
+                          f"(renamed *.unreadable); refusing to start over: pass --out for a fresh run")
+    return None, None
+
+
+def rotate(run_dir: Path, keep: int) -> None:
+    """Delete readable checkpoints older than the newest ``keep`` readable ones (see module doc)."""
+    if not keep:
+        return
+    kept = 0
+    for path in reversed(ckpt_lib.list_checkpoints(run_dir)):
+        if kept < keep:
+            if ckpt_lib.is_readable(path):
+                kept += 1
+            else:
+                set_aside(path, "unreadable")
+        elif ckpt_lib.is_readable(path):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,52 @@
+"""Which samples each process reads at each step.
+
+Epoch e is a permutation of the dataset drawn from ``seed + e``; step s takes positions
+[s*B, (s+1)*B) of the concatenated epochs (B = global batch); micro-batch m of process r takes the
+slice (m*world + r)*b .. +b of it (b = B / (world*grad_accum)). The order depends on the step only,
+so resuming needs no loader state, and the global batch of a step is the same for any process count.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import ConfigError
+
+
+class StepBatches:
+    """Index lists of one process's micro-batches for steps [start, end)."""
+
+    def __init__(self, n: int, batch_size: int, world: int, rank: int, accum: int, seed: int,
+                 start: int, end: int):
+        if batch_size % (world * accum):
+            raise ConfigError(f"train.batch_size={batch_size} is not divisible by "
+                              f"processes x train.grad_accum = {world} x {accum}")
+        self.n, self.B, self.world, self.rank, self.accum = n, batch_size, world, rank, accum
+        self.b = batch_size // (world * accum)
+        self.seed, self.start, self.end = seed, start, end
+        self._epoch, self._perm = -1, None
+
+    def _perm_of(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g)
+        return self._perm
+
+    def positions(self, first: int, count: int) -> torch.Tensor:
+        """Dataset indices of stream positions first .. first+count-1."""
+        out, pos = [], first
+        while pos < first + count:
+            epoch, off = divmod(pos, self.n)
+            take = min(self.n - off, first + count - pos)
+            out.append(self._perm_of(epoch)[off:off + take])
+            pos += take
+        return torch.cat(out)
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.start) * self.accum
+
+    def __iter__(self):
+        for step in range(self.start, self.end):
+            glob = self.positions(step * self.B, self.B)
+            for m in range(self.accum):
+                off = (m * self.world + self.rank) * self.b
+                yield glob[off:off + self.b].tolist()

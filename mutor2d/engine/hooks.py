@@ -1,0 +1,223 @@
+"""Periodic jobs of the training loop: logging, checkpoints, sample grids, online evaluation.
+
+Each hook is called after every step with the run, the number of steps done and a ``Tick`` saying
+whether this is the last step, whether the run is being stopped by a signal, and whether the last
+update was skipped as non-finite. Hooks run in list order: log, checkpoint, samples, evaluation.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint as ckpt_lib
+from .checkpointer import rotate, warn
+from .rng import preserved_rng, rng_state
+from .setup import Run
+from .speed import peak_flops, train_flops
+
+
+@dataclass
+class Tick:
+    done: int                   # steps done
+    last: bool                  # done == train.max_steps
+    stopping: bool = False      # a stop signal arrived: save now, then exit
+    healthy: bool = True        # the last update was applied (finite loss and gradients)
+
+
+def due(every: int, tick: Tick, at_end: bool = True) -> bool:
+    return bool(every and tick.done % every == 0) or (at_end and tick.last)
+
+
+# ----------------------------------------------------------------------------- log.jsonl
+
+def _finite(record: dict) -> dict:
+    """JSON has no NaN/Infinity: non-finite numbers are written as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+class JsonLog:
+    """RUN/log.jsonl, appended by the main process and never rewritten. A resumed run first writes
+    ``{"event": "resume", "step": S}``; ``read_log`` then drops older records of steps after S."""
+
+    def __init__(self, path: Path, start_step: int, enabled: bool):
+        self.path, self.enabled = path, enabled
+        if enabled and start_step > 0 and path.exists():
+            with open(path, "rb+") as f:            # finish a line cut by a crash
+                f.seek(0, 2)
+                if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                    f.write(b"\n")
+            self.write({"event": "resume", "step": start_step})
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(_finite(record), allow_nan=False) + "\n")
+
+
+def read_log(run_dir) -> list[dict]:
+    """The records of RUN/log.jsonl as the run's history: records of steps redone after a resume are
+    replaced by the new ones; cut lines are skipped; resume markers are not returned."""
+    out: list[dict] = []
+    for line in (Path(run_dir) / "log.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("event") == "resume":
+            out = [r for r in out if r.get("step", 0) <= rec["step"]]
+        else:
+            out.append(rec)
+    return out
+
+
+class Logger:
+    """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
+    the tracker and the progress bar. Rates: images/s, tokens/s, and MFU on a known GPU."""
+
+    def __init__(self, run: Run):
+        from tqdm.auto import tqdm
+        self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
+        self.tracker = run.cfg.train.tracker != "none"
+        self.peak = peak_flops(run.device)
+        self.bar = tqdm(total=run.cfg.train.max_steps, initial=run.start, disable=not run.main,
+                        dynamic_ncols=True, desc="train", mininterval=1.0)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = self.applied = 0
+        self.t0 = time.perf_counter()
+
+    def observe(self, sums: dict, applied: bool) -> None:
+        self.steps += 1
+        self.applied += int(applied)
+        if applied:
+            for k, v in sums.items():
+                self.sums[k] = self.sums.get(k, 0.0) + v
+        self.bar.update(1)
+
+    def __call__(self, run: Run, tick: Tick) -> None:
+        if not due(run.cfg.train.log_every, tick) and not tick.stopping:
+            return
+        if self.steps == 0:
+            return
+        rec = self.record(run, tick.done)
+        self.log.write(rec)
+        if self.tracker:
+            run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=tick.done)
+        loss = rec.get("loss")
+        self.bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "skipped",
+                             img_s=f"{rec['images_per_s']:.0f}", refresh=False)
+        self._reset()
+
+    def record(self, run: Run, done: int) -> dict:
+        world, B = run.acc.num_processes, run.cfg.train.batch_size
+        dt = time.perf_counter() - self.t0
+        rec = {"step": done, "lr": run.optimizer.param_groups[0]["lr"]}
+        if self.sums:
+            keys = sorted(self.sums)
+            vals = run.acc.reduce(torch.stack([self.sums[k] for k in keys]).to(run.device), reduction="sum")
+            vals = dict(zip(keys, vals.tolist()))
+            for k in keys:
+                if k != "seq_tokens":
+                    rec[k] = vals[k] / (self.applied * world)
+        images = B * self.steps
+        rec["images_per_s"] = images / dt
+        rec["tokens_per_s"] = images * run.grid[0] * run.grid[1] / dt
+        if self.steps != self.applied:
+            rec["skipped_nonfinite"] = self.steps - self.applied
+        if self.peak is not None and self.sums:
+            seqs = B * self.applied
+            flops = train_flops(run.model.shape, run.cfg.model.vocab_size, seqs, vals["seq_tokens"] / seqs)
+            rec["mfu"] = flops / dt / (self.peak * world)
+        return rec
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def params_finite(run: Run) -> bool:
+    flags = [torch.isfinite(p).all() for p in run.model.parameters()]
+    return bool(torch.stack(flags).all())
+
+
+def save_checkpoint(run: Run, step: int) -> Path | None:
+    """Write RUN/checkpoints/step_N.pt (all processes take part; the main one writes), then rotate."""
+    from accelerate.utils import gather_object
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    states = gather_object([rng_state(run.layout_gen, run.device)])
+    # full (unsharded) states on the main process under DDP and FSDP alike; optimizer keyed by names
+    full, optim = get_state_dict(run.module, run.optimizer.optimizer,
+                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not run.main:
+        return None
+    split = {k: {n[len(k) + 1:]: v for n, v in full.items() if n.startswith(k + ".")}
+             for k in ("model", "objective")}
+    path = ckpt_lib.save_atomic({
+        "model": split["model"], "ema": run.ema.module.state_dict() if run.ema is not None else None,
+        "objective": split["objective"], "optimizer": optim, "step": step,
+        "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid),
+    }, ckpt_lib.checkpoint_path(run.run_dir, step))
+    rotate(run.run_dir, run.cfg.train.keep_ckpts)
+    return path
+
+
+def checkpoint_hook(run: Run, tick: Tick) -> None:
+    if not (due(run.cfg.train.ckpt_every, tick) or tick.stopping):
+        return
+    if not tick.healthy or not params_finite(run):
+        if run.main:
+            warn(f"step {tick.done}: no checkpoint written (non-finite update or weights); "
+                 f"the last good checkpoint stays")
+        return
+    path = save_checkpoint(run, tick.done)
+    if tick.stopping and run.main:
+        print(f"stopped by signal at step {tick.done}: checkpoint {path}", flush=True)
+
+
+# ----------------------------------------------------------------------------- samples, evaluation
+
+@dataclass
+class SampleGrids:
+    """RUN/samples/step_N.png: sample.per_class samples of each sample class, one row per class."""
+    tokenizer: object
+    classes: list[int] = field(default_factory=list)
+
+    def __call__(self, run: Run, tick: Tick) -> None:
+        if tick.stopping or not due(run.cfg.train.sample_every, tick):
+            return
+        if run.main:
+            from ..generation import write_grid
+            path = run.run_dir / "samples" / f"step_{tick.done:08d}.png"
+            with preserved_rng(run.device):
+                write_grid(run.sample_model, self.tokenizer, run.grid, run.cfg.sample, self.classes, path)
+        run.acc.wait_for_everyone()
+
+
+@dataclass
+class OnlineEval:
+    """Every train.eval_every steps: the embedded digits metric on fresh samples, into log.jsonl."""
+    tokenizer: object
+    log: JsonLog
+
+    def __call__(self, run: Run, tick: Tick) -> None:
+        t = run.cfg.train
+        if tick.stopping or not due(t.eval_every, tick, at_end=False):
+            return
+        if run.main:
+            from ..evaluation.online import online_digits_eval
+            with preserved_rng(run.device):
+                res = online_digits_eval(run.sample_model, run.cfg.data, t.eval_per_class, run.cfg.sample,
+                                         self.tokenizer, run.cfg.sample.seed, grid=run.grid)
+            rec = {"step": tick.done, **{f"eval_{k}": v for k, v in res.items()}}
+            self.log.write(rec)
+            if t.tracker != "none":
+                run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=tick.done)
+        run.acc.wait_for_everyone()

@@ -1,0 +1,69 @@
+"""Random streams of a training process, and their state as plain tensors (safe to save).
+
+Every process seeds its own torch / numpy / python RNGs (dropout, label dropout, data augmentation)
+and its own register-layout generator from (seed, rank). A checkpoint keeps one state per process,
+made of tensors, ints and tuples only, so it loads with ``torch.load(weights_only=True)``.
+"""
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+
+def rank_seed(seed: int, rank: int, stream: int) -> int:
+    """A distinct 63-bit seed per (seed, rank, stream): 0 = global RNGs, 1 = layout, 2 = loader."""
+    return (seed * 1_000_003 + rank * 7_919 + stream * 104_729 + 12_345) % (1 << 63)
+
+
+def seed_process(seed: int, rank: int) -> torch.Generator:
+    """Seed this process's global RNGs; return its register-layout generator (on CPU)."""
+    s = rank_seed(seed, rank, 0)
+    torch.manual_seed(s)
+    np.random.seed(s % (1 << 32))
+    random.seed(s)
+    return torch.Generator().manual_seed(rank_seed(seed, rank, 1))
+
+
+def _numpy_state() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+
+
+def _set_numpy_state(s) -> None:
+    if isinstance(s, tuple):                      # checkpoints written before states were tensors
+        np.random.set_state(s)
+        return
+    np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"]))
+
+
+def rng_state(layout_gen: torch.Generator, device: torch.device) -> dict:
+    """This process's RNG states: tensors and plain values only."""
+    state = {"torch": torch.get_rng_state(), "layout": layout_gen.get_state(),
+             "numpy": _numpy_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, layout_gen: torch.Generator, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    layout_gen.set_state(state["layout"])
+    _set_numpy_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+@contextmanager
+def preserved_rng(device: torch.device):
+    """Run a side job (sampling, evaluation) without moving the training RNG streams."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+    np.random.set_state(np_state)
+    random.setstate(py_state)

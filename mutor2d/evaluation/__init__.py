@@ -1,0 +1,11 @@
+"""Evaluation of generated images, one job per module:
+
+  sources   image sources (sample npz files, ADM reference batches, image folders, digits:SPLIT)
+  digits    the embedded digits classifier, registered as a torch-fidelity feature extractor
+  metrics   FID / IS / precision-recall / KID of samples against a reference
+  records   evaluation records (JSON) and the leaderboard table and plot over them
+  online    the digits metric during training, and its floor (real held-out images)
+  study     the digits study: train, sample, score and summarise a set of methods and seeds
+
+Images come from models through ``mutor2d.generation``. Scripts in eval/ parse arguments only.
+"""

@@ -1,0 +1,402 @@
+"""The one path from a model to images: labels and seeds, uint8 images, PNG grids, npz sample files.
+
+Every caller (sample.py, training sample grids, online evaluation, the digits study) goes through
+``make_sampler`` -> ``sample_batches``: the labels are cut into batches of ``batch_size`` consecutive
+labels (class-major order) and batch k is one ``sampling.generate`` call seeded with
+``shard_seed(seed, k)``. So a grid written during training equals ``sample.py`` on that checkpoint
+with the same settings, seed and batch size.
+
+npz sample files (what the evaluator reads): ``images`` uint8 (N, H, W, 3), ``labels`` int64 (N,),
+``meta`` a 0-d string array holding JSON (``sample_meta``). ``NpzJob`` writes them as shards of
+``batch_size`` samples, seeded like the batches above, so the file is the same for any number of
+processes (it does depend on batch_size, which meta records). Finished shards wait in
+``OUT_shards/`` beside the npz and are skipped on rerun; the npz is assembled from them at the end
+and the folder removed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .io import write_atomic
+from .sampling import generate
+
+Sampler = Callable[[Tensor, int], np.ndarray]  # (labels (n,), seed) -> uint8 images (n, h, w, 3)
+SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
+GRID_MIN_SIDE = 64    # grid cells smaller than this are enlarged (nearest) by an integer factor
+GRID_PAD = 2          # pixels between and around grid cells (white)
+SPREAD = 10           # classes in a grid when none are named
+
+
+class SampleFileError(ValueError):
+    """Bad sample request or inconsistent shard folder; one-line message."""
+
+
+# ----------------------------------------------------------------------------- labels, seeds, settings
+
+def spread_classes(num_classes: int, count: int = SPREAD) -> list[int]:
+    """``count`` classes evenly spread over 0..num_classes-1 (all of them if there are fewer)."""
+    if num_classes <= count:
+        return list(range(num_classes))
+    return [round(i * (num_classes - 1) / (count - 1)) for i in range(count)]
+
+
+def check_classes(classes, num_classes: int, name: str = "--classes") -> list[int]:
+    """Each class in 0..num_classes-1, else a one-line error naming ``name``."""
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if bad:
+        raise SampleFileError(f"{name} {','.join(map(str, classes))!r}: class {bad[0]} is out of range "
+                              f"0..{num_classes - 1}")
+    return list(classes)
+
+
+def parse_classes(text: str, num_classes: int) -> list[int]:
+    """"1,7,9" -> [1, 7, 9], each in 0..num_classes-1."""
+    out = []
+    for item in text.split(","):
+        try:
+            out.append(int(item.strip()))
+        except ValueError:
+            raise SampleFileError(f"--classes {text!r}: {item.strip()!r} is not a class index "
+                                  f"(expected comma-separated integers in 0..{num_classes - 1})") from None
+    return check_classes(out, num_classes)
+
+
+def grid_classes(sample_cfg, num_classes: int) -> list[int]:
+    """The classes of a sample grid: ``sample.classes`` (checked), else a spread of them."""
+    if sample_cfg.classes:
+        return check_classes(sample_cfg.classes, num_classes, "sample.classes")
+    return spread_classes(num_classes)
+
+
+def balanced_labels(num: int, classes: list[int]) -> Tensor:
+    """(num,) labels, num / len(classes) of each class, class-major (c0 c0 … c1 c1 …)."""
+    if num < 1 or num % len(classes):
+        raise SampleFileError(f"--num {num}: must be a positive multiple of the number of classes "
+                              f"({len(classes)}) so that every class gets the same count")
+    return torch.tensor(classes, dtype=torch.long).repeat_interleave(num // len(classes))
+
+
+def shard_seed(seed: int, index: int) -> int:
+    """The seed of shard (or batch) ``index`` of a run seeded with ``seed`` (>= 0)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SampleFileError(f"seed {seed!r}: expected an integer >= 0")
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def sampling_settings(sample_cfg, **given) -> dict:
+    """{cfg_scale, temperature, top_k, top_p}: the ``given`` values that are not None, else the
+    config's ``sample`` section's."""
+    return {k: getattr(sample_cfg, k) if given.get(k) is None else given[k] for k in SETTINGS}
+
+
+def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
+    """'HxW' -> (H, W), both >= 1 (the registers module's parser; a one-line ValueError here)."""
+    import argparse
+
+    from .registers import grid_arg
+    try:
+        H, W = grid_arg(text)
+    except argparse.ArgumentTypeError as e:
+        raise SampleFileError(str(e).replace("--grid", flag, 1)) from None
+    if H < 1 or W < 1:
+        raise SampleFileError(f"{flag} {text!r}: expected H, W >= 1")
+    return H, W
+
+
+# ----------------------------------------------------------------------------- images
+
+def to_uint8(images: Tensor) -> np.ndarray:
+    """images (B, 3, h, w) float in [0, 1] -> uint8 (B, h, w, 3), rounded."""
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def tokenizer_device(tokenizer) -> torch.device | None:
+    """Where a tokenizer with weights (a module, or one held as ``.model``) lives; None without weights."""
+    module = tokenizer if isinstance(tokenizer, torch.nn.Module) else getattr(tokenizer, "model", None)
+    if isinstance(module, torch.nn.Module):
+        return next(module.parameters(), torch.empty(0)).device
+    return None
+
+
+def tokenizer_to(tokenizer, device: torch.device):
+    """Move a tokenizer with weights (a module, or an object holding one as ``.model``) to ``device``."""
+    if isinstance(tokenizer, torch.nn.Module):
+        return tokenizer.to(device).eval()
+    if isinstance(getattr(tokenizer, "model", None), torch.nn.Module):
+        tokenizer.model.to(device)
+    return tokenizer
+
+
+def make_sampler(model, tokenizer, grid: tuple[int, int], *, cfg_scale: float = 1.0,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 device: torch.device | str | None = None, decode: str = "plain",
+                 decode_options: dict | None = None) -> Sampler:
+    """(labels (n,), seed) -> uint8 images (n, h, w, 3): generate codes (B, H*W) on ``device``
+    (default: the model's) with decoding mode ``decode`` (sampling.DECODERS; ``decode_options`` such
+    as ``{"draft": 4}``), decode them with ``tokenizer`` on the tokenizer's device. The sampler's
+    ``last`` holds the latest call's decoding counts (sampling.generate's ``stats``) and seconds."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+
+    def sample(labels: Tensor, seed: int) -> np.ndarray:
+        gen = torch.Generator(device).manual_seed(seed)
+        stats, start = {}, time.perf_counter()
+        tokens = generate(model, labels.to(device), grid, cfg_scale=cfg_scale, temperature=temperature,
+                          top_k=top_k, top_p=top_p, generator=gen, decode=decode, stats=stats,
+                          **(decode_options or {}))
+        sample.last = {**stats, "images": len(labels), "seconds": time.perf_counter() - start}
+        tokens = tokens.view(-1, *grid)
+        with torch.no_grad():
+            images = tokenizer.decode(tokens.to(tokenizer_device(tokenizer) or tokens.device))
+        return to_uint8(images)
+
+    sample.last = {}
+    return sample
+
+
+def decode_summary(parts: list[dict], tokens_per_image: int) -> dict:
+    """Decoding counts of several sampler calls (``sampler.last``) summed into one summary: forward
+    passes per image, tokens per forward, accepted draft tokens per forward, acceptance by draft
+    distance, tokens/s of generation (tokenizer decoding not counted)."""
+    parts = [p for p in parts if p.get("images")]
+    if not parts:
+        return {}
+    images = sum(p["images"] for p in parts)
+    row_forwards = sum(p["forwards_per_image"] * p["images"] for p in parts)
+    out = {"forwards_per_image": row_forwards / images, "tokens_per_forward": tokens_per_image * images / row_forwards,
+           "tokens_per_s": tokens_per_image * images / max(sum(p["seconds"] for p in parts), 1e-9)}
+    if all("proposed" in p for p in parts):
+        proposed = np.sum([p["proposed"] for p in parts], axis=0)
+        accepted = np.sum([p["accepted"] for p in parts], axis=0)
+        out["accepted_per_forward"] = float(accepted.sum()) / max(row_forwards - images, 1)
+        out["acceptance_by_distance"] = [float(a / p) if p else None for a, p in zip(accepted, proposed)]
+    return out
+
+
+def sample_batches(sampler: Sampler, labels: Tensor, batch_size: int, seed: int) -> np.ndarray:
+    """All ``labels`` in batches of ``batch_size``; batch k seeded with shard_seed(seed, k)."""
+    if batch_size < 1:
+        raise SampleFileError(f"--batch-size {batch_size}: expected >= 1")
+    parts = [sampler(labels[i: i + batch_size], shard_seed(seed, k))
+             for k, i in enumerate(range(0, len(labels), batch_size))]
+    return np.concatenate(parts)
+
+
+def sample_images(model, tokenizer, grid: tuple[int, int], settings: dict, labels: Tensor, seed: int,
+                  batch_size: int = 64) -> np.ndarray:
+    """uint8 images (len(labels), h, w, 3) of ``labels`` with sampling ``settings``
+    ({cfg_scale, temperature, top_k, top_p}), seeded per batch from ``seed``."""
+    return sample_batches(make_sampler(model, tokenizer, grid, **settings), labels, batch_size, seed)
+
+
+def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike) -> Path:
+    """uint8 images (B, h, w, 3) -> PNG grid with ``ncol`` columns on a white background.
+    Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
+    digits become visible). Size: (p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD."""
+    from PIL import Image
+    B, h, w, _ = images.shape
+    s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
+    x = images.repeat(s, axis=1).repeat(s, axis=2)
+    rows = -(-B // ncol)
+    canvas = np.full((pad + rows * (h * s + pad), pad + ncol * (w * s + pad), 3), 255, np.uint8)
+    for i in range(B):
+        r, c = divmod(i, ncol)
+        y0, x0 = pad + r * (h * s + pad), pad + c * (w * s + pad)
+        canvas[y0: y0 + h * s, x0: x0 + w * s] = x[i]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(canvas).save(path)
+    return path
+
+
+def write_grid(model, tokenizer, grid: tuple[int, int], sample_cfg, classes: list[int], path: str | os.PathLike,
+               batch_size: int = 64) -> Path:
+    """PNG grid, one row per class of ``classes`` (see ``grid_classes``), ``sample_cfg.per_class``
+    columns, sampled with the ``sample`` section's settings and seed: the grid ``sample.py`` makes
+    from the same model. Leaves the global RNG alone; the model keeps its train/eval mode."""
+    labels = balanced_labels(sample_cfg.per_class * len(classes), list(classes))
+    images = sample_images(model, tokenizer, grid, sampling_settings(sample_cfg), labels, sample_cfg.seed,
+                           batch_size)
+    return save_grid(images, sample_cfg.per_class, path)
+
+
+# ----------------------------------------------------------------------------- a checkpoint to sample
+
+@dataclass
+class Loaded:
+    """A checkpoint opened for sampling: the model (eval mode), its RunConfig, training step,
+    tokenizer (on the model's device), token grid (H, W), and whether EMA weights were used."""
+    model: torch.nn.Module
+    cfg: object
+    step: int
+    tokenizer: object
+    grid: tuple[int, int]
+    ema: bool
+
+
+def pick_grid(text: str | None, known: tuple[int, int] | None) -> tuple[int, int]:
+    """--grid (must equal the model's grid when that is known: a model trained at one grid makes
+    garbage at another), else the model's grid."""
+    if text is None:
+        if known is None:
+            raise SampleFileError("cannot find the token grid from the checkpoint or its tokenizer; pass --grid HxW")
+        return known
+    wanted = parse_grid(text)
+    if known is not None and wanted != known:
+        raise SampleFileError(f"--grid {text}: this model was trained on a {known[0]}x{known[1]} grid")
+    return wanted
+
+
+def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str | None = None) -> Loaded:
+    """Load a class-conditional checkpoint for sampling: one metadata read, one weights read.
+    The model's grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
+    from . import checkpoint
+    from .data import build_tokenizer
+    model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)   # one read
+    step = meta["step"]
+    if not cfg.model.kind().per_class:
+        raise SampleFileError(f"{path}: sample.py makes images from class-conditional models, this one has "
+                              f"model.prefix={cfg.model.prefix!r}")
+    try:
+        tokenizer = tokenizer_to(build_tokenizer(cfg.data), torch.device(device))
+    except (ValueError, OSError) as e:
+        raise SampleFileError(f"tokenizer of {path}: {e}") from None
+    known = tuple(int(v) for v in (meta.get("grid") or tokenizer.grid))
+    return Loaded(model, cfg, step, tokenizer, pick_grid(grid, known), bool(use_ema and meta.get("has_ema")))
+
+
+# ----------------------------------------------------------------------------- npz files
+
+def sample_meta(*, checkpoint: str, step: int, config: dict, settings: dict, seed: int, classes: list[int],
+                num: int, batch_size: int, ema: bool, grid, decode: str = "plain",
+                decode_options: dict | None = None) -> dict:
+    """The ``meta`` of a sample file: where the samples come from and every setting that made them
+    (the assembled file adds ``decode_stats``, measured while sampling)."""
+    return dict(checkpoint=str(checkpoint), step=step, config=config, **{k: settings[k] for k in SETTINGS},
+                seed=seed, per_class=num // len(classes), num=num, classes=list(classes), batch_size=batch_size,
+                ema=ema, grid=list(grid), decode=decode, decode_options=dict(decode_options or {}))
+
+
+def _write_npz_atomic(path: Path, **arrays) -> None:
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(images uint8 (N, H, W, 3), labels int64 (N,), meta dict) of a sample file."""
+    with np.load(path, allow_pickle=False) as f:
+        return f["images"], f["labels"], json.loads(str(f["meta"]))
+
+
+def shard_dir(npz_path: str | os.PathLike) -> Path:
+    """``out.npz`` -> ``out_shards/`` beside it."""
+    p = Path(npz_path)
+    return p.with_name(p.stem + "_shards")
+
+
+def _canon(meta: dict) -> str:
+    return json.dumps(meta, sort_keys=True)
+
+
+def _meta_mismatch(found: dict, meta: dict) -> list[str]:
+    keys = sorted(set(found) | set(meta))
+    return [k for k in keys if _canon({"v": found.get(k)}) != _canon({"v": meta.get(k)})]
+class NpzJob:
+    """N class-balanced samples written as shards of ``batch_size`` (see module docstring)."""
+
+    def __init__(self, out: str | os.PathLike, labels: Tensor, batch_size: int, seed: int, meta: dict):
+        if batch_size < 1:
+            raise SampleFileError(f"--batch-size {batch_size}: expected >= 1")
+        self.out, self.labels, self.batch_size, self.seed = Path(out), labels, batch_size, seed
+        self.meta = json.loads(_canon(meta))   # plain JSON types, as read back from a file
+        self.dir = shard_dir(self.out)
+
+    @property
+    def num_shards(self) -> int:
+        return -(-len(self.labels) // self.batch_size)
+
+    def shard_path(self, k: int) -> Path:
+        return self.dir / f"shard_{k:06d}.npz"
+
+    def is_complete(self) -> bool:
+        """True if ``out`` already holds this very job (same meta)."""
+        if not self.out.is_file():
+            return False
+        try:
+            _, _, found = read_npz(self.out)
+        except Exception:
+            return False
+        found.pop("decode_stats", None)             # measured while sampling: not a setting
+        return _canon(found) == _canon(self.meta)
+
+    def _shard_done(self, k: int) -> bool:
+        path = self.shard_path(k)
+        if not path.is_file():
+            return False
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                found = json.loads(str(f["meta"]))
+        except Exception:       # truncated or foreign: make it again
+            return False
+        bad = _meta_mismatch(found, self.meta)
+        if bad:
+            raise SampleFileError(f"{self.dir} holds shards made with other settings (differs in: "
+                                  f"{', '.join(bad)}); delete it or write to another --npz")
+        return True
+
+    def missing(self) -> list[int]:
+        """Shards not yet made (raises if the folder holds shards of other settings)."""
+        return [k for k in range(self.num_shards) if not self._shard_done(k)]
+
+    def make_shard(self, sampler: Sampler, k: int) -> None:
+        labels = self.labels[k * self.batch_size: (k + 1) * self.batch_size]
+        images = sampler(labels, shard_seed(self.seed, k))
+        _write_npz_atomic(self.shard_path(k), images=images, labels=labels.numpy(),
+                          meta=np.array(_canon(self.meta)), stats=np.array(json.dumps(getattr(sampler, "last", {}))))
+
+    def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
+        """Make the given shards. Processes split ``missing()`` (taken by all of them before any
+        starts) as ``missing[rank::world]``."""
+        from tqdm import tqdm
+        for k in tqdm(shards, desc="shards", disable=not progress, dynamic_ncols=True):
+            self.make_shard(sampler, k)
+
+    def complete(self, sampler: Sampler) -> Path:
+        """One process: make the missing shards (none if ``out`` already holds this job) and assemble."""
+        if not self.is_complete():
+            self.run(sampler, self.missing())
+            self.assemble()
+        return self.out
+
+    def assemble(self) -> Path:
+        """Join all shards into ``out`` (atomic write) and remove the shard folder."""
+        missing = self.missing()
+        if missing:
+            raise SampleFileError(f"{self.dir}: {len(missing)} of {self.num_shards} shards are missing "
+                                  f"(first: {missing[0]}); rerun to finish them")
+        images, labels, at, stats = None, np.empty(len(self.labels), np.int64), 0, []
+        for k in range(self.num_shards):        # fill one array: 50K 256px images are ~10 GB
+            with np.load(self.shard_path(k), allow_pickle=False) as f:
+                part = f["images"]
+                stats.append(json.loads(str(f["stats"])) if "stats" in f.files else {})
+                if images is None:
+                    images = np.empty((len(self.labels), *part.shape[1:]), np.uint8)
+                images[at: at + len(part)] = part
+                labels[at: at + len(part)] = f["labels"]
+                at += len(part)
+        if at != len(self.labels):
+            raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {len(self.labels)}")
+        grid = self.meta.get("grid") or [1, 1]
+        meta = {**self.meta, "decode_stats": decode_summary(stats, int(np.prod(grid)))}
+        _write_npz_atomic(self.out, images=images, labels=labels, meta=np.array(_canon(meta)))
+        shutil.rmtree(self.dir)
+        return self.out

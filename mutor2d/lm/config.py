@@ -1,0 +1,188 @@
+"""Config of a language-model fine-tuning run: a YAML file with top-level ``task: lm``.
+
+Built on mutor2d.config, which holds every shared rule: YAML reading, ``section.key=value``
+overrides, type checks, one-line :class:`ConfigError` messages, the ``objective`` variants and the
+optimiser section. Only the LM-specific sections live here:
+
+* model: a local transformers causal LM (``hf``), LoRA or full fine-tuning;
+* data: ``jsonl`` ({"prompt", "answer"} lines) or ``gsm8k`` ({"question", "answer"} lines);
+* objective: the shared variant ``ntp`` or ``mutor-1d`` (same fields and ``check()`` as an image
+  run; an answer is a 1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
+* optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
+* train: the LM loop's own settings (no EMA, sampling or image evaluation).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from ..config import (ConfigError, ObjectiveVariant, OptimConfig, at_least, build_tagged, fail,
+                      check_seed, apply_overrides, build_section, read_yaml, resolve_path)
+
+TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
+OBJECTIVES = ("ntp", "mutor-1d")              # objective variants that work on a 1D answer line
+DEFAULT_OBJECTIVE = "mutor-1d"
+SECTIONS = ("model", "data", "objective", "optim", "train")
+
+
+@dataclass
+class LMModelConfig:
+    """hf: local folder of a transformers causal LM (loaded with local_files_only)."""
+    hf: str = ""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    finetune: Literal["lora", "full"] = "lora"
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
+    gradient_checkpointing: bool = False
+
+    def check(self) -> None:
+        if not self.hf:
+            fail("model.hf", "a local folder holding a transformers causal LM", self.hf)
+        at_least("model.lora_r", self.lora_r, 1)
+        if not 0 <= self.lora_dropout < 1:
+            fail("model.lora_dropout", "a number in [0, 1)", self.lora_dropout)
+
+
+@dataclass
+class LMDataConfig:
+    """jsonl: {"prompt","answer"} lines; gsm8k: {"question","answer"} lines (converted)."""
+    name: Literal["jsonl", "gsm8k"] = "jsonl"
+    path: str = ""
+    max_prompt_len: int = 512
+    max_answer_len: int = 512
+    add_eos: bool = True
+
+    def check(self) -> None:
+        if not self.path:
+            fail("data.path", "a jsonl file", self.path)
+        at_least("data.max_prompt_len", self.max_prompt_len, 1)
+        at_least("data.max_answer_len", self.max_answer_len, 2)   # a target needs an input before it
+
+
+@dataclass
+class LMOptimConfig(OptimConfig):
+    """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` for the register
+    embedding (None: optim.lr)."""
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    register_lr: float | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.register_lr is not None and self.register_lr <= 0:
+            fail("optim.register_lr", "> 0 or null", self.register_lr)
+
+
+@dataclass
+class LMTrainConfig:
+    """``batch_size`` is per process and micro-step: ``grad_accum`` micro-batches make one update."""
+    batch_size: int = 8
+    max_steps: int = 1000
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 0                # 0: save at the end only
+    padding_side: Literal["left", "right"] = "right"
+    group_by_length: bool = True       # batches of similar lengths (data.LengthGroupedBatches)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    grad_accum: int = 1
+
+    def check(self) -> None:
+        for k in ("batch_size", "max_steps", "log_every", "grad_accum"):
+            at_least(f"train.{k}", getattr(self, k), 1)
+        at_least("train.save_every", self.save_every, 0)
+        check_seed("train.seed", self.seed)
+
+
+@dataclass
+class LMRunConfig:
+    task: Literal["lm"] = TASK
+    model: LMModelConfig = field(default_factory=LMModelConfig)
+    data: LMDataConfig = field(default_factory=LMDataConfig)
+    objective: ObjectiveVariant = field(default_factory=lambda: _objective({}))
+    optim: LMOptimConfig = field(default_factory=LMOptimConfig)
+    train: LMTrainConfig = field(default_factory=LMTrainConfig)
+
+    def check(self) -> "LMRunConfig":
+        for s in SECTIONS:
+            getattr(self, s).check()
+        return self
+
+    def to_dict(self) -> dict:
+        """Plain dict (the objective leads with its ``name``); ``load`` reads it back."""
+        out = {"task": self.task, **{s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}}
+        out["objective"] = {"name": self.objective.name, **out["objective"]}
+        out["optim"]["betas"] = list(out["optim"]["betas"])
+        return out
+
+
+SECTION_TYPES = {"model": LMModelConfig, "data": LMDataConfig, "optim": LMOptimConfig,
+                 "train": LMTrainConfig}
+
+
+def _objective(data: Any) -> ObjectiveVariant:
+    """The shared objective variant of ``data`` (default mutor-1d); only the 1D ones are allowed."""
+    if isinstance(data, dict):
+        data = {"name": DEFAULT_OBJECTIVE, **data}
+    section = build_tagged("objective", data)
+    if section.name not in OBJECTIVES:
+        fail("objective.name", f"one of {list(OBJECTIVES)} for task: {TASK}", section.name)
+    return section
+
+
+def from_dict(data: Any) -> LMRunConfig:
+    """A fully checked LMRunConfig from a plain dict (``task`` may be left out)."""
+    if not isinstance(data, dict):
+        fail("config", "a mapping of sections", data)
+    kwargs = {}
+    for s, value in data.items():
+        if s == "task":
+            if value != TASK:
+                fail("task", repr(TASK), value)
+        elif s == "objective":
+            kwargs[s] = _objective(value)
+        elif s in SECTION_TYPES:
+            kwargs[s] = build_section(SECTION_TYPES[s], value, f"{s}.")
+        else:
+            raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(SECTIONS)})")
+    return LMRunConfig(**kwargs).check()
+
+
+def _read(name: str | os.PathLike) -> dict:
+    path = resolve_path(name)
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        fail(str(path), "a mapping of sections", data)
+    return data
+
+
+def is_lm_config(name: str | os.PathLike) -> bool:
+    """True when the YAML ``name`` has top-level ``task: lm`` (train.py dispatch)."""
+    try:
+        return _read(name).get("task") == TASK
+    except ConfigError:
+        return False
+
+
+def load(cfg: str | os.PathLike | dict | LMRunConfig, overrides: list[str] | None = None) -> LMRunConfig:
+    """A YAML path/name, a dict or an LMRunConfig (+ ``section.key=value`` overrides) -> checked
+    LMRunConfig. A dict passed in is not modified."""
+    if isinstance(cfg, LMRunConfig):
+        data = cfg.to_dict()
+    elif isinstance(cfg, dict):
+        data = copy.deepcopy(cfg)
+    else:
+        data = _read(cfg)
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+def dump(cfg: LMRunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,52 @@
+"""Plain decoding: one token per forward pass, in raster order, with a KV cache.
+
+Registers play no part: only the regular next-token pathway runs, so a MuToR checkpoint samples
+exactly like an NTP one. Position ids come from ``registers.regular_position_ids`` (the same ids
+training uses). The drawn token is fed to both CFG halves.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..registers import regular_position_ids
+from .rules import Rules, sample_logits
+
+
+def with_null_prefix(model, prefix: Tensor, rules: Rules) -> Tensor:
+    """[prefix; null prefix] rows when guided, else ``prefix``."""
+    if not rules.guided:
+        return prefix
+    return torch.cat([prefix, model.conditioning.null_prefix(model.cfg, prefix)])
+
+
+def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, generator,
+                 stats: dict | None = None) -> Tensor:
+    """Sample bodies (B, H*W) for ``prefix``: one decode call per token."""
+    device = model.output.weight.device
+    prefix = prefix.to(device)
+    B = prefix.shape[0]
+    N = grid[0] * grid[1]
+    P = model.prefix_len(prefix)
+    prefix = with_null_prefix(model, prefix, rules)
+    rows = prefix.shape[0]
+    pos = regular_position_ids(grid, P, P + N - 1).to(device)        # (P + N - 1, 2)
+    model.setup_cache(rows, P + N - 1)
+
+    def pick(logits: Tensor) -> Tensor:                               # logits (rows, V)
+        logits = rules.combine(logits)
+        return sample_logits(logits, rules.temperature, rules.top_k, rules.top_p, generator)
+
+    out = torch.empty(B, N, dtype=torch.long, device=device)
+    logits = model.decode(None, pos[:P].expand(rows, P, 2), 0, prefix)[:, -1]
+    for t in range(N):
+        out[:, t] = pick(logits)
+        if t == N - 1:
+            break
+        tok = out[:, t: t + 1]
+        if rules.guided:
+            tok = torch.cat([tok, tok])
+        logits = model.decode(tok, pos[P + t: P + t + 1].expand(rows, 1, 2), P + t)[:, -1]
+    if stats is not None:
+        stats.update(forwards=N, forwards_per_image=float(N), tokens_per_forward=1.0)
+    return out

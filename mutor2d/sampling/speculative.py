@@ -1,0 +1,238 @@
+"""Exact speculative decoding: register drafts (MuToR checkpoints) and speculative Jacobi decoding.
+
+One round, per row with n body tokens emitted (x_{n-1} not yet in the KV cache):
+  regular inputs [x_{n-1}, d_n, ..., d_{n+K-1}] (K drafts, some may be absent) at cache indices
+  P+n-1.., so regular output j gives the target distribution p_j of body token n+j;
+  drafts are verified left to right with standard speculative sampling: d_{n+i} ~ q_i is kept
+  with probability min(1, p_i(d)/q_i(d)); at the first rejection the token is drawn from
+  normalise(max(p_i − q_i, 0)) and the round ends; if every draft is kept (or none is left),
+  one more token is drawn from the next p. Each emitted token thus follows p given the tokens
+  before it, so the samples follow plain sampling's distribution. p and q are both made by
+  ``Rules`` (CFG, temperature, top-k, top-p); greedy makes them one-hot, which reproduces plain
+  greedy decoding. Rows advance at their own pace (one cache start per row).
+
+Drafters (who proposes d and q):
+* registers: after every regular input (anchor body token t) K registers with offsets (0, 2..K+1)
+  predict x_{t+2}..x_{t+K+1} (x_{t+1} is the regular output's job). They follow the training
+  rules: the position id of regular input P-1+target, they see regular inputs 0..P+t and
+  themselves, are never written to the cache and no regular token sees them. Targets past the
+  end of the anchor's row (the geometric edge rule) are not drafted. The next round's drafts come
+  from the registers of the last kept input, so a partial acceptance needs no extra pass.
+* jacobi (training-free): the regular outputs of this round past the kept tokens are the drafts
+  of the next round (the last output stands in for positions it does not reach).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..registers import offset_targets, regular_position_ids
+from .plain import with_null_prefix
+from .rules import Rules, draw
+
+
+@dataclass
+class Drafts:
+    """tokens (B, K) long, probs (B, K, V) the distributions q they were drawn from, valid
+    (B, K) bool (an invalid draft is absent; verification stops there)."""
+    tokens: Tensor
+    probs: Tensor
+    valid: Tensor
+
+    @classmethod
+    def none(cls, B: int, K: int, V: int, device) -> "Drafts":
+        return cls(torch.zeros(B, K, dtype=torch.long, device=device),
+                   torch.full((B, K, V), 1.0 / V, device=device),
+                   torch.zeros(B, K, dtype=torch.bool, device=device))
+
+
+def _uniform(shape, generator, device) -> Tensor:
+    gen_device = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=gen_device).to(device)
+
+
+def verify(p: Tensor, drafts: Drafts, generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Speculative sampling of one round. p (B, K+1, V) target distributions, drafts of K.
+
+    Returns (kept (B,) number of drafts kept, token (B,) the token after them, lead (B, K) bool
+    which drafts were kept)."""
+    B, K1, V = p.shape
+    K = K1 - 1
+    d = drafts.tokens[..., None]
+    p_d = p[:, :K].gather(-1, d)[..., 0]
+    q_d = drafts.probs.gather(-1, d)[..., 0]
+    ok = drafts.valid & (_uniform((B, K), generator, p.device) * q_d < p_d)   # u < p/q
+    lead = ok.long().cumprod(1).bool()
+    kept = lead.sum(1)
+    at = kept[:, None, None].expand(B, 1, V)
+    p_at = p.gather(1, at)[:, 0]
+    q_at = torch.cat([drafts.probs, torch.zeros_like(p[:, :1])], 1).gather(1, at)[:, 0]
+    rejected = torch.cat([drafts.valid, torch.zeros_like(drafts.valid[:, :1])], 1).gather(1, kept[:, None])
+    residual = (p_at - q_at).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    dist = torch.where(rejected & (mass > 0), residual / mass.clamp(min=1e-30), p_at)
+    return kept, draw(dist, generator), lead
+
+
+class RegisterDrafter:
+    """K registers with offsets (0, 2..K+1) after every regular input (see module doc)."""
+
+    def __init__(self, grid: tuple[int, int], prefix_len: int, K: int, table: Tensor, rules: Rules):
+        self.grid, self.P, self.K, self.table, self.rules = grid, prefix_len, K, table, rules
+        self.offsets = torch.stack([torch.zeros(K, dtype=torch.long), torch.arange(2, K + 2)], -1)
+        self.valid = None
+
+    def extras(self, start: Tensor, cur: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows with cur tokens emitted -> register position ids (B, E, 2) and read limits (B, E),
+        E = (K+1)·K, anchor-major."""
+        B, K, dev = start.shape[0], self.K, start.device
+        j = torch.arange(K + 1, device=dev)
+        anchors = (cur - 1)[:, None, None] + j[None, :, None]                  # body index t
+        target, self.valid = offset_targets(self.grid, anchors.expand(B, K + 1, K),
+                                            self.offsets.to(dev), "geometric")
+        positions = self.table[self.P - 1 + target].reshape(B, -1, 2)
+        limit = (start[:, None] + j)[:, :, None].expand(B, K + 1, K).reshape(B, -1)
+        return positions, limit
+
+    def first_extras(self, B: int, device) -> tuple[Tensor | None, Tensor | None]:
+        """Registers anchored at the last prefix token (t = -1, virtual cell (0, -1)), drafting
+        x_1..x_K during the prefill: 1D only, as training anchors there only in 1D."""
+        if self.grid[0] > 1:
+            return None, None
+        anchors = torch.full((B, 1, self.K), -1, device=device)
+        target, self.valid = offset_targets(self.grid, anchors, self.offsets.to(device), "geometric")
+        limit = torch.full((B, self.K), self.P - 1, device=device)
+        return self.table[self.P - 1 + target[:, 0]], limit
+
+    def propose(self, logits: Tensor, p: Tensor, kept: Tensor, n_new: Tensor, generator) -> Drafts:
+        """Drafts for the next round from the registers of the last kept input."""
+        B, K = logits.shape[0], self.K
+        reg = logits[:, K + 1:].unflatten(1, (K + 1, K))[torch.arange(B), kept]     # (B, K, V)
+        q = self.rules.probs(reg)
+        return Drafts(draw(q, generator), q, self.valid[torch.arange(B), kept])
+
+
+class JacobiDrafter:
+    """Drafts = this round's regular outputs past the kept tokens (see module doc)."""
+
+    def __init__(self, num_tokens: int, K: int):
+        self.N, self.K = num_tokens, K
+
+    def extras(self, start: Tensor, cur: Tensor) -> tuple[None, None]:
+        return None, None
+
+    def first_extras(self, B: int, device) -> tuple[None, None]:
+        return None, None
+
+    def propose(self, logits: Tensor, p: Tensor, kept: Tensor, n_new: Tensor, generator) -> Drafts:
+        K, V = self.K, p.shape[-1]
+        i = torch.arange(K, device=p.device)
+        j = (kept[:, None] + 1 + i).clamp(max=K)
+        q = p.gather(1, j[..., None].expand(-1, -1, V))
+        return Drafts(draw(q, generator), q, (n_new[:, None] + i) < self.N)
+
+
+class Counts:
+    """Per-run statistics of a speculative run."""
+
+    def __init__(self, B: int, K: int):
+        self.B, self.forwards, self.row_forwards = B, 1, B            # the prefill
+        self.proposed, self.accepted = torch.zeros(K), torch.zeros(K)
+
+    def add(self, active: Tensor, valid: Tensor, lead: Tensor) -> None:
+        reached = torch.cat([torch.ones_like(lead[:, :1]), lead[:, :-1]], 1) & valid & active[:, None]
+        self.forwards += 1
+        self.row_forwards += int(active.sum())
+        self.proposed += reached.sum(0).cpu()
+        self.accepted += (lead & active[:, None]).sum(0).cpu()
+
+    def summary(self, N: int) -> dict:
+        per_image = self.row_forwards / self.B
+        rounds = max(self.row_forwards - self.B, 1)
+        return dict(forwards=self.forwards, forwards_per_image=per_image,
+                    tokens_per_forward=N / per_image,
+                    accepted_per_forward=float(self.accepted.sum()) / rounds,
+                    proposed=self.proposed.long().tolist(), accepted=self.accepted.long().tolist(),
+                    acceptance_by_distance=[float(a / p) if p else float("nan")
+                                            for a, p in zip(self.accepted, self.proposed)])
+
+
+def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, generator,
+                stats: dict | None, K: int, make_drafter) -> Tensor:
+    """The round loop shared by the drafters (see module doc) -> bodies (B, H*W)."""
+    device = model.output.weight.device
+    prefix = prefix.to(device)
+    B, N, V = prefix.shape[0], grid[0] * grid[1], model.cfg.vocab_size
+    P = model.prefix_len(prefix)
+    prefix = with_null_prefix(model, prefix, rules)
+    rows = prefix.shape[0]
+    twice = (lambda t: torch.cat([t, t])) if rules.guided else (lambda t: t)
+    table = regular_position_ids(grid, P, P + N + K).to(device)
+    drafter = make_drafter(grid, P, table)
+    model.setup_cache(rows, P + N - 1 + K)
+    out = torch.zeros(B, N + K + 1, dtype=torch.long, device=device)
+    out[:, 0], drafts = _prefill(model, prefix, table[:P], rules, drafter, twice, generator)
+    n = torch.ones(B, dtype=torch.long, device=device)
+    counts, j = Counts(B, K), torch.arange(K + 1, device=device)
+    while bool((n < N).any()):
+        active = n < N
+        cur = n.clamp(max=N - 1)                       # finished rows repeat their last input
+        start = P + cur - 1
+        tokens = torch.cat([out.gather(1, (cur - 1)[:, None]), drafts.tokens], 1)
+        positions = table[start[:, None] + j]
+        extra_pos, extra_limit = drafter.extras(start, cur)
+        logits = model.decode(twice(tokens), twice(positions), twice(start), None,
+                              None if extra_pos is None else twice(extra_pos),
+                              None if extra_limit is None else twice(extra_limit))
+        logits = rules.combine(logits)
+        p = rules.probs(logits[:, :K + 1])
+        kept, token, lead = verify(p, drafts, generator)
+        counts.add(active, drafts.valid, lead)
+        emitted = torch.cat([drafts.tokens, token[:, None]], 1).scatter(1, kept[:, None], token[:, None])
+        write = (j <= kept[:, None]) & active[:, None]
+        cols = torch.where(write, n[:, None] + j, torch.full_like(write, N + K, dtype=torch.long))
+        out.scatter_(1, cols, emitted)
+        n = torch.where(active, (n + kept + 1).clamp(max=N), n)
+        drafts = drafter.propose(logits, p, kept, n, generator)
+    if stats is not None:
+        stats.update(counts.summary(N))
+    return out[:, :N]
+
+
+def _prefill(model, prefix: Tensor, positions: Tensor, rules: Rules, drafter, twice, generator):
+    """Prefix step -> (x_0 (B,), drafts for x_1.. from registers anchored at the prefix, if any)."""
+    rows, P = prefix.shape[0], positions.shape[0]
+    B, K, V = (rows // 2 if rules.guided else rows), drafter.K, model.cfg.vocab_size
+    extra_pos, extra_limit = drafter.first_extras(B, prefix.device)
+    if extra_pos is None:
+        logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix))
+        return draw(rules.probs(logits[:, P - 1]), generator), Drafts.none(B, K, V, prefix.device)
+    logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix,
+                                        twice(extra_pos), twice(extra_limit)))
+    first = draw(rules.probs(logits[:, P - 1]), generator)
+    q = rules.probs(logits[:, P:])
+    return first, Drafts(draw(q, generator), q, drafter.valid[:, 0])
+
+
+def _check_k(name: str, K) -> None:
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {K!r}")
+
+
+def decode_registers(model, prefix, grid, rules, generator, stats=None, *, draft: int = 4) -> Tensor:
+    """Speculative decoding with ``draft`` = K register drafts per regular input."""
+    _check_k("draft", draft)
+    if not model.has_register_token:
+        raise ValueError("decode='registers' needs a checkpoint trained with registers; this model "
+                         "has no register embedding (use decode='jacobi' or 'plain')")
+    return speculative(model, prefix, grid, rules, generator, stats, draft,
+                       lambda grid, P, table: RegisterDrafter(grid, P, draft, table, rules))
+
+
+def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int = 4) -> Tensor:
+    """Speculative Jacobi decoding with a window of ``window`` = K draft tokens."""
+    _check_k("window", window)
+    return speculative(model, prefix, grid, rules, generator, stats, window,
+                       lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window))

@@ -1,0 +1,34 @@
+"""Pixel tokenizer: one token per pixel, the grey level quantised to ``levels`` values."""
+from __future__ import annotations
+
+from torch import Tensor
+
+
+class PixelTokenizer:
+    """Grey level g in [0, 1] <-> token round(g * (levels - 1)); the code grid is the image itself.
+
+    ``grid`` (H, W) is the image size it tokenises (the digits: 8x8); ``decode`` accepts any grid."""
+
+    def __init__(self, levels: int, grid: tuple[int, int] = (8, 8)):
+        if levels < 2:
+            raise ValueError(f"data.levels: need at least 2 grey levels, got {levels}")
+        self.levels = levels
+        self.vocab_size = levels
+        self.grid = tuple(grid)
+        self.image_size = self.grid[0]
+
+    device = None  # no weights: works on any device
+
+    def to(self, device) -> "PixelTokenizer":
+        return self
+
+    def encode(self, images: Tensor) -> Tensor:
+        """images (B, C, H, W) or grey (B, H, W), float in [0, 1] -> codes (B, H, W) long.
+        Colour images are reduced to grey by averaging the channels."""
+        grey = images.mean(1) if images.dim() == 4 else images
+        return (grey.clamp(0, 1) * (self.levels - 1)).round().long()
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """codes (B, H, W) long -> images (B, 3, H, W) float in [0, 1] (grey in every channel)."""
+        img = codes.float() / (self.levels - 1)
+        return img.unsqueeze(1).expand(-1, 3, -1, -1)

@@ -1,0 +1,169 @@
+"""mutor2d.generation, the one path from a model to images: labels and seeds, grids, sample-file
+metadata, a checkpoint opened for sampling; sample.py's one-line errors for a wrong grid, seed or
+device."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mutor2d import checkpoint, config, generation
+from mutor2d.generation import SampleFileError
+
+ROOT = Path(__file__).resolve().parent.parent
+V, C = 17, 10
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run folder with one checkpoint of a tiny random class-conditional digits model (8x8)."""
+    from mutor2d.model import GPT
+    folder = tmp_path_factory.mktemp("run")
+    cfg = config.load(None, ["data.name=digits", "model.preset=tiny", f"model.vocab_size={V}",
+                             f"model.num_classes={C}", "sample.per_class=3", "sample.classes=[2,5]",
+                             "sample.seed=4"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    checkpoint.save_atomic({"model": model.state_dict(), "ema": None, "objective": {}, "step": 7,
+                            "config": cfg.to_dict(), "grid": [8, 8]}, checkpoint.checkpoint_path(folder, 7))
+    return folder
+
+
+def sample_main():
+    """sample.py's main, in this process on the CPU."""
+    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_labels_classes_and_seeds():
+    assert generation.spread_classes(10) == list(range(10))
+    assert generation.spread_classes(1000) == [0, 111, 222, 333, 444, 555, 666, 777, 888, 999]
+    assert generation.balanced_labels(6, [4, 1]).tolist() == [4, 4, 4, 1, 1, 1]
+    assert generation.parse_classes("1, 7,9", 10) == [1, 7, 9]
+    cfg = config.load(None, ["data.name=digits"]).sample
+    assert generation.grid_classes(cfg, 1000) == generation.spread_classes(1000)
+    cfg.classes = [3, 12]
+    with pytest.raises(SampleFileError, match="^sample.classes '3,12': class 12 is out of range 0..9$"):
+        generation.grid_classes(cfg, 10)
+    assert generation.shard_seed(5, 0) != generation.shard_seed(5, 1) == generation.shard_seed(5, 1)
+    with pytest.raises(SampleFileError, match=r"^seed -1: expected an integer >= 0$"):
+        generation.shard_seed(-1, 0)
+    assert generation.parse_grid("16x8") == (16, 8)
+    for bad in ("8by8", "0x4"):
+        with pytest.raises(SampleFileError, match=f"--grid '{bad}'"):
+            generation.parse_grid(bad)
+
+
+def test_pick_grid_refuses_another_grid_than_the_models():
+    assert generation.pick_grid(None, (8, 8)) == (8, 8)
+    assert generation.pick_grid("4x4", None) == (4, 4)
+    with pytest.raises(SampleFileError, match="^--grid 16x16: this model was trained on a 8x8 grid$"):
+        generation.pick_grid("16x16", (8, 8))
+    with pytest.raises(SampleFileError, match="pass --grid HxW"):
+        generation.pick_grid(None, None)
+
+
+def test_training_grid_equals_sample_py_grid(run, tmp_path):
+    """write_grid (what training calls) and sample.py give the same PNG bytes for the same model,
+    settings and seed; write_grid leaves the model's mode and the global RNG alone."""
+    src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
+    assert (src.step, src.grid, src.ema) == (7, (8, 8), False)
+    model = src.model.train()
+    classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
+    state = torch.random.get_rng_state()
+    ours = generation.write_grid(model, src.tokenizer, src.grid, src.cfg.sample, classes, tmp_path / "train.png")
+    assert model.training and torch.equal(torch.random.get_rng_state(), state)
+    sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "cli.png"), "--device", "cpu"])
+    assert ours.read_bytes() == (tmp_path / "cli.png").read_bytes()
+    from PIL import Image
+    assert Image.open(ours).size == (2 + 3 * 66, 2 + 2 * 66)        # 3 per class, classes 2 and 5
+
+
+def test_npz_meta_is_built_in_one_place(run, tmp_path):
+    src = generation.open_checkpoint(checkpoint.resolve(run))
+    settings = generation.sampling_settings(src.cfg.sample, cfg_scale=2.0)
+    meta = generation.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
+                                  seed=1, classes=[0, 1], num=4, batch_size=3, ema=src.ema, grid=src.grid)
+    assert {k: meta[k] for k in ("step", "cfg_scale", "top_p", "per_class", "num", "classes", "grid", "ema")} == \
+        {"step": 7, "cfg_scale": 2.0, "top_p": 1.0, "per_class": 2, "num": 4, "classes": [0, 1], "grid": [8, 8],
+         "ema": False}
+    job = generation.NpzJob(tmp_path / "s.npz", generation.balanced_labels(4, [0, 1]), 3, 1, meta)
+    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, **settings)
+    images, labels, found = generation.read_npz(job.complete(sampler))
+    assert images.shape == (4, 8, 8, 3) and labels.tolist() == [0, 0, 1, 1] and found["cfg_scale"] == 2.0
+    assert np.array_equal(images, generation.sample_batches(sampler, torch.tensor([0, 0, 1, 1]), 3, 1))
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--grid", "16x16"], "error: --grid 16x16: this model was trained on a 8x8 grid"),
+    (["--seed", "-1"], "error: --seed -1: expected an integer >= 0"),
+    (["--per-class", "0"], "error: --per-class 0: expected >= 1"),
+    (["--batch-size", "0"], "error: --batch-size 0: expected >= 1"),
+])
+def test_sample_py_bad_flags_are_one_line_errors(run, tmp_path, args, msg):
+    with pytest.raises(SystemExit) as e:
+        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args])
+    assert str(e.value.code) == msg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cuda"])
+    assert str(e.value.code) == "error: --device cuda: CUDA is not available on this machine"
+
+
+@pytest.fixture(scope="module")
+def mutor_run(tmp_path_factory):
+    """A checkpoint of a tiny random MuToR-2D digits model (it has a register embedding)."""
+    from mutor2d.model import GPT
+    folder = tmp_path_factory.mktemp("mutor")
+    cfg = config.load(None, ["data.name=digits", "model.preset=tiny", f"model.vocab_size={V}",
+                             f"model.num_classes={C}", "objective.name=mutor-2d", "objective.d_max=3"])
+    torch.manual_seed(1)
+    model = GPT(cfg.model, register_token=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    checkpoint.save_atomic({"model": model.state_dict(), "ema": None, "objective": {}, "step": 3,
+                            "config": cfg.to_dict(), "grid": [8, 8]}, checkpoint.checkpoint_path(folder, 3))
+    return folder
+
+
+def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(run, mutor_run, tmp_path):
+    from mutor2d.evaluation.records import markdown_table
+    common = ["--ckpt", str(mutor_run), "--num", "10", "--batch-size", "5", "--device", "cpu",
+              "--temperature", "0"]
+    out = {}
+    for mode in (["plain"], ["registers", "--draft", "2"], ["jacobi", "--window", "3"]):
+        path = tmp_path / f"{mode[0]}.npz"
+        sample_main()([*common, "--npz", str(path), "--decode", *mode])
+        out[mode[0]] = generation.read_npz(path)
+    plain = out["plain"][2]["decode_stats"]
+    assert plain["forwards_per_image"] == 64 and "acceptance_by_distance" not in plain
+    for mode in ("registers", "jacobi"):
+        images, _, meta = out[mode]
+        assert np.array_equal(images, out["plain"][0])                    # greedy: the same tokens
+        stats = meta["decode_stats"]
+        assert stats["forwards_per_image"] < 64 and stats["tokens_per_forward"] > 1
+        assert len(stats["acceptance_by_distance"]) == {"registers": 2, "jacobi": 3}[mode]
+    assert out["registers"][2]["decode_options"] == {"draft": 2}
+    rec = {"method": "m", "objective": {}, "metrics": {"fid": 1.0}, "step": 3, "n": 10,
+           "sampling": out["registers"][2]}
+    table = markdown_table([rec], paper=False)
+    assert "decoding" in table.splitlines()[0] and "registers draft=2:" in table
+    with pytest.raises(SystemExit) as e:
+        sample_main()([*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"])
+    assert str(e.value.code) == "error: --draft 0: expected >= 1"
+    with pytest.raises(SystemExit) as e:                                  # a next-token checkpoint
+        sample_main()(["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"), "--device", "cpu",
+                       "--decode", "registers"])
+    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code)

@@ -1,0 +1,270 @@
+"""MuToR-1D through transformers causal LMs (mutor2d.lm): tiny models built offline."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM)
+
+import mutor2d.lm as lm_pkg  # noqa: E402
+from mutor2d.lm import hf  # noqa: E402
+from mutor2d import config as image_config  # noqa: E402
+from mutor2d.config import ConfigError, ObjectiveConfig  # noqa: E402
+from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
+from mutor2d.lm.data import (LengthGroupedBatches, char_tokenizer, collate, gsm8k_record,  # noqa: E402
+                             load_records, tokenize)
+from mutor2d.lm.model import MutorLM  # noqa: E402
+from mutor2d.lm.packing import LMBatch, pack  # noqa: E402
+from mutor2d.registers import RegisterSpec  # noqa: E402
+
+VOCAB = 40
+DENSE = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4)
+SPARSE = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=3)
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+                                        eos_token_id=2)).eval()
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                      bos_token_id=1, eos_token_id=2)).eval()
+
+
+def tiny_sliding(family):
+    """Gemma 2 (logit soft-capping, per-layer-type masks) or Mistral, with a 3-token window."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+    cfg_cls, model_cls = {"gemma2": (Gemma2Config, Gemma2ForCausalLM),
+                          "mistral": (MistralConfig, MistralForCausalLM)}[family]
+    torch.manual_seed(0)
+    return model_cls(cfg_cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                             max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+
+
+FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "gemma2": lambda: tiny_sliding("gemma2"),
+            "mistral": lambda: tiny_sliding("mistral")}
+
+
+def ragged_batch() -> LMBatch:
+    """Three samples with different prompt (3, 5, 2) and answer (6, 2, 4) lengths."""
+    prompt = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12], [13, 14, 0, 0, 0]])
+    answer = torch.tensor([[20, 21, 22, 23, 24, 25], [26, 27, 0, 0, 0, 0], [28, 29, 30, 31, 0, 0]])
+    return LMBatch(prompt, torch.tensor([3, 5, 2]), answer, torch.tensor([6, 2, 4]))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_regular_logits_equal_plain_model(family):
+    lm = FAMILIES[family]()
+    model = MutorLM(lm).eval()
+    losses = {}
+    for side in ("left", "right"):
+        for spec in (DENSE, SPARSE, RegisterSpec()):
+            p = pack(ragged_batch(), spec, side, pad_id=0, generator=torch.Generator().manual_seed(1))
+            assert (p.num_registers > 0) == spec.uses_registers
+            T = p.input_ids.shape[1]
+            with torch.no_grad():
+                losses.setdefault(spec, []).append(model(p)["loss"])
+            with torch.no_grad():
+                ours = model.logits(model.hidden(p)[:, :T])
+                ref = lm(input_ids=p.input_ids, attention_mask=p.real.long(),
+                         position_ids=p.position_ids[:, :T]).logits
+            torch.testing.assert_close(ours[p.real], ref[p.real], atol=1e-5, rtol=1e-5)
+    for left, right in losses.values():                   # the padding side changes nothing
+        torch.testing.assert_close(left, right)
+
+
+def test_register_sees_its_anchor_and_nothing_later():
+    model = MutorLM(tiny_llama()).eval()
+    batch = ragged_batch()
+    p = pack(batch, DENSE, "left", generator=torch.Generator().manual_seed(0))
+    mask, T = p.attention_mask()[:, 0], p.input_ids.shape[1]
+    lead = T - (batch.prompt_len + batch.answer_len - 1)
+    for b in range(3):
+        for r in range(p.num_registers):
+            row = mask[b, T + r]
+            assert row[T:].tolist() == [k == r for k in range(p.num_registers)]   # itself only
+            if not p.reg_valid[b, r]:
+                continue
+            last = int(lead[b] + batch.prompt_len[b] + p.layout.reg_anchor[b, r])  # anchor slot
+            assert row[:T].tolist() == [int(lead[b]) <= s <= last for s in range(T)]
+    # functional: changing a token after the anchor leaves the register's output unchanged
+    with torch.no_grad():
+        before = model.hidden(p)
+        changed = pack(batch, DENSE, "left", generator=torch.Generator().manual_seed(0))
+        changed.input_ids[0, -1] = 33                      # last regular input of sample 0
+        after = model.hidden(changed)
+    T0 = p.input_ids.shape[1]
+    anchor_slot = lead[0] + batch.prompt_len[0] + p.layout.reg_anchor[0]
+    for r in range(p.num_registers):
+        if p.reg_valid[0, r]:
+            same = torch.allclose(before[0, T0 + r], after[0, T0 + r])
+            assert same == bool(anchor_slot[r] < T0 - 1)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_targets_and_positions_at_answer_edges(side):
+    # sample 0: P=3, N=4; sample 1: P=1, N=2; offset d = 2 only
+    batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
+                    torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
+    spec = RegisterSpec(objective="mutor-1d", d_min=2, d_max=2)
+    p = pack(batch, spec, side, pad_id=0)
+    T = 6
+    lead1 = 4 if side == "left" else 0
+    assert p.input_ids[0].tolist() == [5, 6, 7, 20, 21, 22]
+    assert p.input_ids[1, lead1:lead1 + 2].tolist() == [8, 24]
+    assert p.position_ids[0, :T].tolist() == [0, 1, 2, 3, 4, 5]
+    assert p.position_ids[1, lead1:lead1 + 2].tolist() == [0, 1]
+    # next-token targets: the last prompt token predicts a_0, the last input predicts a_{N-1}
+    assert p.ntp_mask[0].tolist() == [False, False, True, True, True, True]
+    assert p.ntp_targets[0, 2:].tolist() == [20, 21, 22, 23]
+    assert p.ntp_targets[1, lead1:lead1 + 2].tolist() == [24, 25] and int(p.ntp_mask[1].sum()) == 2
+    # registers: anchors t = -1, 0, 1 predict a_1, a_2, a_3 at positions P-1+target
+    valid0 = p.reg_valid[0]
+    assert p.layout.reg_anchor[0][valid0].tolist() == [-1, 0, 1]
+    assert p.reg_targets[0][valid0].tolist() == [21, 22, 23]
+    assert p.position_ids[0, T:][valid0].tolist() == [3, 4, 5]
+    valid1 = p.reg_valid[1]                               # only t = -1 -> a_1 fits in N = 2
+    assert p.reg_targets[1][valid1].tolist() == [25] and p.position_ids[1, T:][valid1].tolist() == [1]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_lora_trains_only_adapters_and_register_embedding(checkpointing):
+    model = hf.build(tiny_llama(), LMModelConfig(hf="x", lora_targets=["q_proj", "v_proj"],
+                                                 gradient_checkpointing=checkpointing),
+                     ObjectiveConfig(name="mutor-1d"))
+    model.train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "register_embedding" in trainable
+    assert all(n == "register_embedding" or ".lora_" in n for n in trainable) and len(trainable) > 1
+    p = pack(ragged_batch(), DENSE, "right", generator=torch.Generator().manual_seed(0))
+    model(p)["loss"].backward()
+    with_grad = {n for n, q in model.named_parameters() if q.grad is not None}
+    assert with_grad == trainable
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_save_load_round_trip(tmp_path, finetune):
+    base = tiny_llama()
+    base.save_pretrained(tmp_path / "base")
+    lm = hf.load_causal_lm(tmp_path / "base")
+    model = hf.build(lm, LMModelConfig(hf="x", finetune=finetune, lora_targets=["q_proj", "v_proj"]),
+                     ObjectiveConfig(name="mutor-1d"))
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            if q.requires_grad:
+                q.add_(0.1 * torch.randn_like(q))
+    model.eval()
+    hf.save(model, tmp_path / "out")
+    names = {f.name for f in (tmp_path / "out").iterdir()}
+    assert "register_embedding.safetensors" in names
+    assert ("adapter_model.safetensors" if finetune == "lora" else "model.safetensors") in names
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    x = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x).logits, model.lm(x).logits)
+        assert plain.generate(x, max_new_tokens=3, do_sample=False).shape == (1, 8)
+    fresh = MutorLM(tiny_llama())
+    hf.load_register_embedding(fresh, tmp_path / "out")
+    torch.testing.assert_close(fresh.register_embedding, model.register_embedding)
+
+
+def _write_tiny_model(folder, tokenizer):
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+                                 eos_token_id=2)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _tiny_run(tmp_path, finetune, steps, lr):
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
+    cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": finetune,
+                                   "lora_targets": ["q_proj", "v_proj"]},
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "optim": {"lr": lr},
+           "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "padding_side": "left"}}
+    out = lm_pkg.train(cfg, tmp_path / "run")
+    assert (out / "register_embedding.safetensors").is_file() and (out / "config.yaml").is_file()
+    return out, [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_overfits_tiny_jsonl_under_mutor(tmp_path):
+    out, rows = _tiny_run(tmp_path, "full", 60, 3e-3)
+    assert "loss_reg" in rows[0] and len(rows) == 60
+    assert rows[-1]["loss"] < 0.3 * rows[0]["loss"], (rows[0], rows[-1])
+
+
+def test_lora_training_run_saves_adapters(tmp_path):
+    out, rows = _tiny_run(tmp_path, "lora", 3, 1e-2)
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+def test_data_gsm8k_and_tokenize(tmp_path):
+    raw = tmp_path / "g.jsonl"
+    raw.write_text(json.dumps({"question": "1+1?", "answer": "2\n#### 2"}) + "\n")
+    recs = load_records("gsm8k", raw)
+    assert recs == [gsm8k_record({"question": "1+1?", "answer": "2\n#### 2"})]
+    assert recs[0]["prompt"].startswith("Question: 1+1?") and recs[0]["answer"].startswith(" 2")
+    tok = char_tokenizer("0123456789+?#: \nQuestionAnswer")
+    [(prompt, answer)] = tokenize(recs, tok, 8, 100)
+    assert len(prompt) == 8 and answer[-1] == tok.eos_token_id      # prompt keeps its last 8 tokens
+    batch = collate([(prompt, answer), ([1, 4], [5, 6])], pad_id=0)
+    assert batch.prompt_len.tolist() == [8, 2] and batch.answer.shape == (2, len(answer))
+
+
+def test_one_line_errors(tmp_path):
+    with pytest.raises(hf.LMModelError, match="no transformers model at") as e:
+        hf.load_causal_lm(tmp_path / "missing")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="unknown config key 'objective.d_mix'"):
+        load({"model": {"hf": "m"}, "data": {"path": "d"}, "objective": {"d_mix": 2}})
+    with pytest.raises(ConfigError, match="train.padding_side: expected one of .*got 'middle'"):
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
+    with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
+    with pytest.raises(ConfigError, match=r"objective.name: expected one of \['ntp', 'mutor-1d'\]"):
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=mutor-2d"])
+    assert lm_pkg.is_lm_config("sft_gsm8k_mutor.yaml") and not lm_pkg.is_lm_config("digits_ntp.yaml")
+    assert load("sft_gsm8k_ntp.yaml").objective.name == "ntp"
+
+
+@pytest.mark.parametrize("overrides", [["objective.d_max=0"], ["objective.reg_weight=.nan"],
+                                       ["objective.reg_weight=1.5"], ["objective.num_registers=0",
+                                                                      "objective.placement=sparse"]])
+def test_objective_errors_match_image_config(overrides):
+    """The LM objective section is the shared mutor-1d variant: same checks, same one-line message."""
+    with pytest.raises(ConfigError) as image:
+        image_config.load(None, ["objective.name=mutor-1d", *overrides])
+    with pytest.raises(ConfigError) as lm:
+        load({"model": {"hf": "m"}, "data": {"path": "d"}, "objective": {"name": "mutor-1d"}}, overrides)
+    assert str(lm.value) == str(image.value) and "\n" not in str(lm.value)
+
+
+def test_yaml_configs_load_and_round_trip():
+    for name in ("sft_gsm8k_mutor.yaml", "sft_gsm8k_ntp.yaml"):
+        cfg = load(name)
+        assert type(cfg.objective) is type(image_config.ObjectiveConfig(name=cfg.objective.name))
+        assert load(cfg) == cfg and load(cfg.to_dict()) == cfg
+    cfg = load("sft_gsm8k_mutor.yaml", ["objective.name=ntp"])        # switching drops mutor-1d fields
+    assert cfg.objective.name == "ntp" and cfg.optim.betas == (0.9, 0.999)
+
+
+def test_length_grouped_batches_cover_each_sample_once():
+    lengths = [5, 50, 6, 51, 7, 52, 8, 53, 9]
+    sampler = LengthGroupedBatches(lengths, batch_size=2, seed=0, chunk=8)
+    for _ in range(2):
+        batches = list(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(9)) and len(batches) == len(sampler)
+        assert sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) < 50

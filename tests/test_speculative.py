@@ -1,0 +1,189 @@
+"""Speculative decoding (register drafts, Jacobi): whole sequences follow plain sampling's exact
+distribution (chi-square against the enumerated distribution of a tiny model), a wrong acceptance
+rule is caught, greedy decoding reproduces plain greedy's tokens, the KV cache holds what a plain
+run leaves, bad settings are one-line errors."""
+import itertools
+
+import pytest
+import torch
+
+from mutor2d.config import ModelConfig
+from mutor2d.model import GPT
+from mutor2d.registers import regular_position_ids
+from mutor2d.sampling import Rules, generate, speculative
+from mutor2d.sampling.plain import decode_plain
+from mutor2d.sampling.speculative import Drafts, decode_jacobi, decode_registers
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
+
+def tiny(V, C=2, prefix="class", rope="2d", register=True, std=0.6, seed=0, small=False):
+    torch.manual_seed(seed)
+    size = dict(preset="custom", n_layer=1, n_head=2, dim=16) if small else dict(preset="tiny")
+    cfg = ModelConfig(vocab_size=V, num_classes=C, prefix=prefix, rope=rope, **size,
+                      token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0)
+    m = GPT(cfg, register_token=register).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, std)
+    return m
+
+
+@torch.no_grad()
+def exact_distribution(m, prefix: torch.Tensor, grid, rules: Rules) -> dict:
+    """Probability of every body under plain sampling's rules, by enumeration (full forwards).
+    prefix: one label (0-d) or one prompt (P,)."""
+    V, N = m.cfg.vocab_size, grid[0] * grid[1]
+    bodies = torch.tensor(list(itertools.product(range(V), repeat=N)))
+    prefix = prefix.expand(len(bodies), *prefix.shape)
+    P = m.prefix_len(prefix)
+    if rules.guided:
+        prefix, bodies2 = torch.cat([prefix, torch.full_like(prefix, m.cfg.num_classes)]), torch.cat([bodies, bodies])
+    else:
+        bodies2 = bodies
+    pos = regular_position_ids(grid, P).expand(len(prefix), -1, -1)
+    p = rules.probs(rules.combine(m(bodies2[:, :-1], pos, prefix)))[:, P - 1:]   # (S, N, V)
+    prob = p.gather(-1, bodies[..., None])[..., 0].prod(-1)
+    return {tuple(b): float(q) for b, q in zip(bodies.tolist(), prob)}
+
+
+def chi_square_p(samples: torch.Tensor, exact: dict) -> float:
+    """p-value of the samples (S, N) under ``exact``; cells expecting < 5 draws are pooled."""
+    S = samples.shape[0]
+    counts = {}
+    for row in map(tuple, samples.tolist()):
+        counts[row] = counts.get(row, 0) + 1
+    assert set(counts) <= {k for k, v in exact.items() if v > 0}, "a sequence of probability 0 was drawn"
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for key, prob in exact.items():
+        if prob * S >= 5:
+            obs.append(counts.get(key, 0)), exp.append(prob * S)
+        else:
+            pool_o, pool_e = pool_o + counts.get(key, 0), pool_e + prob * S
+    if pool_e > 0:
+        obs.append(pool_o), exp.append(pool_e)
+    obs, exp = torch.tensor(obs, dtype=torch.float64), torch.tensor(exp, dtype=torch.float64)
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = torch.tensor(len(obs) - 1.0, dtype=torch.float64)
+    return float(torch.special.gammaincc(df / 2, stat / 2))
+
+
+EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts need rows of 3+)
+    ("registers-cfg", decode_registers, dict(draft=2), (2, 3), 3, Rules(cfg_scale=2.0, guided=True)),
+    ("registers-1d-topk-temp", decode_registers, dict(draft=3), (1, 4), 4, Rules(temperature=1.6, top_k=2)),
+    ("registers-1d-topp", decode_registers, dict(draft=2), (1, 4), 3, Rules(temperature=0.8, top_p=0.8)),
+    ("jacobi-cfg-topk-temp", decode_jacobi, dict(window=2), (2, 2), 4,
+     Rules(cfg_scale=1.5, temperature=0.7, top_k=3, guided=True)),
+    ("registers-prompt-temp", decode_registers, dict(draft=2), (1, 4), 3, Rules(temperature=1.3)),
+]
+S = 6000
+
+
+def run_case(case, seed=0):
+    name, decoder, option, grid, V, rules = case
+    kind = "prompt" if "prompt" in name else "class"
+    m = tiny(V=V, prefix=kind, rope="1d" if grid[0] == 1 else "2d", small=True)
+    prefix = torch.tensor([2, 0]) if kind == "prompt" else torch.tensor(1)
+    stats = {}
+    with torch.no_grad():
+        out = decoder(m, prefix.expand(S, *prefix.shape), grid, rules, torch.Generator().manual_seed(seed),
+                      stats, **option)
+    return out, exact_distribution(m, prefix, grid, rules), stats
+
+
+@pytest.mark.parametrize("case", EXACT_CASES, ids=[c[0] for c in EXACT_CASES])
+def test_speculative_samples_follow_the_plain_distribution(case):
+    out, exact, stats = run_case(case)
+    assert chi_square_p(out, exact) > 1e-3
+    rate = stats["acceptance_by_distance"][0]
+    assert 0.05 < rate < 0.98, stats             # both verification paths are exercised
+    assert stats["forwards_per_image"] < case[3][0] * case[3][1]
+
+
+def test_a_wrong_acceptance_rule_fails_the_exactness_test(monkeypatch):
+    """Accepting every draft the target allows (q ignored) biases samples toward the drafter."""
+    right = speculative.verify
+    monkeypatch.setattr(speculative, "verify", lambda p, d, g: right(
+        p, Drafts(d.tokens, torch.zeros_like(d.probs), d.valid), g))
+    for case in EXACT_CASES[:2]:
+        out, exact, _ = run_case(case)
+        assert chi_square_p(out, exact) < 1e-6, case[0]
+
+
+GREEDY_CASES = [  # id, model kwargs, prefix, grid, cfg_scale
+    ("class-2d", dict(), torch.tensor([0, 3, 7, 9, 1]), (4, 5), 1.0),
+    ("class-2d-cfg", dict(), torch.tensor([2, 5, 8]), (4, 4), 2.0),
+    ("prompt-1d", dict(prefix="prompt", rope="1d"), torch.tensor([[1, 2, 3], [4, 5, 6]]), (1, 12), 1.0),
+]
+
+
+@pytest.mark.parametrize("mode, option", [("registers", dict(draft=3)), ("jacobi", dict(window=3))])
+@pytest.mark.parametrize("case", GREEDY_CASES, ids=[c[0] for c in GREEDY_CASES])
+def test_greedy_equals_plain_greedy(case, mode, option):
+    _, kw, prefix, grid, cfg_scale = case
+    m = tiny(V=17, C=10, std=0.3, **kw)
+    plain = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale)
+    stats = {}
+    fast = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale, decode=mode, stats=stats, **option)
+    assert torch.equal(fast, plain)
+    assert stats["forwards"] >= 2 and stats["tokens_per_forward"] >= 1.0
+
+
+@pytest.mark.parametrize("decoder, option", [(decode_registers, dict(draft=3)), (decode_jacobi, dict(window=2))])
+@torch.no_grad()
+def test_kv_cache_after_speculative_equals_plain(decoder, option):
+    m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
+    rules = Rules(temperature=0.0)
+    plain = decode_plain(m, labels, grid, rules, None)
+    ref = [tuple(t.clone() for t in layer.attention.cache) for layer in m.layers]
+    fast = decoder(m, labels, grid, rules, None, None, **option)
+    assert torch.equal(fast, plain)
+    T = 1 + 16 - 1                                   # prefix + x_0..x_{N-2}
+    for layer, (k, v) in zip(m.layers, ref):
+        kc, vc = layer.attention.cache
+        torch.testing.assert_close(kc[:, :, :T], k[:, :, :T], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(vc[:, :, :T], v[:, :, :T], rtol=1e-5, atol=1e-5)
+    m.clear_cache()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(decode="registers", draft=0), "draft: expected an integer >= 1, got 0"),
+    (dict(decode="jacobi", window=-1), "window: expected an integer >= 1, got -1"),
+    (dict(decode="jacobi", window=True), "window: expected an integer >= 1"),
+    (dict(decode="bogus"), "decode='bogus': expected one of"),
+])
+def test_bad_settings_are_one_line_errors(kw, msg):
+    with pytest.raises(ValueError, match=msg) as e:
+        generate(tiny(V=5), torch.tensor([1]), (2, 2), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_register_drafts_need_a_register_embedding():
+    with pytest.raises(ValueError, match="no register embedding") as e:
+        generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="registers", draft=2)
+    assert "\n" not in str(e.value)
+    # Jacobi works for any checkpoint
+    assert generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="jacobi").shape == (1, 4)
+
+
+def test_register_drafts_follow_the_training_rules():
+    """Anchor t, offset (0, d): target x_{t+d} if it stays in the row; position id of regular
+    input P-1+target; the register reads regular inputs 0..P+t."""
+    from mutor2d.sampling.speculative import RegisterDrafter
+    grid, P, K = (3, 4), 2, 2
+    table = regular_position_ids(grid, P, P + 12 + K)
+    drafter = RegisterDrafter(grid, P, K, table, Rules())
+    cur = torch.tensor([1, 5])                      # rows with 1 and 5 tokens emitted
+    start = P + cur - 1
+    positions, limit = drafter.extras(start, cur)
+    assert positions.shape == (2, (K + 1) * K, 2) and limit.shape == (2, (K + 1) * K)
+    for b in range(2):
+        for j in range(K + 1):                      # regular input j of the round: anchor t
+            t = int(cur[b]) - 1 + j
+            for i, d in enumerate(range(2, K + 2)):
+                e = j * K + i
+                assert int(limit[b, e]) == P + t
+                valid = (t % 4) + d < 4
+                assert bool(drafter.valid[b, j, i]) == valid
+                if valid:
+                    assert positions[b, e].tolist() == table[P - 1 + t + d].tolist()
