@@ -386,16 +386,13 @@ class NTPConfig(ObjectiveVariant):
         _register_spec_check(self, grid, prefix_len)
 
 
-@register_variant("objective", "mutor-1d")
 @dataclass
-class MuToR1DConfig(ObjectiveVariant):
-    """Registers predicting the token d = d_min..d_max (inclusive) ahead on the raster line:
-    offsets (0, d). ``placement``: dense (one register per anchor with a valid target) or sparse
-    (``num_registers`` random anchors per sequence). One offset per sequence unless
-    ``per_register_offsets``."""
+class RegisterConfig(ObjectiveVariant):
+    """Fields of the register objectives. ``placement``: dense (one register per anchor with a valid
+    target) or sparse (``num_registers`` random anchors per sequence). One offset per sequence
+    unless ``per_register_offsets``. ``edge``: targets past the right edge are invalid (geometric)
+    or wrap to the next row (raster)."""
     reg_weight: float = 0.5
-    d_min: int = 1
-    d_max: int = 4
     placement: Literal["dense", "sparse"] = "dense"
     num_registers: int = 80
     per_register_offsets: bool = False
@@ -403,30 +400,35 @@ class MuToR1DConfig(ObjectiveVariant):
 
     def check(self) -> None:
         _check_register_fields(self)
-        _check_1d_offsets(self)
 
     def check_grid(self, grid, prefix_len):
         _register_spec_check(self, grid, prefix_len)
+
+
+@register_variant("objective", "mutor-1d")
+@dataclass
+class MuToR1DConfig(RegisterConfig):
+    """Registers predicting the token d = d_min..d_max (inclusive) ahead on the raster line:
+    offsets (0, d)."""
+    d_min: int = 1
+    d_max: int = 4
+
+    def check(self) -> None:
+        super().check()
+        _check_1d_offsets(self)
 
 
 @register_variant("objective", "mutor-2d")
 @dataclass
-class MuToR2DConfig(ObjectiveVariant):
+class MuToR2DConfig(RegisterConfig):
     """Registers predicting a token at a 2D offset (dr, dc) in {0..D-1}^2 minus (0, 0), D = d_max
-    (exclusive bound, unlike mutor-1d's inclusive d_max). Other fields as mutor-1d."""
-    reg_weight: float = 0.5
+    (in the paper's 1-based notation (d_h, d_w) in {1..D}^2 minus (1, 1), so both d_max are the
+    largest d)."""
     d_max: int = 4
-    placement: Literal["dense", "sparse"] = "dense"
-    num_registers: int = 80
-    per_register_offsets: bool = False
-    edge: Literal["geometric", "raster"] = "geometric"
 
     def check(self) -> None:
-        _check_register_fields(self)
+        super().check()
         _check_2d_offsets(self)
-
-    def check_grid(self, grid, prefix_len):
-        _register_spec_check(self, grid, prefix_len)
 
     @classmethod
     def from_legacy(cls, flat: dict) -> dict:

@@ -59,7 +59,7 @@ def test_yaml_file_and_name_lookup(tmp_path):
     (["sample.cfg_scale=.inf"], "sample.cfg_scale: expected a finite number"),
     # variant fields: only the chosen variant's keys exist
     (["objective.name=mutor-2d", "objective.d_min=2"],
-     r"unknown config key 'objective.d_min' for objective.name=mutor-2d \(known: name, reg_weight, d_max,"),
+     r"unknown config key 'objective.d_min' for objective.name=mutor-2d \(known: name, reg_weight, placement, num_registers, per_register_offsets, edge, d_max\)"),
     (["objective.reg_weight=0.5"], r"unknown config key 'objective.reg_weight' for objective.name=ntp \(known: name\)"),
     (["objective.name=mutor-2d", "objective.d_max_2d=4"], "unknown config key 'objective.d_max_2d'"),
     (["data.degree=3"], "unknown config key 'data.degree' for data.name=digits"),
@@ -209,3 +209,13 @@ def test_register_variant_adds_a_tagged_option():
             C.load(None, ["objective.name=test-only", "objective.strength=3"])
     finally:
         del C.VARIANTS["objective"]["test-only"]
+
+
+def test_switching_a_tagged_variant_keeps_only_its_fields():
+    """--set objective.name=X on a file written for another variant drops the fields X does not
+    have; fields set after the switch are checked against X."""
+    assert C.load("digits_mutor2d", ["objective.name=ntp"]).objective == C.NTPConfig()
+    one_d = C.load("digits_mutor2d", ["objective.name=mutor-1d", "objective.d_min=2"]).objective
+    assert (one_d.name, one_d.d_min, one_d.reg_weight) == ("mutor-1d", 2, 0.5)
+    with pytest.raises(C.ConfigError, match="unknown config key 'objective.d_max' for objective.name=ntp"):
+        C.load("digits_mutor2d", ["objective.name=ntp", "objective.d_max=3"])
