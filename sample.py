@@ -4,7 +4,8 @@ PNG grid (rows = classes):
     python sample.py --ckpt runs/digits [--classes 1,7,9] [--per-class 8] [--cfg 2.0] [--out grid.png]
 Class-balanced npz for evaluation (N / classes per class), sharded over processes, resumable:
     accelerate launch sample.py --ckpt RUN --num 50000 --npz samples.npz --cfg 2.0 --batch-size 125
-(on CPUs only: torchrun --nproc_per_node 2 --no-python -- python sample.py ...). The npz is the
+(on CPUs: accelerate launch --multi_gpu --num_processes 2 sample.py ..., or torchrun --nproc_per_node 2
+--no-python -- python sample.py ...). The npz is the
 same for any number of processes; rerunning an interrupted command finishes it.
 
 --ckpt takes a checkpoint file or a run folder (its newest valid checkpoint). Sampling defaults
@@ -48,6 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="plain; registers (exact speculative decoding with the checkpoint's register drafts, "
                         "--draft K); jacobi (exact speculative Jacobi decoding, --window K)")
     p.add_argument("--draft", type=int, default=4, help="--decode registers: draft tokens per forward")
+    p.add_argument("--draft-anchors", choices=("every", "last"), default="every",
+                   help="--decode registers: K registers after every verified token (a partial acceptance "
+                        "keeps fresh drafts) or after the last one only (K extra tokens per row, not (K+1)K)")
+    p.add_argument("--no-fill", dest="fill", action="store_false",
+                   help="--decode registers: no Jacobi guesses where a register cannot draft (row ends)")
     p.add_argument("--window", type=int, default=4, help="--decode jacobi: window of guessed tokens")
     p.add_argument("--device", help="default: the accelerate process's device (cuda if present)")
     return p.parse_args(argv)
@@ -97,7 +103,8 @@ def check_args(args) -> None:
 
 def decode_options(args) -> dict:
     """The options of the chosen decoding mode (sampling.DECODERS)."""
-    return {"registers": {"draft": args.draft}, "jacobi": {"window": args.window}}.get(args.decode, {})
+    registers = {"draft": args.draft, "anchors": args.draft_anchors, "fill": args.fill}
+    return {"registers": registers, "jacobi": {"window": args.window}}.get(args.decode, {})
 
 
 def write_png(args, src: generation.Loaded, sampler, path: Path, seed: int) -> None:

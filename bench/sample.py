@@ -5,11 +5,15 @@ on and off; and the GPT-B decode step against the machine's memory-bandwidth flo
   H*W tokens, without and with classifier-free guidance (CFG doubles the decoded batch).
 * ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
 * ``*_compiled``: after ``mutor2d.sampling.compile_decoder`` (compile time reported apart).
-* ``spec_registers`` / ``spec_jacobi``: exact speculative decoding (register drafts, ``--draft``
-  K; Jacobi window K) without CFG; their forward passes per image, tokens per forward and
-  acceptance by draft distance go in ``speculative``. Random weights give near-uniform target and
-  draft distributions, so acceptance says nothing about a trained checkpoint: these rows measure
-  the cost of a round.
+* ``speculative``: exact speculative decoding side by side with plain decoding on the same
+  model, seed and labels: register drafts (``--drafts`` K, drafts after every verified input;
+  ``--last`` K, after the last one only) and Jacobi (``--windows`` K); per row: median time,
+  tokens/s, wall speedup over plain, forward passes per image, forward reduction, tokens per
+  forward, acceptance by draft distance (all drafts, and register drafts alone). Random weights
+  (the GPT-B-width model, no CFG) give near-uniform target and draft distributions, so their
+  acceptance says nothing about a trained checkpoint: those rows measure the cost of a round.
+  ``--ckpt`` adds the same table for a trained checkpoint (e.g. the digits MuToR-2D run) at
+  ``--spec-cfg`` / ``--spec-temperature``, once per batch size in ``--spec-images``.
 * decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
   positions, eager and (unless --compile off) compiled; mean time per step against the floor =
   bytes of the weights one step reads (every parameter but the embedding tables) / read bandwidth
@@ -19,6 +23,7 @@ Side by side in one process, round-robin, median of ``--reps``. The last stdout 
 
     python bench/sample.py                 # CPU: GPT-B width, 2 layers, 256 tokens; GPT-B step
     python bench/sample.py --quick         # seconds, for CI (no compile)
+    python bench/sample.py --step-layers 0 --compile off --ckpt runs/digits_mutor2d --spec-images 1,50
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import time
 import torch
 
 import common
+from mutor2d import checkpoint, generation
 from mutor2d.config import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import grid_arg, regular_position_ids
@@ -74,6 +80,63 @@ def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> calla
     return run
 
 
+def int_list(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3] (empty string -> [])."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1")
+    return values
+
+
+def spec_modes(args) -> dict[str, tuple[str, dict]]:
+    """Row name -> (decode mode, its options)."""
+    modes = {"plain": ("plain", {})}
+    modes.update({f"registers_k{k}": ("registers", dict(draft=k)) for k in args.drafts})
+    modes.update({f"registers_last_k{k}": ("registers", dict(draft=k, anchors="last")) for k in args.last})
+    modes.update({f"jacobi_k{k}": ("jacobi", dict(window=k)) for k in args.windows})
+    return modes
+
+
+def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, device, *,
+               cfg_scale: float, temperature: float) -> dict:
+    """Plain vs speculative decoding on one model, round-robin: one row per mode."""
+    modes = spec_modes(args)
+    stats = {name: {} for name in modes}
+
+    def case(name: str, mode: str, options: dict):
+        return lambda: generate(model, labels, grid, cfg_scale=cfg_scale, temperature=temperature,
+                                generator=torch.Generator(device=device).manual_seed(0), decode=mode,
+                                stats=stats[name], **options)
+    times = common.time_round_robin({n: case(n, *m) for n, m in modes.items()}, args.reps, 1, device)
+    n, N, plain = labels.shape[0], grid[0] * grid[1], times["plain"]["median_s"]
+    rows = {}
+    for name, st in stats.items():
+        t = times[name]["median_s"]
+        rows[name] = {"time_s": t, "tokens_per_s": n * N / t, "wall_speedup": plain / t,
+                      "forwards_per_image": st["forwards_per_image"],
+                      "forward_reduction": N / st["forwards_per_image"],
+                      "tokens_per_forward": st["tokens_per_forward"],
+                      "acceptance_by_distance": st.get("acceptance_by_distance", []),
+                      "register_acceptance_by_distance": st.get("register_acceptance_by_distance", [])}
+    return {"images": n, "cfg_scale": cfg_scale, "temperature": temperature, "rows": rows}
+
+
+def checkpoint_tables(args, device) -> dict:
+    """``spec_table`` of the --ckpt model at each --spec-images batch size."""
+    src = generation.open_checkpoint(checkpoint.resolve(args.ckpt).resolve(), device=device)
+    model, n_cls = src.model.eval(), src.cfg.model.num_classes
+    out = {"checkpoint": str(args.ckpt), "step": src.step, "grid": list(src.grid), "tables": {}}
+    for n in args.spec_images:
+        common.log(f"speculative rows: {args.ckpt}, {n} images")
+        labels = torch.arange(n, device=device) % n_cls
+        out["tables"][str(n)] = spec_table(model, labels, src.grid, args, device,
+                                           cfg_scale=args.spec_cfg, temperature=args.spec_temperature)
+    return out
+
+
 def weight_bytes(model: GPT) -> int:
     """Bytes of the parameters every decode step reads (embedding tables are only indexed)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
@@ -92,7 +155,13 @@ def parse(argv=None):
     ap.add_argument("--images", type=int, default=2)
     ap.add_argument("--grid", type=grid_arg, default=(16, 16))
     ap.add_argument("--cfg-scale", type=float, default=2.0)
-    ap.add_argument("--draft", type=int, default=4, help="K: register drafts / Jacobi window")
+    ap.add_argument("--drafts", type=int_list, default=[1, 2, 3], help="register drafts K (after every input)")
+    ap.add_argument("--last", type=int_list, default=[4], help="register drafts K after the last input only")
+    ap.add_argument("--windows", type=int_list, default=[2, 4], help="Jacobi windows K")
+    ap.add_argument("--ckpt", default=None, help="also time the speculative rows on this checkpoint")
+    ap.add_argument("--spec-images", type=int_list, default=[1, 50], help="--ckpt batch sizes")
+    ap.add_argument("--spec-cfg", type=float, default=2.0, help="--ckpt CFG scale")
+    ap.add_argument("--spec-temperature", type=float, default=1.0, help="--ckpt temperature")
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -102,6 +171,7 @@ def parse(argv=None):
     if args.quick:
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)
+        args.drafts, args.last, args.windows, args.spec_images = [2], [2], [2], [2]
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     args.compile = args.compile or ("off" if args.quick else "on")
@@ -109,8 +179,6 @@ def parse(argv=None):
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if args.images < 1:
         ap.error(f"--images {args.images}: expected at least 1")
-    if args.draft < 1:
-        ap.error(f"--draft {args.draft}: expected at least 1")
     return args
 
 
@@ -126,19 +194,16 @@ def main(argv=None) -> None:
         return torch.Generator(device=device).manual_seed(0)
 
     model = build(args, args.layers, device, register=True)
-    spec_stats = {"registers": {}, "jacobi": {}}
     cases = {
         "kv": lambda: generate(model, labels, grid, generator=gen()),
         "kv_cfg": lambda: generate(model, labels, grid, cfg_scale=args.cfg_scale, generator=gen()),
         "recompute": lambda: recompute(model, labels, grid, gen()),
-        "spec_registers": lambda: generate(model, labels, grid, generator=gen(), decode="registers",
-                                           draft=args.draft, stats=spec_stats["registers"]),
-        "spec_jacobi": lambda: generate(model, labels, grid, generator=gen(), decode="jacobi",
-                                        window=args.draft, stats=spec_stats["jacobi"]),
     }
     common.log(f"timing {list(cases)} x {args.reps} reps")
     times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
 
+    common.log("speculative rows, random weights")
+    speculative = spec_table(model, labels, grid, args, device, cfg_scale=1.0, temperature=1.0)
     compile_s = None
     if args.compile == "on":
         compile_decoder(model)
@@ -154,12 +219,6 @@ def main(argv=None) -> None:
 
     throughput = {k: {"images_per_s": n / t, "tokens_per_s": n * N / t, "time_s": t} for k, t in times.items()}
     ratios = {"kv_speedup": times["recompute"] / times["kv"], "cfg_cost": times["kv_cfg"] / times["kv"]}
-    speculative = {"draft": args.draft}
-    for mode, st in spec_stats.items():
-        ratios[f"{mode}_wall_speedup"] = times["kv"] / times[f"spec_{mode}"]
-        speculative[mode] = {k: st[k] for k in ("forwards_per_image", "tokens_per_forward",
-                                                "acceptance_by_distance")}
-        speculative[mode]["forward_reduction"] = N / st["forwards_per_image"]
     if "kv_compiled" in times:
         ratios["compile_speedup"] = times["kv"] / times["kv_compiled"]
         ratios["cfg_cost_compiled"] = times["kv_cfg_compiled"] / times["kv_compiled"]
@@ -201,6 +260,7 @@ def main(argv=None) -> None:
                      "threads": torch.get_num_threads(), "clock": args.clock},
         "throughput": throughput, "compile_s": compile_s, "ratios": ratios, "decode_step": step,
         "speculative": speculative,
+        "speculative_checkpoint": checkpoint_tables(args, device) if args.ckpt else None,
         "targets": targets,
     })
 

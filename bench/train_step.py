@@ -73,7 +73,7 @@ def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False
         for block in model.layers:
             block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05,
-                            fused=device.type == "cuda")
+                            fused=device.type in ("cuda", "cpu"))     # as mutor2d.engine builds it
     for p in model.parameters():          # optimizer state and gradients exist from the start
         p.grad = torch.zeros_like(p)
     opt.step()

@@ -117,6 +117,10 @@ def cached_causal(q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor
 class Backend(Protocol):
     """q, k, v: (B, heads, L, head_dim) -> (B, heads, L, head_dim)."""
 
+    def prepare(self, vis: Visibility | None, dropout_p: float = 0.0) -> None:
+        """Build (and cache in ``vis``) the masks ``attend`` will read, before the layers run:
+        outside a compiled block, so every block sees the same cache state (one graph)."""
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None,
                dropout_p: float = 0.0) -> Tensor:
         """Full forward; ``vis`` None = causal."""
@@ -130,6 +134,14 @@ class Backend(Protocol):
 
 class SdpaBackend:
     """torch's scaled_dot_product_attention; split regular/extra fast path (see module doc)."""
+
+    def prepare(self, vis, dropout_p=0.0):
+        if vis is None:
+            return
+        if vis.num_regular is not None and not dropout_p:
+            vis.extra_mask()
+        else:
+            vis.dense_mask()
 
     def attend(self, q, k, v, vis, dropout_p=0.0):
         if vis is None:
@@ -147,6 +159,10 @@ class SdpaBackend:
 class FlexBackend(SdpaBackend):
     """FlexAttention with a block mask built once per forward pass (compiled on CUDA). Decode
     steps are a few queries: they use the SDPA path."""
+
+    def prepare(self, vis, dropout_p=0.0):
+        if vis is not None:
+            vis.block_mask()
 
     def attend(self, q, k, v, vis, dropout_p=0.0):
         if dropout_p:

@@ -538,6 +538,9 @@ def check_against_grid(cfg: RunConfig, grid: tuple[int, int], prefix_len: int,
 
 # ----------------------------------------------------------------------------- type checking
 
+YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
+
+
 def check_type(key: str, value: Any, tp: Any) -> Any:
     """Return ``value`` coerced to ``tp`` or raise ConfigError naming ``key``."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -552,6 +555,8 @@ def check_type(key: str, value: Any, tp: Any) -> Any:
                     pass
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
+        if isinstance(value, bool):            # YAML 1.1 reads no/off/yes/on as booleans
+            value = next((a for a in args if isinstance(a, str) and a in YAML_BOOL_WORDS[value]), value)
         if not any(value == a and type(value) is type(a) for a in args):
             fail(key, f"one of {list(args)}", value)
         return value

@@ -176,10 +176,13 @@ def decode_summary(parts: list[dict], tokens_per_image: int) -> dict:
     out = {"forwards_per_image": row_forwards / images, "tokens_per_forward": tokens_per_image * images / row_forwards,
            "tokens_per_s": tokens_per_image * images / max(sum(p["seconds"] for p in parts), 1e-9)}
     if all("proposed" in p for p in parts):
-        proposed = np.sum([p["proposed"] for p in parts], axis=0)
         accepted = np.sum([p["accepted"] for p in parts], axis=0)
         out["accepted_per_forward"] = float(accepted.sum()) / max(row_forwards - images, 1)
-        out["acceptance_by_distance"] = [float(a / p) if p else None for a, p in zip(accepted, proposed)]
+        for kind in ("", "register_"):                      # all drafts; those a register made
+            if all(f"{kind}proposed" in p for p in parts):
+                prop = np.sum([p[f"{kind}proposed"] for p in parts], axis=0)
+                acc = np.sum([p[f"{kind}accepted"] for p in parts], axis=0)
+                out[f"{kind}acceptance_by_distance"] = [float(a / n) if n else None for a, n in zip(acc, prop)]
     return out
 
 

@@ -119,12 +119,45 @@ class Rotary(nn.Module):
         return cos2.unsqueeze(2), sin2.unsqueeze(2)
 
 
+def _swap(x: Tensor) -> Tensor:
+    """(..., 2k) -> (..., 2k) with the lanes of each pair exchanged; one strided copy."""
+    return torch.stack([x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
+class _SwapPairs(torch.autograd.Function):
+    """``_swap`` with its own backward: the swap is a permutation and its own inverse, so the
+    gradient is the swapped gradient (a slice-based autograd graph would zero-fill twice)."""
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return _swap(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return _SwapPairs.apply(grad)
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x (B, L, heads, head_dim), pairs (x[2i], x[2i+1]) rotated by the angle of pair i, in float32:
     (x0 cos - x1 sin, x1 cos + x0 sin) = x * cos + swap_pairs(x) * signed sin (three kernels)."""
     xf = x.float()
-    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    swapped = _SwapPairs.apply(xf) if xf.requires_grad else _swap(xf)   # no autograd: skip its overhead
     return torch.addcmul(xf * cos, swapped, sin).type_as(x)
+
+
+def _mark_length_dynamic(h: Tensor, rope: tuple[Tensor, Tensor], vis: Visibility | None) -> None:
+    """Mark the sequence dimension of every block input (and of the cached masks) dynamic."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (h, *rope):
+        mark(t, 1)
+    for m in (vis._cache.values() if vis is not None else ()):
+        if isinstance(m, Tensor):
+            mark(m, 2)
+            mark(m, 3)
 
 
 @dataclass
@@ -263,15 +296,30 @@ class GPT(nn.Module):
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
-               step: CacheStep | None = None) -> Tensor:
-        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm."""
+               step: CacheStep | None = None, dynamic_length: bool = False) -> Tensor:
+        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm.
+        ``dynamic_length``: L changes from batch to batch (dense registers); compiled blocks
+        then trace one graph with a symbolic length instead of recompiling once."""
         if positions.shape[:2] != h.shape[:2]:
             raise ValueError(f"position ids {tuple(positions.shape)} do not match tokens {tuple(h.shape[:2])}")
         rope = self.rotary(positions)
         h = self.tok_dropout(h)
+        if step is None and vis is not None:
+            self._prepare_masks(vis)
+        if dynamic_length:
+            _mark_length_dynamic(h, rope, vis)
+        if step is not None:                     # decode: any batch size, one graph
+            for t in (h, *rope):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         for layer in self.layers:
             h = layer(h, rope, vis, step)
         return h
+
+    def _prepare_masks(self, vis: Visibility) -> None:
+        """Masks of ``vis`` built once before the blocks (each block's backend may differ)."""
+        for name, dropout_p in {(layer.attention.backend, layer.attention.attn_dropout if self.training else 0.0)
+                                for layer in self.layers}:
+            get_backend(name, vis.key_rank.device).prepare(vis, dropout_p)
 
     def logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head, float32 logits."""
@@ -293,6 +341,9 @@ class GPT(nn.Module):
             shape = (batch_size, s.n_head, max_len, s.head_dim)
             layer.attention.cache = (torch.zeros(shape, dtype=dtype, device=device),
                                      torch.zeros(shape, dtype=dtype, device=device))
+            for cache in layer.attention.cache:      # compiled blocks: no recompile per batch size
+                torch._dynamo.maybe_mark_dynamic(cache, 0)
+                torch._dynamo.maybe_mark_dynamic(cache, 2)
 
     def clear_cache(self) -> None:
         for layer in self.layers:

@@ -219,3 +219,10 @@ def test_switching_a_tagged_variant_keeps_only_its_fields():
     assert (one_d.name, one_d.d_min, one_d.reg_weight) == ("mutor-1d", 2, 0.5)
     with pytest.raises(C.ConfigError, match="unknown config key 'objective.d_max' for objective.name=ntp"):
         C.load("digits_mutor2d", ["objective.name=ntp", "objective.d_max=3"])
+
+
+def test_yaml_booleans_are_read_back_as_the_words_a_choice_expects():
+    """YAML 1.1 reads no/off/yes/on as booleans: a string choice takes the word back."""
+    assert C.load(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(C.ConfigError, match=r"train.tracker: expected one of .*, got False"):
+        C.load(None, ["train.tracker=no"])

@@ -155,11 +155,12 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
         stats = meta["decode_stats"]
         assert stats["forwards_per_image"] < 64 and stats["tokens_per_forward"] > 1
         assert len(stats["acceptance_by_distance"]) == {"registers": 2, "jacobi": 3}[mode]
-    assert out["registers"][2]["decode_options"] == {"draft": 2}
+    assert out["registers"][2]["decode_options"] == {"draft": 2, "anchors": "every", "fill": True}
+    assert len(out["registers"][2]["decode_stats"]["register_acceptance_by_distance"]) == 2
     rec = {"method": "m", "objective": {}, "metrics": {"fid": 1.0}, "step": 3, "n": 10,
            "sampling": out["registers"][2]}
     table = markdown_table([rec], paper=False)
-    assert "decoding" in table.splitlines()[0] and "registers draft=2:" in table
+    assert "decoding" in table.splitlines()[0] and "registers anchors=every draft=2 fill=True:" in table
     with pytest.raises(SystemExit) as e:
         sample_main()([*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"])
     assert str(e.value.code) == "error: --draft 0: expected >= 1"

@@ -253,7 +253,7 @@ def test_objective_errors_match_image_config(overrides):
 
 
 def test_yaml_configs_load_and_round_trip():
-    for name in ("sft_gsm8k_mutor.yaml", "sft_gsm8k_ntp.yaml"):
+    for name in ("sft_gsm8k_mutor.yaml", "sft_gsm8k_ntp.yaml", "sft_stargraph_mutor.yaml"):
         cfg = load(name)
         assert type(cfg.objective) is type(image_config.ObjectiveConfig(name=cfg.objective.name))
         assert load(cfg) == cfg and load(cfg.to_dict()) == cfg

@@ -82,17 +82,20 @@ def test_safetensors_export_samples_like_the_checkpoint(tmp_path):
 
 
 def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes_exactly(tmp_path):
+    """SIGTERM to the whole process group, as launchers and schedulers send it: the data-loader
+    worker ignores it, the trainer finishes its step, saves, logs the event and exits 75."""
     cfg = write_yaml(tmp_path / "t.yaml", "optim.schedule=constant", "train.max_steps=100000",
-                     "train.ckpt_every=0", "train.sample_every=0")
+                     "train.ckpt_every=0", "train.sample_every=0", "data.num_workers=1")
     run = tmp_path / "run"
     err = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen([PY, "train.py", "--config", str(cfg), "--out", str(run)], cwd=ROOT,
-                            env=env(torch.get_num_threads()), stdout=subprocess.DEVNULL, stderr=err)
+                            env=env(torch.get_num_threads()), stdout=subprocess.DEVNULL, stderr=err,
+                            start_new_session=True)
     try:
         end = time.time() + 120
         while time.time() < end and len(losses_so_far(run)) < 3 and proc.poll() is None:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=60)
     finally:
         proc.kill()
@@ -100,6 +103,8 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes_exactly(tmp_pat
     assert rc == 75, (tmp_path / "stderr.txt").read_text()[-2000:]
     k = ckpt_lib.load(ckpt_lib.latest_valid(run))["step"]
     assert k >= 3 and max(losses_so_far(run)) == k            # nothing trained is lost
+    last = json.loads((run / "log.jsonl").read_text().splitlines()[-1])
+    assert last == {"event": "preempted", "step": k, "signal": int(signal.SIGTERM)}
     train(tiny("optim.schedule=constant", f"train.max_steps={k + 2}", "train.ckpt_every=0",
                "train.sample_every=0"), run, resume="auto")
     train(tiny("optim.schedule=constant", f"train.max_steps={k + 2}", "train.ckpt_every=0",
@@ -182,3 +187,18 @@ def test_rotation_keeps_newest_readable_and_sets_corrupt_files_aside(tmp_path):
     rotate(run, keep=2)
     assert [p.name for p in ckpt_lib.list_checkpoints(run)] == ["step_00000002.pt", "step_00000003.pt"]
     assert (run / "checkpoints" / "step_00000099.pt.unreadable").exists()
+
+
+def test_resume_is_exact_with_a_vq_tokenizer(tmp_path):
+    """Building the VQ tokenizer (for sample grids) draws random numbers at its init: it must not
+    move the training streams, or a resumed run drifts from the uninterrupted one."""
+    from dataclasses import asdict
+
+    from test_vq import small_model
+    vq, model = tmp_path / "vq.pt", small_model(seed=2)          # an 8 px VQ: 4x4 codes of digits
+    torch.save({"model": model.state_dict(), "config": {"kind": "vq", "model": asdict(model.config)}}, vq)
+    over = [f"data.tokenizer={vq}", "train.ckpt_every=2", "train.sample_every=100", "train.max_steps=4"]
+    train(tiny(*over), tmp_path / "a")
+    train(tiny(*over[:-1], "train.max_steps=2"), tmp_path / "b")
+    train(tiny(*over), tmp_path / "b", resume="auto")
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")

@@ -75,6 +75,9 @@ EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts
     ("jacobi-cfg-topk-temp", decode_jacobi, dict(window=2), (2, 2), 4,
      Rules(cfg_scale=1.5, temperature=0.7, top_k=3, guided=True)),
     ("registers-prompt-temp", decode_registers, dict(draft=2), (1, 4), 3, Rules(temperature=1.3)),
+    ("registers-last-cfg", decode_registers, dict(draft=2, anchors="last"), (2, 3), 3,
+     Rules(cfg_scale=2.0, guided=True)),
+    ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False), (2, 3), 3, Rules(temperature=1.2)),
 ]
 S = 6000
 
@@ -117,7 +120,9 @@ GREEDY_CASES = [  # id, model kwargs, prefix, grid, cfg_scale
 ]
 
 
-@pytest.mark.parametrize("mode, option", [("registers", dict(draft=3)), ("jacobi", dict(window=3))])
+@pytest.mark.parametrize("mode, option", [("registers", dict(draft=3)), ("jacobi", dict(window=3)),
+                                          ("registers", dict(draft=3, anchors="last")),
+                                          ("registers", dict(draft=2, fill=False))])
 @pytest.mark.parametrize("case", GREEDY_CASES, ids=[c[0] for c in GREEDY_CASES])
 def test_greedy_equals_plain_greedy(case, mode, option):
     _, kw, prefix, grid, cfg_scale = case
@@ -151,6 +156,7 @@ def test_kv_cache_after_speculative_equals_plain(decoder, option):
     (dict(decode="jacobi", window=-1), "window: expected an integer >= 1, got -1"),
     (dict(decode="jacobi", window=True), "window: expected an integer >= 1"),
     (dict(decode="bogus"), "decode='bogus': expected one of"),
+    (dict(decode="registers", anchors="first"), "anchors='first': expected one of"),
 ])
 def test_bad_settings_are_one_line_errors(kw, msg):
     with pytest.raises(ValueError, match=msg) as e:
@@ -164,6 +170,25 @@ def test_register_drafts_need_a_register_embedding():
     assert "\n" not in str(e.value)
     # Jacobi works for any checkpoint
     assert generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="jacobi").shape == (1, 4)
+
+
+def test_fill_uses_jacobi_guesses_where_registers_leave_the_row():
+    """On a 2D grid, register drafts never cross a row edge; with fill (the default) Jacobi
+    guesses take those slots, so fewer forwards are needed; without it, every kept draft is a
+    register draft."""
+    m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
+    filled, bare = {}, {}
+    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, stats=filled)
+    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, fill=False, stats=bare)
+    assert filled["forwards_per_image"] < bare["forwards_per_image"]
+    assert bare["register_proposed"] == bare["proposed"]
+    assert sum(filled["register_proposed"]) < sum(filled["proposed"])
+
+
+def test_same_start_rows_take_the_single_start_path():
+    from mutor2d.sampling.speculative import _shared
+    assert _shared(torch.tensor([3, 3]), lambda t: torch.cat([t, t])) == 3
+    assert _shared(torch.tensor([3, 4]), lambda t: torch.cat([t, t])).tolist() == [3, 4, 3, 4]
 
 
 def test_register_drafts_follow_the_training_rules():

@@ -59,7 +59,8 @@ def losses_so_far(run_dir) -> dict[int, float]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        out[rec["step"]] = rec["loss"]
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
     return out
 
 

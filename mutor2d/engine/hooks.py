@@ -61,7 +61,7 @@ class JsonLog:
 
 def read_log(run_dir) -> list[dict]:
     """The records of RUN/log.jsonl as the run's history: records of steps redone after a resume are
-    replaced by the new ones; cut lines are skipped; resume markers are not returned."""
+    replaced by the new ones; cut lines are skipped; events (resume, preempted) are not returned."""
     out: list[dict] = []
     for line in (Path(run_dir) / "log.jsonl").read_text().splitlines():
         try:
@@ -70,7 +70,7 @@ def read_log(run_dir) -> list[dict]:
             continue
         if rec.get("event") == "resume":
             out = [r for r in out if r.get("step", 0) <= rec["step"]]
-        else:
+        elif "event" not in rec:
             out.append(rec)
     return out
 

@@ -102,8 +102,10 @@ def build_hooks(run: Run) -> list:
     tokenizer = None
     if cfg.model.kind().per_class:
         from ..data import build_tokenizer
+        from .rng import preserved_rng
         try:
-            tokenizer = build_tokenizer(cfg.data)
+            with preserved_rng(run.device):        # a VQ's init draws numbers: keep the training streams
+                tokenizer = build_tokenizer(cfg.data)
         except (ValueError, OSError) as e:
             raise ConfigError(f"sample grids need the tokenizer: {e}") from None
     logger = Logger(run)
@@ -156,6 +158,8 @@ def _loop(run: Run, hooks: list) -> None:
                 raise Diverged(f"{bad} updates in a row had a non-finite loss or gradient (step {step + 1}, "
                                f"train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept")
             if tick.stopping:
+                hooks[0].log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
+                run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
 

@@ -94,12 +94,15 @@ def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
     return cfg
 
 
+RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not what it is
+
+
 def check_resume_config(cfg: RunConfig, saved: dict) -> None:
     """The model, objective and data sections of a resumed run must equal the checkpoint's."""
     old = config_lib.from_dict(saved)
     for section in ("model", "objective", "data"):
         a, b = old.to_dict()[section], cfg.to_dict()[section]
-        for key in sorted(set(a) | set(b)):
+        for key in sorted((set(a) | set(b)) - {k for s, k in RESUME_MAY_CHANGE if s == section}):
             if a.get(key) != b.get(key):
                 raise ConfigError(f"{section}.{key}={b.get(key)!r} differs from the checkpoint's {a.get(key)!r}; "
                                   f"a resumed run keeps its model, objective and data")
@@ -141,6 +144,10 @@ def make_accelerator(cfg: RunConfig, run_dir: Path):
     precision = t.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if precision == "bf16" and not torch.cuda.is_available() and os.environ.get("RANK", "0") == "0":
+        from .checkpointer import warn
+        warn("train.mixed_precision=bf16 on CPU: bf16 autocast matmuls are far slower than fp32 on CPUs "
+             "without bf16 units (about 10x here); --set train.mixed_precision=no for CPU runs")
     tracker = None if t.tracker == "none" else t.tracker
     if tracker == "wandb":
         try:
@@ -197,12 +204,20 @@ def _is_mutor2d(path: Path) -> bool:
         return False
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM/SIGINT to the training process (a launcher or scheduler
+    signals the whole process group): the trainer finishes its step, saves, then stops them."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def build_loader(cfg: RunConfig, dataset, acc, start: int) -> DataLoader:
     t = cfg.train
     sampler = StepBatches(len(dataset), t.batch_size, acc.num_processes, acc.process_index, t.grad_accum,
                           t.seed, start, t.max_steps)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.data.num_workers,
-                      pin_memory=acc.device.type == "cuda",
+                      pin_memory=acc.device.type == "cuda", worker_init_fn=ignore_stop_signals,
                       generator=torch.Generator().manual_seed(rank_seed(t.seed + start, acc.process_index, 2)))
 
 
@@ -240,7 +255,7 @@ def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) ->
     o = cfg.optim
     module = TrainModule(model, objective)
     optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
-                                  fused=acc.device.type == "cuda")
+                                  fused=acc.device.type in ("cuda", "cpu"))   # one kernel: ~5x faster on CPU
     scheduler = build_scheduler(optimizer, o, cfg.train.max_steps)
     module, optimizer = acc.prepare(module, optimizer)
     if saved is not None:

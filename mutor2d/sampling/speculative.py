@@ -11,15 +11,21 @@ One round, per row with n body tokens emitted (x_{n-1} not yet in the KV cache):
   ``Rules`` (CFG, temperature, top-k, top-p); greedy makes them one-hot, which reproduces plain
   greedy decoding. Rows advance at their own pace (one cache start per row).
 
-Drafters (who proposes d and q):
+Drafters (who proposes d and q; any proposal is exact as long as d is drawn from the q used to
+verify it):
 * registers: after every regular input (anchor body token t) K registers with offsets (0, 2..K+1)
   predict x_{t+2}..x_{t+K+1} (x_{t+1} is the regular output's job). They follow the training
   rules: the position id of regular input P-1+target, they see regular inputs 0..P+t and
   themselves, are never written to the cache and no regular token sees them. Targets past the
-  end of the anchor's row (the geometric edge rule) are not drafted. The next round's drafts come
+  end of the anchor's row (the geometric edge rule) get no register. The next round's drafts come
   from the registers of the last kept input, so a partial acceptance needs no extra pass.
+  ``anchors="last"``: registers after the last regular input only (K instead of (K+1)·K extra
+  tokens per row); they draft only when every draft was kept. ``fill`` (default on): a slot
+  without a register draft takes the Jacobi guess below, so drafts also cross row edges.
 * jacobi (training-free): the regular outputs of this round past the kept tokens are the drafts
   of the next round (the last output stands in for positions it does not reach).
+When every row starts at the same cache index (one image, or rows in step) the model gets one
+int start, which takes its cheaper single-start path.
 """
 from __future__ import annotations
 
@@ -36,10 +42,12 @@ from .rules import Rules, draw
 @dataclass
 class Drafts:
     """tokens (B, K) long, probs (B, K, V) the distributions q they were drawn from, valid
-    (B, K) bool (an invalid draft is absent; verification stops there)."""
+    (B, K) bool (an invalid draft is absent; verification stops there), register (B, K) bool
+    (drawn from a register; None = none was)."""
     tokens: Tensor
     probs: Tensor
     valid: Tensor
+    register: Tensor | None = None
 
     @classmethod
     def none(cls, B: int, K: int, V: int, device) -> "Drafts":
@@ -76,42 +84,68 @@ def verify(p: Tensor, drafts: Drafts, generator) -> tuple[Tensor, Tensor, Tensor
     return kept, draw(dist, generator), lead
 
 
-class RegisterDrafter:
-    """K registers with offsets (0, 2..K+1) after every regular input (see module doc)."""
+def jacobi_drafts(p: Tensor, kept: Tensor, n_new: Tensor, N: int) -> tuple[Tensor, Tensor]:
+    """The Jacobi guesses for the next round: p (B, K+1, V) of this round, kept (B,), n_new (B,)
+    tokens emitted -> q (B, K, V) (regular outputs past the kept tokens; the last output stands
+    in where they run out) and in_range (B, K) (the target is a body token)."""
+    K, V = p.shape[1] - 1, p.shape[-1]
+    i = torch.arange(K, device=p.device)
+    j = (kept[:, None] + 1 + i).clamp(max=K)
+    return p.gather(1, j[..., None].expand(-1, -1, V)), (n_new[:, None] + i) < N
 
-    def __init__(self, grid: tuple[int, int], prefix_len: int, K: int, table: Tensor, rules: Rules):
-        self.grid, self.P, self.K, self.table, self.rules = grid, prefix_len, K, table, rules
-        self.offsets = torch.stack([torch.zeros(K, dtype=torch.long), torch.arange(2, K + 2)], -1)
+
+ANCHORS = ("every", "last")      # where register drafts go: after every regular input, or the last
+
+
+class RegisterDrafter:
+    """K registers with offsets (0, 2..K+1) after every regular input of a round, or (``anchors``
+    "last") after the last one only (see module doc). With ``fill``, a draft slot that has no
+    register (its target leaves the row, or the kept input carries none) takes the Jacobi guess."""
+
+    def __init__(self, grid: tuple[int, int], prefix_len: int, K: int, table: Tensor, rules: Rules,
+                 fill: bool = True, anchors: str = "every"):
+        self.grid, self.P, self.K, self.rules, self.fill = grid, prefix_len, K, rules, fill
+        self.N, dev = grid[0] * grid[1], table.device
+        offsets = torch.stack([torch.zeros(K, dtype=torch.long), torch.arange(2, K + 2)], -1)
+        anchor_t = torch.arange(-1, self.N + K)[:, None].expand(-1, K)     # row a: anchor t = a - 1
+        target, valid = offset_targets(grid, anchor_t, offsets, "geometric")
+        self.positions = table[prefix_len - 1 + target.to(dev)]             # (N+K+1, K, 2)
+        self.valid_table = valid.to(dev)                                      # (N+K+1, K)
+        self.inputs = torch.arange(0 if anchors == "every" else K, K + 1, device=dev)
+        self.slot = torch.full((K + 1,), -1, dtype=torch.long, device=dev)  # input j -> its slot
+        self.slot[self.inputs] = torch.arange(len(self.inputs), device=dev)
         self.valid = None
 
     def extras(self, start: Tensor, cur: Tensor) -> tuple[Tensor, Tensor]:
         """Rows with cur tokens emitted -> register position ids (B, E, 2) and read limits (B, E),
-        E = (K+1)·K, anchor-major."""
-        B, K, dev = start.shape[0], self.K, start.device
-        j = torch.arange(K + 1, device=dev)
-        anchors = (cur - 1)[:, None, None] + j[None, :, None]                  # body index t
-        target, self.valid = offset_targets(self.grid, anchors.expand(B, K + 1, K),
-                                            self.offsets.to(dev), "geometric")
-        positions = self.table[self.P - 1 + target].reshape(B, -1, 2)
-        limit = (start[:, None] + j)[:, :, None].expand(B, K + 1, K).reshape(B, -1)
-        return positions, limit
+        E = A·K for the A inputs carrying registers, input-major."""
+        B, K, j = start.shape[0], self.K, self.inputs
+        row = cur[:, None] + j                                               # anchor t = cur - 1 + j
+        self.valid = self.valid_table[row]                                   # (B, A, K)
+        limit = (start[:, None] + j)[:, :, None].expand(B, len(j), K).reshape(B, -1)
+        return self.positions[row].reshape(B, -1, 2), limit
 
     def first_extras(self, B: int, device) -> tuple[Tensor | None, Tensor | None]:
         """Registers anchored at the last prefix token (t = -1, virtual cell (0, -1)), drafting
         x_1..x_K during the prefill: 1D only, as training anchors there only in 1D."""
         if self.grid[0] > 1:
             return None, None
-        anchors = torch.full((B, 1, self.K), -1, device=device)
-        target, self.valid = offset_targets(self.grid, anchors, self.offsets.to(device), "geometric")
+        self.valid = self.valid_table[:1].expand(B, 1, self.K)
         limit = torch.full((B, self.K), self.P - 1, device=device)
-        return self.table[self.P - 1 + target[:, 0]], limit
+        return self.positions[0].expand(B, self.K, 2), limit
 
     def propose(self, logits: Tensor, p: Tensor, kept: Tensor, n_new: Tensor, generator) -> Drafts:
-        """Drafts for the next round from the registers of the last kept input."""
-        B, K = logits.shape[0], self.K
-        reg = logits[:, K + 1:].unflatten(1, (K + 1, K))[torch.arange(B), kept]     # (B, K, V)
+        """Drafts for the next round from the registers of the last kept input (else Jacobi's)."""
+        B, K, A = logits.shape[0], self.K, len(self.inputs)
+        rows, slot = torch.arange(B, device=kept.device), self.slot[kept]
+        reg = logits[:, K + 1:].unflatten(1, (A, K))[rows, slot.clamp(min=0)]    # (B, K, V)
         q = self.rules.probs(reg)
-        return Drafts(draw(q, generator), q, self.valid[torch.arange(B), kept])
+        valid = self.valid[rows, slot.clamp(min=0)] & (slot >= 0)[:, None]
+        if not self.fill:
+            return Drafts(draw(q, generator), q, valid, valid)
+        q_jacobi, in_range = jacobi_drafts(p, kept, n_new, self.N)
+        q = torch.where(valid[..., None], q, q_jacobi)
+        return Drafts(draw(q, generator), q, in_range, valid)
 
 
 class JacobiDrafter:
@@ -127,36 +161,45 @@ class JacobiDrafter:
         return None, None
 
     def propose(self, logits: Tensor, p: Tensor, kept: Tensor, n_new: Tensor, generator) -> Drafts:
-        K, V = self.K, p.shape[-1]
-        i = torch.arange(K, device=p.device)
-        j = (kept[:, None] + 1 + i).clamp(max=K)
-        q = p.gather(1, j[..., None].expand(-1, -1, V))
-        return Drafts(draw(q, generator), q, (n_new[:, None] + i) < self.N)
+        q, in_range = jacobi_drafts(p, kept, n_new, self.N)
+        return Drafts(draw(q, generator), q, in_range)
 
 
 class Counts:
-    """Per-run statistics of a speculative run."""
+    """Per-run statistics of a speculative run (kept on the device until ``summary``)."""
 
-    def __init__(self, B: int, K: int):
-        self.B, self.forwards, self.row_forwards = B, 1, B            # the prefill
-        self.proposed, self.accepted = torch.zeros(K), torch.zeros(K)
+    def __init__(self, B: int, K: int, device):
+        self.B, self.forwards, self.row_forwards = B, 1, torch.tensor(B, device=device)  # the prefill
+        self.proposed, self.accepted = torch.zeros(2, K, device=device), torch.zeros(2, K, device=device)
 
-    def add(self, active: Tensor, valid: Tensor, lead: Tensor) -> None:
-        reached = torch.cat([torch.ones_like(lead[:, :1]), lead[:, :-1]], 1) & valid & active[:, None]
+    def add(self, active: Tensor, drafts: Drafts, lead: Tensor) -> None:
+        """One round: drafts proposed (reached by verification) and kept, by distance; row 1
+        counts register drafts only."""
+        reached = torch.cat([torch.ones_like(lead[:, :1]), lead[:, :-1]], 1) & drafts.valid & active[:, None]
+        kept = lead & active[:, None]
+        register = drafts.register if drafts.register is not None else torch.zeros_like(lead)
         self.forwards += 1
-        self.row_forwards += int(active.sum())
-        self.proposed += reached.sum(0).cpu()
-        self.accepted += (lead & active[:, None]).sum(0).cpu()
+        self.row_forwards += active.sum()
+        self.proposed += torch.stack([reached.sum(0), (reached & register).sum(0)])
+        self.accepted += torch.stack([kept.sum(0), (kept & register).sum(0)])
 
     def summary(self, N: int) -> dict:
-        per_image = self.row_forwards / self.B
-        rounds = max(self.row_forwards - self.B, 1)
-        return dict(forwards=self.forwards, forwards_per_image=per_image,
-                    tokens_per_forward=N / per_image,
-                    accepted_per_forward=float(self.accepted.sum()) / rounds,
-                    proposed=self.proposed.long().tolist(), accepted=self.accepted.long().tolist(),
-                    acceptance_by_distance=[float(a / p) if p else float("nan")
-                                            for a, p in zip(self.accepted, self.proposed)])
+        row_forwards = int(self.row_forwards)
+        per_image = row_forwards / self.B
+        rounds = max(row_forwards - self.B, 1)
+        proposed, accepted = self.proposed.cpu().long(), self.accepted.cpu().long()
+
+        def rates(row: int) -> list[float]:
+            pairs = zip(accepted[row].tolist(), proposed[row].tolist())
+            return [a / p if p else float("nan") for a, p in pairs]
+        out = dict(forwards=self.forwards, forwards_per_image=per_image, tokens_per_forward=N / per_image,
+                   accepted_per_forward=float(accepted[0].sum()) / rounds,
+                   proposed=proposed[0].tolist(), accepted=accepted[0].tolist(),
+                   acceptance_by_distance=rates(0))
+        if int(proposed[1].sum()):
+            out.update(register_proposed=proposed[1].tolist(), register_accepted=accepted[1].tolist(),
+                       register_acceptance_by_distance=rates(1))
+        return out
 
 
 def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, generator,
@@ -175,7 +218,7 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, gene
     out = torch.zeros(B, N + K + 1, dtype=torch.long, device=device)
     out[:, 0], drafts = _prefill(model, prefix, table[:P], rules, drafter, twice, generator)
     n = torch.ones(B, dtype=torch.long, device=device)
-    counts, j = Counts(B, K), torch.arange(K + 1, device=device)
+    counts, j = Counts(B, K, device), torch.arange(K + 1, device=device)
     while bool((n < N).any()):
         active = n < N
         cur = n.clamp(max=N - 1)                       # finished rows repeat their last input
@@ -183,13 +226,13 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, gene
         tokens = torch.cat([out.gather(1, (cur - 1)[:, None]), drafts.tokens], 1)
         positions = table[start[:, None] + j]
         extra_pos, extra_limit = drafter.extras(start, cur)
-        logits = model.decode(twice(tokens), twice(positions), twice(start), None,
+        logits = model.decode(twice(tokens), twice(positions), _shared(start, twice), None,
                               None if extra_pos is None else twice(extra_pos),
                               None if extra_limit is None else twice(extra_limit))
         logits = rules.combine(logits)
         p = rules.probs(logits[:, :K + 1])
         kept, token, lead = verify(p, drafts, generator)
-        counts.add(active, drafts.valid, lead)
+        counts.add(active, drafts, lead)
         emitted = torch.cat([drafts.tokens, token[:, None]], 1).scatter(1, kept[:, None], token[:, None])
         write = (j <= kept[:, None]) & active[:, None]
         cols = torch.where(write, n[:, None] + j, torch.full_like(write, N + K, dtype=torch.long))
@@ -199,6 +242,14 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, gene
     if stats is not None:
         stats.update(counts.summary(N))
     return out[:, :N]
+
+
+def _shared(start: Tensor, twice) -> int | Tensor:
+    """Cache starts (B,) -> one int when every row starts at the same index (the model then
+    takes its single-start path: slices, no scatter, causal attention without extras), else
+    the per-row starts for all rows."""
+    first = int(start[0])
+    return first if bool((start == first).all()) else twice(start)
 
 
 def _prefill(model, prefix: Tensor, positions: Tensor, rules: Rules, drafter, twice, generator):
@@ -213,7 +264,8 @@ def _prefill(model, prefix: Tensor, positions: Tensor, rules: Rules, drafter, tw
                                         twice(extra_pos), twice(extra_limit)))
     first = draw(rules.probs(logits[:, P - 1]), generator)
     q = rules.probs(logits[:, P:])
-    return first, Drafts(draw(q, generator), q, drafter.valid[:, 0])
+    valid = drafter.valid[:, 0]
+    return first, Drafts(draw(q, generator), q, valid, valid)
 
 
 def _check_k(name: str, K) -> None:
@@ -221,14 +273,19 @@ def _check_k(name: str, K) -> None:
         raise ValueError(f"{name}: expected an integer >= 1, got {K!r}")
 
 
-def decode_registers(model, prefix, grid, rules, generator, stats=None, *, draft: int = 4) -> Tensor:
-    """Speculative decoding with ``draft`` = K register drafts per regular input."""
+def decode_registers(model, prefix, grid, rules, generator, stats=None, *, draft: int = 4,
+                     anchors: str = "every", fill: bool = True) -> Tensor:
+    """Speculative decoding with ``draft`` = K register drafts per regular input (``anchors``
+    "every") or after the last regular input only ("last"); ``fill``: Jacobi guesses where no
+    register drafts."""
     _check_k("draft", draft)
+    if anchors not in ANCHORS:
+        raise ValueError(f"anchors={anchors!r}: expected one of {list(ANCHORS)}")
     if not model.has_register_token:
         raise ValueError("decode='registers' needs a checkpoint trained with registers; this model "
                          "has no register embedding (use decode='jacobi' or 'plain')")
     return speculative(model, prefix, grid, rules, generator, stats, draft,
-                       lambda grid, P, table: RegisterDrafter(grid, P, draft, table, rules))
+                       lambda grid, P, table: RegisterDrafter(grid, P, draft, table, rules, fill, anchors))
 
 
 def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int = 4) -> Tensor:

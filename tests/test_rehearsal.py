@@ -1,0 +1,89 @@
+"""The rehearsal at CI size: bench/rehearse.py --quick runs the user's commands (extract_codes.py,
+train.py with the shipped GPT-B MuToR-2D config at reduced width, a SIGTERM and --resume auto,
+sample.py --npz, eval/fid.py, eval/leaderboard.py) over 2 CPU processes; each stage's output is
+checked here again, from the files it left."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mutor2d import checkpoint as ckpt_lib
+from mutor2d.engine import read_log
+from mutor2d.tokenizer.codes import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import rehearse  # noqa: E402
+
+QUICK = rehearse.VARIANTS["quick"]
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """(summary dict, workdir) of one quick rehearsal."""
+    work = tmp_path_factory.mktemp("rehearsal") / "w"
+    out = work.parent / "summary.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench/rehearse.py"), "--quick", "--workdir", str(work),
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    timings = [line for line in r.stdout.splitlines() if line.startswith("[rehearse] ") and " s  " in line]
+    assert len(timings) == len(rehearse.STAGES), r.stdout            # one timing line per stage
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary == json.loads(out.read_text())
+    return summary, work
+
+
+def test_codes_store_is_complete_with_16x16_grids(rehearsal):
+    _, work = rehearsal
+    store = open_store(work / "codes")
+    assert store.header["complete"] and store.header["grid"] == [16, 16]
+    assert store.header["num_shards"] == 2                          # one per process
+    assert store.codes.shape == (2 * QUICK.per_class, 2 * QUICK.crops, 16, 16)
+    assert sorted(np.bincount(store.labels).tolist()) == [QUICK.per_class] * 2
+
+
+def test_sigterm_checkpoints_and_exits_75(rehearsal):
+    summary, work = rehearsal
+    stop = summary["stages"]["train+stop"]
+    codes = stop["process_rc"]                                       # both training processes
+    assert sorted(codes) == ["0", "1"] and 75 in codes.values()
+    assert set(codes.values()) <= {75, *rehearse.LAUNCHER_KILLED}   # see bench/rehearse.py LAUNCHER_KILLED
+    assert QUICK.stop_at <= stop["step"] < QUICK.max_steps
+    assert "stopped by signal" in (work / "logs/train.log").read_text()
+    assert ckpt_lib.checkpoint_path(work / "run", stop["step"]).is_file()
+
+
+def test_resumed_log_continues(rehearsal):
+    summary, work = rehearsal
+    stopped = summary["stages"]["train+stop"]["step"]
+    raw = [json.loads(line) for line in (work / "run/log.jsonl").read_text().splitlines()]
+    marks = [r for r in raw if r.get("event") == "resume"]
+    assert marks == [{"event": "resume", "step": stopped}]
+    assert [r["step"] for r in read_log(work / "run")] == list(range(1, QUICK.max_steps + 1))
+    assert all(np.isfinite(r["loss"]) for r in read_log(work / "run"))
+    assert ckpt_lib.checkpoint_path(work / "run", QUICK.max_steps).is_file()
+    assert f"resuming from step {stopped}" in (work / "logs/resume.log").read_text()
+
+
+def test_npz_is_class_balanced(rehearsal):
+    _, work = rehearsal
+    with np.load(work / "run/samples.npz", allow_pickle=False) as z:
+        images, labels = z["images"], z["labels"]
+    assert images.shape == (QUICK.num_samples, 256, 256, 3) and images.dtype == np.uint8
+    assert np.bincount(labels).tolist() == [QUICK.num_samples // 2] * 2
+
+
+def test_fid_record_and_leaderboard(rehearsal):
+    summary, work = rehearsal
+    records = list((work / "run/eval").glob("*.json"))
+    assert len(records) == 1
+    rec = json.loads(records[0].read_text())
+    assert np.isfinite(rec["metrics"]["fid"]) and rec["n"] == QUICK.num_samples
+    assert rec["evaluator"]["feature_extractor"] == "inception-v3-compat" and rec["evaluator"]["weights_sha256"]
+    assert "ref_imagefolder256" in json.dumps(rec["reference"])
+    table = (work / "logs/board.log").read_text()
+    assert "mutor-2d" in table and "ref_imagefolder256" in table
+    assert summary["stages"]["board"]["rows"] == 1
