@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from . import tokenizer as tokenizer_lib
-from .tokenizer import PixelTokenizer, Tokenizer  # noqa: F401  (PixelTokenizer: old import path)
+from .tokenizer import Tokenizer
 from .tokenizer.codes import open_store
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16

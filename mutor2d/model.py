@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import NEVER, Visibility, get_backend
-from .conditioning import LabelEmbedder, conditioning  # noqa: F401  (LabelEmbedder: old import path)
+from .conditioning import conditioning
 from .config import ModelConfig
 
 PRESETS = {  # (n_layer, n_head, dim)

@@ -13,7 +13,7 @@ import torch
 
 from mutor2d import checkpoint, config
 from mutor2d.config import ModelConfig
-from mutor2d.data import PixelTokenizer
+from mutor2d.tokenizer import PixelTokenizer
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.generation import (NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes,

@@ -207,7 +207,7 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, gene
     """The round loop shared by the drafters (see module doc) -> bodies (B, H*W)."""
     device = model.output.weight.device
     prefix = prefix.to(device)
-    B, N, V = prefix.shape[0], grid[0] * grid[1], model.cfg.vocab_size
+    B, N = prefix.shape[0], grid[0] * grid[1]
     P = model.prefix_len(prefix)
     prefix = with_null_prefix(model, prefix, rules)
     rows = prefix.shape[0]
