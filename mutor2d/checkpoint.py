@@ -98,7 +98,10 @@ def read_meta(path: str | os.PathLike) -> dict:
             meta = f.metadata() or {}
         return {"step": int(meta.get("step", 0)), "grid": json.loads(meta.get("grid", "null")),
                 "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}"))}
-    ckpt = load(path, mmap=True)
+    return _meta_of(load(path, mmap=True))
+
+
+def _meta_of(ckpt: dict) -> dict:
     return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
             "config": ckpt["config"]}
 
@@ -110,8 +113,7 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
         from safetensors.torch import load_file
         return load_file(str(path)), read_meta(path)
     ckpt = load(path)
-    meta = {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
-            "config": ckpt["config"]}
+    meta = _meta_of(ckpt)
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta
 
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from .attention import NEVER, Visibility, get_backend
 from .conditioning import conditioning
 from .config import ModelConfig
+from .io import read_torch_file
 
 PRESETS = {  # (n_layer, n_head, dim)
     "tiny": (2, 2, 64),
@@ -406,9 +407,8 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     with strict key checking. The register embedding, if the model has one, keeps its init (a
     checkpoint's own is taken when it has one; it is dropped for a model without registers).
     Logits match LlamaGen's only with ``cls_rope='zeros'`` (their class-token rotation)."""
-    if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
-        with torch.serialization.safe_globals([argparse.Namespace]):   # LlamaGen's training args
-            obj = torch.load(obj, map_location="cpu", weights_only=True)
+    if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):   # LlamaGen stores its argparse args
+        obj = read_torch_file(obj, "GPT checkpoint", allow=[argparse.Namespace])
     if use_ema and isinstance(obj, dict) and "ema" in obj:
         obj = obj["ema"]
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
