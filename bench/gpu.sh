@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU (H100/H200 class), under 8 minutes in all:
-#   1. the CUDA tests (FlexAttention compiled vs SDPA, fp32 and bf16; bf16 training step; KV decoding),
+# One prepared run for a lent GPU (H100/H200 class), under 9 minutes in all:
+#   1. the CUDA tests (FlexAttention compiled vs SDPA, fp32 and bf16; blocks compiled vs eager for every
+#      attention backend, forward and backward; bf16 training step; KV decoding),
 #   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
 #      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
 #      measured bf16 matmul rate and the nominal peak),
@@ -15,6 +16,7 @@ PY=${PYTHON:-python}
 [ -x .venv/bin/python ] && PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-bench/out}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+export MUTOR2D_PEAK_TFLOPS=$PEAK_TFLOPS     # the MFU that training logs uses the same peak
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" \
@@ -29,7 +31,8 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep the log and th
     echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
 
-step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py -k cuda
+step cuda_tests 170 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_compile.py \
+    tests/test_registers.py tests/test_gpu_path.py -k cuda
 step train_step 230 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
     --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS"
 step sample 130 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3

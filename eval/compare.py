@@ -5,19 +5,31 @@ command line).
     python eval/compare.py --out runs/study_digits [--methods next-token,mutor-2d-D4,...]
         [--seeds 0,1,2] [--steps 600] [--eval-steps 300,600] [--num 1000] [--cfg 1.0,2.0]
         [--jobs 2] [--compute-matched mutor-2d-D4] [--plot docs/digits_fid_vs_step.png]
+    python eval/compare.py --config study2_digits.yaml --val-every 150 --fractions 0.25,0.5 \
+        --cm-ratio R ...                              # the second protocol (docs/RESULTS.md)
     python eval/compare.py --quick --out /tmp/q      # CI: the whole pipeline, tiny sizes
 
-For each method and seed: train ``configs/study_digits.yaml`` with the method's objective
-(RUN = OUT/METHOD/seedS), then at each eval step: class-balanced samples at each CFG scale
+For each method and seed: train ``--config`` (default configs/study_digits.yaml) with the method's
+objective (RUN = OUT/METHOD/seedS), then at each eval step: class-balanced samples at each CFG scale
 (RUN/samples/eval_stepXXXXXXXX_cfgS.npz), the embedded FID/IS/precision/recall and class accuracy
 against digits:train, and the teacher-forced next-token NLL of the digits test split (NTP head, nats
-per token); one record per (step, cfg) in RUN/eval/ (eval/leaderboard.py reads them).
+per token; EMA weights when the config keeps them); one record per (step, cfg) in RUN/eval/
+(eval/leaderboard.py reads them).
+Selection (``--val-every N``, needs data.val_fraction > 0): the validation NLL of every N-th
+checkpoint (RUN/val_nll.json); the lowest one's step is sampled and scored too, and the table's
+"val-best" row holds each seed's record at its selected step. Never selected on test.
+Data fractions (``--fractions 0.25,0.5``): the ``--fraction-methods`` also train on those nested
+shares of the training images (RUN = OUT/METHOD@F/seedS); OUT/fraction.png plots the best
+validation NLL, the test NLL and FID at the selected step against the share.
 Compute-matched point: next-token trained for ``steps x t(method)/t(next-token)`` steps, t = median
 measured training seconds per step (from RUN/log.jsonl) of the runs above, or ``--cm-ratio`` (to add
 seeds later at the step an earlier invocation measured: the measured ratio depends on machine load).
+Under a constant lr that is a checkpoint of the next-token runs (they train on to ``--cm-max`` x
+steps); under a decaying lr it is a run of its own (OUT/next-token-cm/seedS) and needs ``--cm-ratio``.
 Floor: real held-out images (digits:test) against the same reference, as is and resampled to ``--num``.
-Outputs: OUT/table.md (mean ± sd over seeds), OUT/summary.json, the plot. Rerunning resumes:
-finished trainings, sample files and records are kept.
+Runs train seed by seed: the fraction methods at full data, their fraction runs, the other methods,
+the compute-matched runs. Outputs: OUT/table.md (mean ± sd over seeds), OUT/summary.json, the plots.
+Rerunning resumes: finished trainings, curves, sample files and records are kept.
 """
 from __future__ import annotations
 
@@ -29,9 +41,13 @@ from pathlib import Path
 from mutor2d.evaluation import study
 from mutor2d.evaluation.digits import DEFAULT_CACHE
 
-QUICK = dict(methods="next-token,mutor-2d-sparse", seeds="0", steps=4, eval_steps="2,4", num=20, cfg="1.0,2.0",
-             jobs=1, floor_draws=1, compute_matched="mutor-2d-sparse",
-             overrides=["model.dim=32", "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1"])
+# --quick: the first protocol's config with the second's parts switched on (validation split, EMA,
+# selection, a data fraction) at CI sizes
+QUICK = dict(methods="next-token,mutor-2d-sparse", seeds="0", steps=4, eval_steps="4", num=20, cfg="1.0,2.0",
+             jobs=1, floor_draws=1, compute_matched="mutor-2d-sparse", val_every=2, fractions="0.5",
+             fraction_methods="next-token",
+             overrides=["model.dim=32", "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1",
+                        "data.val_fraction=0.2", "train.ema=true", "train.ema_decay=0.5"])
 
 
 def parse_list(text: str, kind, name: str) -> list:
@@ -45,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="study folder (runs go to OUT/METHOD/seedS)")
+    ap.add_argument("--config", default=study.BASE, help="base config, YAML path or name under configs/")
     ap.add_argument("--methods", default="next-token,mutor-2d-D4,mutor-2d-sparse",
                     help=f"comma-separated, of {','.join(study.METHODS)}")
     ap.add_argument("--seeds", default="0,1,2")
@@ -60,6 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cm-ratio", type=float, default=None,
                     help="use this cost ratio (method step / next-token step) instead of the one measured in "
                          "this invocation: to add seeds to an earlier study at its compute-matched step")
+    ap.add_argument("--val-every", type=int, default=0,
+                    help="score the validation NLL of every N-th checkpoint and also evaluate the lowest one's "
+                         "step (needs data.val_fraction > 0; 0 = off)")
+    ap.add_argument("--fractions", default="", help="shares of the training images in (0, 1) that "
+                    "--fraction-methods also train on (e.g. 0.25,0.5; '' = none)")
+    ap.add_argument("--fraction-methods", default="next-token,mutor-2d-D4", help="methods of the --fractions runs")
+    ap.add_argument("--fraction-plot", default=None, help="PNG path (default OUT/fraction.png)")
     ap.add_argument("--floor-draws", type=int, default=5, help="resamples of the held-out floor")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override the base config for every run (e.g. model.dim=32)")
@@ -67,7 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="digits classifier / feature cache")
     ap.add_argument("--report-only", action="store_true",
                     help="only rebuild the table and plot from the records already in OUT")
-    ap.add_argument("--quick", action="store_true", help="CI: 2 methods, 1 seed, 4 steps, 20 samples")
+    ap.add_argument("--quick", action="store_true", help="CI: 2 methods (+ a data fraction), 1 seed, 4 steps, "
+                    "20 samples, validation split and selection")
     return ap.parse_args(argv)
 
 
@@ -82,7 +107,10 @@ def settings(args: argparse.Namespace) -> study.Study:
         cfg_scales=parse_list(args.cfg, float, "cfg"), jobs=args.jobs, compute_matched=args.compute_matched,
         cm_max=args.cm_max, cm_ratio=args.cm_ratio, floor_draws=args.floor_draws, overrides=args.overrides,
         plot=Path(args.plot) if args.plot else None, cache=Path(args.cache_dir).expanduser(),
-        report_only=args.report_only)
+        report_only=args.report_only, base=args.config, val_every=args.val_every,
+        fractions=parse_list(args.fractions, float, "fractions"),
+        fraction_methods=parse_list(args.fraction_methods, str, "fraction-methods"),
+        fraction_plot=Path(args.fraction_plot) if args.fraction_plot else None)
 
 
 def main(argv=None) -> dict:
@@ -93,6 +121,8 @@ def main(argv=None) -> dict:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(summary["table"])
     print(f"table: {out / 'table.md'}\nplot: {summary['plot']}", flush=True)
+    if "fraction_plot" in summary:
+        print(f"fraction plot: {summary['fraction_plot']}", flush=True)
     return summary
 
 

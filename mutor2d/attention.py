@@ -191,10 +191,17 @@ def get_backend(name: str, device: torch.device) -> Backend:
     return BACKENDS[resolve_backend(name, device)]
 
 
+# Off CUDA, flex_attention runs eager even inside a compiled block (a graph break around it):
+# inductor's CPU FlexAttention kernel (torch 2.14.1, found on AVX2) gives wrong outputs, often NaN,
+# when the last key block is 8 (mod 16) keys long, e.g. L=24 or 200. Its micro-GEMM for that tail
+# of q @ k.T computes a full 16 columns: it reads keys past the block and writes past each row of
+# the score buffer, the last row into the running row maxima. tests/test_compile.py checks
+# compiled against eager blocks, and that the bare compiled kernel is still wrong.
 @functools.lru_cache(maxsize=None)
 def _flex(compiled: bool):
+    """flex_attention compiled on its own (CUDA), or eager and never compiled (other devices)."""
     from torch.nn.attention.flex_attention import flex_attention
-    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    return torch.compile(flex_attention, dynamic=False) if compiled else torch.compiler.disable(flex_attention)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None, backend: str,

@@ -289,10 +289,13 @@ def _checked(section):
 @register_variant("data", "digits")
 @dataclass
 class DigitsDataConfig(DataVariant):
-    """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``."""
+    """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``; the 80% may give
+    up a validation split, and training may use a nested share of the rest (mutor2d.data.digits_indices)."""
     tokenizer: str = "pixel"         # "pixel" (grey levels) or a VQ checkpoint path
     levels: int = 17                 # pixel tokenizer: number of grey levels
     data_seed: int = 1234
+    val_fraction: float = 0.0        # share of the training set held out as split "val" (0 = none)
+    train_fraction: float = 1.0      # share of the remaining training images trained on (nested: 0.25 in 0.5)
     num_workers: int = 0
 
     def check(self) -> None:
@@ -300,6 +303,10 @@ class DigitsDataConfig(DataVariant):
             fail("data.tokenizer", "'pixel' or a VQ checkpoint path", self.tokenizer)
         at_least("data.levels", self.levels, 2)
         check_seed("data.data_seed", self.data_seed)
+        if not 0 <= self.val_fraction < 1:
+            fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)
+        if not 0 < self.train_fraction <= 1:
+            fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
         at_least("data.num_workers", self.num_workers, 0)
 
 

@@ -6,6 +6,8 @@ prompt) and exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`
 ``DATASETS`` maps ``data.name`` to a :class:`DatasetKind` (builds a split and the tokenizer that
 turns its tokens into images). Each reads only its own config fields:
   digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download).
+          ``data.val_fraction`` holds out a validation split ("val") of the training set and
+          ``data.train_fraction`` trains on a nested share of the rest (``digits_indices``).
           ``data.tokenizer: pixel`` quantises grey levels (grid 8x8); a VQ checkpoint path (e.g. one
           made by tokenizers/train_vq.py on digits) tokenises the digits upsampled to the VQ's
           image size instead.
@@ -19,6 +21,8 @@ config variant in mutor2d.config).
 from __future__ import annotations
 
 import functools
+import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -47,14 +51,43 @@ def digits_num_classes() -> int:
     return len(_load_digits().target_names)
 
 
-def digits_images(split: str, seed: int) -> tuple[Tensor, Tensor]:
-    """The digits split: images (n, 8, 8) float in [0, 1], labels (n,). 80/20 split by ``seed``."""
+def _first(fraction: float, n: int) -> int:
+    """ceil(fraction * n), robust to float noise (0.1 * 1440 is 144, not 145)."""
+    return math.ceil(fraction * n - 1e-9)
+
+
+def digits_indices(split: str, seed: int, val_fraction: float = 0.0, train_fraction: float = 1.0) -> np.ndarray:
+    """Row indices of a digits split; every split is fixed by ``seed`` alone.
+
+    test: the last 20% of a permutation of all images (seed); train/val: the first 80% ("the training
+    set"), split by a second permutation of it (seed, 1): val = its first ceil(val_fraction * n), the
+    rest in that order is the training pool, and train = the pool's first ceil(train_fraction * m)
+    (so fractions are nested: 25% of the pool is inside 50%). Indices come in the training set's
+    order, so val_fraction 0 and train_fraction 1 give the plain 80% split unchanged."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split {split!r}: expected 'train', 'val' or 'test'")
     d = _load_digits()
     order = np.random.default_rng(seed).permutation(len(d.target))
     cut = int(round(0.8 * len(order)))
-    idx = {"train": order[:cut], "test": order[cut:]}.get(split)
-    if idx is None:
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
+    if split == "test":
+        return order[cut:]
+    n_val = _first(val_fraction, cut)
+    if split == "val" and n_val == 0:
+        raise ValueError("split 'val': needs data.val_fraction > 0 (no validation images are held out)")
+    pool = np.random.default_rng((seed, 1)).permutation(cut)
+    val, rest = pool[:n_val], pool[n_val:]
+    take = val if split == "val" else rest[:_first(train_fraction, len(rest))]
+    if len(take) == 0:
+        raise ValueError(f"data.val_fraction={val_fraction}, data.train_fraction={train_fraction}: "
+                         f"leave no training images (of {cut})")
+    return order[:cut][np.sort(take)]
+
+
+def digits_images(split: str, seed: int, val_fraction: float = 0.0,
+                  train_fraction: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The digits split (``digits_indices``): images (n, 8, 8) float in [0, 1], labels (n,)."""
+    d = _load_digits()
+    idx = digits_indices(split, seed, val_fraction, train_fraction)
     images = torch.from_numpy(d.images[idx] / DIGITS_MAX).float()
     return images, torch.from_numpy(d.target[idx]).long()
 
@@ -127,11 +160,12 @@ class DatasetKind(Protocol):
 
 
 class Digits:
-    """data: tokenizer, levels, data_seed. The 8x8 digits, tokenised by ``data.tokenizer``."""
+    """data: tokenizer, levels, data_seed, val_fraction, train_fraction. The 8x8 digits, tokenised
+    by ``data.tokenizer``; splits "train", "val" (when val_fraction > 0) and "test"."""
 
     def build(self, cfg, split: str) -> TokenGrids:
         tok = self.tokenizer(cfg)
-        images, labels = digits_images(split, cfg.data_seed)
+        images, labels = digits_images(split, cfg.data_seed, cfg.val_fraction, cfg.train_fraction)
         codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
         return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
 
@@ -139,9 +173,20 @@ class Digits:
         return tokenizer_lib.build_tokenizer(cfg)
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """One line on stderr, once per message in this process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class Codes:
     """data: path, test_path, tokenizer. A codes folder per split; the tokenizer must be the
-    checkpoint that made the codes (same codebook size; a different file is a warning)."""
+    checkpoint that made the codes (same codebook size; a different file is a warning). Without
+    the folder (sampling on another machine) the check is skipped with a one-line warning."""
 
     def build(self, cfg, split: str) -> "CodeDataset":
         path = cfg.path if split == "train" else cfg.test_path
@@ -156,7 +201,10 @@ class Codes:
             raise ValueError(f"data.tokenizer={cfg.tokenizer!r} only works with data.name='digits'; "
                              f"data.name='codes' needs data.tokenizer set to a VQ checkpoint path")
         tok = tokenizer_lib.build_tokenizer(cfg)
-        if cfg.path is not None:
+        if cfg.path is not None and not (Path(cfg.path) / "header.json").exists():
+            _warn_once(f"no codes folder at data.path={cfg.path!r} here: cannot check that data.tokenizer="
+                       f"{cfg.tokenizer!r} made those codes (decoding does not need them)")
+        elif cfg.path is not None:
             header = open_store(cfg.path, require_complete=False, check_values=False).header
             if header["codebook_size"] != tok.vocab_size:
                 raise ValueError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} codes but the codes at "

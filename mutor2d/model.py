@@ -11,6 +11,7 @@ the cache under their visibility rule and are never written to it.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -55,17 +56,29 @@ def model_shape(cfg: ModelConfig) -> Shape:
     return Shape(n_layer, n_head, dim)
 
 
+def _frozen_trace() -> bool:
+    """True while torch.compile traces with inductor's weight freezing on (and grad off): the
+    weights become constants and inductor prepacks them for its own GEMM of ``x @ W^T``."""
+    if not torch.compiler.is_compiling() or torch.is_grad_enabled():
+        return False
+    config = sys.modules.get("torch._inductor.config")
+    return bool(config is not None and config.freezing)
+
+
 class Linear(nn.Linear):
     """nn.Linear without bias. On CPU, for 2..SMALL_ROWS input rows (a decode step), it computes
     (W @ x^T)^T with x contiguous (so x^T is a transposed view): MKL runs that ~2x faster than
-    x @ W^T for a few rows (docs/BENCHMARKS.md); same result up to float rounding."""
+    x @ W^T for a few rows (docs/BENCHMARKS.md); same result up to float rounding. Not when
+    traced with inductor's freezing (``sampling.compile_decoder`` on CPU): inductor's prepacked
+    GEMM of x @ W^T is faster still."""
     SMALL_ROWS = 4
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type == "cpu" and 1 < x.numel() // x.shape[-1] <= self.SMALL_ROWS:
+        if (x.device.type == "cpu" and not _frozen_trace()
+                and 1 < x.numel() // x.shape[-1] <= self.SMALL_ROWS):
             rows = x.reshape(-1, x.shape[-1]).contiguous()    # x^T must be a transposed view
             out = torch.mm(self.weight, rows.t()).t().contiguous()
             return out.view(*x.shape[:-1], self.out_features)
@@ -148,17 +161,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     xf = x.float()
     swapped = _SwapPairs.apply(xf) if xf.requires_grad else _swap(xf)   # no autograd: skip its overhead
     return torch.addcmul(xf * cos, swapped, sin).type_as(x)
-
-
-def _mark_length_dynamic(h: Tensor, rope: tuple[Tensor, Tensor], vis: Visibility | None) -> None:
-    """Mark the sequence dimension of every block input (and of the cached masks) dynamic."""
-    mark = torch._dynamo.maybe_mark_dynamic
-    for t in (h, *rope):
-        mark(t, 1)
-    for m in (vis._cache.values() if vis is not None else ()):
-        if isinstance(m, Tensor):
-            mark(m, 2)
-            mark(m, 3)
 
 
 @dataclass
@@ -297,20 +299,17 @@ class GPT(nn.Module):
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
-               step: CacheStep | None = None, dynamic_length: bool = False) -> Tensor:
-        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm.
-        ``dynamic_length``: L changes from batch to batch (dense registers); compiled blocks
-        then trace one graph with a symbolic length instead of recompiling once."""
+               step: CacheStep | None = None) -> Tensor:
+        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm."""
         if positions.shape[:2] != h.shape[:2]:
             raise ValueError(f"position ids {tuple(positions.shape)} do not match tokens {tuple(h.shape[:2])}")
         rope = self.rotary(positions)
         h = self.tok_dropout(h)
         if step is None and vis is not None:
             self._prepare_masks(vis)
-        if dynamic_length:
-            _mark_length_dynamic(h, rope, vis)
-        if step is not None:                     # decode: any batch size, one graph
-            for t in (h, *rope):
+        if step is not None and not torch.compiler.is_compiling():
+            for t in (h, *rope):                 # decode: any batch size, one graph (compiled blocks;
+                                                 # inside a compiled ``decode`` marking is not allowed)
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         for layer in self.layers:
             h = layer(h, rope, vis, step)

@@ -20,6 +20,7 @@ t is at (t // W, t % W). On a line (H = 1) the prefix lies on the line: regular 
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -143,12 +144,13 @@ def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge
     return target, valid
 
 
-def regular_position_ids(grid: tuple[int, int], prefix_len: int, length: int | None = None) -> Tensor:
+def regular_position_ids(grid: tuple[int, int], prefix_len: int, length: int | None = None,
+                         device: torch.device | str | None = None) -> Tensor:
     """(L, 2) position ids of the first ``length`` tokens of prefix + body (default: T inputs)."""
     H, W = grid
     P = prefix_len
     L = P + H * W - 1 if length is None else length
-    i = torch.arange(L)
+    i = torch.arange(L, device=device)
     if H == 1:
         return torch.stack([torch.zeros_like(i), i], dim=-1)
     t = (i - P).clamp(min=0)
@@ -213,30 +215,37 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
 
     lengths: (B,) number of real body tokens per sample (1D padding, right-padded); None = full.
     Offsets: one per sequence drawn uniformly from the candidates (``per_register_offsets``: one per
-    anchor). Dense: every anchor with a valid target gets a register. Sparse: K anchors drawn
-    without replacement among the valid ones (fewer if fewer are valid).
+    anchor). Dense: every anchor with a valid target gets a register; R is fixed by the spec and the
+    grid (``dense_slots``), so shapes never change from batch to batch. Sparse: K anchors drawn
+    without replacement among the valid ones (fewer if fewer are valid); unused slots are padding.
+
+    The random draws happen on the generator's device (CPU without one) and every tensor is built
+    there, with no host round trip (nothing reads a value back): a CUDA generator keeps the whole
+    layout on the GPU, so the host can queue the next step ahead.
     """
     spec.check(grid, prefix_len)
     H, W = grid
     N, P, B = H * W, prefix_len, batch_size
     T = P + N - 1
+    device = torch.device(device) if device is not None else None
+    draw_on = generator.device if generator is not None else (device or torch.device("cpu"))
     if lengths is not None:
-        lengths = torch.as_tensor(lengths, dtype=torch.long).cpu()
-        if lengths.shape != (B,) or (lengths < 1).any() or (lengths > N).any():
-            raise LayoutError(f"lengths must be (B,)={B} values in 1..{N}, got {lengths.tolist()}")
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        _check_lengths(lengths, B, N)
+        lengths = lengths.to(draw_on, non_blocking=True)
 
-    reg_pos = regular_position_ids(grid, P)                              # (T, 2)
-    i = torch.arange(T)
+    reg_pos = regular_position_ids(grid, P, device=draw_on)                  # (T, 2)
+    i = torch.arange(T, device=draw_on)
     ntp_target = (i - (P - 1)).clamp(min=0).expand(B, T)
     ntp_valid = (i >= P - 1).expand(B, T)
     if lengths is not None:
         ntp_valid = ntp_valid & (ntp_target < lengths[:, None])
     ntp_target = torch.where(ntp_valid, ntp_target, torch.zeros_like(ntp_target))
-    reg_anchor, reg_offset, reg_target, reg_valid = _place_registers(B, grid, spec, generator, lengths)
+    reg_anchor, reg_offset, reg_target, reg_valid = _place_registers(B, grid, spec, generator, lengths, draw_on)
 
     R = reg_target.shape[1]
     position_ids = torch.cat([reg_pos.expand(B, T, 2), reg_pos[P - 1 + reg_target]], dim=1)
-    key_rank = torch.cat([i.expand(B, T), torch.full((B, R), NEVER)], dim=1)
+    key_rank = torch.cat([i.expand(B, T), torch.full((B, R), NEVER, device=draw_on)], dim=1)
     reg_limit = torch.where(reg_valid, P + reg_anchor, torch.full_like(reg_anchor, -1))
     query_limit = torch.cat([i.expand(B, T), reg_limit], dim=1)
 
@@ -244,35 +253,62 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
                  reg_anchor, reg_offset, reg_target, reg_valid)
     for name, value in vars(out).items():
         if isinstance(value, Tensor):
-            setattr(out, name, value.contiguous().to(device) if device is not None else value.contiguous())
+            value = value.contiguous()
+            setattr(out, name, value.to(device, non_blocking=True) if device is not None else value)
     return out
 
 
+def _check_lengths(lengths: Tensor, B: int, N: int) -> None:
+    """One-line error for bad 1D lengths; values are only read when they live on the CPU (a device
+    tensor would cost a host sync every batch: the data loader checked them already)."""
+    if lengths.shape != (B,):
+        raise LayoutError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    if lengths.device.type == "cpu" and ((lengths < 1).any() or (lengths > N).any()):
+        raise LayoutError(f"lengths must be (B,)={B} values in 1..{N}, got {lengths.tolist()}")
+
+
+@functools.lru_cache(maxsize=256)
+def dense_slots(spec: RegisterSpec, grid: tuple[int, int]) -> int:
+    """Register slots R of dense placement on ``grid``: the most anchors with a valid target any
+    draw can give (one offset per sequence: the best offset; one per anchor: every anchor that has
+    some valid offset). Batches with fewer valid anchors pad the rest (``reg_valid`` False)."""
+    offsets = spec.offsets()                                                  # (C, 2)
+    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1)
+    _, valid = offset_targets(grid, anchors[:, None], offsets[None], spec.edge)   # (A, C)
+    return int(valid.any(1).sum() if spec.per_register_offsets else valid.sum(0).max())
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets_on(spec: RegisterSpec, device: torch.device) -> Tensor:
+    """The candidate offsets, copied to ``device`` once (not once per batch)."""
+    return spec.offsets().to(device)
+
+
 def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generator: torch.Generator | None,
-                     lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(anchor (B, R), offset (B, R, 2), target (B, R), valid (B, R)) of the register slots.
+                     lengths: Tensor | None, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(anchor (B, R), offset (B, R, 2), target (B, R), valid (B, R)) of the register slots, on ``device``.
 
     Random draws, in this order: the offsets (``randint``), then for sparse placement one score per
-    anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order."""
+    anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order. Dense:
+    the valid anchors in anchor order, then padding slots up to ``dense_slots``."""
     if not spec.uses_registers:
-        empty = torch.zeros(B, 0, dtype=torch.long)
-        return empty, torch.zeros(B, 0, 2, dtype=torch.long), empty, torch.zeros(B, 0, dtype=torch.bool)
-    offsets = spec.offsets()
-    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1)   # (A,)
+        empty = torch.zeros(B, 0, dtype=torch.long, device=device)
+        return empty, empty[..., None].expand(B, 0, 2), empty, empty.bool()
+    offsets = _offsets_on(spec, device)
+    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1, device=device)   # (A,)
     A = anchors.numel()
     if spec.per_register_offsets:
-        pick = torch.randint(len(offsets), (B, A), generator=generator)
+        pick = torch.randint(len(offsets), (B, A), generator=generator, device=device)
     else:
-        pick = torch.randint(len(offsets), (B, 1), generator=generator).expand(B, A)
+        pick = torch.randint(len(offsets), (B, 1), generator=generator, device=device).expand(B, A)
     off = offsets[pick]                                                  # (B, A, 2)
     target, valid = offset_targets(grid, anchors.expand(B, A), off, spec.edge, lengths)
     if spec.placement == "sparse":
-        score = torch.rand(B, A, generator=generator).masked_fill(~valid, 2.0)
+        score = torch.rand(B, A, generator=generator, device=device).masked_fill(~valid, 2.0)
         slot = score.argsort(dim=1)[:, :spec.num_registers].sort(dim=1).values
     else:
-        R = int(valid.sum(1).max())
-        key = (~valid).long() * A + torch.arange(A)
-        slot = key.argsort(dim=1)[:, :R]
+        key = (~valid).long() * A + torch.arange(A, device=device)
+        slot = key.argsort(dim=1)[:, :dense_slots(spec, grid)]
     return (anchors[slot], off.gather(1, slot[..., None].expand(-1, -1, 2)), target.gather(1, slot),
             valid.gather(1, slot))
 

@@ -1,6 +1,8 @@
 """The digits study (mutor2d.evaluation.study, command line eval/compare.py): --quick runs the whole
-pipeline (train, sample, score, compute-matched point, floor, table, plot) and leaves records the
-leaderboard reads; the test NLL is the next-token cross-entropy; bad settings are one-line errors."""
+pipeline (train, sample, score, validation NLL and selection, a data fraction, compute-matched point,
+floor, table, plots) and leaves records the leaderboard reads; the held-out NLL is the next-token
+cross-entropy; selection picks the lowest validation NLL; runs train in the stated order; bad
+settings are one-line errors."""
 import importlib.util
 import json
 import math
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
-from mutor2d.data import build_dataset, collate
+from mutor2d.data import DATASETS, build_dataset, collate
 from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
 
@@ -44,28 +46,86 @@ def quick(tmp_path_factory):
     return out, summary
 
 
+def selected(run: Path) -> dict:
+    return json.loads((run / study.CURVE).read_text())["selected"]
+
+
 def test_quick_writes_a_record_per_run_step_and_cfg(quick):
     out, summary = quick
     q = compare.QUICK
-    methods, steps = q["methods"].split(","), [int(s) for s in q["eval_steps"].split(",")]
+    labels = q["methods"].split(",") + [study.fraction_label(m, float(f)) for m in q["fraction_methods"].split(",")
+                                        for f in q["fractions"].split(",")]
+    steps = [int(s) for s in q["eval_steps"].split(",")]
     scales = [float(s) for s in q["cfg"].split(",")]
-    for m in methods:
-        recs = [json.loads(p.read_text()) for p in (out / m / "seed0" / "eval").glob("*.json")]
+    for m in labels:
+        run = out / m / "seed0"
+        recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
         mine = [r for r in recs if r["study"]["method"] == m]
+        want = set(steps) | {selected(run)[m]}                      # fixed steps and the val-selected one
         assert sorted((r["step"], r["sampling"]["cfg_scale"]) for r in mine) == \
-            sorted((s, c) for s in steps for c in scales)
+            sorted((s, c) for s in want for c in scales)
         for r in mine:
             assert r["method"] == m and r["n"] == q["num"] and r["reference"] == "digits:train"
-            assert r["evaluator"]["feature_extractor"] == "mutor2d-digits"
-            assert {"fid", "accuracy", "nll_test", "precision"} <= set(r["metrics"])
+            assert r["evaluator"]["feature_extractor"] == "mutor2d-digits" and r["sampling"]["ema"] is True
+            assert {"fid", "accuracy", "nll_test", "nll_val", "precision"} <= set(r["metrics"])
             assert all(math.isfinite(v) for v in r["metrics"].values())
-            labels = np.load(r["samples"])["labels"]
-            assert np.bincount(labels, minlength=10).tolist() == [q["num"] // 10] * 10   # class-balanced
+            labels_ = np.load(r["samples"])["labels"]
+            assert np.bincount(labels_, minlength=10).tolist() == [q["num"] // 10] * 10   # class-balanced
     # the two objectives really differ, the cfg scales really differ
-    ntp = json.loads(next((out / "next-token" / "seed0" / "eval").glob("*step00000004_cfg1*")).read_text())
+    ntp = json.loads(next((out / "next-token" / "seed0" / "eval").glob("eval_step00000004_cfg1*")).read_text())
     assert ntp["objective"]["name"] == "ntp"
     reg = json.loads(next((out / "mutor-2d-sparse" / "seed0" / "eval").glob("*step00000004_cfg1*")).read_text())
     assert reg["objective"]["name"] == "mutor-2d" and reg["objective"]["placement"] == "sparse"
+
+
+def test_quick_fraction_run_trains_on_the_nested_share(quick):
+    out, summary = quick
+    run = out / "next-token@0.5" / "seed0"
+    _, cfg, _ = ckpt_lib.load_model(run)
+    full = ckpt_lib.load_model(out / "next-token" / "seed0")[1]
+    assert cfg.data.train_fraction == 0.5 and full.data.train_fraction == 1.0
+    assert cfg.data.val_fraction == full.data.val_fraction == 0.2
+    part, whole = build_dataset(cfg.data, "train"), build_dataset(full.data, "train")
+    assert len(part) == math.ceil(0.5 * len(whole))
+    rows = {tuple(c.flatten().tolist()) + (int(y),) for c, y in zip(whole.codes, whole.labels)}
+    assert all(tuple(c.flatten().tolist()) + (int(y),) in rows for c, y in zip(part.codes, part.labels))
+    png = Path(summary["fraction_plot"])
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    groups = study.summarise(study.collect(out), [1.0, 2.0])
+    pts = study.fraction_points(groups, "next-token", "nll_val")
+    assert [p[0] for p in pts] == [0.5, 1.0]                         # the curve has both shares
+
+
+def test_selection_is_the_lowest_validation_nll(quick):
+    """Each run's curve holds the validation NLL of its checkpoints (recomputed here from the EMA
+    weights); the selected step is the lowest up to the label's horizon; its records are the table's
+    val-best row."""
+    out, summary = quick
+    horizon = {study.CM: summary["compute_matched"]["step"]}
+    groups = study.summarise(study.collect(out), [1.0, 2.0])
+    runs = [r for r in sorted(out.glob("*/seed0")) if r.parent.name != "floor"]
+    assert len(runs) == 3
+    for run in runs:
+        curve = study.read_curve(run)
+        assert curve["weights"] == "ema" and len(curve["nll"]) >= 2
+        for step in sorted(curve["nll"]) if run.parent.name == "next-token@0.5" else set(curve["selected"].values()):
+            model, cfg, _ = ckpt_lib.load_model(ckpt_lib.checkpoint_path(run, step))
+            assert curve["nll"][step] == pytest.approx(study.heldout_nll(model, cfg.data, "val"), rel=1e-6)
+        for label, step in curve["selected"].items():
+            pool = {s: v for s, v in curve["nll"].items() if s <= horizon.get(label, compare.QUICK["steps"])}
+            assert step == min(pool, key=lambda s: (pool[s], s))
+            assert groups[(label, study.SEL)]["steps"] == {0: step}
+            assert groups[(label, study.SEL)]["nll_val"][0] == pytest.approx(curve["nll"][step], rel=1e-6)
+
+
+def test_select_step_and_candidates():
+    curve = {100: 1.30, 200: 1.20, 300: 1.25, 400: 1.10, 500: 1.10}
+    assert study.select_step(curve, 300) == 200                     # the minimum within the horizon
+    assert study.select_step(curve, 500) == 400                     # a tie goes to the earlier step
+    with pytest.raises(study.StudyError, match="no validation NLL at or before step 50"):
+        study.select_step(curve, 50)
+    assert study.candidates(200, 1000) == [200, 400, 600, 800, 1000]
+    assert study.candidates(200, 700) == [200, 400, 600, 700]
 
 
 def test_quick_compute_matched_point_and_floor(quick):
@@ -73,28 +133,51 @@ def test_quick_compute_matched_point_and_floor(quick):
     cm = summary["compute_matched"]
     steps = compare.QUICK["steps"]
     assert cm["ratio"] > 0 and steps <= cm["step"] <= 2 * steps
-    cm_recs = [json.loads(p.read_text()) for p in (out / "next-token" / "seed0" / "eval").glob("*.json")]
+    run = out / "next-token" / "seed0"
+    cm_recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
     cm_recs = [r for r in cm_recs if r["study"]["method"] == study.CM]
-    assert {r["step"] for r in cm_recs} == {cm["step"]} and len(cm_recs) == 2
+    want = {cm["step"], selected(run)[study.CM]}
+    assert {r["step"] for r in cm_recs} == want and len(cm_recs) == 2 * len(want)
     # the next-token run really went on past the equal-step point (constant lr): checkpoints up to 2x
-    assert ckpt_lib.list_checkpoints(out / "next-token" / "seed0")[-1].name == f"step_{2 * steps:08d}.pt"
+    assert ckpt_lib.list_checkpoints(run)[-1].name == f"step_{2 * steps:08d}.pt"
     floor = [json.loads(p.read_text()) for p in (out / "floor" / "eval").glob("*.json")]
     held = [r for r in floor if r["method"] == "real held-out"]
     assert len(held) == 1 and held[0]["n"] == len(build_dataset(study.config_lib.load(study.BASE).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
     assert held[0]["metrics"]["accuracy"] > 0.9        # real digits are recognised: the classifier works
 
 
-def test_cm_ratio_fixes_the_compute_matched_step(quick, tmp_path):
-    """Seeds added later reuse the first invocation's ratio: --cm-ratio replaces the measured one."""
+def test_cm_ratio_fixes_the_step_and_a_decaying_lr_trains_its_own_run(quick, tmp_path):
+    """Seeds added later reuse the first invocation's ratio: --cm-ratio replaces the measured one. Under
+    a cosine schedule the compute-matched next-token run is a run of its own that ends (and decays) at
+    that step; the next-token runs are not extended."""
     out = tmp_path / "study"
     shutil.copytree(quick[0], out)
     steps = compare.QUICK["steps"]
-    summary = compare.main(["--quick", "--out", str(out), "--cm-ratio", "1.5"])
+    summary = compare.main(["--quick", "--out", str(out), "--set", "optim.schedule=cosine", "--cm-ratio", "1.5"])
     cm = summary["compute_matched"]
     assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
-    recs = [json.loads(p.read_text()) for p in (out / "next-token" / "seed0" / "eval").glob("*.json")]
-    assert sorted({r["step"] for r in recs if r["study"]["method"] == study.CM}) == \
-        sorted({quick[1]["compute_matched"]["step"], round(1.5 * steps)})
+    run = out / study.CM / "seed0"
+    _, cfg, last = ckpt_lib.load_model(run)
+    assert cfg.optim.schedule == "cosine" and cfg.train.max_steps == last == round(1.5 * steps)
+    recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
+    assert {round(1.5 * steps), selected(run)[study.CM]} == {r["step"] for r in recs}
+    assert ckpt_lib.list_checkpoints(out / "next-token" / "seed0")[-1].name == f"step_{2 * steps:08d}.pt"  # as copied
+
+
+def test_units_train_the_headline_runs_first(tmp_path):
+    s = study.Study(out=tmp_path, methods=["next-token", "mutor-2d-D4", "mutor-2d-sparse"], seeds=[100, 101],
+                    steps=10, eval_steps=[10], num=10, cfg_scales=[1.0], fractions=[0.25, 0.5],
+                    fraction_methods=["next-token", "mutor-2d-D4"], compute_matched="mutor-2d-D4", cm_ratio=1.5,
+                    overrides=["optim.schedule=cosine"])
+    got = [(u["label"], u["seed"]) for u in s.units()]
+    first = [(m, seed) for seed in (100, 101) for m in ("next-token", "mutor-2d-D4")]
+    fracs = [(f"{m}@{f}", seed) for seed in (100, 101) for f in ("0.5", "0.25") for m in ("next-token", "mutor-2d-D4")]
+    assert got == first + fracs + [("mutor-2d-sparse", 100), ("mutor-2d-sparse", 101),
+                                   (study.CM, 100), (study.CM, 101)]
+    assert {u["steps"] for u in s.units() if u["label"] == study.CM} == {15}
+    frac = next(u for u in s.units() if u["label"] == "mutor-2d-D4@0.25")
+    assert frac["method"] == "mutor-2d-D4" and frac["overrides"][-1] == "data.train_fraction=0.25"
+    assert frac["run_dir"] == str(tmp_path / "mutor-2d-D4@0.25" / "seed100")
 
 
 def test_quick_table_plot_and_leaderboard(quick, capsys):
@@ -112,17 +195,33 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
     assert again["table"] == summary["table"]
 
 
-def test_test_nll_is_the_next_token_cross_entropy(quick):
+@pytest.mark.parametrize("split", ["test", "val"])
+def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
     model, cfg, _ = ckpt_lib.load_model(out / "mutor-2d-sparse" / "seed0")
-    ds = build_dataset(cfg.data, "test")
+    ds = DATASETS["digits"].build(cfg.data, split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid
     pos = regular_position_ids((H, W), 1).expand(len(ds), -1, -1)
     with torch.no_grad():
         logits = model(b["body"][:, :-1], pos, b["prefix"])          # (B, 1 + N - 1, V)
     want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["body"].reshape(-1)).item()
-    assert study.test_nll(model, cfg.data) == pytest.approx(want, rel=1e-5)
+    assert study.heldout_nll(model, cfg.data, split) == pytest.approx(want, rel=1e-5)
+    assert len(ds) == {"test": 359, "val": 288}[split]              # ceil(0.2 * 1438) validation images
+
+
+def test_study2_config_is_the_second_protocol(tmp_path):
+    """configs/study2_digits.yaml: EMA, cosine to the end, a validation split; its documented
+    settings pass the checks, and its compute-matched point needs --cm-ratio."""
+    cfg = study.config_lib.load("study2_digits.yaml")
+    assert cfg.train.ema and cfg.optim.schedule == "cosine" and cfg.optim.min_lr == 0
+    assert cfg.data.val_fraction > 0 and cfg.data.train_fraction == 1
+    kw = dict(out=tmp_path, methods=list(study.METHODS), seeds=[100], steps=1500, eval_steps=[750, 1500],
+              num=5000, cfg_scales=[1.0, 2.0], base="study2_digits.yaml", val_every=150, fractions=[0.25, 0.5],
+              fraction_methods=["next-token", "mutor-2d-D4"], compute_matched="mutor-2d-D4")
+    study.Study(**kw, cm_ratio=2.0).check()
+    with pytest.raises(study.StudyError, match="needs --cm-ratio"):
+        study.Study(**kw).check()
 
 
 def test_mean_sd_and_fmt():
@@ -137,8 +236,13 @@ def test_mean_sd_and_fmt():
     (["--steps", "10", "--eval-steps", "3"], "--eval-steps 3"),
     (["--num", "15"], "--num 15"),
     (["--methods", "mutor-2d-D4", "--compute-matched", "mutor-2d-D4"], "needs next-token"),
-    (["--set", "optim.schedule=cosine"], "optim.schedule=constant"),
+    (["--set", "optim.schedule=cosine"], "needs --cm-ratio"),
     (["--cm-ratio", "0.5"], "--cm-ratio 0.5"),
+    (["--val-every", "250"], "--val-every 250: needs a validation split"),
+    (["--steps", "10", "--eval-steps", "10", "--val-every", "3"], "--val-every 3: expected 0 (off) or a divisor"),
+    (["--fractions", "0.5,1"], "--fractions 1: expected shares in (0, 1)"),
+    (["--fractions", "0.5", "--fraction-methods", "mutor-1d"], "--fraction-methods 'mutor-1d'"),
+    (["--set", "data.val_fraction=1"], "data.val_fraction: expected a number in [0, 1)"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, argv, needle):
     with pytest.raises(ValueError, match=None) as e:

@@ -86,6 +86,42 @@ def test_digits_pixel_default():
     assert build_tokenizer(cfg).decode(ds.codes[:2]).shape == (2, 3, 8, 8)
 
 
+def test_digits_validation_split_and_nested_fractions():
+    from mutor2d.data import digits_indices
+    old = np.random.default_rng(1234).permutation(1797)           # the first protocol's 80/20 split
+    assert np.array_equal(digits_indices("train", 1234), old[:1438])
+    assert np.array_equal(digits_indices("test", 1234, 0.15, 0.25), old[1438:])   # test never moves
+    val = digits_indices("val", 1234, 0.15)
+    full = digits_indices("train", 1234, 0.15, 1.0)
+    assert (len(val), len(full)) == (216, 1222)                     # ceil(0.15 * 1438), the rest
+    assert not set(val) & set(full) and set(val) | set(full) == set(old[:1438])
+    assert np.array_equal(val, digits_indices("val", 1234, 0.15, 0.25))   # val does not depend on the fraction
+    assert np.array_equal(full, digits_indices("train", 1234, 0.15))     # fixed by the seed
+    quarter, half = (digits_indices("train", 1234, 0.15, f) for f in (0.25, 0.5))
+    assert (len(quarter), len(half)) == (306, 611)                  # ceil(f * 1222)
+    assert set(quarter) < set(half) < set(full)
+    assert not set(digits_indices("val", 1235, 0.15)) == set(val)   # another data_seed, another split
+    cfg = DataConfig(val_fraction=0.15, train_fraction=0.5)
+    train, valid = build_dataset(cfg, "train"), DATASETS["digits"].build(cfg, "val")
+    assert (len(train), len(valid)) == (611, 216)
+    assert len(np.unique(valid.labels.numpy())) == 10               # every digit is in the validation split
+    with pytest.raises(ValueError, match=r"^split 'val': needs data.val_fraction > 0"):
+        DATASETS["digits"].build(DataConfig(), "val")
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("val_fraction", 1.0, "data.val_fraction: expected a number in [0, 1)"),
+    ("val_fraction", -0.1, "data.val_fraction: expected a number in [0, 1)"),
+    ("train_fraction", 0.0, "data.train_fraction: expected a number in (0, 1]"),
+    ("train_fraction", 1.5, "data.train_fraction: expected a number in (0, 1]"),
+])
+def test_digits_split_settings_are_checked(key, value, needle):
+    from mutor2d.config import ConfigError
+    with pytest.raises(ConfigError) as e:
+        DataConfig(**{key: value})
+    assert str(e.value).startswith(needle) and f"got {value!r}" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_digits_through_a_vq_tokenizer(vq_path):
     cfg = DataConfig(tokenizer=str(vq_path))
     ds = build_dataset(cfg, "test")

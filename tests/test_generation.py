@@ -168,3 +168,118 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
         sample_main()(["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"), "--device", "cpu",
                        "--decode", "registers"])
     assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code)
+
+
+# ----------------------------------------------------------------------------- training hooks, npz reruns, codes
+
+def fake_run(cfg, model, grid, device, run_dir):
+    """What SampleGrids / OnlineEval read of a training Run, on one process."""
+    from types import SimpleNamespace
+    return SimpleNamespace(cfg=cfg, sample_model=model, grid=grid, device=torch.device(device), run_dir=run_dir,
+                           main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None, log=lambda *a, **k: None))
+
+
+def tiny_vq_tokenizer():
+    from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
+    torch.manual_seed(0)
+    return VQTokenizer(VQModel(vq_config("tiny", **TINY_VQ)))
+
+
+TINY_VQ = dict(codebook_size=V, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1, z_channels=8,
+               norm_groups=4, image_size=8, usage_window=0)
+
+
+def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
+    """Sample grids and online evaluation get the tokenizer with its weights on the run's device (the
+    model's), not where build_hooks made it (the CPU). "meta" stands in for a GPU here."""
+    from mutor2d.engine.hooks import JsonLog, OnlineEval, SampleGrids, Tick
+    from mutor2d.evaluation import online
+    seen = {}
+
+    def grid(model, tokenizer, *args):
+        seen["grid"] = generation.tokenizer_device(tokenizer)
+
+    def evaluate(model, data_cfg, per_class, sample_cfg, tokenizer, *args, **kwargs):
+        seen["eval"] = generation.tokenizer_device(tokenizer)
+        return {}
+
+    monkeypatch.setattr(generation, "write_grid", grid)
+    monkeypatch.setattr(online, "online_digits_eval", evaluate)
+    cfg = config.load(None, ["data.name=digits", "train.eval_every=1", "train.tracker=none"])
+    run = fake_run(cfg, None, (4, 4), "meta", tmp_path)
+    tokenizer = tiny_vq_tokenizer()
+    assert tokenizer.device.type == "cpu"
+    SampleGrids(tokenizer, [0, 1])(run, Tick(done=1, last=True))
+    OnlineEval(tokenizer, JsonLog(tmp_path / "log.jsonl", 0, False))(run, Tick(done=1, last=True))
+    assert seen == {"grid": torch.device("meta"), "eval": torch.device("meta")}
+
+
+def test_sample_grid_hook_equals_sample_py(run, tmp_path):
+    """The training hook's PNG (tokenizer moved to the run's device) is sample.py's PNG, byte for byte."""
+    from mutor2d.engine.hooks import SampleGrids, Tick
+    src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
+    classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
+    SampleGrids(src.tokenizer, classes)(fake_run(src.cfg, src.model, src.grid, "cpu", tmp_path), Tick(7, True))
+    sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "cli.png"), "--device", "cpu"])
+    assert (tmp_path / "samples" / "step_00000007.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
+
+
+def test_is_complete_reads_only_the_meta(run, tmp_path, monkeypatch):
+    """Rerunning a finished npz job reads its meta entry, never the images (~10 GB at 50K x 256 px)."""
+    src = generation.open_checkpoint(checkpoint.resolve(run))
+    settings = generation.sampling_settings(src.cfg.sample)
+    labels = generation.balanced_labels(4, [0, 1])
+
+    def job(seed):
+        meta = generation.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
+                                      seed=seed, classes=[0, 1], num=4, batch_size=2, ema=src.ema, grid=src.grid)
+        return generation.NpzJob(tmp_path / "s.npz", labels, 2, seed, meta)
+
+    job(1).complete(generation.make_sampler(src.model, src.tokenizer, src.grid, **settings))
+    read, get = [], np.lib.npyio.NpzFile.__getitem__
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda f, key: read.append(key) or get(f, key))
+    assert job(1).is_complete() and not job(2).is_complete()
+    assert read and set(read) == {"meta"}
+
+
+def test_sample_py_without_the_codes_folder(tmp_path, capsys):
+    """A codes-trained checkpoint samples on a machine without its codes folder: one warning line, once."""
+    from PIL import Image
+
+    from mutor2d.data import build_tokenizer
+    from mutor2d.model import GPT
+    from mutor2d.tokenizer.codes import extract
+    from mutor2d.tokenizer.vq import VQTokenizer
+    model = tiny_vq_tokenizer().model
+    vq = tmp_path / "vq.pt"
+    torch.save({"model": model.state_dict(), "ema": None,
+                "config": {"kind": "vq", "model": model.config.to_dict()}}, vq)
+    tok = VQTokenizer.from_checkpoint(vq)                                   # with its file's sha256, as extract_codes
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "img" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "img" / c / f"{i}.png")
+
+    class One:
+        process_index, num_processes, is_main_process = 0, 1, True
+
+        def wait_for_everyone(self):
+            pass
+
+    codes = tmp_path / "codes"
+    extract(tmp_path / "img", codes, tok, str(vq), state=One(), progress=False, log=lambda *a: None)
+    cfg = config.load(None, ["data.name=codes", f"data.path={codes}", f"data.tokenizer={vq}", "model.preset=tiny",
+                             f"model.vocab_size={V}", "model.num_classes=2", "sample.per_class=2"])
+    model = GPT(cfg.model)
+    folder = tmp_path / "run"
+    checkpoint.save_atomic({"model": model.state_dict(), "ema": None, "objective": {}, "step": 2,
+                            "config": cfg.to_dict(), "grid": [4, 4]}, checkpoint.checkpoint_path(folder, 2))
+    sample_main()(["--ckpt", str(folder), "--out", str(tmp_path / "with.png"), "--device", "cpu"])
+    assert "warning" not in capsys.readouterr().err
+    codes.rename(tmp_path / "elsewhere")
+    sample_main()(["--ckpt", str(folder), "--out", str(tmp_path / "without.png"), "--device", "cpu"])
+    build_tokenizer(cfg.data)                                              # a second build: no second warning
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and str(codes) in err[0]
+    assert (tmp_path / "without.png").read_bytes() == (tmp_path / "with.png").read_bytes()

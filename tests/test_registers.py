@@ -5,10 +5,11 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mutor2d import config as C
 from mutor2d.attention import NEVER
-from mutor2d.registers import (Layout, LayoutError, RegisterSpec, candidate_offsets, make_layout,
+from mutor2d.registers import (Layout, LayoutError, RegisterSpec, candidate_offsets, dense_slots, make_layout,
                                offset_targets, regular_position_ids)
 
 
@@ -50,9 +51,13 @@ def test_2d_layout_positions_and_limits_hand_computed():
         assert reg_list(lay, 0) == ([0, 1, 3, 4], [4, 5, 7, 8])
         T = lay.num_regular
         assert T == 9
+        # dense R is fixed by the grid: the best offsets (0,1) and (1,0) have 6 valid anchors each,
+        # so (1,1)'s 4 registers come first and 2 padding slots follow, seeing nothing
+        assert lay.num_registers == 6
+        assert lay.reg_valid[0].tolist() == [True] * 4 + [False] * 2
         # register position = cell of the target's NTP predictor x_{target-1}
-        assert lay.position_ids[0, T:].tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]
-        assert lay.query_limit[0, T:].tolist() == [1, 2, 4, 5]
+        assert lay.position_ids[0, T:T + 4].tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]
+        assert lay.query_limit[0, T:].tolist() == [1, 2, 4, 5, -1, -1]
         assert (lay.key_rank[0, T:] == NEVER).all()
         # regular positions: class token has no cell, x_t at (t // 3, t % 3)
         assert lay.position_ids[0, :T].tolist() == [[-1, -1]] + [[t // 3, t % 3] for t in range(8)]
@@ -261,3 +266,81 @@ def test_ntp_layout_has_no_registers_and_plain_causal_visibility():
     lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max=2), g())
     assert lay.visibility.num_regular == lay.num_regular == 9
     assert not hasattr(Layout, "mask_mod")
+
+
+@pytest.mark.parametrize("spec,grid,want", [
+    (RegisterSpec("mutor-2d", d_max=2), (3, 3), 6),                      # (0,1) or (1,0): 3 x 2 anchors
+    (RegisterSpec("mutor-2d", d_max=4), (16, 16), 16 * 15),             # (0,1) best
+    (RegisterSpec("mutor-2d", d_max=3, edge="raster"), (4, 4), 15),     # (0,1): targets 1..15 from 0..14
+    (RegisterSpec("mutor-1d", d_min=2, d_max=4), (1, 9), 8),            # d=2 from the prefix anchor -1..6
+    (RegisterSpec("mutor-2d", d_max=2, per_register_offsets=True), (3, 3), 8),   # all but the last cell
+])
+def test_dense_slots_hand_computed(spec, grid, want):
+    assert dense_slots(spec, grid) == want
+
+
+def test_dense_register_count_never_changes_between_batches():
+    """R is the grid's maximum whatever offsets are drawn (compiled graphs keep one shape)."""
+    spec = RegisterSpec("mutor-2d", d_max=3)
+    counts, shapes = set(), set()
+    for seed in range(12):
+        lay = make_layout(2, (4, 5), 1, spec, g(seed))
+        counts.add(tuple(lay.reg_valid.sum(1).tolist()))
+        shapes.add(tuple(lay.position_ids.shape))
+    assert len(counts) > 1, "the draws should differ in valid registers (else the test proves nothing)"
+    assert shapes == {(2, 1 + 19 + dense_slots(spec, (4, 5)), 2)}
+
+
+class _DeviceLog(TorchDispatchMode):
+    """Records the device of every tensor an aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.devices.add(t.device.type)
+        return out
+
+
+@pytest.mark.parametrize("spec", [RegisterSpec("mutor-2d", d_max=3),
+                                  RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=5),
+                                  RegisterSpec("mutor-1d", d_min=1, d_max=3, per_register_offsets=True),
+                                  RegisterSpec("ntp")])
+def test_layout_builds_on_the_device_without_host_work(spec):
+    """Asked for another device (meta here, a GPU in training), every op of the layout runs there: no
+    tensor is made on the host and copied per batch, and nothing is read back (meta tensors have no
+    values, so an ``int(t)`` would raise). Per-spec constants are made once (warmed first)."""
+    grid = (1, 9) if spec.objective == "mutor-1d" else (4, 4)
+    make_layout(3, grid, 1, spec, device="meta")                 # warm the per-spec caches
+    with _DeviceLog() as log:
+        lay = make_layout(3, grid, 1, spec, device="meta")
+    assert log.devices == {"meta"}, log.devices
+    want = make_layout(3, grid, 1, spec, g(0))
+    for name, value in vars(lay).items():
+        if isinstance(value, torch.Tensor):
+            assert value.device.type == "meta", name
+            assert value.shape == getattr(want, name).shape and value.dtype == getattr(want, name).dtype, name
+
+
+def test_layout_draws_on_the_generators_device():
+    """The draws follow the generator: a CPU generator with a meta target device draws on the CPU
+    (the values equal the plain CPU layout) and only then moves."""
+    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=4)
+    cpu = make_layout(2, (4, 4), 1, spec, g(5))
+    moved = make_layout(2, (4, 4), 1, spec, g(5), device="meta")
+    assert moved.reg_target.device.type == "meta" and moved.reg_target.shape == cpu.reg_target.shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_layout_with_cuda_generator_cuda():
+    """A CUDA generator draws on the GPU and the whole layout lives there (gpu.sh runs this)."""
+    spec = RegisterSpec("mutor-2d", d_max=4, placement="sparse", num_registers=80)
+    lay = make_layout(4, (16, 16), 1, spec, torch.Generator("cuda").manual_seed(0), device="cuda")
+    assert lay.reg_target.is_cuda and lay.position_ids.is_cuda
+    assert lay.reg_valid.sum(1).tolist() == [80] * 4
+    dense = make_layout(4, (16, 16), 1, RegisterSpec("mutor-2d", d_max=4), torch.Generator("cuda").manual_seed(0))
+    assert dense.reg_target.is_cuda and dense.num_registers == 240

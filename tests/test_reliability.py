@@ -202,3 +202,28 @@ def test_resume_is_exact_with_a_vq_tokenizer(tmp_path):
     train(tiny(*over[:-1], "train.max_steps=2"), tmp_path / "b")
     train(tiny(*over), tmp_path / "b", resume="auto")
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_fsdp_is_refused_with_one_line_on_any_device(tmp_path, monkeypatch, cuda):
+    """FSDP would train nothing (optimizer built on the unwrapped parameters) or crash the grids: it
+    is refused before anything is built, on GPUs too (CUDA faked: the check comes first)."""
+    from mutor2d.engine.setup import make_accelerator
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    with pytest.raises(ConfigError, match=r"^accelerate launch --use_fsdp: FSDP is not supported .*DDP") as e:
+        make_accelerator(tiny(), tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_layout_stream_from_another_device_kind_starts_fresh(tmp_path):
+    """A CPU run's register-layout RNG state cannot seed a GPU generator (another state size): the
+    stream restarts instead of crashing the resume (faked here with a state of the wrong size)."""
+    from mutor2d.engine.rng import rng_state, set_rng_state
+    gen = torch.Generator().manual_seed(3)
+    state = rng_state(gen, torch.device("cpu"))
+    state["layout"] = torch.zeros(16, dtype=torch.uint8)           # a CUDA generator's state size
+    fresh = torch.Generator().manual_seed(3)
+    assert set_rng_state(state, fresh, torch.device("cpu")) is False
+    assert torch.equal(fresh.get_state(), torch.Generator().manual_seed(3).get_state())
+    assert set_rng_state(rng_state(gen, torch.device("cpu")), fresh, torch.device("cpu")) is True

@@ -184,6 +184,14 @@ def checkpoint_hook(run: Run, tick: Tick) -> None:
 
 # ----------------------------------------------------------------------------- samples, evaluation
 
+def on_device(tokenizer, device: torch.device):
+    """The tokenizer with its weights (if it has any) on the training device, so that sample grids and
+    evaluations decode where the model samples, as sample.py does. The tokenizer is not part of the
+    trained model: nothing of it reaches the optimizer, the EMA or a checkpoint."""
+    from ..generation import tokenizer_to
+    return tokenizer_to(tokenizer, device)
+
+
 @dataclass
 class SampleGrids:
     """RUN/samples/step_N.png: sample.per_class samples of each sample class, one row per class."""
@@ -197,7 +205,8 @@ class SampleGrids:
             from ..generation import write_grid
             path = run.run_dir / "samples" / f"step_{tick.done:08d}.png"
             with preserved_rng(run.device):
-                write_grid(run.sample_model, self.tokenizer, run.grid, run.cfg.sample, self.classes, path)
+                write_grid(run.sample_model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
+                           self.classes, path)
         run.acc.wait_for_everyone()
 
 
@@ -215,7 +224,7 @@ class OnlineEval:
             from ..evaluation.online import online_digits_eval
             with preserved_rng(run.device):
                 res = online_digits_eval(run.sample_model, run.cfg.data, t.eval_per_class, run.cfg.sample,
-                                         self.tokenizer, run.cfg.sample.seed, grid=run.grid)
+                                         on_device(self.tokenizer, run.device), run.cfg.sample.seed, grid=run.grid)
             rec = {"step": tick.done, **{f"eval_{k}": v for k, v in res.items()}}
             self.log.write(rec)
             if t.tracker != "none":

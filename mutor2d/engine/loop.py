@@ -77,7 +77,7 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
         with acc.accumulate(module):
             res = module(batch["body"].to(run.device, non_blocking=True),
                          batch["prefix"].to(run.device, non_blocking=True), run.grid,
-                         lengths.to(run.device) if lengths is not None else None, run.layout_gen)
+                         lengths.to(run.device, non_blocking=True) if lengths is not None else None, run.layout_gen)
             acc.backward(res.loss)
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf

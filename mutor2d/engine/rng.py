@@ -18,13 +18,14 @@ def rank_seed(seed: int, rank: int, stream: int) -> int:
     return (seed * 1_000_003 + rank * 7_919 + stream * 104_729 + 12_345) % (1 << 63)
 
 
-def seed_process(seed: int, rank: int) -> torch.Generator:
-    """Seed this process's global RNGs; return its register-layout generator (on CPU)."""
+def seed_process(seed: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """Seed this process's global RNGs; return its register-layout generator on ``device`` (the
+    training device: layouts are drawn and built there, no per-batch copies from the host)."""
     s = rank_seed(seed, rank, 0)
     torch.manual_seed(s)
     np.random.seed(s % (1 << 32))
     random.seed(s)
-    return torch.Generator().manual_seed(rank_seed(seed, rank, 1))
+    return torch.Generator(device).manual_seed(rank_seed(seed, rank, 1))
 
 
 def _numpy_state() -> dict:
@@ -49,14 +50,19 @@ def rng_state(layout_gen: torch.Generator, device: torch.device) -> dict:
     return state
 
 
-def set_rng_state(state: dict, layout_gen: torch.Generator, device: torch.device) -> None:
+def set_rng_state(state: dict, layout_gen: torch.Generator, device: torch.device) -> bool:
+    """Restore this process's streams; False if the layout stream was saved by another kind of device
+    (a CPU run resumed on a GPU): that stream then stays freshly seeded."""
     torch.set_rng_state(state["torch"])
-    layout_gen.set_state(state["layout"])
+    same_kind = state["layout"].numel() == layout_gen.get_state().numel()
+    if same_kind:
+        layout_gen.set_state(state["layout"])
     _set_numpy_state(state["numpy"])
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+    return same_kind
 
 
 @contextmanager

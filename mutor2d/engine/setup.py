@@ -138,6 +138,8 @@ def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
 
 def make_accelerator(cfg: RunConfig, run_dir: Path):
     from accelerate import Accelerator
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        raise ConfigError(FSDP_REFUSED)
     t = cfg.train
     # a distributed launch (LOCAL_RANK set) without CUDA runs on CPU processes over gloo
     cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("LOCAL_RANK", -1)) != -1
@@ -155,12 +157,19 @@ def make_accelerator(cfg: RunConfig, run_dir: Path):
         except ImportError:
             raise ConfigError("train.tracker=wandb: the wandb package is not installed "
                               "(pip install wandb, or use tensorboard/none)") from None
-    if not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        raise ConfigError("accelerate launch --use_fsdp: FSDP needs GPUs with accelerate (on CPU, FSDP1 stops with "
-                          "'no available devices' and FSDP2 is silently replaced by DDP); launch without "
-                          "--use_fsdp to train CPU processes with DDP over gloo")
-    return Accelerator(cpu=cpu_ddp, mixed_precision=precision, gradient_accumulation_steps=t.grad_accum,
-                       log_with=tracker, project_dir=str(run_dir))
+    acc = Accelerator(cpu=cpu_ddp, mixed_precision=precision, gradient_accumulation_steps=t.grad_accum,
+                      log_with=tracker, project_dir=str(run_dir))
+    if acc.distributed_type.name == "FSDP":                    # an FSDP plugin from anywhere else
+        raise ConfigError(FSDP_REFUSED)
+    return acc
+
+
+# FSDP would need the optimizer built after wrapping, sample grids and EMA on gathered weights and
+# sharded checkpoints, none of which has run on a GPU yet; under DDP GPT-B..XL fit one 80 GB GPU
+# (docs/SCALING.md: sharding the 16 bytes/parameter of states saves little next to the activations).
+FSDP_REFUSED = ("accelerate launch --use_fsdp: FSDP is not supported (sharded parameters are not handled by "
+                "the optimizer, EMA, sample grids and checkpoints); launch without --use_fsdp: DDP trains GPT-B "
+                "to XL, see docs/SCALING.md")
 
 
 def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
@@ -225,13 +234,16 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     """Continue each process's RNG streams; with another process count, fresh streams (and a warning)."""
     states, world, rank = saved["rng"], acc.num_processes, acc.process_index
     if len(states) == world:
-        set_rng_state(states[rank], layout_gen, acc.device)
+        if not set_rng_state(states[rank], layout_gen, acc.device) and acc.is_main_process:
+            from .checkpointer import warn
+            warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
+                 f"that stream starts fresh (the run continues, not bit-exactly)")
         return layout_gen
     if acc.is_main_process:
         from .checkpointer import warn
         warn(f"checkpoint has RNG states of {len(states)} processes, this run has {world}: "
              f"fresh per-process seeds (the run continues, not bit-exactly)")
-    return seed_process(seed + start, rank)
+    return seed_process(seed + start, rank, acc.device)
 
 
 def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) -> Run:
@@ -251,7 +263,7 @@ def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) ->
         check_resume_config(cfg, saved["config"])
     start = int(saved["step"]) if saved is not None else 0
     model, objective = build_networks(cfg, saved)
-    layout_gen = seed_process(cfg.train.seed, acc.process_index)
+    layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
     o = cfg.optim
     module = TrainModule(model, objective)
     optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),

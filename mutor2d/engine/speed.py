@@ -8,10 +8,16 @@ tokens of the sequence (an over-estimate: they attend to a prefix only).
 """
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 
-# Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, SXM parts, no sparsity).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+# Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, no sparsity). A device name matches
+# the first key it contains (case-insensitive), so the PCIe / NVL parts come before their SXM default.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12,
+                   "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+PEAK_ENV = "MUTOR2D_PEAK_TFLOPS"   # the user's peak in TFLOP/s per device; wins over the table
 
 
 def matmul_params(shape, vocab_size: int) -> int:
@@ -25,9 +31,29 @@ def train_flops(shape, vocab_size: int, sequences: float, seq_len: float) -> flo
     return 3.0 * forward * sequences
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """The datasheet bf16 peak of this GPU, None on CPU or an unknown GPU."""
-    if device.type != "cuda":
+def env_peak() -> float | None:
+    """$MUTOR2D_PEAK_TFLOPS in FLOP/s, None when unset or empty; ValueError naming a bad value."""
+    text = os.environ.get(PEAK_ENV, "").strip()
+    if not text:
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{PEAK_ENV}={text!r}: expected a positive number of TFLOP/s (e.g. 989)")
+    return value * 1e12
+
+
+def gpu_peak(name: str) -> float | None:
+    """The datasheet bf16 peak of a GPU named ``name`` (torch.cuda.get_device_name), None if unknown."""
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k.lower() in name.lower()), None)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The bf16 peak FLOP/s of ``device``: $MUTOR2D_PEAK_TFLOPS when set (any device), else the
+    datasheet value of a known GPU; None on CPU or an unknown GPU (no MFU is logged then)."""
+    peak = env_peak()
+    if peak is not None or device.type != "cuda":
+        return peak
+    return gpu_peak(torch.cuda.get_device_name(device))

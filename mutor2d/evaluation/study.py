@@ -2,11 +2,15 @@
 sampled and scored through the library (mutor2d.engine, generation, evaluation). eval/compare.py is
 its command line; its docstring describes the study.
 
-For each method and seed: train ``configs/study_digits.yaml`` with the method's objective
-(RUN = OUT/METHOD/seedS); at each eval step, class-balanced samples at each CFG scale
-(RUN/samples/eval_stepXXXXXXXX_cfgS.npz), the embedded FID/IS/precision/recall and class accuracy
-against digits:train, and the teacher-forced next-token NLL of the digits test split; one record per
-(step, cfg) in RUN/eval/. Reruns resume: finished trainings, sample files and records are kept.
+For each method and seed: train the base config (``configs/study_digits.yaml`` unless the study
+names another) with the method's objective (RUN = OUT/LABEL/seedS); at each eval step, class-balanced
+samples at each CFG scale (RUN/samples/eval_stepXXXXXXXX_cfgS.npz), the embedded FID/IS/precision/
+recall and class accuracy against digits:train, and the teacher-forced next-token NLL of the digits
+test split (and of the validation split when the data config holds one out); one record per (step,
+cfg) in RUN/eval/. With ``val_every``, the validation NLL of every ``val_every``-th checkpoint goes to
+RUN/val_nll.json and the step with the lowest one ("val-best") is sampled and scored too: steps are
+selected on validation, never on test. Data-fraction runs (LABEL = METHOD@F) train on a nested share
+F of the training images. Reruns resume: finished trainings, curves, sample files and records are kept.
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ METHODS = {
     "multihead": ["objective.name=multihead", "objective.layout=2d", "objective.d_max=4"],
 }
 CM = "next-token-cm"   # the compute-matched next-token runs
+SEL = "val-best"       # the step of a run picked by validation NLL (a table row, not a number)
+CURVE = "val_nll.json"
 METRICS = ("fid", "is", "prc")
 
 
@@ -52,11 +58,22 @@ class StudyError(ValueError):
 
 # ----------------------------------------------------------------------------- one run
 
-def run_config(method: str, seed: int, steps: int, ckpt_every: int, overrides: list[str]):
+def fraction_label(method: str, fraction: float) -> str:
+    """The label of ``method`` trained on a share ``fraction`` of the training images: METHOD@F."""
+    return f"{method}@{fraction:g}"
+
+
+def label_parts(label: str) -> tuple[str, float]:
+    """(method, data fraction) of a label: METHOD@F, or a method (fraction 1)."""
+    method, _, frac = label.partition("@")
+    return method, float(frac) if frac else 1.0
+
+
+def run_config(method: str, seed: int, steps: int, ckpt_every: int, overrides: list[str], base: str = BASE):
     if method not in METHODS and method != CM:
         raise StudyError(f"method {method!r}: expected one of {sorted(METHODS)}")
     obj = METHODS["next-token" if method == CM else method]
-    return config_lib.load(BASE, obj + list(overrides) + [
+    return config_lib.load(base, obj + list(overrides) + [
         f"train.seed={seed}", f"train.max_steps={steps}", f"train.ckpt_every={ckpt_every}", "train.keep_ckpts=0"])
 
 
@@ -74,12 +91,13 @@ def train_seconds(run_dir: Path) -> tuple[float, int]:
 
 
 @torch.no_grad()
-def test_nll(model, data_cfg) -> float:
-    """Teacher-forced next-token cross-entropy (nats per token) of the test split: the model's NTP
-    head on the regular sequence, registers absent."""
-    from ..data import build_dataset, collate
+def heldout_nll(model, data_cfg, split: str = "test") -> float:
+    """Teacher-forced next-token cross-entropy (nats per token) of a held-out digits split ("test",
+    or "val" when data.val_fraction > 0): the model's NTP head on the regular sequence, registers
+    absent."""
+    from ..data import DATASETS, collate
     from ..registers import regular_position_ids
-    ds = build_dataset(data_cfg, "test")
+    ds = DATASETS["digits"].build(data_cfg, split)       # build_dataset knows train/test only
     total, count = 0.0, 0
     for i in range(0, len(ds), 256):
         b = collate([ds[j] for j in range(i, min(i + 256, len(ds)))])
@@ -110,8 +128,10 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
     if all(found):                                       # scored before: keep those records
         return [f[0] for f in found]
     path = ckpt_lib.checkpoint_path(run_dir, step)
-    src = generation.open_checkpoint(path)
-    nll = test_nll(src.model, src.cfg.data)
+    src = generation.open_checkpoint(path)               # EMA weights when the run kept them
+    nll = {"nll_test": heldout_nll(src.model, src.cfg.data, "test")}
+    if src.cfg.data.val_fraction > 0:
+        nll["nll_val"] = heldout_nll(src.model, src.cfg.data, "val")
     classes = list(range(src.cfg.model.num_classes))
     labels = generation.balanced_labels(num, classes)
     ref, weights = digits_reference(src.cfg.data.data_seed, cache)
@@ -126,27 +146,77 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
             generation.make_sampler(src.model, src.tokenizer, src.grid, **settings))
         samples = open_images(npz)
         res = score(samples, ref, weights, cache)
-        res.metrics["nll_test"] = nll
+        res.metrics.update(nll)
         rec = records.make_record(res, samples=samples, reference=ref, method=label, samples_path=str(npz))
         rec["study"] = {**study, "cfg_scale": s}
         out.append(records.write_record(rec, run_dir / "eval"))
     return out
 
 
+def candidates(every: int, upto: int) -> list[int]:
+    """The checkpoints a run's step is selected among: every ``every``-th step up to ``upto``, and ``upto``."""
+    return sorted(set(range(every, upto + 1, every)) | {upto})
+
+
+def select_step(curve: dict[int, float], upto: int) -> int:
+    """The step with the lowest validation NLL among the curve's steps <= ``upto`` (the earliest on a tie)."""
+    steps = [s for s in sorted(curve) if s <= upto]
+    if not steps:
+        raise StudyError(f"no validation NLL at or before step {upto}")
+    return min(steps, key=lambda s: (curve[s], s))
+
+
+def read_curve(run_dir: Path) -> dict:
+    """RUN/val_nll.json: {"nll": {step: validation NLL}, "selected": {label: step}, "weights": "ema"|"raw"}."""
+    path = run_dir / CURVE
+    if not path.is_file():
+        return {"nll": {}, "selected": {}}
+    raw = json.loads(path.read_text())
+    return {**raw, "nll": {int(k): v for k, v in raw["nll"].items()}}
+
+
+def val_curve(run_dir: Path, steps: list[int]) -> dict:
+    """The validation NLL of the run's checkpoints at ``steps`` (weights as sampled: EMA when kept),
+    computed once each and kept in RUN/val_nll.json."""
+    curve = read_curve(run_dir)
+    for step in steps:
+        if step not in curve["nll"]:
+            model, cfg, meta = ckpt_lib.open_model(ckpt_lib.checkpoint_path(run_dir, step))
+            curve["nll"][step] = heldout_nll(model, cfg.data, "val")
+            curve["weights"] = "ema" if meta["has_ema"] else "raw"
+            write_curve(run_dir, curve)
+    return curve
+
+
+def write_curve(run_dir: Path, curve: dict) -> None:
+    """RUN/val_nll.json, written whole (atomically): a rerun finds every value computed before."""
+    from ..io import write_text_atomic
+    nll = {str(k): v for k, v in sorted(curve["nll"].items())}
+    write_text_atomic(run_dir / CURVE, json.dumps({**curve, "nll": nll}, indent=1) + "\n")
+
+
 def run_unit(unit: dict) -> dict:
-    """Train one (method, seed) run (resuming if needed) and evaluate its eval steps."""
+    """Train one (label, seed) run (resuming if needed); with val_every, score the validation NLL of its
+    checkpoints up to its horizon and add the lowest one's step to the eval steps; evaluate them."""
     torch.set_num_threads(1)
     run_dir = Path(unit["run_dir"])
-    cfg = run_config(unit["method"], unit["seed"], unit["steps"], unit["ckpt_every"], unit["overrides"])
+    cfg = run_config(unit["method"], unit["seed"], unit["steps"], unit["ckpt_every"], unit["overrides"], unit["base"])
     if not ckpt_lib.checkpoint_path(run_dir, unit["steps"]).is_file():   # else finished earlier
         from ..engine import train
         train(cfg, run_dir, resume="auto")
     secs, steps = train_seconds(run_dir)
     study = {"method": unit["label"], "seed": unit["seed"], "train_seconds": secs, "train_steps": steps,
-             "max_steps": unit["steps"]}
-    for step in unit["eval_steps"]:
+             "max_steps": unit["steps"], "data_fraction": cfg.data.train_fraction}
+    eval_steps = list(unit["eval_steps"])
+    if unit["val_every"]:
+        curve = val_curve(run_dir, candidates(unit["val_every"], unit["horizon"]))
+        study["selected_step"] = select_step(curve["nll"], unit["horizon"])
+        curve["selected"][unit["label"]] = study["selected_step"]
+        write_curve(run_dir, curve)
+        eval_steps = sorted(set(eval_steps) | {study["selected_step"]})
+    for step in eval_steps:
         evaluate(run_dir, step, unit["cfg"], unit["num"], unit["label"], study, Path(unit["cache"]),
-                 tag="" if unit["label"] == unit["method"] else "cm_")
+                 tag="cm_" if unit["label"] == CM else "")
     return {**study, "run_dir": str(run_dir)}
 
 
@@ -190,9 +260,19 @@ def floor_records(out: Path, num: int, draws: int, cache: Path, data_seed: int =
 # ----------------------------------------------------------------------------- summary
 
 def collect(out: Path) -> list[dict]:
-    recs, _ = records.read_records(sorted(p for p in out.glob("*/*") if (p / "eval").is_dir())
-                                   + ([out / "floor"] if (out / "floor" / "eval").is_dir() else []))
-    return [r for r in recs if "study" in r]
+    """The study's records; each run's record at a label's validation-selected step (RUN/val_nll.json)
+    also carries ``study["val_best"] = True``."""
+    runs = sorted(p for p in out.glob("*/*") if (p / "eval").is_dir())
+    recs = []
+    for run in runs:
+        selected = read_curve(run)["selected"]
+        for r in records.read_records([run])[0]:
+            if "study" in r:
+                r["study"]["val_best"] = selected.get(r["study"]["method"]) == r["step"]
+                recs.append(r)
+    if (out / "floor" / "eval").is_dir():
+        recs += [r for r in records.read_records([out / "floor"])[0] if "study" in r]
+    return recs
 
 
 def mean_sd(values: list[float]) -> tuple[float, float | None, int]:
@@ -210,50 +290,69 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
-    """{(method, step): {"seeds": [...], "cfgS": {metric: [values over seeds]}, "nll": [...], "s_per_step": [...]}}"""
+    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "nll", "nll_val",
+    "s_per_step", "steps": {seed: step}}}; step None for the floor, SEL for the validation-selected
+    step of each seed (its records also count at their own step)."""
     groups: dict = {}
     for r in recs:
         st = r["study"]
-        if r.get("step") is None:
-            key = (st["method"], None)
-        else:
-            key = (st["method"], int(r["step"]))
-        g = groups.setdefault(key, {"seeds": set(), "nll": {}, "s_per_step": {}, "cfg": {}})
-        g["seeds"].add(st.get("seed"))
-        if st.get("train_steps"):
-            g["s_per_step"][st["seed"]] = st["train_seconds"] / st["train_steps"]
-        if "nll_test" in r["metrics"]:
-            g["nll"][st["seed"]] = r["metrics"]["nll_test"]
-        c = g["cfg"].setdefault(st.get("cfg_scale"), {})
-        for k, v in r["metrics"].items():
-            c.setdefault(k, []).append(v)
+        keys = [(st["method"], None if r.get("step") is None else int(r["step"]))]
+        if st.get("val_best"):
+            keys.append((st["method"], SEL))
+        for key in keys:
+            g = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {}, "cfg": {},
+                                        "steps": {}})
+            g["seeds"].add(st.get("seed"))
+            g["steps"][st.get("seed")] = r.get("step")
+            if st.get("train_steps"):
+                g["s_per_step"][st["seed"]] = st["train_seconds"] / st["train_steps"]
+            for name in ("nll_test", "nll_val"):
+                if name in r["metrics"]:
+                    g["nll" if name == "nll_test" else name][st["seed"]] = r["metrics"][name]
+            c = g["cfg"].setdefault(st.get("cfg_scale"), {})
+            for k, v in r["metrics"].items():
+                c.setdefault(k, []).append(v)
     return groups
 
 
-def method_order(name: str) -> int:
+def method_order(name: str) -> tuple:
+    """Table order: full-data labels by METHODS (the compute-matched runs last), then the data-fraction
+    labels by method and falling fraction."""
+    method, frac = label_parts(name)
     names = list(METHODS) + [CM]
-    return names.index(name) if name in names else len(names)
+    return (frac < 1, names.index(method) if method in names else len(names), -frac, name)
+
+
+def row_order(key: tuple) -> tuple:
+    """(label order, fixed steps before the validation-selected row, step)."""
+    return (method_order(key[0]), key[1] == SEL, 0 if key[1] == SEL else key[1])
 
 
 def table(groups: dict, cfg_scales: list[float]) -> str:
+    """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
+    validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one."""
     g_hi = [s for s in cfg_scales if s != 1.0]
+    val = any(g["nll_val"] for g in groups.values())
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
-        [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1", "test NLL (nats/token)", "train s/step"]
+        [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
+        ["test NLL (nats/token)", "train s/step"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    model_keys = sorted((k for k in groups if k[1] is not None), key=lambda k: (method_order(k[0]), k[1]))
-    for key in model_keys:
+    for key in sorted((k for k in groups if k[1] is not None), key=row_order):
         g = groups[key]
-        row = [key[0], str(key[1]), str(len(g["seeds"]))]
+        step = f"{SEL} ({fmt(list(g['steps'].values()), 0)})" if key[1] == SEL else str(key[1])
+        row = [key[0], step, str(len(g["seeds"]))]
         row += [fmt(g["cfg"].get(s, {}).get("fid", [])) for s in cfg_scales]
         row += [fmt(g["cfg"].get(s, {}).get("accuracy", []), 3) for s in cfg_scales]
         row += [fmt(g["cfg"].get(1.0, {}).get("is", []))]
+        row += [fmt(list(g["nll_val"].values()), 4)] if val else []
         row += [fmt(list(g["nll"].values()), 4), fmt(list(g["s_per_step"].values()), 3)]
         lines.append("| " + " | ".join(row) + " |")
     for key in sorted(k for k in groups if k[1] is None):
         g = groups[key]
         c = g["cfg"].get(None, {})
         row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(g_hi) + \
-            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(g_hi) + [fmt(c.get("is", [])), "–", "–"]
+            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(g_hi) + [fmt(c.get("is", []))] + \
+            (["–"] if val else []) + ["–", "–"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -265,9 +364,9 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
     axes = fig.subplots(1, len(cfg_scales), squeeze=False)[0]
     floor = groups.get(("real held-out", None), {}).get("cfg", {}).get(None, {}).get("fid")
     for ax, s in zip(axes, cfg_scales):
-        for method in sorted({k[0] for k in groups if k[1] is not None}, key=method_order):
+        for method in sorted({k[0] for k in groups if isinstance(k[1], int)}, key=method_order):
             pts = sorted((k[1], groups[k]["cfg"].get(s, {}).get("fid", [])) for k in groups
-                         if k[0] == method and k[1] is not None)
+                         if k[0] == method and isinstance(k[1], int))
             pts = [(st, *mean_sd(v)[:2]) for st, v in pts if v]
             if not pts:
                 continue
@@ -286,6 +385,44 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
     return out
 
 
+def fraction_points(groups: dict, method: str, name: str) -> list[tuple]:
+    """[(fraction, mean, sd)] of a metric at the validation-selected steps of ``method``'s labels
+    (METHOD and METHOD@F): ``name`` "nll_val"/"nll" (per seed) or a sample metric at cfg 1."""
+    pts = []
+    for (label, step), g in groups.items():
+        m, frac = label_parts(label)
+        if step != SEL or m != method:
+            continue
+        vals = list(g[name].values()) if name in ("nll", "nll_val") else g["cfg"].get(1.0, {}).get(name, [])
+        mean, sd, n = mean_sd(vals)
+        if n:
+            pts.append((frac, mean, sd or 0.0))
+    return sorted(pts)
+
+
+def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
+    """Best validation NLL, test NLL and FID (cfg 1) at the validation-selected step against the data
+    fraction (mean ± sd over seeds), one line per method."""
+    from matplotlib.figure import Figure
+    panels = [("nll_val", "best validation NLL (nats/token)"), ("nll", "test NLL at that step"),
+              ("fid", "embedded FID cfg 1 at that step")]
+    fig = Figure(figsize=(5 * len(panels), 4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, title) in zip(axes, panels):
+        for method in methods:
+            pts = fraction_points(groups, method, name)
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("share of the training images")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
 
 
 # ----------------------------------------------------------------------------- driver
@@ -309,6 +446,15 @@ class Study:
     plot: Path | None = None
     cache: Path = Path("~/.cache/mutor2d")
     report_only: bool = False
+    base: str = BASE
+    val_every: int = 0
+    fractions: list[float] = field(default_factory=list)
+    fraction_methods: list[str] = field(default_factory=list)
+    fraction_plot: Path | None = None
+
+    def config(self, method: str = "next-token"):
+        """The base config with the study's overrides, as ``method`` trains it."""
+        return run_config(method, 0, self.steps, self.every, self.overrides, self.base)
 
     def check(self) -> None:
         """One-line errors for bad settings, before any training."""
@@ -317,8 +463,20 @@ class Study:
             raise StudyError(f"--methods: {bad[0]!r} is not a method (expected some of {', '.join(METHODS)})")
         if not self.eval_steps or any(s < 1 or self.steps % s for s in self.eval_steps):
             raise StudyError(f"--eval-steps {','.join(map(str, self.eval_steps))}: each must divide --steps {self.steps}")
+        if self.val_every < 0 or (self.val_every and self.steps % self.val_every):
+            raise StudyError(f"--val-every {self.val_every}: expected 0 (off) or a divisor of --steps {self.steps}")
+        base = self.config()
+        if self.val_every and base.data.val_fraction == 0:
+            raise StudyError(f"--val-every {self.val_every}: needs a validation split (data.val_fraction > 0 in "
+                             f"{self.base} or --set)")
+        bad = [f for f in self.fractions if not 0 < f < 1]
+        if bad:
+            raise StudyError(f"--fractions {bad[0]:g}: expected shares in (0, 1) (the --methods runs use all images)")
+        bad = [m for m in self.fraction_methods if m not in self.methods]
+        if self.fractions and (bad or not self.fraction_methods):
+            raise StudyError(f"--fraction-methods {','.join(self.fraction_methods)!r}: expected some of --methods")
         from ..data import build_dataset
-        classes = build_dataset(config_lib.load(BASE, self.overrides).data, "train").num_classes
+        classes = build_dataset(base.data, "train").num_classes
         if self.num < classes or self.num % classes:
             raise StudyError(f"--num {self.num}: expected a positive multiple of the {classes} classes")
         if self.jobs < 1:
@@ -327,10 +485,10 @@ class Study:
         if cm and cm not in self.methods:
             raise StudyError(f"--compute-matched {cm!r}: not among --methods")
         for m in self.methods:
-            sched = run_config(m, 0, self.steps, self.every, self.overrides).optim.schedule
-            if cm and sched != "constant":
-                raise StudyError(f"--compute-matched needs optim.schedule=constant (got {sched!r}): the next-token "
-                                 "runs' early checkpoints stand for the equal-step points")
+            self.config(m)                                 # each method's config is valid
+        if cm and not self.constant and self.cm_ratio is None:
+            raise StudyError(f"--compute-matched with optim.schedule={base.optim.schedule!r} needs --cm-ratio: the "
+                             "compute-matched run decays to its own end, so its length is fixed before training")
         if cm and "next-token" not in self.methods:
             raise StudyError("--compute-matched needs next-token among --methods (its speed is the unit)")
         if self.cm_max < 1:
@@ -340,9 +498,14 @@ class Study:
                              "next-token step)")
 
     @property
+    def constant(self) -> bool:
+        """A constant learning rate: a run's early checkpoints are shorter runs (protocol 1)."""
+        return self.config().optim.schedule == "constant"
+
+    @property
     def every(self) -> int:
         """Checkpoint spacing of the method runs."""
-        return math.gcd(*self.eval_steps)
+        return math.gcd(*self.eval_steps, self.val_every)
 
     @property
     def grain(self) -> int:
@@ -350,36 +513,80 @@ class Study:
         return math.gcd(self.every, max(1, self.steps // 10))
 
     @property
-    def ntp_steps(self) -> int:
-        """Next-token runs go on to cm_max x steps (constant lr: their early checkpoints are the
-        equal-step points)."""
-        return round(self.steps * self.cm_max / self.grain) * self.grain if self.compute_matched else self.steps
+    def cm_limit(self) -> int:
+        """The longest compute-matched run: cm_max x steps, on the grain."""
+        return round(self.steps * self.cm_max / self.grain) * self.grain
 
-    def unit(self, method: str, seed: int, steps: int, eval_steps: list[int], ckpt_every: int) -> dict:
-        return dict(method=method, label=method, seed=seed, steps=steps, ckpt_every=ckpt_every,
-                    eval_steps=eval_steps, run_dir=str(self.out / method / f"seed{seed}"), cfg=self.cfg_scales,
-                    num=self.num, overrides=self.overrides, cache=str(self.cache))
+    @property
+    def ntp_steps(self) -> int:
+        """Next-token runs go on to cm_limit under a constant lr (their early checkpoints are the
+        equal-step points); with a decaying lr the compute-matched runs are runs of their own."""
+        return self.cm_limit if self.compute_matched and self.constant else self.steps
+
+    def cm_step(self, ratio: float) -> int:
+        """The compute-matched next-token step: steps x ratio on the grain, within [steps, cm_limit]."""
+        return min(self.cm_limit, max(self.steps, round(self.steps * ratio / self.grain) * self.grain))
+
+    def unit(self, label: str, seed: int, steps: int, eval_steps: list[int], ckpt_every: int,
+             horizon: int | None = None, run_dir: str | None = None) -> dict:
+        """One run to train and evaluate; its step is selected on validation among checkpoints <= horizon."""
+        method, frac = label_parts(label)
+        more = [f"data.train_fraction={frac:g}"] if frac < 1 else []
+        return dict(method="next-token" if label == CM else method, label=label, seed=seed, steps=steps,
+                    ckpt_every=ckpt_every, eval_steps=eval_steps, horizon=horizon or steps, val_every=self.val_every,
+                    run_dir=run_dir or str(self.out / label / f"seed{seed}"), cfg=self.cfg_scales, num=self.num,
+                    overrides=self.overrides + more, cache=str(self.cache), base=self.base)
+
+    def units(self) -> list[dict]:
+        """The runs in training order, seed by seed within each group, so that a partial study holds the
+        most informative runs: the --fraction-methods at full data, their data-fraction runs, the other
+        methods, and (decaying lr) the compute-matched next-token runs of their own."""
+        first = [m for m in self.methods if m in self.fraction_methods and self.fractions]
+        groups = [first, [fraction_label(m, f) for f in sorted(self.fractions, reverse=True) for m in first],
+                  [m for m in self.methods if m not in first]]
+        out = []
+        for labels in groups:
+            for s in self.seeds:
+                for label in labels:
+                    ntp = label == "next-token"
+                    out.append(self.unit(label, s, self.ntp_steps if ntp else self.steps, self.eval_steps,
+                                         self.grain if ntp else self.every, horizon=self.steps))
+        if self.compute_matched and not self.constant:
+            out += self.cm_units(self.cm_step(self.cm_ratio))
+        return out
+
+    def cm_units(self, step: int) -> list[dict]:
+        """The compute-matched next-token runs at ``step``: the next-token runs' checkpoint under a constant
+        lr, else runs of their own (OUT/next-token-cm/seedS) that decay to ``step``."""
+        if self.constant:
+            return [self.unit(CM, s, self.ntp_steps, [step], self.grain, horizon=step,
+                              run_dir=str(self.out / "next-token" / f"seed{s}")) for s in self.seeds]
+        every = math.gcd(step, self.val_every or step)
+        return [self.unit(CM, s, step, [step], every) for s in self.seeds]
 
 
 def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:
-    """(summary of the compute-matched point, the next-token runs evaluated at it)."""
-    cm, grain = study.compute_matched, study.grain
+    """(summary of the compute-matched point, the runs evaluated at it: under a constant lr the next-token
+    runs' checkpoint, trained here; with a decaying lr the runs of their own, trained in ``done`` already)."""
+    cm = study.compute_matched
     per_step = {m: statistics.median(d["train_seconds"] / d["train_steps"] for d in done if d["method"] == m)
                 for m in ("next-token", cm)}
     measured = per_step[cm] / per_step["next-token"]
     ratio = measured if study.cm_ratio is None else study.cm_ratio
-    cm_step = min(study.ntp_steps, max(study.steps, round(study.steps * ratio / grain) * grain))
-    note = " (capped by --cm-max)" if cm_step < study.steps * ratio - grain else ""
+    cm_step = study.cm_step(ratio)
+    note = " (capped by --cm-max)" if cm_step < study.steps * ratio - study.grain else ""
     given = "" if study.cm_ratio is None else f" (--cm-ratio; measured here {measured:.2f}x)"
     print(f"compute-matched: {cm} costs {ratio:.2f}x a next-token step{given} -> next-token at step "
           f"{cm_step}{note}", flush=True)
-    units = [{**study.unit("next-token", s, study.ntp_steps, [cm_step], grain), "label": CM} for s in study.seeds]
-    return ({"method": cm, "ratio": ratio, "measured_ratio": measured, "step": cm_step, "s_per_step": per_step,
-             "capped": bool(note)}, run_all(units, study.jobs))
+    point = {"method": cm, "ratio": ratio, "measured_ratio": measured, "step": cm_step, "s_per_step": per_step,
+             "capped": bool(note)}
+    if not study.constant:
+        return point, []
+    return point, run_all(study.cm_units(cm_step), study.jobs)
 
 
 def run_study(study: Study) -> dict:
-    """Train, sample, score (unless report_only), then write OUT/table.md, OUT/summary.json, the plot."""
+    """Train, sample, score (unless report_only), then write OUT/table.md, OUT/summary.json, the plots."""
     study.check()
     t0 = time.time()
     summary: dict = {"runs": []}
@@ -387,10 +594,7 @@ def run_study(study: Study) -> dict:
         digits_classifier_path(DigitsClassifierSettings(), study.cache)   # train it once, up front
         floor = floor_records(study.out, study.num, study.floor_draws, study.cache)
         print(f"floor: held-out FID {floor[0]['metrics']['fid']:.2f}", flush=True)
-        units = [study.unit(m, s, study.ntp_steps if m == "next-token" else study.steps, study.eval_steps,
-                            study.grain if m == "next-token" else study.every)
-                 for m in study.methods for s in study.seeds]
-        summary["runs"] = run_all(units, study.jobs)
+        summary["runs"] = run_all(study.units(), study.jobs)
         if study.compute_matched:
             summary["compute_matched"], more = compute_matched(study, summary["runs"])
             summary["runs"] += more
@@ -399,4 +603,7 @@ def run_study(study: Study) -> dict:
     (study.out / "table.md").write_text(md + "\n")
     png = plot(groups, study.cfg_scales, study.plot or study.out / "fid_vs_step.png")
     summary.update(wall_seconds=time.time() - t0, table=md, plot=str(png))
+    if study.fractions:
+        summary["fraction_plot"] = str(fraction_plot(groups, study.fraction_methods,
+                                                     study.fraction_plot or study.out / "fraction.png"))
     return summary

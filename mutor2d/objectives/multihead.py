@@ -42,7 +42,7 @@ class MultiHead(nn.Module):
         B, N = batch.body.shape
         P = model.prefix_len(batch.prefix)
         T = P + N - 1
-        pos = regular_position_ids(batch.grid, P).to(batch.body.device).expand(B, T, 2)
+        pos = regular_position_ids(batch.grid, P, device=batch.body.device).expand(B, T, 2)
         h = model.hidden(model.embed(batch.body[:, : N - 1], batch.prefix), pos)
         lay = make_layout(B, batch.grid, P, RegisterSpec("ntp"), None, batch.lengths, batch.body.device)
         ntp_t, _ = lay.gather_targets(batch.body)

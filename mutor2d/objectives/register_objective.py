@@ -38,8 +38,7 @@ class RegisterObjective(nn.Module):
         lay = self.layout(batch, P, generator)
         T, R = lay.num_regular, lay.num_registers
         inputs = batch.body[:, : T - P]
-        h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility,
-                         dynamic_length=self.spec.uses_registers and self.spec.placement == "dense")
+        h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility)
         ntp_t, reg_t = lay.gather_targets(batch.body)
         first = P - 1  # hidden states before it only predict prefix tokens: skip the head there
         loss_ntp, n_ntp = masked_ce(model.logits(h[:, first:T]), ntp_t[:, first:], lay.ntp_valid[:, first:])

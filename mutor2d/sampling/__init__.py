@@ -14,6 +14,8 @@ plus one line in ``DECODERS``.
 """
 from __future__ import annotations
 
+import functools
+import types
 from typing import Callable
 
 import torch
@@ -29,7 +31,7 @@ DECODERS: dict[str, Callable[..., Tensor]] = {
     "jacobi": decode_jacobi,
 }
 
-__all__ = ["DECODERS", "Rules", "check_settings", "compile_decoder", "draw", "filter_logits",
+__all__ = ["CPU_DECODE_INDUCTOR", "DECODERS", "Rules", "check_settings", "compile_decoder", "draw", "filter_logits",
            "generate", "guide", "sample_logits"]
 
 
@@ -77,8 +79,53 @@ def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float =
         model.train(was_training)
 
 
-def compile_decoder(model) -> None:
+# inductor settings of a compiled decode step on CPU: weights frozen into the graph as constants
+# and prepacked for inductor's C++ GEMM template (chosen over ATen's by benchmarking at compile
+# time). A GPT-B decode step of 4 rows: 1.98x its weight-bandwidth floor against 2.85x without
+# (docs/BENCHMARKS.md).
+CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def compile_decoder(model, inductor: dict | None = None) -> None:
     """Compile ``model.decode`` with torch.compile (dynamic shapes: the cache position changes
-    every step). Sampling results are unchanged up to float rounding."""
+    every step). Sampling results are unchanged up to float rounding.
+
+    ``inductor``: torch._inductor.config settings in force whenever the compiled function runs
+    (and so whenever it compiles); default ``CPU_DECODE_INDUCTOR`` for a model on the CPU, none
+    elsewhere. With ``freezing`` the weights are constants of the compiled code (a prepacked
+    copy: one more copy of the weights in memory): compile again after changing them.
+
+    The KV cache goes into the compiled function as arguments, not as module attributes: dynamo
+    treats a module's tensor attributes as static (under ``freezing`` even as constants, guarded
+    by identity, so every ``setup_cache`` would recompile). Tensor arguments are passed as fresh
+    contiguous copies (a few integers each): callers pass slices such as
+    ``pos[t:t + 1].expand(...)`` whose storage offset changes every step, and dynamo would guard
+    on it and recompile until its recompile limit, then fall back to eager."""
     model = _unwrap(model)
-    model.decode = torch.compile(model.decode, dynamic=True)
+    layers = [layer.attention for layer in model.layers]
+    eager_decode = type(model).decode.__get__(model)     # the eager method, even if compiled before
+    if inductor is None:
+        inductor = CPU_DECODE_INDUCTOR if model.output.weight.device.type == "cpu" else {}
+    settings = dict(inductor)
+    from torch._inductor import config as inductor_config
+
+    def step(caches, args, kwargs):
+        for attention, cache in zip(layers, caches):
+            attention.cache = cache
+        return eager_decode(*args, **kwargs)
+    # a code object of its own: dynamo's graphs and recompile budget are per code object
+    step = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__,
+                              step.__defaults__, step.__closure__)
+    compiled = torch.compile(step, dynamic=True)
+
+    def fresh(x):
+        return x.clone(memory_format=torch.contiguous_format) if isinstance(x, Tensor) else x
+
+    @functools.wraps(eager_decode)
+    def decode(*args, **kwargs):
+        inputs = ([a.cache for a in layers], tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()})
+        if not settings:
+            return compiled(*inputs)
+        with inductor_config.patch(settings):
+            return compiled(*inputs)
+    model.decode = decode
