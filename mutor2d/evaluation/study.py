@@ -379,6 +379,11 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
         ax.set_ylabel("embedded FID (digits classifier)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    return _save_figure(fig, out)
+
+
+def _save_figure(fig, out: Path) -> Path:
+    """Lay out ``fig`` and write it to ``out`` (folders made); returns ``out``."""
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -419,10 +424,7 @@ def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return _save_figure(fig, out)
 
 
 # ----------------------------------------------------------------------------- driver
