@@ -189,6 +189,8 @@ class Codes:
     the folder (sampling on another machine) the check is skipped with a one-line warning."""
 
     def build(self, cfg, split: str) -> "CodeDataset":
+        if split == "val":
+            raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
         path = cfg.path if split == "train" else cfg.test_path
         if path is None:
             key = "data.path" if split == "train" else "data.test_path"
@@ -242,9 +244,10 @@ def build_tokenizer(cfg) -> Tokenizer:
 
 
 def build_dataset(cfg, split: str = "train") -> Dataset:
-    """Split ``split`` ("train" or "test") of the dataset ``cfg.name`` names (DATASETS)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
+    """Split ``split`` ("train", "val" or "test") of the dataset ``cfg.name`` names (DATASETS); a
+    kind without a validation split refuses "val"."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split {split!r}: expected 'train', 'val' or 'test'")
     return _kind(cfg).build(cfg, split)
 
 

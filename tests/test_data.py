@@ -102,11 +102,11 @@ def test_digits_validation_split_and_nested_fractions():
     assert set(quarter) < set(half) < set(full)
     assert not set(digits_indices("val", 1235, 0.15)) == set(val)   # another data_seed, another split
     cfg = DataConfig(val_fraction=0.15, train_fraction=0.5)
-    train, valid = build_dataset(cfg, "train"), DATASETS["digits"].build(cfg, "val")
+    train, valid = build_dataset(cfg, "train"), build_dataset(cfg, "val")
     assert (len(train), len(valid)) == (611, 216)
     assert len(np.unique(valid.labels.numpy())) == 10               # every digit is in the validation split
     with pytest.raises(ValueError, match=r"^split 'val': needs data.val_fraction > 0"):
-        DATASETS["digits"].build(DataConfig(), "val")
+        build_dataset(DataConfig(), "val")
 
 
 @pytest.mark.parametrize("key, value, needle", [
@@ -281,6 +281,8 @@ def test_code_dataset(folder, vq_path, tmp_path):
     with pytest.raises(ValueError, match="data.test_path"):
         build_dataset(cfg, "test")
     test = build_dataset(DataConfig(name="codes", path=str(out), test_path=str(out)), "test")
+    with pytest.raises(ValueError, match="no validation split"):       # never the test folder in disguise
+        build_dataset(DataConfig(name="codes", path=str(out), test_path=str(out)), "val")
     assert torch.equal(test[0]["body"], torch.from_numpy(store.codes[0, 0].astype(np.int64)).reshape(-1))
     with pytest.raises(ValueError, match="not a codes folder"):
         build_dataset(DataConfig(name="codes", path=str(tmp_path)), "train")

@@ -95,9 +95,9 @@ def heldout_nll(model, data_cfg, split: str = "test") -> float:
     """Teacher-forced next-token cross-entropy (nats per token) of a held-out digits split ("test",
     or "val" when data.val_fraction > 0): the model's NTP head on the regular sequence, registers
     absent."""
-    from ..data import DATASETS, collate
+    from ..data import build_dataset, collate
     from ..registers import regular_position_ids
-    ds = DATASETS["digits"].build(data_cfg, split)       # build_dataset knows train/test only
+    ds = build_dataset(data_cfg, split)
     total, count = 0.0, 0
     for i in range(0, len(ds), 256):
         b = collate([ds[j] for j in range(i, min(i + 256, len(ds)))])
