@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -34,6 +33,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from . import tokenizer as tokenizer_lib
+from .io import warn
 from .tokenizer import Tokenizer
 from .tokenizer.codes import open_store
 
@@ -173,16 +173,6 @@ class Digits:
         return tokenizer_lib.build_tokenizer(cfg)
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """One line on stderr, once per message in this process."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 class Codes:
     """data: path, test_path, tokenizer. A codes folder per split; the tokenizer must be the
     checkpoint that made the codes (same codebook size; a different file is a warning). Without
@@ -204,8 +194,8 @@ class Codes:
                              f"data.name='codes' needs data.tokenizer set to a VQ checkpoint path")
         tok = tokenizer_lib.build_tokenizer(cfg)
         if cfg.path is not None and not (Path(cfg.path) / "header.json").exists():
-            _warn_once(f"no codes folder at data.path={cfg.path!r} here: cannot check that data.tokenizer="
-                       f"{cfg.tokenizer!r} made those codes (decoding does not need them)")
+            warn(f"no codes folder at data.path={cfg.path!r} here: cannot check that data.tokenizer="
+                 f"{cfg.tokenizer!r} made those codes (decoding does not need them)", once=True)
         elif cfg.path is not None:
             header = open_store(cfg.path, require_complete=False, check_values=False).header
             if header["codebook_size"] != tok.vocab_size:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
@@ -22,6 +23,17 @@ import numpy as np
 import torch
 
 TEMP_SUFFIX = ".tmp"
+
+
+_WARNED: set[str] = set()
+
+
+def warn(message: str, once: bool = False) -> None:
+    """``warning: MESSAGE`` as one line on stderr (with ``once``, only the first time in this process)."""
+    if once and message in _WARNED:
+        return
+    _WARNED.add(message)
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -10,16 +10,12 @@ Rules:
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from .. import checkpoint as ckpt_lib
 from .. import io
+from ..io import warn
 from ..config import ConfigError
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 def remove_stale_temps(run_dir: Path) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint as ckpt_lib
-from .checkpointer import rotate, warn
+from ..io import warn
+from .checkpointer import rotate
 from .rng import preserved_rng, rng_state
 from .setup import Run
 from .speed import peak_flops, train_flops

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from .. import config as config_lib
 from ..config import ConfigError, RunConfig
 from ..data import build_dataset, collate
+from ..io import warn
 from ..model import GPT
 from ..objectives import Batch, build_objective, uses_registers
 from .checkpointer import find_resume, remove_stale_temps
@@ -147,7 +148,6 @@ def make_accelerator(cfg: RunConfig, run_dir: Path):
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     if precision == "bf16" and not torch.cuda.is_available() and os.environ.get("RANK", "0") == "0":
-        from .checkpointer import warn
         warn("train.mixed_precision=bf16 on CPU: bf16 autocast matmuls are far slower than fp32 on CPUs "
              "without bf16 units (about 10x here); --set train.mixed_precision=no for CPU runs")
     tracker = None if t.tracker == "none" else t.tracker
@@ -235,12 +235,10 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     states, world, rank = saved["rng"], acc.num_processes, acc.process_index
     if len(states) == world:
         if not set_rng_state(states[rank], layout_gen, acc.device) and acc.is_main_process:
-            from .checkpointer import warn
-            warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
+                warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
                  f"that stream starts fresh (the run continues, not bit-exactly)")
         return layout_gen
     if acc.is_main_process:
-        from .checkpointer import warn
         warn(f"checkpoint has RNG states of {len(states)} processes, this run has {world}: "
              f"fresh per-process seeds (the run continues, not bit-exactly)")
     return seed_process(seed + start, rank, acc.device)
