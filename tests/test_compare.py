@@ -94,6 +94,11 @@ def test_quick_fraction_run_trains_on_the_nested_share(quick):
     groups = study.summarise(study.collect(out), [1.0, 2.0])
     pts = study.fraction_points(groups, "next-token", "nll_val")
     assert [p[0] for p in pts] == [0.5, 1.0]                         # the curve has both shares
+    last = study.last_step(groups, "next-token")
+    assert last == max(k[1] for k in groups if k[0] == "next-token@0.5" and isinstance(k[1], int))
+    ends = study.fraction_points(groups, "next-token", "nll_val", last)
+    assert [p[0] for p in ends] == [0.5, 1.0]
+    assert ends[0][1] == pytest.approx(groups[("next-token@0.5", last)]["nll_val"][0])
 
 
 def test_selection_is_the_lowest_validation_nll(quick):

@@ -390,13 +390,13 @@ def _save_figure(fig, out: Path) -> Path:
     return out
 
 
-def fraction_points(groups: dict, method: str, name: str) -> list[tuple]:
-    """[(fraction, mean, sd)] of a metric at the validation-selected steps of ``method``'s labels
-    (METHOD and METHOD@F): ``name`` "nll_val"/"nll" (per seed) or a sample metric at cfg 1."""
+def fraction_points(groups: dict, method: str, name: str, step=SEL) -> list[tuple]:
+    """[(fraction, mean, sd)] of a metric of ``method``'s labels (METHOD and METHOD@F) at ``step`` (SEL:
+    each run's validation-selected step): ``name`` "nll_val"/"nll" (per seed) or a sample metric at cfg 1."""
     pts = []
-    for (label, step), g in groups.items():
+    for (label, at), g in groups.items():
         m, frac = label_parts(label)
-        if step != SEL or m != method:
+        if at != step or m != method:
             continue
         vals = list(g[name].values()) if name in ("nll", "nll_val") else g["cfg"].get(1.0, {}).get(name, [])
         mean, sd, n = mean_sd(vals)
@@ -405,20 +405,33 @@ def fraction_points(groups: dict, method: str, name: str) -> list[tuple]:
     return sorted(pts)
 
 
+def last_step(groups: dict, method: str) -> int | None:
+    """The largest fixed step scored for ``method`` at every one of its data fractions (None if none)."""
+    steps: dict[float, set] = {}
+    for label, at in groups:
+        m, frac = label_parts(label)
+        if m == method and isinstance(at, int):
+            steps.setdefault(frac, set()).add(at)
+    common = set.intersection(*steps.values()) if steps else set()
+    return max(common) if common else None
+
+
 def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
-    """Best validation NLL, test NLL and FID (cfg 1) at the validation-selected step against the data
-    fraction (mean ± sd over seeds), one line per method."""
+    """Validation NLL, test NLL and FID (cfg 1) against the data fraction (mean ± sd over seeds), one
+    colour per method: solid at each run's validation-selected step, dashed at the last scored step
+    (how far training on past the selected step drifts)."""
     from matplotlib.figure import Figure
-    panels = [("nll_val", "best validation NLL (nats/token)"), ("nll", "test NLL at that step"),
-              ("fid", "embedded FID cfg 1 at that step")]
+    panels = [("nll_val", "validation NLL (nats/token)"), ("nll", "test NLL"), ("fid", "embedded FID cfg 1")]
     fig = Figure(figsize=(5 * len(panels), 4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (name, title) in zip(axes, panels):
-        for method in methods:
-            pts = fraction_points(groups, method, name)
-            if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                            capsize=3, label=method)
+        for i, method in enumerate(methods):
+            last = last_step(groups, method)
+            for step, style, tag in ((SEL, "-", "selected step"), (last, "--", f"step {last}")):
+                pts = fraction_points(groups, method, name, step) if step is not None else []
+                if pts:
+                    ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                                capsize=3, linestyle=style, color=f"C{i}", label=f"{method}, {tag}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("share of the training images")
         ax.set_title(title)
