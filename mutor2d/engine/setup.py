@@ -235,7 +235,7 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     states, world, rank = saved["rng"], acc.num_processes, acc.process_index
     if len(states) == world:
         if not set_rng_state(states[rank], layout_gen, acc.device) and acc.is_main_process:
-                warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
+            warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
                  f"that stream starts fresh (the run continues, not bit-exactly)")
         return layout_gen
     if acc.is_main_process:
