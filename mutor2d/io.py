@@ -30,9 +30,10 @@ _WARNED: set[str] = set()
 
 def warn(message: str, once: bool = False) -> None:
     """``warning: MESSAGE`` as one line on stderr (with ``once``, only the first time in this process)."""
-    if once and message in _WARNED:
-        return
-    _WARNED.add(message)
+    if once:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
