@@ -29,7 +29,9 @@ steps); under a decaying lr it is a run of its own (OUT/next-token-cm/seedS) and
 Floor: real held-out images (digits:test) against the same reference, as is and resampled to ``--num``.
 Runs train seed by seed: the fraction methods at full data, their fraction runs, the other methods,
 the compute-matched runs. Outputs: OUT/table.md (mean ± sd over seeds), OUT/summary.json, the plots.
-Rerunning resumes: finished trainings, curves, sample files and records are kept.
+Rerunning resumes: finished trainings, curves, sample files and records are kept. Stopping: Ctrl-C,
+SIGTERM or killing the driver stops every job at its next step after a checkpoint (exit 75); no job
+trains on alone or starts a queued run.
 """
 from __future__ import annotations
 
@@ -132,3 +134,7 @@ if __name__ == "__main__":
     except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except study.Preempted as e:
+        print(f"stopped: {e or 'a stop signal ended the run after its checkpoint; rerun the same command to resume'}",
+              file=sys.stderr)
+        raise SystemExit(study.PREEMPTED_EXIT) from None

@@ -6,9 +6,12 @@ settings are one-line errors."""
 import importlib.util
 import json
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +265,60 @@ def test_script_error_is_one_line(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]]
     assert r.stderr.startswith("error: --methods: 'bogus'")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def _events(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "event" in r]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task/").is_dir(), reason="finds the worker processes in /proc (Linux)")
+def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
+    """With --jobs 2 the pool workers must not train on once the driver is gone: each stops at its next
+    step with a checkpoint (a 'preempted' event) and starts none of the queued runs."""
+    out = tmp_path / "s"
+    argv = [sys.executable, "eval/compare.py", "--out", str(out), "--methods", "next-token,mutor-2d-sparse",
+            "--seeds", "0,1", "--steps", "5000", "--eval-steps", "5000", "--num", "20", "--jobs", "2",
+            "--compute-matched", "", "--floor-draws", "1"]
+    for kv in ("model.dim=32", "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1"):
+        argv += ["--set", kv]
+    driver = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    running, workers = [out / m / "seed0" for m in ("next-token", "mutor-2d-sparse")], []
+    try:
+        deadline = time.time() + 240
+        while not all((r / "log.jsonl").is_file() and '"step"' in (r / "log.jsonl").read_text() for r in running):
+            assert driver.poll() is None and time.time() < deadline, "the study did not start training"
+            time.sleep(0.5)
+        workers += _children(driver.pid)
+        assert len(workers) == 2
+        driver.kill()                                            # the harshest end: no chance to clean up
+        driver.wait()
+        deadline = time.time() + 60
+        while not all(map(_gone, workers)):
+            assert time.time() < deadline, "a worker kept running after its driver was killed"
+            time.sleep(0.5)
+    finally:
+        for pid in [driver.pid] + [w for w in workers if not _gone(w)]:   # never leave a process behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for run in running:
+        stop = [e for e in _events(run) if e["event"] == "preempted"]
+        assert len(stop) == 1 and ckpt_lib.checkpoint_path(run, stop[0]["step"]).is_file()
+        assert stop[0]["step"] < 5000
+    assert not any((out / m / "seed1").exists() for m in ("next-token", "mutor-2d-sparse"))

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import statistics
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
 from .. import generation
+from ..engine.loop import PREEMPTED_EXIT, Preempted
 from . import records
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .metrics import compute_metrics
@@ -220,12 +225,38 @@ def run_unit(unit: dict) -> dict:
     return {**study, "run_dir": str(run_dir)}
 
 
+def follow_driver(driver_pid: int) -> None:
+    """Pool-worker initializer: once the driver process is gone (killed, or stopped by a signal of its
+    own), give this worker a stop signal, so that it checkpoints and ends instead of training on alone."""
+    def watch():
+        while os.getppid() == driver_pid:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def pool_unit(unit: dict) -> dict:
+    """run_unit in a pool worker. A stop signal ends the worker after its checkpoint (exit PREEMPTED_EXIT)
+    rather than letting it start the next queued unit; the pool then stops the study."""
+    try:
+        return run_unit(unit)
+    except Preempted:
+        os._exit(PREEMPTED_EXIT)
+
+
 def run_all(units: list[dict], jobs: int) -> list[dict]:
-    """Units in order, ``jobs`` processes at a time (in this process when jobs == 1)."""
+    """Units in order, ``jobs`` processes at a time (in this process when jobs == 1). A stop signal to
+    the driver or a worker (or the driver's death) stops every worker at its next step boundary, after
+    a checkpoint; rerunning the same command resumes."""
     if jobs == 1:
         return [run_unit(u) for u in units]
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(run_unit, units))
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=follow_driver,
+                             initargs=(os.getpid(),)) as pool:
+        try:
+            return list(pool.map(pool_unit, units))
+        except BrokenProcessPool:
+            raise Preempted("a study worker stopped (stop signal or killed); every run keeps its last "
+                            "checkpoint: rerun the same command to resume") from None
 
 
 # ----------------------------------------------------------------------------- floor
