@@ -135,6 +135,5 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except study.Preempted as e:
-        print(f"stopped: {e or 'a stop signal ended the run after its checkpoint; rerun the same command to resume'}",
-              file=sys.stderr)
+        print(f"stopped: {e}", file=sys.stderr)
         raise SystemExit(study.PREEMPTED_EXIT) from None
