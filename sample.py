@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from mutor2d import checkpoint, generation
-from mutor2d.config import check_sampling
+from mutor2d.sampling.rules import check_sampling
 from mutor2d.generation import NpzJob, SampleFileError, balanced_labels, parse_classes
 from mutor2d.sampling import DECODERS, compile_decoder
 

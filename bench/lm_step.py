@@ -25,7 +25,7 @@ from mutor2d.lm.model import MutorLM
 from mutor2d.lm.packing import LMBatch, pack
 from mutor2d.registers import RegisterSpec
 
-SPECS = {"ntp": RegisterSpec(), "sparse": None, "dense": RegisterSpec(objective="mutor-1d", d_min=1, d_max=4)}
+SPECS = {"ntp": RegisterSpec(), "sparse": None, "dense": RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)}
 
 
 def build_model(args, device):
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
     device = torch.device(args.device)
     common.setup(args.threads, args.clock, device)
-    SPECS["sparse"] = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=args.sparse)
+    SPECS["sparse"] = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=args.sparse)
     model = build_model(args, device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = ragged_batch(args, torch.Generator().manual_seed(0))

@@ -34,7 +34,7 @@ import torch
 
 import common
 from mutor2d import checkpoint, generation
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import grid_arg, regular_position_ids
 from mutor2d.sampling import compile_decoder, generate, sample_logits

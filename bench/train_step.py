@@ -30,7 +30,8 @@ import torch
 
 import common
 from mutor2d.attention import Visibility
-from mutor2d.config import ModelConfig, ObjectiveConfig
+from mutor2d import config as config_lib
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT, model_shape
 from mutor2d.engine.speed import train_flops
 from mutor2d.objectives import Batch, RegisterObjective
@@ -56,10 +57,10 @@ class _MaskObjective(RegisterObjective):
         return _MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
 
 
-def objective_config(case: str, args) -> ObjectiveConfig:
+def objective_config(case: str, args):
     if case == "ntp":
-        return ObjectiveConfig(name="ntp")
-    return ObjectiveConfig(name="mutor-2d", d_max=args.dmax2d, reg_weight=0.5,
+        return config_lib.make("objective", name="ntp")
+    return config_lib.make("objective", name="mutor-2d", d_max=args.dmax2d, reg_weight=0.5,
                            placement=case, num_registers=args.registers)
 
 
@@ -92,7 +93,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
-    loss_fn = _MaskObjective(cfg) if backend == "sdpa-mask" else RegisterObjective(cfg)
+    loss_fn = (_MaskObjective if backend == "sdpa-mask" else RegisterObjective)(cfg.register_spec(), 0.5)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
 
@@ -102,7 +103,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
         with amp:
             out = loss_fn(model, batch, torch.Generator(device=device).manual_seed(2))
         opt.zero_grad(set_to_none=not keep_grads)
-        out["loss"].backward()
+        out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     return step
@@ -110,7 +111,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
 def register_slots(case: str, args, device) -> tuple[int, float]:
     """(R register slots processed, mean valid registers per sample) for the benchmark's draw."""
-    lay = RegisterObjective(objective_config(case, args)).layout(
+    lay = RegisterObjective(objective_config(case, args).register_spec(), 0.5).layout(
         Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
               torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),
         1, torch.Generator(device=device).manual_seed(2))

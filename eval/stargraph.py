@@ -17,7 +17,7 @@ import torch
 
 from mutor2d import checkpoint
 from mutor2d.evaluation import records
-from mutor2d.stargraph import build_stargraph, solve_rates, teacher_forced_accuracy
+from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
     if cfg.data.name != "stargraph":
         raise ValueError(f"--ckpt {args.ckpt}: trained on data.name={cfg.data.name!r}, not stargraph")
     offsets = probe_offsets(args.offsets, cfg.data.path_len)
-    test = build_stargraph(cfg.data, "test")
+    test = cfg.data.build("test")
     if args.num:
         test.prompts, test.answers = test.prompts[: args.num], test.answers[: args.num]
     torch.manual_seed(0)

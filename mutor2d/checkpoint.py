@@ -120,11 +120,9 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
 def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, RunConfig,
     meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them."""
-    from .model import GPT
-    from .objectives import uses_registers
     state, meta = load_weights(path, use_ema)
     cfg = config_lib.from_dict(meta["config"])
-    model = GPT(cfg.model, register_token=uses_registers(cfg.objective))
+    model = cfg.model.build(register_token=cfg.objective.uses_registers())
     model.load_state_dict(state, strict=True)
     return model.to(device).eval(), cfg, meta
 

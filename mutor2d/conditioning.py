@@ -1,6 +1,6 @@
 """What a sample is conditioned on: the prefix kinds, in one registry.
 
-A conditioning kind (``CONDITIONING[cfg.prefix]``) says how the prefix is embedded, how many
+A conditioning kind (``CONDITIONING[cfg.conditioning]``) says how the prefix is embedded, how many
 prefix tokens it makes, which prefixes are valid, and which prefix is the "null" one for
 classifier-free guidance (CFG).
 
@@ -118,5 +118,5 @@ CONDITIONING: dict[str, Conditioning] = {"class": ClassLabel(), "prompt": Prompt
 
 def conditioning(name: str) -> Conditioning:
     if name not in CONDITIONING:
-        raise ValueError(f"model.prefix={name!r}: expected one of {sorted(CONDITIONING)}")
+        raise ValueError(f"model.conditioning={name!r}: expected one of {sorted(CONDITIONING)}")
     return CONDITIONING[name]

@@ -3,8 +3,8 @@
 Every dataset yields dicts ``{"body": LongTensor (N,), "prefix": LongTensor}`` (class label, or a
 prompt) and exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`` stacks them.
 
-``DATASETS`` maps ``data.name`` to a :class:`DatasetKind` (builds a split and the tokenizer that
-turns its tokens into images). Each reads only its own config fields:
+``data.name`` picks a :class:`DataConfig` variant: its fields, and how it builds a split and the
+tokenizer that turns its tokens into images:
   digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download).
           ``data.val_fraction`` holds out a validation split ("val") of the training set and
           ``data.train_fraction`` trains on a nested share of the rest (``digits_indices``).
@@ -15,16 +15,15 @@ turns its tokens into images). Each reads only its own config fields:
           test split): one random augmentation per sample, drawn from torch's RNG (seeded per
           DataLoader worker).
   stargraph  the 1D path-star task (mutor2d.stargraph).
-Adding a dataset: a class with ``build`` and ``tokenizer``, one line in ``DATASETS`` (and its
-config variant in mutor2d.config).
+Adding a dataset: one DataConfig subclass registered with ``@register_variant("data", NAME)``.
 """
 from __future__ import annotations
 
 import functools
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from . import tokenizer as tokenizer_lib
+from .config import Variant, at_least, check_seed, fail, register_variant
 from .io import warn
 from .tokenizer import Tokenizer
 from .tokenizer.codes import open_store
@@ -149,96 +149,116 @@ class CodeDataset(Dataset):
         return {"body": body, "prefix": torch.tensor(int(self._labels[row]))}
 
 
-# ----------------------------------------------------------------------------- the registry
+# ----------------------------------------------------------------------------- the data section
 
-class DatasetKind(Protocol):
-    """One ``data.name``: builds a split and the tokenizer that turns its tokens into images."""
+class DataConfig(Variant):
+    """A ``data`` variant: its fields, ``build(split)`` (a Dataset of that split: "train", "val" or
+    "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
+    class with ``@register_variant("data", NAME)``."""
+    num_workers: int
 
-    def build(self, cfg, split: str) -> Dataset: ...
+    def build(self, split: str) -> Dataset:
+        raise NotImplementedError
 
-    def tokenizer(self, cfg) -> Tokenizer: ...
+    def build_tokenizer(self) -> Tokenizer:
+        raise ValueError(f"data.name={self.name!r} has no image tokenizer")
 
 
-class Digits:
-    """data: tokenizer, levels, data_seed, val_fraction, train_fraction. The 8x8 digits, tokenised
-    by ``data.tokenizer``; splits "train", "val" (when val_fraction > 0) and "test"."""
+@register_variant("data", "digits")
+@dataclass
+class DigitsDataConfig(DataConfig):
+    """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``; the 80% may give
+    up a validation split ("val"), and training may use a nested share of the rest (digits_indices).
+    Tokenised by ``tokenizer``: "pixel" grey levels or a VQ checkpoint (digits upsampled to its size)."""
+    tokenizer: str = "pixel"         # "pixel" (grey levels) or a VQ checkpoint path
+    levels: int = 17                 # pixel tokenizer: number of grey levels
+    data_seed: int = 1234
+    val_fraction: float = 0.0        # share of the training set held out as split "val" (0 = none)
+    train_fraction: float = 1.0      # share of the remaining training images trained on (nested: 0.25 in 0.5)
+    num_workers: int = 0
 
-    def build(self, cfg, split: str) -> TokenGrids:
-        tok = self.tokenizer(cfg)
-        images, labels = digits_images(split, cfg.data_seed, cfg.val_fraction, cfg.train_fraction)
+    def check(self) -> None:
+        if not self.tokenizer:
+            fail("data.tokenizer", "'pixel' or a VQ checkpoint path", self.tokenizer)
+        at_least("data.levels", self.levels, 2)
+        check_seed("data.data_seed", self.data_seed)
+        if not 0 <= self.val_fraction < 1:
+            fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)
+        if not 0 < self.train_fraction <= 1:
+            fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
+        at_least("data.num_workers", self.num_workers, 0)
+
+    def build(self, split: str) -> TokenGrids:
+        tok = self.build_tokenizer()
+        images, labels = digits_images(split, self.data_seed, self.val_fraction, self.train_fraction)
         codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
         return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
 
-    def tokenizer(self, cfg) -> Tokenizer:
-        return tokenizer_lib.build_tokenizer(cfg)
+    def build_tokenizer(self) -> Tokenizer:
+        return tokenizer_lib.build_tokenizer(self)
 
 
-class Codes:
-    """data: path, test_path, tokenizer. A codes folder per split; the tokenizer must be the
-    checkpoint that made the codes (same codebook size; a different file is a warning). Without
-    the folder (sampling on another machine) the check is skipped with a one-line warning."""
+@register_variant("data", "codes")
+@dataclass
+class CodesDataConfig(DataConfig):
+    """Pre-extracted token grids: folders written by tokenizers/extract_codes.py, one per split. The
+    tokenizer must be the checkpoint that made the codes (same codebook size; a different file is a
+    warning); without the folder (sampling on another machine) that check is skipped with a warning."""
+    path: str | None = None          # the train split (required)
+    test_path: str | None = None     # the test split (optional)
+    tokenizer: str = "pixel"         # the VQ checkpoint that made the codes (to decode sample grids)
+    num_workers: int = 0
 
-    def build(self, cfg, split: str) -> "CodeDataset":
+    def check(self) -> None:
+        if not self.path:
+            fail("data.path", "the folder written by tokenizers/extract_codes.py", self.path)
+        if self.test_path is not None and not self.test_path:
+            fail("data.test_path", "a folder or null", self.test_path)
+        at_least("data.num_workers", self.num_workers, 0)
+
+    def build(self, split: str) -> "CodeDataset":
         if split == "val":
             raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
-        path = cfg.path if split == "train" else cfg.test_path
+        path = self.path if split == "train" else self.test_path
         if path is None:
             key = "data.path" if split == "train" else "data.test_path"
             raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
                              f"for the {split} split")
         return CodeDataset(path, random_aug=split == "train")
 
-    def tokenizer(self, cfg) -> Tokenizer:
-        if tokenizer_lib.parse_tokenizer(cfg.tokenizer)[1] is None:
-            raise ValueError(f"data.tokenizer={cfg.tokenizer!r} only works with data.name='digits'; "
+    def build_tokenizer(self) -> Tokenizer:
+        if tokenizer_lib.parse_tokenizer(self.tokenizer)[1] is None:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r} only works with data.name='digits'; "
                              f"data.name='codes' needs data.tokenizer set to a VQ checkpoint path")
-        tok = tokenizer_lib.build_tokenizer(cfg)
-        if cfg.path is not None and not (Path(cfg.path) / "header.json").exists():
-            warn(f"no codes folder at data.path={cfg.path!r} here: cannot check that data.tokenizer="
-                 f"{cfg.tokenizer!r} made those codes (decoding does not need them)", once=True)
-        elif cfg.path is not None:
-            header = open_store(cfg.path, require_complete=False, check_values=False).header
-            if header["codebook_size"] != tok.vocab_size:
-                raise ValueError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} codes but the codes at "
-                                 f"{cfg.path!r} come from a codebook of {header['codebook_size']}")
-            if header.get("tokenizer_sha256") != tok.sha256:
-                warnings.warn(f"data.tokenizer={cfg.tokenizer!r} is not the checkpoint that made the codes at "
-                              f"{cfg.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
+        tok = tokenizer_lib.build_tokenizer(self)
+        if self.path is not None and not (Path(self.path) / "header.json").exists():
+            warn(f"no codes folder at data.path={self.path!r} here: cannot check that data.tokenizer="
+                 f"{self.tokenizer!r} made those codes (decoding does not need them)", once=True)
+        elif self.path is not None:
+            self._check_made_by(tok)
         return tok
 
-
-class StarGraph:
-    """data: degree, path_len, num_nodes, num_train, num_test, data_seed, reverse_answer."""
-
-    def build(self, cfg, split: str) -> Dataset:
-        from .stargraph import build_stargraph
-        return build_stargraph(cfg, split)
-
-    def tokenizer(self, cfg) -> Tokenizer:
-        raise ValueError("data.name='stargraph' has no image tokenizer (its tokens are graph nodes)")
+    def _check_made_by(self, tok: Tokenizer) -> None:
+        header = open_store(self.path, require_complete=False, check_values=False).header
+        if header["codebook_size"] != tok.vocab_size:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r} has {tok.vocab_size} codes but the codes at "
+                             f"{self.path!r} come from a codebook of {header['codebook_size']}")
+        if header.get("tokenizer_sha256") != tok.sha256:
+            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the checkpoint that made the codes at "
+                          f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 
-DATASETS: dict[str, DatasetKind] = {"digits": Digits(), "codes": Codes(), "stargraph": StarGraph()}
-
-
-def _kind(cfg) -> DatasetKind:
-    kind = DATASETS.get(cfg.name)
-    if kind is None:
-        raise ValueError(f"data.name={cfg.name!r}: no dataset builder (known: {', '.join(sorted(DATASETS))})")
-    return kind
-
-
-def build_tokenizer(cfg) -> Tokenizer:
+def build_tokenizer(cfg: DataConfig) -> Tokenizer:
     """The tokenizer that turns this data's tokens into images (``decode``)."""
-    return _kind(cfg).tokenizer(cfg)
+    return cfg.build_tokenizer()
 
 
-def build_dataset(cfg, split: str = "train") -> Dataset:
-    """Split ``split`` ("train", "val" or "test") of the dataset ``cfg.name`` names (DATASETS); a
-    kind without a validation split refuses "val"."""
+def build_dataset(cfg: DataConfig, split: str = "train") -> Dataset:
+    """Split ``split`` ("train", "val" or "test") of the data ``cfg`` describes; a kind without a
+    validation split refuses "val"."""
     if split not in ("train", "val", "test"):
         raise ValueError(f"split {split!r}: expected 'train', 'val' or 'test'")
-    return _kind(cfg).build(cfg, split)
+    return cfg.build(split)
 
 
 def collate(items: list[dict]) -> dict:

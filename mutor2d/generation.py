@@ -269,7 +269,7 @@ def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str
     step = meta["step"]
     if not cfg.model.kind().per_class:
         raise SampleFileError(f"{path}: sample.py makes images from class-conditional models, this one has "
-                              f"model.prefix={cfg.model.prefix!r}")
+                              f"model.conditioning={cfg.model.conditioning!r}")
     try:
         tokenizer = tokenizer_to(build_tokenizer(cfg.data), torch.device(device))
     except (ValueError, OSError) as e:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .attention import NEVER, Visibility
 
-RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.objective may be
+RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.kind may be
 
 
 class LayoutError(ValueError):
@@ -38,15 +38,21 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class RegisterSpec:
-    """What registers to place.
+    """The register rules of one objective, in one place: which offsets, which anchors, whether they
+    fit a grid, and how many drafts the registers give a speculative decoder.
 
-    objective: "ntp" (no registers), "mutor-1d" (offsets (0, d) for d = d_min..d_max, inclusive)
-    or "mutor-2d" (offsets {0..D-1}^2 minus (0, 0) with D = d_max; d_min unused).
+    kind and the meaning of ``d_max``:
+      "ntp"       no registers.
+      "mutor-1d"  offsets (0, d) for d = d_min..d_max: d_max is the farthest token ahead (d = 1 is
+                  the next token); anchors x_{-1} (the last prefix token) .. x_{N-2}.
+      "mutor-2d"  offsets (Δr, Δc) in {0..D-1}^2 minus (0, 0) with D = d_max: d_max is the side of
+                  the offset square (the paper's (d_h, d_w) in {1..D}^2 minus (1, 1)); d_min unused;
+                  anchors x_0 .. x_{N-2}.
     placement: "dense" (a register at every anchor with a valid target) or "sparse"
     (``num_registers`` anchors drawn among the valid ones). One offset per sequence, or one per
     anchor with ``per_register_offsets``. edge: "geometric" or "raster" (see ``offset_targets``).
     """
-    objective: RegisterKind = "ntp"
+    kind: RegisterKind = "ntp"
     d_min: int = 1
     d_max: int = 4
     placement: Literal["dense", "sparse"] = "dense"
@@ -54,27 +60,31 @@ class RegisterSpec:
     per_register_offsets: bool = False
     edge: Literal["geometric", "raster"] = "geometric"
 
-    @classmethod
-    def from_config(cls, obj) -> "RegisterSpec":
-        """The spec of a tagged objective config (mutor2d.config): ntp, mutor-1d or mutor-2d.
-        Other objectives place no registers; asking for their spec is an error."""
-        if obj.name == "ntp":
-            return cls("ntp")
-        if obj.name not in ("mutor-1d", "mutor-2d"):
-            raise LayoutError(f"objective.name={obj.name} places no registers (no register spec)")
-        return cls(obj.name, getattr(obj, "d_min", 1), obj.d_max, obj.placement, obj.num_registers,
-                   obj.per_register_offsets, obj.edge)
-
     @property
     def uses_registers(self) -> bool:
-        return self.objective != "ntp"
+        return self.kind != "ntp"
 
     def offsets(self) -> Tensor:
         """Candidate offsets (C, 2) as (Δr, Δc)."""
-        return candidate_offsets(self.objective, self.d_min, self.d_max)
+        return candidate_offsets(self.kind, self.d_min, self.d_max)
 
-    def check(self, grid: tuple[int, int], prefix_len: int) -> None:
-        """Raise LayoutError if this spec cannot work on ``grid``."""
+    def anchors(self, grid: tuple[int, int]) -> range:
+        """Body indices of the anchors on ``grid`` (-1 = the last prefix token)."""
+        return range(first_anchor(self.kind), grid[0] * grid[1] - 1)
+
+    def draft_offsets(self) -> list[tuple[int, int]]:
+        """The offsets a speculative decoder drafts with after a verified token x_t: (0, 2), (0, 3), ...
+        while they are candidates (x_{t+1} is the next-token head's). Their count is the useful draft
+        length: D - 2 for mutor-2d, d_max - 1 for mutor-1d with d_min <= 2, 0 otherwise."""
+        have = {tuple(o) for o in self.offsets().tolist()}
+        out, d = [], 2
+        while (0, d) in have:
+            out.append((0, d))
+            d += 1
+        return out
+
+    def check(self, grid: tuple[int, int], prefix_len: int, name: str = "objective") -> None:
+        """Raise LayoutError if this spec cannot work on ``grid``; ``name`` is the config section."""
         H, W = grid
         if H < 1 or W < 1 or H * W < 2:
             raise LayoutError(f"grid {H}x{W}: need at least 2 body tokens")
@@ -82,39 +92,38 @@ class RegisterSpec:
             raise LayoutError(f"prefix length {prefix_len}: need at least one prefix token")
         if not self.uses_registers:
             return
-        if self.objective == "mutor-2d" and H == 1:
-            raise LayoutError(f"objective.name=mutor-2d needs a 2D grid, got {H}x{W} (use mutor-1d)")
-        if self.objective == "mutor-2d" and self.d_max > max(H, W):
-            raise LayoutError(f"objective.d_max={self.d_max} exceeds the grid {H}x{W}")
-        if self.objective == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):
-            raise LayoutError(f"objective.d_min={self.d_min}: every 1D target falls off the {H}x{W} grid")
+        if self.kind == "mutor-2d" and H == 1:
+            raise LayoutError(f"{name}: 2D offsets need a 2D grid, got {H}x{W} (use 1D offsets)")
+        if self.kind == "mutor-2d" and self.d_max > max(H, W):
+            raise LayoutError(f"{name}.d_max={self.d_max} exceeds the grid {H}x{W}")
+        if self.kind == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):
+            raise LayoutError(f"{name}.d_min={self.d_min}: every 1D target falls off the {H}x{W} grid")
         if self.placement == "sparse":
-            anchors = num_anchors(self.objective, grid)
+            anchors = num_anchors(self.kind, grid)
             if self.num_registers > anchors:
-                raise LayoutError(f"objective.num_registers={self.num_registers} exceeds the "
+                raise LayoutError(f"{name}.num_registers={self.num_registers} exceeds the "
                                   f"{anchors} anchors of a {H}x{W} grid")
 
 
-def candidate_offsets(objective: str, d_min: int, d_max: int) -> Tensor:
+def candidate_offsets(kind: str, d_min: int, d_max: int) -> Tensor:
     """Candidate offsets (C, 2) as (dr, dc): mutor-2d {0..d_max-1}^2 minus (0, 0) in raster order;
     mutor-1d (0, d) for d = d_min..d_max; anything else none."""
-    if objective == "mutor-2d":
-        D = d_max
-        rc = [(r, c) for r in range(D) for c in range(D) if (r, c) != (0, 0)]
-    elif objective == "mutor-1d":
+    if kind == "mutor-2d":
+        rc = [(r, c) for r in range(d_max) for c in range(d_max) if (r, c) != (0, 0)]
+    elif kind == "mutor-1d":
         rc = [(0, d) for d in range(d_min, d_max + 1)]
     else:
         rc = []
     return torch.tensor(rc, dtype=torch.long).reshape(-1, 2)
 
 
-def first_anchor(objective: str) -> int:
+def first_anchor(kind: str) -> int:
     """Body index of the first anchor: -1 (last prefix token) for 1D offsets, else 0."""
-    return -1 if objective == "mutor-1d" else 0
+    return -1 if kind == "mutor-1d" else 0
 
 
-def num_anchors(objective: str, grid: tuple[int, int]) -> int:
-    return grid[0] * grid[1] - 1 - first_anchor(objective)
+def num_anchors(kind: str, grid: tuple[int, int]) -> int:
+    return grid[0] * grid[1] - 1 - first_anchor(kind)
 
 
 def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge: str,
@@ -273,7 +282,7 @@ def dense_slots(spec: RegisterSpec, grid: tuple[int, int]) -> int:
     draw can give (one offset per sequence: the best offset; one per anchor: every anchor that has
     some valid offset). Batches with fewer valid anchors pad the rest (``reg_valid`` False)."""
     offsets = spec.offsets()                                                  # (C, 2)
-    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1)
+    anchors = torch.arange(first_anchor(spec.kind), grid[0] * grid[1] - 1)
     _, valid = offset_targets(grid, anchors[:, None], offsets[None], spec.edge)   # (A, C)
     return int(valid.any(1).sum() if spec.per_register_offsets else valid.sum(0).max())
 
@@ -295,7 +304,7 @@ def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generato
         empty = torch.zeros(B, 0, dtype=torch.long, device=device)
         return empty, empty[..., None].expand(B, 0, 2), empty, empty.bool()
     offsets = _offsets_on(spec, device)
-    anchors = torch.arange(first_anchor(spec.objective), grid[0] * grid[1] - 1, device=device)   # (A,)
+    anchors = torch.arange(first_anchor(spec.kind), grid[0] * grid[1] - 1, device=device)   # (A,)
     A = anchors.numel()
     if spec.per_register_offsets:
         pick = torch.randint(len(offsets), (B, A), generator=generator, device=device)
@@ -385,9 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="mask.png")
     args = ap.parse_args(argv)
-    objective = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
-    d_max = args.dmax2d if objective == "mutor-2d" else args.dmax
-    spec = RegisterSpec(objective, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
+    kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
+    d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
+    spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
                         args.per_register_offsets, args.edge)
     try:
         layout = make_layout(1, args.grid, args.prefix, spec, torch.Generator().manual_seed(args.seed))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d.attention import Visibility, attend
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.sampling import generate
@@ -206,11 +206,11 @@ def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):
 @cuda
 def test_cuda_bf16_training_step_and_kv_decoding():
     from mutor2d.config import ObjectiveConfig
-    from mutor2d.objectives import Batch, build_objective
+    from mutor2d.objectives import Batch
     from mutor2d.registers import regular_position_ids
     model = _cuda_model()
     _set_backend(model, "auto")
-    obj = build_objective(ObjectiveConfig(name="mutor-2d", placement="sparse", num_registers=80), model)
+    obj = make("objective", name="mutor-2d", placement="sparse", num_registers=80).build(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     batch = Batch(torch.randint(0, 64, (4, 256), device="cuda"), torch.arange(4, device="cuda"), (16, 16))
     losses = []
@@ -218,9 +218,9 @@ def test_cuda_bf16_training_step_and_kv_decoding():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = obj(model.train(), batch, torch.Generator(device="cuda").manual_seed(0))
         opt.zero_grad()
-        out["loss"].backward()
+        out.loss.backward()
         opt.step()
-        losses.append(out["loss"].item())
+        losses.append(out.loss.item())
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
     model.eval()
     pos = regular_position_ids((16, 16), 1).cuda().expand(2, -1, -1)

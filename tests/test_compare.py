@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
-from mutor2d.data import DATASETS, build_dataset, collate
+from mutor2d.data import build_dataset, collate
 from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
 
@@ -207,7 +207,7 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
 def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
     model, cfg, _ = ckpt_lib.load_model(out / "mutor-2d-sparse" / "seed0")
-    ds = DATASETS["digits"].build(cfg.data, split)
+    ds = cfg.data.build(split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid
     pos = regular_position_ids((H, W), 1).expand(len(ds), -1, -1)

@@ -12,17 +12,18 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from mutor2d.attention import BACKENDS
-from mutor2d.config import ModelConfig, ObjectiveConfig
+from mutor2d.config import make
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
-from mutor2d.objectives import Batch, build_objective
+from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout
 
 CASES = {
-    "ntp": ObjectiveConfig(name="ntp"),
-    "mutor-2d-dense": ObjectiveConfig(name="mutor-2d", d_max=3, reg_weight=0.5, placement="dense"),
-    "mutor-2d-sparse": ObjectiveConfig(name="mutor-2d", d_max=3, reg_weight=0.5, placement="sparse",
+    "ntp": make("objective", name="ntp"),
+    "mutor-2d-dense": make("objective", name="mutor-2d", d_max=3, reg_weight=0.5, placement="dense"),
+    "mutor-2d-sparse": make("objective", name="mutor-2d", d_max=3, reg_weight=0.5, placement="sparse",
                                        num_registers=5),
-    "mutor-1d-dense": ObjectiveConfig(name="mutor-1d", d_min=1, d_max=4, reg_weight=0.5, placement="dense"),
+    "mutor-1d-dense": make("objective", name="mutor-1d", d_min=1, d_max=4, reg_weight=0.5, placement="dense"),
 }
 
 
@@ -54,7 +55,7 @@ def _steps(model, objective, n: int) -> tuple[list[float], list[int]]:
 def test_compiled_blocks_one_graph_no_breaks(case):
     cfg = CASES[case]
     eager = _model(cfg.name != "ntp")
-    eager_losses, tokens = _steps(eager, build_objective(cfg, eager), 4)
+    eager_losses, tokens = _steps(eager, cfg.build(eager), 4)
     if case.endswith("dense"):
         assert len({reg for _, reg in tokens}) > 1, "valid registers should vary (else the test proves nothing)"
         assert len({tok for tok, _ in tokens}) == 1, "dense R is fixed: every step has the same shapes"
@@ -63,7 +64,7 @@ def test_compiled_blocks_one_graph_no_breaks(case):
     model = _model(cfg.name != "ntp")
     for block in model.layers:                 # as engine.setup does with train.compile
         block.compile(backend="aot_eager")     # dynamo's counts do not depend on the backend
-    losses, _ = _steps(model, build_objective(cfg, model), 4)
+    losses, _ = _steps(model, cfg.build(model), 4)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert losses == pytest.approx(eager_losses, rel=1e-5)

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mutor2d import config as C
+from mutor2d.sampling.rules import check_sampling
 
 # A valid starting point per variant; the fuzzed field replaces its value.
 BASE = {("data", "codes"): {"path": "codes/"}}
@@ -15,7 +16,7 @@ BASE = {("data", "codes"): {"path": "codes/"}}
 
 def targets() -> list[tuple[str, str | None, str]]:
     """(section, variant name or None, field) for every field of every section and variant."""
-    out = [(s, None, f.name) for s, cls in C.SECTION_TYPES.items() for f in dataclasses.fields(cls)]
+    out = [(s, None, f.name) for s, cls in C.PLAIN.items() for f in dataclasses.fields(cls)]
     for section, variants in C.VARIANTS.items():
         out.append((section, None, "name"))
         for name, cls in variants.items():
@@ -64,12 +65,12 @@ def test_sampling_values_pass_or_name_the_field(field, value):
     kwargs = dict(cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0)
     kwargs[field] = value
     try:
-        C.check_sampling(**kwargs, where="sample")
+        check_sampling(**kwargs, where="sample")
     except C.ConfigError as e:
         assert str(e).startswith(f"sample.{field}: expected") and "\n" not in str(e)
 
 
-@pytest.mark.parametrize("section", list(C.SECTION_TYPES) + list(C.VARIANTS))
+@pytest.mark.parametrize("section", list(C.PLAIN) + list(C.VARIANTS))
 def test_non_mapping_sections_are_named(section):
     with pytest.raises(C.ConfigError, match=f"^{section}: expected a mapping"):
         C.from_dict({section: [1, 2]})

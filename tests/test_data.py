@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mutor2d.config import DataConfig
-from mutor2d.data import DATASETS, CodeDataset, build_dataset, build_tokenizer, collate
+from mutor2d import config
+from mutor2d.config import make
+from mutor2d.data import CodeDataset, build_dataset, build_tokenizer, collate
 from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, tokenizer_kind
 from mutor2d.tokenizer.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
                                      scan_image_folder)
@@ -71,7 +72,7 @@ def run_extract(folder, out, vq_path, **kw):
 # ----------------------------------------------------------------------------- digits
 
 def test_digits_pixel_default():
-    cfg = DataConfig()
+    cfg = make("data")
     ds = build_dataset(cfg, "train")
     test = build_dataset(cfg, "test")
     assert len(ds) + len(test) == 1797 and ds.grid == (8, 8) and ds.vocab_size == 17 and ds.num_classes == 10
@@ -101,12 +102,12 @@ def test_digits_validation_split_and_nested_fractions():
     assert (len(quarter), len(half)) == (306, 611)                  # ceil(f * 1222)
     assert set(quarter) < set(half) < set(full)
     assert not set(digits_indices("val", 1235, 0.15)) == set(val)   # another data_seed, another split
-    cfg = DataConfig(val_fraction=0.15, train_fraction=0.5)
+    cfg = make("data", val_fraction=0.15, train_fraction=0.5)
     train, valid = build_dataset(cfg, "train"), build_dataset(cfg, "val")
     assert (len(train), len(valid)) == (611, 216)
     assert len(np.unique(valid.labels.numpy())) == 10               # every digit is in the validation split
     with pytest.raises(ValueError, match=r"^split 'val': needs data.val_fraction > 0"):
-        build_dataset(DataConfig(), "val")
+        build_dataset(make("data"), "val")
 
 
 @pytest.mark.parametrize("key, value, needle", [
@@ -118,14 +119,14 @@ def test_digits_validation_split_and_nested_fractions():
 def test_digits_split_settings_are_checked(key, value, needle):
     from mutor2d.config import ConfigError
     with pytest.raises(ConfigError) as e:
-        DataConfig(**{key: value})
+        make("data", **{key: value})
     assert str(e.value).startswith(needle) and f"got {value!r}" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_digits_through_a_vq_tokenizer(vq_path):
-    cfg = DataConfig(tokenizer=str(vq_path))
+    cfg = make("data", tokenizer=str(vq_path))
     ds = build_dataset(cfg, "test")
-    assert torch.equal(build_dataset(DataConfig(tokenizer=f"vq:{vq_path}"), "test").codes, ds.codes)
+    assert torch.equal(build_dataset(make("data", tokenizer=f"vq:{vq_path}"), "test").codes, ds.codes)
     assert ds.grid == (4, 4) and ds.vocab_size == 32 and ds.num_classes == 10
     assert ds[0]["body"].shape == (16,) and 0 <= ds.codes.min() and ds.codes.max() < 32
     assert len(ds.codes.unique()) > 1
@@ -257,7 +258,7 @@ def test_extract_codes_script_errors(tmp_path, vq_path):
 def test_code_dataset(folder, vq_path, tmp_path):
     out = tmp_path / "codes"
     run_extract(folder, out, vq_path)
-    cfg = DataConfig(name="codes", path=str(out), tokenizer=str(vq_path))
+    cfg = make("data", name="codes", path=str(out), tokenizer=str(vq_path))
     ds = build_dataset(cfg, "train")
     assert len(ds) == 8 and ds.grid == (4, 4) and ds.vocab_size == 32 and ds.num_classes == 3
     item = ds[0]
@@ -280,14 +281,14 @@ def test_code_dataset(folder, vq_path, tmp_path):
     assert tok.decode(batch["body"].reshape(4, 4, 4)).shape == (4, 3, 8, 8)
     with pytest.raises(ValueError, match="data.test_path"):
         build_dataset(cfg, "test")
-    test = build_dataset(DataConfig(name="codes", path=str(out), test_path=str(out)), "test")
+    test = build_dataset(make("data", name="codes", path=str(out), test_path=str(out)), "test")
     with pytest.raises(ValueError, match="no validation split"):       # never the test folder in disguise
-        build_dataset(DataConfig(name="codes", path=str(out), test_path=str(out)), "val")
+        build_dataset(make("data", name="codes", path=str(out), test_path=str(out)), "val")
     assert torch.equal(test[0]["body"], torch.from_numpy(store.codes[0, 0].astype(np.int64)).reshape(-1))
     with pytest.raises(ValueError, match="not a codes folder"):
-        build_dataset(DataConfig(name="codes", path=str(tmp_path)), "train")
+        build_dataset(make("data", name="codes", path=str(tmp_path)), "train")
     with pytest.raises(ValueError, match="only works with data.name='digits'"):
-        build_tokenizer(DataConfig(name="codes", path=str(out)))
+        build_tokenizer(make("data", name="codes", path=str(out)))
     header = json.loads((out / "header.json").read_text())
     header["tokenizer_sha256"] = "0" * 64
     (out / "header.json").write_text(json.dumps(header))
@@ -301,12 +302,12 @@ def test_code_dataset(folder, vq_path, tmp_path):
 # ----------------------------------------------------------------------------- registries
 
 def test_registries_and_tokenizer_properties():
-    assert set(DATASETS) >= {"digits", "codes", "stargraph"} and set(TOKENIZERS) >= {"pixel", "vq"}
+    assert set(config.VARIANTS["data"]) >= {"digits", "codes", "stargraph"} and set(TOKENIZERS) >= {"pixel", "vq"}
     assert tokenizer_kind("pixel") == "pixel" and tokenizer_kind("runs/vq/step_1.pt") == "vq"
     assert parse_tokenizer("vq:runs/a.pt") == ("vq", "runs/a.pt") and parse_tokenizer("C:/a.pt") == ("vq", "C:/a.pt")
     with pytest.raises(ValueError, match="expected a VQ checkpoint path"):
-        build_tokenizer(DataConfig(tokenizer="vq"))
-    tok = build_tokenizer(DataConfig())
+        build_tokenizer(make("data", tokenizer="vq"))
+    tok = build_tokenizer(make("data"))
     assert (tok.vocab_size, tok.grid, tok.image_size) == (17, (8, 8), 8)
     assert tok.to("cpu") is tok and tok.device is None
     grey = torch.rand(3, 8, 8)
@@ -314,12 +315,12 @@ def test_registries_and_tokenizer_properties():
     # the digits' pixel codes are exactly the quantised grey levels (as before the registries)
     from mutor2d.data import digits_images
     images, labels = digits_images("train", 1234)
-    ds = build_dataset(DataConfig(), "train")
+    ds = build_dataset(make("data"), "train")
     assert torch.equal(ds.codes, (images.clamp(0, 1) * 16).round().long()) and torch.equal(ds.labels, labels)
     with pytest.raises(ValueError, match="stargraph' has no image tokenizer"):
-        build_tokenizer(DataConfig(name="stargraph"))
-    with pytest.raises(ValueError, match="no dataset builder"):
-        build_dataset(type("Cfg", (), {"name": "nope"})(), "train")
+        build_tokenizer(make("data", name="stargraph"))
+    with pytest.raises(config.ConfigError, match="data.name: expected one of"):
+        make("data", name="nope")
 
 
 # ----------------------------------------------------------------------------- bad data is named
@@ -335,7 +336,7 @@ def test_code_store_checks_ids_labels_and_shapes(folder, vq_path, tmp_path, monk
     with pytest.raises(CodesError, match=r"codes.npy'.*row 6 holds token id 32; expected an id below the codebook size 32"):
         open_store(out)
     with pytest.raises(ValueError, match="row 6 holds token id 32"):
-        build_dataset(DataConfig(name="codes", path=str(out)), "train")
+        build_dataset(make("data", name="codes", path=str(out)), "train")
     codes[6, 1, 2, 3] = 0
     codes.flush()
     labels = np.load(out / "labels.npy", mmap_mode="r+")
@@ -383,7 +384,7 @@ def test_payload_tokenizer_never_runs(folder, tmp_path):
     evil = tmp_path / "evil.pt"
     torch.save({"model": {"x": torch.zeros(1)}, "extra": Payload(marker)}, evil)
     with pytest.raises(ValueError, match=r"evil.pt' refused.*builtins.exec"):
-        build_dataset(DataConfig(tokenizer=str(evil)), "train")
+        build_dataset(make("data", tokenizer=str(evil)), "train")
     r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(folder), "--tokenizer",
                         str(evil), "--out", str(tmp_path / "o"), "--workers", "0", "--no-progress"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)

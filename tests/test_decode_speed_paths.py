@@ -5,7 +5,7 @@ cache per call, in a bounded number of graphs (no recompile per step or per cach
 import pytest
 import torch
 
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.sampling import compile_decoder, generate

@@ -14,7 +14,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Lla
 import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d import config as image_config  # noqa: E402
-from mutor2d.config import ConfigError, ObjectiveConfig  # noqa: E402
+from mutor2d.config import ConfigError, make  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
 from mutor2d.lm.data import (LengthGroupedBatches, char_tokenizer, collate, gsm8k_record,  # noqa: E402
                              load_records, tokenize)
@@ -23,8 +23,8 @@ from mutor2d.lm.packing import LMBatch, pack  # noqa: E402
 from mutor2d.registers import RegisterSpec  # noqa: E402
 
 VOCAB = 40
-DENSE = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4)
-SPARSE = RegisterSpec(objective="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=3)
+DENSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)
+SPARSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=3)
 
 
 def tiny_llama():
@@ -117,7 +117,7 @@ def test_targets_and_positions_at_answer_edges(side):
     # sample 0: P=3, N=4; sample 1: P=1, N=2; offset d = 2 only
     batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
                     torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
-    spec = RegisterSpec(objective="mutor-1d", d_min=2, d_max=2)
+    spec = RegisterSpec(kind="mutor-1d", d_min=2, d_max=2)
     p = pack(batch, spec, side, pad_id=0)
     T = 6
     lead1 = 4 if side == "left" else 0
@@ -142,7 +142,7 @@ def test_targets_and_positions_at_answer_edges(side):
 def test_lora_trains_only_adapters_and_register_embedding(checkpointing):
     model = hf.build(tiny_llama(), LMModelConfig(hf="x", lora_targets=["q_proj", "v_proj"],
                                                  gradient_checkpointing=checkpointing),
-                     ObjectiveConfig(name="mutor-1d"))
+                     make("objective", name="mutor-1d"))
     model.train()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert "register_embedding" in trainable
@@ -159,7 +159,7 @@ def test_save_load_round_trip(tmp_path, finetune):
     base.save_pretrained(tmp_path / "base")
     lm = hf.load_causal_lm(tmp_path / "base")
     model = hf.build(lm, LMModelConfig(hf="x", finetune=finetune, lora_targets=["q_proj", "v_proj"]),
-                     ObjectiveConfig(name="mutor-1d"))
+                     make("objective", name="mutor-1d"))
     with torch.no_grad():
         for n, q in model.named_parameters():
             if q.requires_grad:
@@ -255,7 +255,7 @@ def test_objective_errors_match_image_config(overrides):
 def test_yaml_configs_load_and_round_trip():
     for name in ("sft_gsm8k_mutor.yaml", "sft_gsm8k_ntp.yaml", "sft_stargraph_mutor.yaml"):
         cfg = load(name)
-        assert type(cfg.objective) is type(image_config.ObjectiveConfig(name=cfg.objective.name))
+        assert type(cfg.objective) is type(image_config.make("objective", name=cfg.objective.name))
         assert load(cfg) == cfg and load(cfg.to_dict()) == cfg
     cfg = load("sft_gsm8k_mutor.yaml", ["objective.name=ntp"])        # switching drops mutor-1d fields
     assert cfg.objective.name == "ntp" and cfg.optim.betas == (0.9, 0.999)

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d.attention import NEVER, Visibility
-from mutor2d.config import ModelConfig, ObjectiveConfig
+from mutor2d.config import make
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT, load_llamagen, model_shape
-from mutor2d.objectives import Batch, build_objective, uses_registers
+from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
 
 V, C = 24, 5
@@ -18,7 +19,7 @@ V, C = 24, 5
 
 def tiny(prefix="class", rope="2d", register=True, seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = ModelConfig(preset="tiny", vocab_size=V, num_classes=C, prefix=prefix, rope=rope,
+    cfg = ModelConfig(preset="tiny", vocab_size=V, num_classes=C, conditioning=prefix, rope=rope,
                       token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0, **kw)
     m = GPT(cfg, register_token=register).eval()
     with torch.no_grad():
@@ -255,18 +256,18 @@ def test_llamagen_mismatch_is_clear():
 # ---------------------------------------------------------------- overfitting
 
 @pytest.mark.parametrize("objective", [
-    ObjectiveConfig(name="ntp"),
-    ObjectiveConfig(name="mutor-2d", d_max=3, reg_weight=0.5),
-    ObjectiveConfig(name="mutor-2d", d_max=3, placement="sparse", num_registers=4),
-    ObjectiveConfig(name="mutor-1d", d_min=1, d_max=3),
-    ObjectiveConfig(name="multihead", d_max=2),
+    make("objective", name="ntp"),
+    make("objective", name="mutor-2d", d_max=3, reg_weight=0.5),
+    make("objective", name="mutor-2d", d_max=3, placement="sparse", num_registers=4),
+    make("objective", name="mutor-1d", d_min=1, d_max=3),
+    make("objective", name="multihead", d_max=2),
 ], ids=["ntp", "mutor2d", "mutor2d-sparse", "mutor1d", "multihead"])
 def test_tiny_model_overfits(objective):
     torch.manual_seed(0)
     cfg = ModelConfig(preset="tiny", vocab_size=8, num_classes=4, token_dropout=0, resid_dropout=0,
                       ffn_dropout=0, class_dropout=0)
-    model = GPT(cfg, register_token=uses_registers(objective))
-    loss_fn = build_objective(objective, model)
+    model = GPT(cfg, register_token=objective.uses_registers())
+    loss_fn = objective.build(model)
     batch = Batch(torch.randint(0, 8, (4, 16)), torch.arange(4), (4, 4))
     opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
@@ -274,9 +275,9 @@ def test_tiny_model_overfits(objective):
     for _ in range(300):
         out = loss_fn(model.train(), batch, gen)
         opt.zero_grad()
-        out["loss"].backward()
+        out.loss.backward()
         opt.step()
-        losses.append((out["loss"].item(), out["loss_ntp"].item()))
+        losses.append((out.loss.item(), out.logs["loss_ntp"].item()))
     assert losses[0][0] > 0.9 * math.log(8)
     # offsets (and sparse anchors) are redrawn every step: compare smoothed tails
     tail, tail_ntp = (sum(x[i] for x in losses[-30:]) / 30 for i in (0, 1))

@@ -5,7 +5,7 @@ import torch
 
 from mutor2d import config as C
 from mutor2d.model import GPT
-from mutor2d.objectives import Batch, build_objective
+from mutor2d.objectives import Batch
 from mutor2d.sampling import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,7 +22,7 @@ def tiny_model(objective: str, **obj):
                        "objective": {"name": objective, **obj}})
     model = GPT(cfg.model, register_token=objective != "ntp")
     torch.nn.init.normal_(model.output.weight, 0, 0.2)       # not the zero init: logits must vary
-    return model, build_objective(cfg.objective, model)
+    return model, cfg.objective.build(model)
 
 
 def batch(B=4):

@@ -216,7 +216,7 @@ def test_regular_position_ids_line_and_grid():
 
 
 @pytest.mark.parametrize("spec,grid,msg", [
-    (RegisterSpec("mutor-2d"), (1, 16), "needs a 2D grid"),
+    (RegisterSpec("mutor-2d"), (1, 16), "need a 2D grid"),
     (RegisterSpec("mutor-2d", placement="sparse", num_registers=300), (16, 16), "num_registers=300"),
     (RegisterSpec("mutor-2d", d_max=9), (4, 4), "d_max=9 exceeds the grid 4x4"),
     (RegisterSpec("mutor-1d", d_min=7, d_max=8), (4, 4), "d_min=7"),
@@ -240,18 +240,29 @@ def test_mask_picture_command(tmp_path):
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
     r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "1x8", "--dmax2d", "3",
                         "--objective", "mutor-2d", "--out", str(out)], capture_output=True, text=True)
-    assert r.returncode != 0 and "needs a 2D grid" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode != 0 and "need a 2D grid" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_spec_from_tagged_config():
-    spec = RegisterSpec.from_config(C.ObjectiveConfig(name="mutor-2d", d_max=3, placement="sparse",
-                                                      num_registers=5, edge="raster"))
+    spec = C.make("objective", name="mutor-2d", d_max=3, placement="sparse", num_registers=5,
+                  edge="raster").register_spec()
     assert spec == RegisterSpec("mutor-2d", 1, 3, "sparse", 5, False, "raster")
-    spec = RegisterSpec.from_config(C.ObjectiveConfig(name="mutor-1d", d_min=2, d_max=3))
-    assert (spec.objective, spec.d_min, spec.d_max) == ("mutor-1d", 2, 3)
-    assert not RegisterSpec.from_config(C.ObjectiveConfig(name="ntp")).uses_registers
-    with pytest.raises(LayoutError, match="objective.name=multihead places no registers"):
-        RegisterSpec.from_config(C.ObjectiveConfig(name="multihead"))
+    spec = C.make("objective", name="mutor-1d", d_min=2, d_max=3).register_spec()
+    assert (spec.kind, spec.d_min, spec.d_max) == ("mutor-1d", 2, 3)
+    assert not C.make("objective", name="ntp").register_spec().uses_registers
+    heads = C.make("objective", name="multihead", layout="1d", d_min=1, d_max=3).register_spec()
+    assert heads == RegisterSpec("mutor-1d", 2, 3) and not C.make("objective", name="multihead").uses_registers()
+
+
+@pytest.mark.parametrize("spec,drafts", [
+    (RegisterSpec("mutor-2d", d_max=4), [(0, 2), (0, 3)]),          # D = 4: two useful drafts per row
+    (RegisterSpec("mutor-2d", d_max=2), []),
+    (RegisterSpec("mutor-1d", d_min=1, d_max=4), [(0, 2), (0, 3), (0, 4)]),
+    (RegisterSpec("mutor-1d", d_min=3, d_max=5), []),               # no (0, 2): no contiguous drafts
+    (RegisterSpec("ntp"), []),
+])
+def test_draft_offsets_are_the_contiguous_same_row_offsets(spec, drafts):
+    assert spec.draft_offsets() == drafts
 
 
 def test_candidate_offsets_2d_excludes_origin_and_1d_is_inclusive():
@@ -314,7 +325,7 @@ def test_layout_builds_on_the_device_without_host_work(spec):
     """Asked for another device (meta here, a GPU in training), every op of the layout runs there: no
     tensor is made on the host and copied per batch, and nothing is read back (meta tensors have no
     values, so an ``int(t)`` would raise). Per-spec constants are made once (warmed first)."""
-    grid = (1, 9) if spec.objective == "mutor-1d" else (4, 4)
+    grid = (1, 9) if spec.kind == "mutor-1d" else (4, 4)
     make_layout(3, grid, 1, spec, device="meta")                 # warm the per-spec caches
     with _DeviceLog() as log:
         lay = make_layout(3, grid, 1, spec, device="meta")

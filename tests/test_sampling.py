@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mutor2d import checkpoint, config
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.tokenizer import PixelTokenizer
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
@@ -28,7 +28,7 @@ V, C = 17, 10
 
 def tiny(prefix="class", rope="2d", register=False, seed=0, dropout=0.0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(preset="tiny", vocab_size=V, num_classes=C, prefix=prefix, rope=rope,
+    cfg = ModelConfig(preset="tiny", vocab_size=V, num_classes=C, conditioning=prefix, rope=rope,
                       token_dropout=dropout, resid_dropout=dropout, ffn_dropout=dropout, class_dropout=dropout)
     m = GPT(cfg, register_token=register).eval()
     with torch.no_grad():

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.sampling import Rules, generate, speculative
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 def tiny(V, C=2, prefix="class", rope="2d", register=True, std=0.6, seed=0, small=False):
     torch.manual_seed(seed)
     size = dict(preset="custom", n_layer=1, n_head=2, dim=16) if small else dict(preset="tiny")
-    cfg = ModelConfig(vocab_size=V, num_classes=C, prefix=prefix, rope=rope, **size,
+    cfg = ModelConfig(vocab_size=V, num_classes=C, conditioning=prefix, rope=rope, **size,
                       token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0)
     m = GPT(cfg, register_token=register).eval()
     with torch.no_grad():

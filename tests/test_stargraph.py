@@ -4,8 +4,8 @@ import torch
 
 from mutor2d import stargraph
 from mutor2d import config as config_lib
-from mutor2d.config import ConfigError, DataConfig
-from mutor2d.stargraph import (ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, build_stargraph,
+from mutor2d.config import ConfigError, make
+from mutor2d.stargraph import (ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape,
                                make_graphs, shortcut_answer)
 
 
@@ -35,11 +35,11 @@ def test_graphs_drawn_in_chunks_equal_one_draw(monkeypatch):
 
 
 def test_split_disjoint_and_seeded():
-    cfg = DataConfig(name="stargraph", degree=2, path_len=5, num_nodes=12, num_train=300, num_test=100)
-    train, test = build_stargraph(cfg, "train"), build_stargraph(cfg, "test")
+    cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=12, num_train=300, num_test=100)
+    train, test = cfg.build("train"), cfg.build("test")
     seen = {tuple(p.tolist()) for p in train.prompts}
     assert not any(tuple(p.tolist()) in seen for p in test.prompts)
-    assert torch.equal(build_stargraph(cfg, "train").prompts, train.prompts)
+    assert torch.equal(cfg.build("train").prompts, train.prompts)
     assert train.grid == (1, 5) and train.vocab_size == 12 + NUM_SPECIAL
     item = train[0]
     assert item["body"].shape == (5,) and item["prefix"].shape == (3 * 8 + 4,)
@@ -68,7 +68,7 @@ from pathlib import Path
 
 from mutor2d import sampling
 from mutor2d.evaluation import records
-from mutor2d.config import ModelConfig
+from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.stargraph import StarGraphs, solve_rates, teacher_forced_accuracy
@@ -82,9 +82,9 @@ def test_reverse_answer_is_the_flipped_path():
     assert torch.equal(rev.prompts, fwd.prompts) and torch.equal(rev.answers, fwd.answers.flip(1))
     assert fwd.first_step_index == 1 and rev.first_step_index == 3
     assert torch.equal(rev.answers[:, rev.first_step_index], fwd.answers[:, 1])
-    cfg = DataConfig(name="stargraph", degree=2, path_len=5, num_nodes=20, num_train=50, num_test=20,
+    cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=20, num_train=50, num_test=20,
                      reverse_answer=True)
-    test = build_stargraph(cfg, "test")
+    test = cfg.build("test")
     assert (test.answers[:, 0] == test.prompts[:, -2]).all()           # starts at the goal
 
 
@@ -116,7 +116,7 @@ def test_solve_rates_scores_exact_paths_and_first_step(monkeypatch):
 
 def _tiny_model(register_token: bool, vocab: int) -> GPT:
     torch.manual_seed(0)
-    cfg = ModelConfig(preset="custom", n_layer=2, n_head=2, dim=32, vocab_size=vocab, prefix="prompt",
+    cfg = ModelConfig(preset="custom", n_layer=2, n_head=2, dim=32, vocab_size=vocab, conditioning="prompt",
                       rope="1d", token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0,
                       attention="sdpa")
     model = GPT(cfg, register_token=register_token).eval()

@@ -91,7 +91,7 @@ def test_weight_decay_groups_follow_llamagen():
     from mutor2d.objectives import build_objective
     cfg = tiny("model.vocab_size=5", "model.num_classes=10")
     model = GPT(cfg.model, register_token=True)
-    groups = param_groups(TrainModule(model, build_objective(cfg.objective, model)), 0.05)
+    groups = param_groups(TrainModule(model, cfg.objective.build(model)), 0.05)
     decay, no_decay = ({id(p) for p in g["params"]} for g in groups)
     assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
     assert id(model.tok_embeddings.weight) in decay and id(model.layers[0].attention.wqkv.weight) in decay
@@ -306,7 +306,7 @@ def test_online_eval_is_logged_and_leaves_training_unchanged(tmp_path, monkeypat
     assert [(r["step"], r["eval_fid"], r["eval_accuracy"]) for r in evals] == [(1, 1.5, 0.9), (2, 1.5, 0.9)]
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     with pytest.raises(ConfigError, match="train.eval_every: the online evaluation needs data.name=digits"):
-        tiny("train.eval_every=2", "model.prefix=prompt")           # refused at load, before any training
+        tiny("train.eval_every=2", "model.conditioning=prompt")           # refused at load, before any training
 
 
 def test_shipped_configs_hold_the_paper_recipe():

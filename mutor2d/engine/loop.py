@@ -15,15 +15,56 @@ from __future__ import annotations
 import math
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig, at_least, check_seed, fail, register_section
 from .hooks import Logger, OnlineEval, SampleGrids, Tick, checkpoint_hook
 from .setup import Run, build_run
 
 PREEMPTED_EXIT = 75
+
+
+@register_section("train")
+@dataclass
+class TrainConfig:
+    """The loop's settings: batch and steps, precision, cadence of logs, checkpoints, samples and
+    online evaluation, EMA, compilation, tracker, where the run goes and what it starts from."""
+    batch_size: int = 64             # global batch (split over processes)
+    max_steps: int = 1000
+    grad_accum: int = 1
+    seed: int = 0
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    log_every: int = 10
+    ckpt_every: int = 500
+    keep_ckpts: int = 2
+    sample_every: int = 0            # 0 = only at the end
+    eval_every: int = 0              # online embedded-metric evaluation (digits); 0 = off
+    eval_per_class: int = 20         # samples per class for the online evaluation
+    ema: bool = False
+    ema_decay: float = 0.9999
+    compile: bool = False
+    tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
+    out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
+    init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
+                                     # run folder, or a LlamaGen GPT checkpoint); "" = random init
+    max_nonfinite: int = 20          # updates in a row with a non-finite loss/gradient (skipped) before
+                                     # the run stops with an error
+
+    def check(self) -> None:
+        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class"):
+            at_least(f"train.{k}", getattr(self, k), 1)
+        for k in ("max_steps", "ckpt_every", "keep_ckpts", "sample_every", "eval_every", "max_nonfinite"):
+            at_least(f"train.{k}", getattr(self, k), 0)
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"train.grad_accum: {self.grad_accum} does not divide "
+                              f"train.batch_size={self.batch_size}")
+        check_seed("train.seed", self.seed)
+        if not 0 < self.ema_decay < 1:
+            fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
 
 
 class Preempted(Exception):

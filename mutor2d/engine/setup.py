@@ -6,11 +6,7 @@ Rules:
     data's grid before anything trains.
   * The model is initialised from ``train.seed`` (same on every process), then each process seeds its
     own RNG streams (mutor2d.engine.rng).
-  * Weight decay follows LlamaGen: tensors with 2 or more dims decay; 1-D tensors (norm weights, the
-    register embedding) do not.
-  * The learning rate is a pure function of the update count and the config (timm scheduler driven
-    per update; warmup lr*n/W, then constant or cosine to ``min_lr`` at ``max_steps``): a resumed run
-    rebuilds it, so a changed step budget is honoured.
+  * The optimizer and its schedule: mutor2d.engine.optim.
 """
 from __future__ import annotations
 
@@ -27,9 +23,10 @@ from ..config import ConfigError, RunConfig
 from ..data import build_dataset, collate
 from ..io import warn
 from ..model import GPT
-from ..objectives import Batch, build_objective, uses_registers
+from ..objectives import Batch
 from .checkpointer import find_resume, remove_stale_temps
 from .data_order import StepBatches
+from .optim import build_scheduler, load_optimizer_state
 from .rng import rank_seed, seed_process, set_rng_state
 
 
@@ -77,7 +74,7 @@ class Run:
 
 def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
     """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""
-    m, defaults = cfg.model, config_lib.ModelConfig()
+    m, defaults = cfg.model, config_lib.make("model")
     updates = {}
     fields = [("vocab_size", int(dataset.vocab_size))]
     if m.kind().per_class:                                    # num_classes only matters for class labels
@@ -90,8 +87,7 @@ def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
                                   f"leave it out of the config, it is taken from the dataset")
             updates[name] = have
     cfg = replace(cfg, model=replace(m, **updates))
-    config_lib.check_against_grid(cfg, tuple(dataset.grid), int(dataset[0]["prefix"].numel()),
-                                  int(dataset.num_classes))
+    cfg.check_data(tuple(dataset.grid), int(dataset[0]["prefix"].numel()), int(dataset.num_classes))
     return cfg
 
 
@@ -107,34 +103,6 @@ def check_resume_config(cfg: RunConfig, saved: dict) -> None:
             if a.get(key) != b.get(key):
                 raise ConfigError(f"{section}.{key}={b.get(key)!r} differs from the checkpoint's {a.get(key)!r}; "
                                   f"a resumed run keeps its model, objective and data")
-
-
-def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """LlamaGen's rule: decay tensors with dim >= 2, not 1-D ones (norms, register embedding)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
-def build_scheduler(optimizer, optim_cfg, max_steps: int):
-    """timm scheduler driven per update (``step_update(n)`` before update n-1)."""
-    from timm.scheduler import CosineLRScheduler, StepLRScheduler
-    warm = optim_cfg.warmup_steps
-    if optim_cfg.schedule == "cosine":
-        return CosineLRScheduler(optimizer, t_initial=max(1, max_steps - warm), lr_min=optim_cfg.min_lr,
-                                 warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
-    return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, warmup_t=warm,
-                           warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
-
-
-def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
-    """A checkpoint's optimizer state (keyed by parameter names) into the prepared optimizer, sharded as
-    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    if all(isinstance(k, int) for k in state["state"]):
-        optimizer.load_state_dict(state)
-        return
-    set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def make_accelerator(cfg: RunConfig, run_dir: Path):
@@ -175,8 +143,8 @@ FSDP_REFUSED = ("accelerate launch --use_fsdp: FSDP is not supported (sharded pa
 def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
     """The GPT and its objective, initialised from train.seed, then from the checkpoint or init_from."""
     torch.manual_seed(cfg.train.seed)
-    model = GPT(cfg.model, register_token=uses_registers(cfg.objective))
-    objective = build_objective(cfg.objective, model)
+    model = cfg.model.build(register_token=cfg.objective.uses_registers())
+    objective = cfg.objective.build(model)
     if saved is not None:
         model.load_state_dict(saved["model"], strict=True)
         objective.load_state_dict(saved["objective"], strict=True)
@@ -262,11 +230,9 @@ def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) ->
     start = int(saved["step"]) if saved is not None else 0
     model, objective = build_networks(cfg, saved)
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
-    o = cfg.optim
     module = TrainModule(model, objective)
-    optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
-                                  fused=acc.device.type in ("cuda", "cpu"))   # one kernel: ~5x faster on CPU
-    scheduler = build_scheduler(optimizer, o, cfg.train.max_steps)
+    optimizer = cfg.optim.build(module, acc.device.type)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     module, optimizer = acc.prepare(module, optimizer)
     if saved is not None:
         load_optimizer_state(module, optimizer, saved["optimizer"])

@@ -21,8 +21,10 @@ from typing import Any, Literal
 
 import yaml
 
-from ..config import (ConfigError, ObjectiveVariant, OptimConfig, at_least, build_tagged, fail,
-                      check_seed, apply_overrides, build_section, read_yaml, resolve_path)
+from ..config import (ConfigError, apply_overrides, at_least, build_section, build_tagged, check_seed, fail,
+                      read_mapping)
+from ..engine.optim import OptimConfig
+from ..objectives import ObjectiveConfig
 
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
 OBJECTIVES = ("ntp", "mutor-1d")              # objective variants that work on a 1D answer line
@@ -107,7 +109,7 @@ class LMRunConfig:
     task: Literal["lm"] = TASK
     model: LMModelConfig = field(default_factory=LMModelConfig)
     data: LMDataConfig = field(default_factory=LMDataConfig)
-    objective: ObjectiveVariant = field(default_factory=lambda: _objective({}))
+    objective: ObjectiveConfig = field(default_factory=lambda: _objective({}))
     optim: LMOptimConfig = field(default_factory=LMOptimConfig)
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
 
@@ -128,7 +130,7 @@ SECTION_TYPES = {"model": LMModelConfig, "data": LMDataConfig, "optim": LMOptimC
                  "train": LMTrainConfig}
 
 
-def _objective(data: Any) -> ObjectiveVariant:
+def _objective(data: Any) -> ObjectiveConfig:
     """The shared objective variant of ``data`` (default mutor-1d); only the 1D ones are allowed."""
     if isinstance(data, dict):
         data = {"name": DEFAULT_OBJECTIVE, **data}
@@ -156,18 +158,10 @@ def from_dict(data: Any) -> LMRunConfig:
     return LMRunConfig(**kwargs).check()
 
 
-def _read(name: str | os.PathLike) -> dict:
-    path = resolve_path(name)
-    data = read_yaml(path) or {}
-    if not isinstance(data, dict):
-        fail(str(path), "a mapping of sections", data)
-    return data
-
-
 def is_lm_config(name: str | os.PathLike) -> bool:
     """True when the YAML ``name`` has top-level ``task: lm`` (train.py dispatch)."""
     try:
-        return _read(name).get("task") == TASK
+        return read_mapping(name).get("task") == TASK
     except ConfigError:
         return False
 
@@ -180,8 +174,8 @@ def load(cfg: str | os.PathLike | dict | LMRunConfig, overrides: list[str] | Non
     elif isinstance(cfg, dict):
         data = copy.deepcopy(cfg)
     else:
-        data = _read(cfg)
-    return from_dict(apply_overrides(data, overrides or []))
+        data = read_mapping(cfg)
+    return from_dict(apply_overrides(data, overrides or [], sections=("task", *SECTIONS)))
 
 
 def dump(cfg: LMRunConfig) -> str:

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..registers import RegisterSpec
 from .model import MutorLM
 
 REGISTER_FILE = "register_embedding.safetensors"
@@ -65,7 +64,7 @@ def build(lm, model_cfg, objective_cfg) -> MutorLM:
     """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding for
     mutor-1d, optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register
     embedding require grad."""
-    registers = RegisterSpec.from_config(objective_cfg).uses_registers
+    registers = objective_cfg.uses_registers()
     if model_cfg.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_cfg.finetune == "lora":

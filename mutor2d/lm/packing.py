@@ -78,14 +78,14 @@ def line_width(spec: RegisterSpec, longest: int) -> int:
     registers.num_anchors). Columns past an answer's length are padding, masked by ``lengths``."""
     width = max(longest, spec.d_min if spec.uses_registers else 0)
     if spec.uses_registers and spec.placement == "sparse":
-        width += max(0, spec.num_registers - num_anchors(spec.objective, (1, width)))
+        width += max(0, spec.num_registers - num_anchors(spec.kind, (1, width)))
     return width
 
 
 def pack(batch: LMBatch, spec: RegisterSpec, padding_side: str = "right", pad_id: int = 0,
          generator: torch.Generator | None = None) -> Packed:
     """Build the physical sequence of ``batch`` (CPU tensors) under ``spec`` (for a run config:
-    ``RegisterSpec.from_config(cfg.objective)``)."""
+    ``cfg.objective.register_spec()``)."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
     P, N = batch.prompt_len.long(), batch.answer_len.long()

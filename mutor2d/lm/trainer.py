@@ -2,7 +2,7 @@
 
 One process or many (``accelerate launch train.py --config sft_gsm8k_mutor.yaml``). Each step packs
 a padded batch (mutor2d.lm.packing), runs MutorLM, and steps AdamW; the learning rate follows the
-image trainer's schedule (mutor2d.engine.setup.build_scheduler: linear warmup, then constant or cosine).
+image trainer's schedule (mutor2d.engine.optim.build_scheduler: linear warmup, then constant or cosine).
 The run folder gets config.yaml, log.jsonl (one line per ``log_every`` steps: step, loss,
 loss_ntp[, loss_reg], lr, slots_per_s: regular + register
 slots processed per second, padding included) and the saved model (mutor2d.lm.hf.save) at
@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from ..engine.setup import build_scheduler
-from ..registers import RegisterSpec
+from ..engine.optim import build_scheduler
 from . import config as config_lib
 from .data import LengthGroupedBatches, collate, load_records, tokenize
 from .hf import build, load_causal_lm, load_tokenizer, save
@@ -67,7 +66,7 @@ def train(cfg, out_dir: str | Path, overrides: list[str] | None = None) -> Path:
     sched = build_scheduler(opt, cfg.optim, t.max_steps)  # driven per update: step_update(n)
     model, opt = acc.prepare(model, opt)
     loader = acc.prepare_data_loader(loader, device_placement=False)
-    spec = RegisterSpec.from_config(cfg.objective)
+    spec = cfg.objective.register_spec()
     gen = torch.Generator().manual_seed(t.seed * 1000 + acc.process_index)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,44 +1,14 @@
-"""Training objectives, one module each, picked by ``objective.name`` through ``OBJECTIVES``.
+"""Training objectives, one module each; ``objective.name`` picks a config variant that builds its loss.
 
-An objective is an nn.Module built as ``cls(cfg.objective, model)``, with
-``forward(model, batch, generator) -> ObjectiveResult``, ``blocks()`` (transformer blocks it owns)
-and a static ``uses_registers(cfg) -> bool`` (whether the GPT needs its register embedding).
-Adding one: a module here, a config variant (``config.register_variant``) and a line below.
+An objective config (``ObjectiveConfig`` subclass, registered with ``@register_variant("objective",
+NAME)`` beside its module) builds an nn.Module with ``forward(model, batch, generator) ->
+ObjectiveResult`` and ``blocks()`` (transformer blocks it owns), and says which register rules it
+follows (``register_spec()``) and whether the GPT needs its register embedding (``uses_registers()``).
+Adding one: a module here with its config and loss, and its import below.
 """
-from __future__ import annotations
+from .base import Batch, ObjectiveConfig, ObjectiveResult, masked_ce
+from .multihead import MultiHead, MultiHeadConfig
+from .register_objective import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterObjective
 
-import torch.nn as nn
-
-from ..config import ConfigError
-from .base import Batch, Objective, ObjectiveResult, masked_ce
-from .multihead import MultiHead
-from .register_objective import RegisterObjective
-
-OBJECTIVES: dict[str, type] = {
-    "ntp": RegisterObjective,
-    "mutor-1d": RegisterObjective,
-    "mutor-2d": RegisterObjective,
-    "multihead": MultiHead,
-}
-
-MuToR = RegisterObjective   # old name, kept for callers not yet renamed
-
-__all__ = ["OBJECTIVES", "Batch", "MultiHead", "Objective", "ObjectiveResult", "RegisterObjective",
-           "build_objective", "masked_ce", "objective_class", "uses_registers"]
-
-
-def objective_class(cfg) -> type:
-    if cfg.name not in OBJECTIVES:
-        raise ConfigError(f"objective.name={cfg.name!r}: no objective module (known: {', '.join(OBJECTIVES)})")
-    return OBJECTIVES[cfg.name]
-
-
-def build_objective(cfg, model: nn.Module) -> nn.Module:
-    """The loss module for ``cfg`` (an objective config); it may hold parameters (multihead) that
-    train with the model."""
-    return objective_class(cfg)(cfg, model)
-
-
-def uses_registers(cfg) -> bool:
-    """Whether the GPT needs its register embedding for this objective."""
-    return objective_class(cfg).uses_registers(cfg)
+__all__ = ["Batch", "MultiHead", "MultiHeadConfig", "MuToR1DConfig", "MuToR2DConfig", "NTPConfig",
+           "ObjectiveConfig", "ObjectiveResult", "RegisterObjective", "masked_ce"]

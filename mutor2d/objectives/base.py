@@ -1,13 +1,15 @@
-"""What every objective shares: the batch it reads, the result it returns, the masked loss."""
+"""What every objective shares: the batch it reads, the result it returns, its config base, the masked loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..config import ConfigError, Variant, at_least, fraction
+from ..registers import LayoutError, RegisterSpec
 
 
 @dataclass
@@ -34,29 +36,46 @@ class ObjectiveResult:
     counts: dict[str, Tensor]
     tokens: Tensor
 
-    def as_dict(self) -> dict[str, Tensor]:
-        """The flat view older callers read: "loss", the log names, and "n_<term>" per count."""
-        return {"loss": self.loss, **self.logs, **{f"n_{k}": v for k, v in self.counts.items()}}
 
-    def __getitem__(self, key: str) -> Tensor:
-        return self.as_dict()[key]
+class ObjectiveConfig(Variant):
+    """An ``objective`` variant: its fields and rules, and the loss module it builds. Adding one: a
+    subclass with ``@register_variant("objective", NAME)`` beside its module.
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.as_dict()
+    Loss = (1 - reg_weight) * CE_ntp + reg_weight * CE_aux, each a mean over its own valid targets."""
 
-    def get(self, key: str, default=None):
-        return self.as_dict().get(key, default)
+    def build(self, model: nn.Module) -> nn.Module:
+        """The loss module: ``forward(model, Batch, generator) -> ObjectiveResult`` and ``blocks()``
+        (transformer blocks it owns, compiled like the model's); it may hold parameters."""
+        raise NotImplementedError
+
+    def register_spec(self) -> RegisterSpec:
+        """The register rules of this objective (offsets, anchors, grid fit, draft length)."""
+        return RegisterSpec("ntp")
+
+    def uses_registers(self) -> bool:
+        """Whether the GPT needs its register embedding."""
+        return False
+
+    def check_grid(self, grid: tuple[int, int], prefix_len: int) -> None:
+        try:
+            self.register_spec().check(grid, prefix_len)
+        except LayoutError as e:
+            raise ConfigError(str(e)) from None
 
 
-class Objective(Protocol):
-    """An nn.Module computing the training loss of ``model`` on a batch."""
+def check_register_fields(o) -> None:
+    """Rules shared by the objectives with registers or extra heads."""
+    fraction("objective.reg_weight", o.reg_weight)
+    if getattr(o, "placement", "dense") == "sparse":
+        at_least("objective.num_registers", o.num_registers, 1)
 
-    def forward(self, model: nn.Module, batch: Batch, generator: torch.Generator | None = None
-                ) -> ObjectiveResult: ...
 
-    def blocks(self) -> list[nn.Module]:
-        """Transformer blocks this objective owns (compiled like the model's); usually []."""
-        ...
+def check_offsets(o, kind: str) -> None:
+    """d_min/d_max rules of 1D offsets (1 <= d_min <= d_max) or 2D ones (D = d_max >= 2)."""
+    if kind == "mutor-1d" and not 1 <= o.d_min <= o.d_max:
+        raise ConfigError(f"objective.d_min/d_max: need 1 <= d_min <= d_max, got {o.d_min}..{o.d_max}")
+    if kind == "mutor-2d" and o.d_max < 2:
+        raise ConfigError(f"objective.d_max: need D >= 2 for 2D offsets (D=1 has none), got {o.d_max}")
 
 
 def masked_ce(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:

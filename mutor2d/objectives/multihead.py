@@ -8,32 +8,68 @@ Loss = (1 - a) * CE_ntp + a * mean_k CE_head_k with a = ``reg_weight``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn as nn
 
+from ..config import ConfigError, register_variant
 from ..model import TransformerBlock
-from ..registers import RegisterSpec, candidate_offsets, first_anchor, make_layout, offset_targets, \
-    regular_position_ids
-from .base import Batch, ObjectiveResult, masked_ce
+from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
+from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce
+
+
+@register_variant("objective", "multihead")
+@dataclass
+class MultiHeadConfig(ObjectiveConfig):
+    """Multi-token prediction with extra heads (one transformer layer each) instead of registers.
+    layout "2d": one head per offset of mutor-2d with D = d_max; "1d": one per d = max(d_min, 2)..d_max
+    (d = 1 is the main head). ``num_heads``: keep the first heads only (0 = all)."""
+    reg_weight: float = 0.5
+    layout: Literal["1d", "2d"] = "2d"
+    d_min: int = 1
+    d_max: int = 4
+    num_heads: int = 0
+    edge: Literal["geometric", "raster"] = "geometric"
+
+    def register_spec(self) -> RegisterSpec:
+        """The heads' offsets follow the register rules of the same layout (dense, d >= 2 in 1D)."""
+        kind = "mutor-2d" if self.layout == "2d" else "mutor-1d"
+        return RegisterSpec(kind, max(self.d_min, 2), self.d_max, edge=self.edge)
+
+    def check(self) -> None:
+        check_register_fields(self)
+        check_offsets(self, self.register_spec().kind)
+        if self.layout == "1d" and self.d_max < 2:
+            raise ConfigError(f"objective.d_max: the 1d heads predict d = 2..d_max, got {self.d_max}")
+        count = len(self.register_spec().offsets())
+        if not 0 <= self.num_heads <= count:
+            raise ConfigError(f"objective.num_heads: expected 0 (all) .. {count} "
+                              f"(the offsets of objective.d_max={self.d_max}), got {self.num_heads}")
+
+    def build(self, model: nn.Module) -> "MultiHead":
+        return MultiHead(self, model)
+
+    @classmethod
+    def from_legacy(cls, flat: dict) -> dict:
+        """Old configs named the layout ``multihead_layout`` and held the 2D D as ``d_max_2d``."""
+        layout = flat["multihead_layout"]
+        d_max = flat["d_max_2d"] if layout == "2d" else flat["d_max"]
+        return {**super().from_legacy(flat), "layout": layout, "d_max": d_max}
 
 
 class MultiHead(nn.Module):
-    def __init__(self, cfg, model: nn.Module):
+    def __init__(self, cfg: MultiHeadConfig, model: nn.Module):
         super().__init__()
-        kind = "mutor-2d" if cfg.layout == "2d" else "mutor-1d"
-        offsets = candidate_offsets(kind, max(cfg.d_min, 2), cfg.d_max)
-        if cfg.num_heads:
-            offsets = offsets[: cfg.num_heads]
-        self.kind, self.edge, self.reg_weight = kind, cfg.edge, cfg.reg_weight
+        spec = cfg.register_spec()
+        offsets = spec.offsets()[: cfg.num_heads or None]
+        self.kind, self.edge, self.reg_weight = spec.kind, spec.edge, cfg.reg_weight
         self.register_buffer("offsets", offsets, persistent=False)
         self.heads = nn.ModuleList(TransformerBlock(model.cfg, model.shape) for _ in range(len(offsets)))
         for m in self.heads.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0.0, model.cfg.init_std)
-
-    @staticmethod
-    def uses_registers(cfg) -> bool:
-        return False
 
     def blocks(self) -> list[nn.Module]:
         return list(self.heads)

@@ -7,24 +7,81 @@ tokens appended after the regular block; regular tokens never see them (see muto
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn as nn
 
+from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import Batch, ObjectiveResult, masked_ce
+from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce
+
+
+@register_variant("objective", "ntp")
+@dataclass
+class NTPConfig(ObjectiveConfig):
+    """Plain next-token prediction: no other field."""
+
+    def build(self, model: nn.Module) -> "RegisterObjective":
+        return RegisterObjective(self.register_spec(), 0.0)
+
+
+@dataclass
+class RegisterConfig(ObjectiveConfig):
+    """Fields of the register objectives. ``placement``: dense (one register per anchor with a valid
+    target) or sparse (``num_registers`` random anchors per sequence). One offset per sequence
+    unless ``per_register_offsets``. ``edge``: targets past the right edge are invalid (geometric)
+    or wrap to the next row (raster)."""
+    reg_weight: float = 0.5
+    placement: Literal["dense", "sparse"] = "dense"
+    num_registers: int = 80
+    per_register_offsets: bool = False
+    edge: Literal["geometric", "raster"] = "geometric"
+
+    def check(self) -> None:
+        check_register_fields(self)
+        check_offsets(self, self.name)
+
+    def register_spec(self) -> RegisterSpec:
+        return RegisterSpec(self.name, getattr(self, "d_min", 1), self.d_max, self.placement,
+                            self.num_registers, self.per_register_offsets, self.edge)
+
+    def uses_registers(self) -> bool:
+        return True
+
+    def build(self, model: nn.Module) -> "RegisterObjective":
+        return RegisterObjective(self.register_spec(), self.reg_weight)
+
+
+@register_variant("objective", "mutor-1d")
+@dataclass
+class MuToR1DConfig(RegisterConfig):
+    """Registers predicting the token d = d_min..d_max (inclusive) ahead on the raster line:
+    offsets (0, d); d_max is the farthest token ahead."""
+    d_min: int = 1
+    d_max: int = 4
+
+
+@register_variant("objective", "mutor-2d")
+@dataclass
+class MuToR2DConfig(RegisterConfig):
+    """Registers predicting a token at a 2D offset (dr, dc) in {0..D-1}^2 minus (0, 0), D = d_max,
+    the side of the offset square (the paper's (d_h, d_w) in {1..D}^2 minus (1, 1))."""
+    d_max: int = 4
+
+    @classmethod
+    def from_legacy(cls, flat: dict) -> dict:
+        """Old configs held D as ``d_max_2d`` beside the 1D ``d_min``/``d_max``."""
+        return {**super().from_legacy(flat), "d_max": flat["d_max_2d"]}
 
 
 class RegisterObjective(nn.Module):
-    """NTP (objective.name='ntp') or MuToR with registers (mutor-1d, mutor-2d)."""
+    """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d)."""
 
-    def __init__(self, cfg, model: nn.Module | None = None):
+    def __init__(self, spec: RegisterSpec, reg_weight: float):
         super().__init__()
-        self.spec = RegisterSpec.from_config(cfg)
-        self.reg_weight = cfg.reg_weight if self.spec.uses_registers else 0.0
-
-    @staticmethod
-    def uses_registers(cfg) -> bool:
-        return RegisterSpec.from_config(cfg).uses_registers
+        self.spec, self.reg_weight = spec, reg_weight
 
     def blocks(self) -> list[nn.Module]:
         return []

@@ -68,7 +68,7 @@ def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float =
     model.conditioning.check(model.cfg, prefix)
     if cfg_scale != 1.0 and not model.conditioning.guidable:
         raise ValueError(f"cfg_scale={cfg_scale}: classifier-free guidance needs class labels, "
-                         f"this model's prefix is {model.cfg.prefix!r}")
+                         f"this model is conditioned on {model.cfg.conditioning!r}")
     rules = Rules(cfg_scale, temperature, top_k, top_p, guided=cfg_scale != 1.0)
     was_training = model.training
     model.eval()

@@ -10,18 +10,68 @@ Every decoding mode applies the same rules (speculative modes to draft and targe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ..config import check_sampling
+from ..config import ConfigError, at_least, check_seed, fail, register_section
+
+
+def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,
+                   where: str = "sample", names: dict[str, str] | None = None) -> None:
+    """The one place for sampling rules: CFG scale >= 0 (1 = off), temperature >= 0 (0 = greedy),
+    top_k integer >= 0 (0 = off), top_p in (0, 1] (1 = off); all finite. The key in a message is
+    ``names[field]`` if given (e.g. a command-line flag), else ``where.field`` (``field`` if
+    ``where`` is empty). Raises ConfigError (a ValueError)."""
+    def key(f: str) -> str:
+        return (names or {}).get(f) or (f"{where}.{f}" if where else f)
+
+    def number(v) -> bool:
+        return not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+
+    if not number(cfg_scale) or cfg_scale < 0:
+        fail(key("cfg_scale"), "a finite number >= 0 (1 = off)", cfg_scale)
+    if not number(temperature) or temperature < 0:
+        fail(key("temperature"), "a finite number >= 0 (0 = greedy)", temperature)
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+        fail(key("top_k"), "an integer >= 0 (0 = off)", top_k)
+    if not number(top_p) or not 0 < top_p <= 1:
+        fail(key("top_p"), "a number in (0, 1] (1 = off)", top_p)
 
 
 def check_settings(cfg_scale: float, temperature: float, top_k: int, top_p: float) -> None:
-    """Raise ConfigError, a ValueError (one line), for impossible sampling settings; the rules
-    live in ``config.check_sampling``."""
+    """Raise ConfigError, a ValueError (one line), for impossible sampling settings."""
     check_sampling(cfg_scale, temperature, top_k, top_p, where="")
+
+
+@register_section("sample")
+@dataclass
+class SampleConfig:
+    """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
+    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed."""
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    classes: list[int] = field(default_factory=list)  # empty = a spread of classes
+    per_class: int = 4
+    seed: int = 0
+
+    def check(self) -> None:
+        check_sampling(self.cfg_scale, self.temperature, self.top_k, self.top_p, where="sample")
+        for c in self.classes:
+            at_least("sample.classes", c, 0)
+        at_least("sample.per_class", self.per_class, 1)
+        check_seed("sample.seed", self.seed)
+
+    def check_classes(self, num_classes: int) -> None:
+        """Every grid class must be a class of the data (0..num_classes-1)."""
+        bad = [c for c in self.classes if c >= num_classes]
+        if bad:
+            raise ConfigError(f"sample.classes: {bad[0]} is not a class of the data (0..{num_classes - 1})")
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:

@@ -1,0 +1,72 @@
+"""The optimizer and its schedule: AdamW with LlamaGen's weight-decay rule, a timm scheduler per update.
+
+Rules:
+  * Weight decay follows LlamaGen: tensors with 2 or more dims decay; 1-D tensors (norm weights, the
+    register embedding) do not.
+  * The learning rate is a pure function of the update count and the config (timm scheduler driven
+    per update; warmup lr*n/W, then constant or cosine to ``min_lr`` at ``max_steps``): a resumed run
+    rebuilds it, so a changed step budget is honoured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from ..config import at_least, fail, register_section
+
+
+@register_section("optim")
+@dataclass
+class OptimConfig:
+    lr: float = 4e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.05
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    grad_clip: float = 1.0           # 0 = no clipping
+
+    def check(self) -> None:
+        if self.lr <= 0:
+            fail("optim.lr", "> 0", self.lr)
+        for b in self.betas:
+            if not 0 <= b < 1:
+                fail("optim.betas", "values in [0, 1)", list(self.betas))
+        for k in ("weight_decay", "warmup_steps", "min_lr", "grad_clip"):
+            at_least(f"optim.{k}", getattr(self, k), 0)
+
+    def build(self, module: nn.Module, device_type: str) -> torch.optim.AdamW:
+        """AdamW over ``module``'s trainable parameters (fused: one kernel, ~5x faster on CPU)."""
+        return torch.optim.AdamW(param_groups(module, self.weight_decay), lr=self.lr, betas=tuple(self.betas),
+                                 fused=device_type in ("cuda", "cpu"))
+
+
+def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """LlamaGen's rule: decay tensors with dim >= 2, not 1-D ones (norms, register embedding)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
+    """timm scheduler driven per update (``step_update(n)`` before update n-1)."""
+    from timm.scheduler import CosineLRScheduler, StepLRScheduler
+    warm = optim_cfg.warmup_steps
+    if optim_cfg.schedule == "cosine":
+        return CosineLRScheduler(optimizer, t_initial=max(1, max_steps - warm), lr_min=optim_cfg.min_lr,
+                                 warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+    return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, warmup_t=warm,
+                           warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+
+
+def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
+    """A checkpoint's optimizer state (keyed by parameter names) into the prepared optimizer, sharded as
+    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    if all(isinstance(k, int) for k in state["state"]):
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
