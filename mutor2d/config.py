@@ -110,6 +110,11 @@ class RunConfig:
         """Plain dict (tagged sections lead with their ``name``); ``from_dict`` reads it back."""
         return {s: section_dict(getattr(self, s)) for s in SECTIONS}
 
+    def run_kind(self):
+        """The engine's parts for an image run (mutor2d.engine.image)."""
+        from .engine.image import ImageRun
+        return ImageRun()
+
     def check(self) -> "RunConfig":
         """Every section's rules, then the rules across sections."""
         for s in SECTIONS:

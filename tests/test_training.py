@@ -91,7 +91,7 @@ def test_weight_decay_groups_follow_llamagen():
     from mutor2d.objectives import build_objective
     cfg = tiny("model.vocab_size=5", "model.num_classes=10")
     model = GPT(cfg.model, register_token=True)
-    groups = param_groups(TrainModule(model, cfg.objective.build(model)), 0.05)
+    groups = param_groups(TrainModule(model, cfg.objective.build(model), (8, 8)), 0.05)
     decay, no_decay = ({id(p) for p in g["params"]} for g in groups)
     assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
     assert id(model.tok_embeddings.weight) in decay and id(model.layers[0].attention.wqkv.weight) in decay

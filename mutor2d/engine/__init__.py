@@ -6,7 +6,7 @@ from pathlib import Path
 from .hooks import read_log
 from .loop import PREEMPTED_EXIT, Diverged, Preempted, train
 from .optim import param_groups
-from .setup import TrainModule
+from .image import TrainModule
 from .data_order import StepBatches
 
 __all__ = ["train", "read_log", "Preempted", "Diverged", "PREEMPTED_EXIT", "TrainModule", "param_groups",

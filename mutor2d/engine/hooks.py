@@ -78,13 +78,12 @@ def read_log(run_dir) -> list[dict]:
 
 class Logger:
     """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
-    the tracker and the progress bar. Rates: images/s, tokens/s, and MFU on a known GPU."""
+    the tracker and the progress bar. Rates come from the run kind (``rates``)."""
 
     def __init__(self, run: Run):
         from tqdm.auto import tqdm
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
-        self.peak = peak_flops(run.device)
         self.bar = tqdm(total=run.cfg.train.max_steps, initial=run.start, disable=not run.main,
                         dynamic_ncols=True, desc="train", mininterval=1.0)
         self._reset()
@@ -112,30 +111,25 @@ class Logger:
         if self.tracker:
             run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=tick.done)
         loss = rec.get("loss")
-        self.bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "skipped",
-                             img_s=f"{rec['images_per_s']:.0f}", refresh=False)
+        rate = next((k for k in rec if k.endswith("_per_s")), None)
+        self.bar.set_postfix({"loss": f"{loss:.4f}" if loss is not None else "skipped",
+                              **({rate: f"{rec[rate]:.0f}"} if rate else {})}, refresh=False)
         self._reset()
 
     def record(self, run: Run, done: int) -> dict:
-        world, B = run.acc.num_processes, run.cfg.train.batch_size
         dt = time.perf_counter() - self.t0
         rec = {"step": done, "lr": run.optimizer.param_groups[0]["lr"]}
+        vals = {}
         if self.sums:
             keys = sorted(self.sums)
             vals = run.acc.reduce(torch.stack([self.sums[k] for k in keys]).to(run.device), reduction="sum")
             vals = dict(zip(keys, vals.tolist()))
             for k in keys:
                 if k != "seq_tokens":
-                    rec[k] = vals[k] / (self.applied * world)
-        images = B * self.steps
-        rec["images_per_s"] = images / dt
-        rec["tokens_per_s"] = images * run.grid[0] * run.grid[1] / dt
+                    rec[k] = vals[k] / (self.applied * run.acc.num_processes)
+        rec.update(run.kind.rates(run, self.steps, self.applied, dt, vals))
         if self.steps != self.applied:
             rec["skipped_nonfinite"] = self.steps - self.applied
-        if self.peak is not None and self.sums:
-            seqs = B * self.applied
-            flops = train_flops(run.model.shape, run.cfg.model.vocab_size, seqs, vals["seq_tokens"] / seqs)
-            rec["mfu"] = flops / dt / (self.peak * world)
         return rec
 
     def close(self) -> None:
@@ -143,6 +137,19 @@ class Logger:
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
+def image_rates(run: Run, steps: int, applied: int, dt: float, sums: dict) -> dict:
+    """images/s and body tokens/s over the logged steps, and MFU on a known GPU."""
+    world, B = run.acc.num_processes, run.cfg.train.batch_size
+    images = B * steps
+    rec = {"images_per_s": images / dt, "tokens_per_s": images * run.grid[0] * run.grid[1] / dt}
+    peak = peak_flops(run.device)
+    if peak is not None and sums:
+        seqs = B * applied
+        flops = train_flops(run.model.shape, run.cfg.model.vocab_size, seqs, sums["seq_tokens"] / seqs)
+        rec["mfu"] = flops / dt / (peak * world)
+    return rec
+
 
 def params_finite(run: Run) -> bool:
     flags = [torch.isfinite(p).all() for p in run.model.parameters()]
@@ -162,9 +169,10 @@ def save_checkpoint(run: Run, step: int) -> Path | None:
     split = {k: {n[len(k) + 1:]: v for n, v in full.items() if n.startswith(k + ".")}
              for k in ("model", "objective")}
     path = ckpt_lib.save_atomic({
-        "model": split["model"], "ema": run.ema.module.state_dict() if run.ema is not None else None,
+        "model": run.kind.trainable_state(split["model"]),
+        "ema": run.ema.module.state_dict() if run.ema is not None else None,
         "objective": split["objective"], "optimizer": optim, "step": step,
-        "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid),
+        "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid) if run.grid else None,
     }, ckpt_lib.checkpoint_path(run.run_dir, step))
     rotate(run.run_dir, run.cfg.train.keep_ckpts)
     return path
@@ -231,3 +239,23 @@ class OnlineEval:
             if t.tracker != "none":
                 run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=tick.done)
         run.acc.wait_for_everyone()
+
+
+def image_hooks(run: Run, log: JsonLog) -> list:
+    """Sample grids (and the online digits evaluation when train.eval_every) for class-conditional runs;
+    ConfigError if the data's tokenizer cannot be built."""
+    from ..config import ConfigError
+    from ..generation import grid_classes
+    cfg = run.cfg
+    if not cfg.model.kind().per_class:
+        return []
+    try:
+        with preserved_rng(run.device):        # a VQ's init draws numbers: keep the training streams
+            tokenizer = cfg.data.build_tokenizer()
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"sample grids need the tokenizer: {e}") from None
+    hooks = [SampleGrids(tokenizer, grid_classes(cfg.sample, cfg.model.num_classes))]
+    if cfg.train.eval_every:
+        hooks.append(OnlineEval(tokenizer, log))
+    return hooks
+

@@ -21,8 +21,8 @@ from typing import Literal
 
 import torch
 
-from ..config import ConfigError, RunConfig, at_least, check_seed, fail, register_section
-from .hooks import Logger, OnlineEval, SampleGrids, Tick, checkpoint_hook
+from ..config import ConfigError, at_least, check_seed, fail, register_section
+from .hooks import Logger, Tick, checkpoint_hook
 from .setup import Run, build_run
 
 PREEMPTED_EXIT = 75
@@ -114,11 +114,8 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
     applied = True
     for _ in range(t.grad_accum):
         batch = next(batches)
-        lengths = batch.get("lengths")
         with acc.accumulate(module):
-            res = module(batch["body"].to(run.device, non_blocking=True),
-                         batch["prefix"].to(run.device, non_blocking=True), run.grid,
-                         lengths.to(run.device, non_blocking=True) if lengths is not None else None, run.layout_gen)
+            res = module(batch, run.layout_gen)
             acc.backward(res.loss)
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
@@ -137,29 +134,13 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
 
 
 def build_hooks(run: Run) -> list:
-    """The periodic jobs, in the order they run after a step; ConfigError if one cannot run."""
-    from ..generation import grid_classes
-    cfg = run.cfg
-    tokenizer = None
-    if cfg.model.kind().per_class:
-        from ..data import build_tokenizer
-        from .rng import preserved_rng
-        try:
-            with preserved_rng(run.device):        # a VQ's init draws numbers: keep the training streams
-                tokenizer = build_tokenizer(cfg.data)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"sample grids need the tokenizer: {e}") from None
+    """The periodic jobs, in the order they run after a step: log, checkpoint, then the run kind's own
+    (sample grids, evaluations); ConfigError if one cannot run."""
     logger = Logger(run)
-    hooks = [logger, checkpoint_hook]
-    if tokenizer is not None:
-        hooks.append(SampleGrids(tokenizer, grid_classes(cfg.sample, cfg.model.num_classes)))
-        if cfg.train.eval_every:
-            hooks.append(OnlineEval(tokenizer, logger.log))
-    return hooks
+    return [logger, checkpoint_hook, *run.kind.hooks(run, logger.log)]
 
 
-
-def train(cfg: RunConfig, run_dir, resume: str | None = None) -> Path:
+def train(cfg, run_dir, resume: str | None = None) -> Path:
     """Train ``cfg`` into ``run_dir`` up to ``train.max_steps``; returns the run folder.
 
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
@@ -176,6 +157,7 @@ def train(cfg: RunConfig, run_dir, resume: str | None = None) -> Path:
     run.module.train()
     try:
         _loop(run, hooks)
+        run.kind.finish(run)
     finally:
         hooks[0].close()
         run.acc.end_training()

@@ -1,11 +1,13 @@
-"""Building a run from its config: accelerator, data, model, objective, optimizer, schedule, EMA.
+"""Building a run from its config: accelerator, data, networks, optimizer, schedule, EMA, resume point.
+
+One engine serves every run kind. A run config names its kind (``cfg.run_kind()``); the kind supplies
+only its parts (:class:`RunKind`): the image GPT (mutor2d.engine.image), Hugging Face causal LMs
+(mutor2d.lm.run) and the VQ tokenizer (mutor2d.tokenizer.vq_run). The engine owns the rest: resume,
+stop signals, the non-finite guard, checkpoints and their rotation, the log and the data order.
 
 Rules:
-  * model.vocab_size / model.num_classes left at their defaults are taken from the dataset; any other
-    value must equal the dataset's. Grid-dependent settings (registers, RoPE) are checked against the
-    data's grid before anything trains.
-  * The model is initialised from ``train.seed`` (same on every process), then each process seeds its
-    own RNG streams (mutor2d.engine.rng).
+  * The networks are initialised from ``train.seed`` (same on every process), then each process seeds
+    its own RNG streams (mutor2d.engine.rng).
   * The optimizer and its schedule: mutor2d.engine.optim.
 """
 from __future__ import annotations
@@ -13,44 +15,54 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 
-from .. import config as config_lib
-from ..config import ConfigError, RunConfig
-from ..data import build_dataset, collate
+from ..config import ConfigError
 from ..io import warn
-from ..model import GPT
-from ..objectives import Batch
 from .checkpointer import find_resume, remove_stale_temps
 from .data_order import StepBatches
 from .optim import build_scheduler, load_optimizer_state
 from .rng import rank_seed, seed_process, set_rng_state
 
 
-class TrainModule(nn.Module):
-    """The GPT and its objective as one module, so DDP/FSDP/autocast wrap the whole loss."""
+class RunKind(Protocol):
+    """What a kind of run supplies to the engine. Its TrainModule takes a collated batch and a
+    generator (the process's layout stream) and returns an ObjectiveResult."""
+    name: str
 
-    def __init__(self, model: GPT, objective: nn.Module):
-        super().__init__()
-        self.model, self.objective = model, objective
+    def load_config(self, data: dict): ...          # a checkpoint's stored config -> the run config
 
-    def forward(self, body, prefix, grid, lengths=None, generator=None):
-        return self.objective(self.model, Batch(body, prefix, grid, lengths), generator)
+    def prepare_data(self, cfg) -> tuple: ...       # (train dataset, cfg resolved against the data)
+
+    def collate(self, items: list): ...             # dataset items -> one batch
+
+    def build_networks(self, cfg, saved: dict | None, dataset) -> tuple[nn.Module, nn.Module]: ...
+    # (the model that is saved and sampled, the TrainModule computing the loss)
+
+    def trainable_state(self, state: dict) -> dict: ...   # what a checkpoint keeps of the model's state
+
+    def hooks(self, run, log) -> list: ...          # periodic jobs of this kind (after log and checkpoint)
+
+    def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict: ...  # throughput
+
+    def finish(self, run) -> None: ...              # after the last step (e.g. the LM's adapter folder)
 
 
 @dataclass
 class Run:
     """Everything the loop and its hooks need."""
-    cfg: RunConfig
+    cfg: object                 # the kind's run config (train and optim sections are shared)
+    kind: RunKind
     run_dir: Path
     acc: object                 # accelerate.Accelerator
     dataset: object
-    grid: tuple[int, int]
-    model: GPT                  # the unwrapped GPT (EMA and sampling use it)
-    module: nn.Module           # TrainModule as prepared by accelerate
+    grid: tuple[int, int] | None   # the token grid of image runs
+    model: nn.Module            # the unwrapped model (EMA, sampling and export use it)
+    module: nn.Module           # the kind's TrainModule as prepared by accelerate
     optimizer: object
     scheduler: object
     ema: object | None          # timm ModelEmaV3
@@ -67,36 +79,17 @@ class Run:
         return self.acc.is_main_process
 
     @property
-    def sample_model(self) -> GPT:
+    def sample_model(self) -> nn.Module:
         """The weights samples and evaluations use: EMA when kept."""
         return self.ema.module if self.ema is not None else self.model
-
-
-def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
-    """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""
-    m, defaults = cfg.model, config_lib.make("model")
-    updates = {}
-    fields = [("vocab_size", int(dataset.vocab_size))]
-    if m.kind().per_class:                                    # num_classes only matters for class labels
-        fields.append(("num_classes", int(dataset.num_classes)))
-    for name, have in fields:
-        value = getattr(m, name)
-        if value != have:
-            if value != getattr(defaults, name):
-                raise ConfigError(f"model.{name}={value} does not match the data ({have}); "
-                                  f"leave it out of the config, it is taken from the dataset")
-            updates[name] = have
-    cfg = replace(cfg, model=replace(m, **updates))
-    cfg.check_data(tuple(dataset.grid), int(dataset[0]["prefix"].numel()), int(dataset.num_classes))
-    return cfg
 
 
 RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not what it is
 
 
-def check_resume_config(cfg: RunConfig, saved: dict) -> None:
+def check_resume_config(cfg, kind: RunKind, saved: dict) -> None:
     """The model, objective and data sections of a resumed run must equal the checkpoint's."""
-    old = config_lib.from_dict(saved)
+    old = kind.load_config(saved)
     for section in ("model", "objective", "data"):
         a, b = old.to_dict()[section], cfg.to_dict()[section]
         for key in sorted((set(a) | set(b)) - {k for s, k in RESUME_MAY_CHANGE if s == section}):
@@ -105,7 +98,7 @@ def check_resume_config(cfg: RunConfig, saved: dict) -> None:
                                   f"a resumed run keeps its model, objective and data")
 
 
-def make_accelerator(cfg: RunConfig, run_dir: Path):
+def make_accelerator(cfg, run_dir: Path):
     from accelerate import Accelerator
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
         raise ConfigError(FSDP_REFUSED)
@@ -140,47 +133,6 @@ FSDP_REFUSED = ("accelerate launch --use_fsdp: FSDP is not supported (sharded pa
                 "to XL, see docs/SCALING.md")
 
 
-def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
-    """The GPT and its objective, initialised from train.seed, then from the checkpoint or init_from."""
-    torch.manual_seed(cfg.train.seed)
-    model = cfg.model.build(register_token=cfg.objective.uses_registers())
-    objective = cfg.objective.build(model)
-    if saved is not None:
-        model.load_state_dict(saved["model"], strict=True)
-        objective.load_state_dict(saved["objective"], strict=True)
-    elif cfg.train.init_from:
-        init_weights(model, cfg.train.init_from)
-    if cfg.train.compile:
-        for block in list(model.layers) + list(objective.blocks()):
-            block.compile()
-    return model, objective
-
-
-def init_weights(model: GPT, source: str) -> None:
-    """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
-    GPT checkpoint; optimizer, step and data order start fresh."""
-    from ..model import load_llamagen
-    from .. import checkpoint as ckpt_lib
-    try:
-        path = ckpt_lib.resolve(source)
-        if path.suffix == ".safetensors" or _is_mutor2d(path):
-            obj = ckpt_lib.load_weights(path, use_ema=False)[0]
-        else:
-            obj = path                                   # load_llamagen reads it with weights_only
-        load_llamagen(model, obj)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
-
-
-def _is_mutor2d(path: Path) -> bool:
-    from .. import checkpoint as ckpt_lib
-    try:
-        ckpt_lib.load(path, mmap=True)
-        return True
-    except ckpt_lib.CheckpointError:
-        return False
-
-
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader workers leave SIGTERM/SIGINT to the training process (a launcher or scheduler
     signals the whole process group): the trainer finishes its step, saves, then stops them."""
@@ -189,11 +141,11 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def build_loader(cfg: RunConfig, dataset, acc, start: int) -> DataLoader:
+def build_loader(cfg, kind: RunKind, dataset, acc, start: int) -> DataLoader:
     t = cfg.train
     sampler = StepBatches(len(dataset), t.batch_size, acc.num_processes, acc.process_index, t.grad_accum,
                           t.seed, start, t.max_steps)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.data.num_workers,
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=kind.collate, num_workers=cfg.data.num_workers,
                       pin_memory=acc.device.type == "cuda", worker_init_fn=ignore_stop_signals,
                       generator=torch.Generator().manual_seed(rank_seed(t.seed + start, acc.process_index, 2)))
 
@@ -212,47 +164,49 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     return seed_process(seed + start, rank, acc.device)
 
 
-def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) -> Run:
+def build_run(cfg, run_dir: str | os.PathLike, resume: str | None) -> Run:
     """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start."""
-    run_dir = Path(run_dir)
+    run_dir, kind = Path(run_dir), cfg.run_kind()
     acc = make_accelerator(cfg, run_dir)
-    try:
-        dataset = build_dataset(cfg.data, "train")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    cfg = resolve_config(cfg, dataset)
+    dataset, cfg = kind.prepare_data(cfg)
     cfg = replace(cfg, train=replace(cfg.train, out_dir=str(run_dir)))
     if acc.is_main_process and (run_dir / "checkpoints").is_dir():
         remove_stale_temps(run_dir)
     resume_path, saved = find_resume(resume, run_dir, acc.is_main_process)
     if saved is not None:
-        check_resume_config(cfg, saved["config"])
+        check_resume_config(cfg, kind, saved["config"])
     start = int(saved["step"]) if saved is not None else 0
-    model, objective = build_networks(cfg, saved)
+    model, module = kind.build_networks(cfg, saved, dataset)
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
-    module = TrainModule(model, objective)
     optimizer = cfg.optim.build(module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     module, optimizer = acc.prepare(module, optimizer)
     if saved is not None:
         load_optimizer_state(module, optimizer, saved["optimizer"])
-    ema = None
-    if cfg.train.ema:
-        from timm.utils import ModelEmaV3
-        ema = ModelEmaV3(model, decay=cfg.train.ema_decay)
-        if saved is not None and saved.get("ema") is not None:
-            ema.module.load_state_dict(saved["ema"], strict=True)
+    ema = build_ema(cfg, model, saved)
     if saved is not None:
         layout_gen = restore_rng(saved, acc, cfg.train.seed, start, layout_gen)
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
-    loader = build_loader(cfg, dataset, acc, start)
-    return Run(cfg, run_dir, acc, dataset, tuple(int(v) for v in dataset.grid), model, module, optimizer,
-               scheduler, ema, layout_gen, loader, start)
+    loader = build_loader(cfg, kind, dataset, acc, start)
+    grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
+    return Run(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
+               loader, start)
 
 
-def _note_schedule_change(saved: dict, cfg: RunConfig) -> None:
+def build_ema(cfg, model: nn.Module, saved: dict | None):
+    """timm's ModelEmaV3 of ``model`` when train.ema (restored from the checkpoint), else None."""
+    if not cfg.train.ema:
+        return None
+    from timm.utils import ModelEmaV3
+    ema = ModelEmaV3(model, decay=cfg.train.ema_decay)
+    if saved is not None and saved.get("ema") is not None:
+        ema.module.load_state_dict(saved["ema"], strict=True)
+    return ema
+
+
+def _note_schedule_change(saved: dict, cfg) -> None:
     old = saved.get("train", {}).get("max_steps")
     if old is not None and old != cfg.train.max_steps and cfg.optim.schedule == "cosine":
         print(f"note: train.max_steps changed {old} -> {cfg.train.max_steps}: the cosine schedule is rebuilt "

@@ -1,0 +1,135 @@
+"""The image run kind: a GPT over token grids trained with an objective (NTP, MuToR, multi-head).
+
+Rules:
+  * model.vocab_size / model.num_classes left at their defaults are taken from the dataset; any other
+    value must equal the dataset's. Grid-dependent settings (registers, RoPE) are checked against the
+    data's grid before anything trains.
+  * The model is initialised from ``train.seed`` (same on every process), then from the checkpoint
+    or ``train.init_from``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .. import config as config_lib
+from ..config import ConfigError, RunConfig
+from ..data import build_dataset, collate
+from ..model import GPT
+from ..objectives import Batch
+
+
+class TrainModule(nn.Module):
+    """The GPT and its objective as one module, so DDP/FSDP/autocast wrap the whole loss."""
+
+    def __init__(self, model: GPT, objective: nn.Module, grid: tuple[int, int]):
+        super().__init__()
+        self.model, self.objective, self.grid = model, objective, grid
+
+    def forward(self, batch: dict, generator=None):
+        """A collated batch {"body", "prefix"[, "lengths"]} -> ObjectiveResult."""
+        device = next(self.model.parameters()).device
+        lengths = batch.get("lengths")
+        body = batch["body"].to(device, non_blocking=True)
+        prefix = batch["prefix"].to(device, non_blocking=True)
+        lengths = lengths.to(device, non_blocking=True) if lengths is not None else None
+        return self.objective(self.model, Batch(body, prefix, self.grid, lengths), generator)
+
+
+class ImageRun:
+    """The parts of an image run for the engine (see mutor2d.engine.setup.RunKind)."""
+    name = "image"
+    collate = staticmethod(collate)
+
+    def load_config(self, data: dict) -> RunConfig:
+        return config_lib.from_dict(data)
+
+    def prepare_data(self, cfg: RunConfig):
+        """(train dataset, cfg with the data's vocabulary and classes, checked against its grid)."""
+        try:
+            dataset = build_dataset(cfg.data, "train")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return dataset, resolve_config(cfg, dataset)
+
+    def build_networks(self, cfg: RunConfig, saved: dict | None, dataset) -> tuple[GPT, TrainModule]:
+        model, objective = build_networks(cfg, saved)
+        return model, TrainModule(model, objective, tuple(int(v) for v in dataset.grid))
+
+    def trainable_state(self, state: dict) -> dict:
+        """What a checkpoint keeps of the model's full state dict: all of it."""
+        return state
+
+    def hooks(self, run, log) -> list:
+        from .hooks import image_hooks
+        return image_hooks(run, log)
+
+    def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
+        from .hooks import image_rates
+        return image_rates(run, steps, applied, dt, sums)
+
+    def finish(self, run) -> None:
+        """Nothing to write after the last step: the checkpoints are the result."""
+
+
+def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
+    """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""
+    m, defaults = cfg.model, config_lib.make("model")
+    updates = {}
+    fields = [("vocab_size", int(dataset.vocab_size))]
+    if m.kind().per_class:                                    # num_classes only matters for class labels
+        fields.append(("num_classes", int(dataset.num_classes)))
+    for name, have in fields:
+        value = getattr(m, name)
+        if value != have:
+            if value != getattr(defaults, name):
+                raise ConfigError(f"model.{name}={value} does not match the data ({have}); "
+                                  f"leave it out of the config, it is taken from the dataset")
+            updates[name] = have
+    cfg = replace(cfg, model=replace(m, **updates))
+    cfg.check_data(tuple(dataset.grid), int(dataset[0]["prefix"].numel()), int(dataset.num_classes))
+    return cfg
+
+
+def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
+    """The GPT and its objective, initialised from train.seed, then from the checkpoint or init_from."""
+    torch.manual_seed(cfg.train.seed)
+    model = cfg.model.build(register_token=cfg.objective.uses_registers())
+    objective = cfg.objective.build(model)
+    if saved is not None:
+        model.load_state_dict(saved["model"], strict=True)
+        objective.load_state_dict(saved["objective"], strict=True)
+    elif cfg.train.init_from:
+        init_weights(model, cfg.train.init_from)
+    if cfg.train.compile:
+        for block in list(model.layers) + list(objective.blocks()):
+            block.compile()
+    return model, objective
+
+
+def init_weights(model: GPT, source: str) -> None:
+    """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
+    GPT checkpoint; optimizer, step and data order start fresh."""
+    from .. import checkpoint as ckpt_lib
+    from ..model import load_llamagen
+    try:
+        path = ckpt_lib.resolve(source)
+        if path.suffix == ".safetensors" or _is_mutor2d(path):
+            obj = ckpt_lib.load_weights(path, use_ema=False)[0]
+        else:
+            obj = path                                   # load_llamagen reads it with weights_only
+        load_llamagen(model, obj)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
+
+
+def _is_mutor2d(path: Path) -> bool:
+    from .. import checkpoint as ckpt_lib
+    try:
+        ckpt_lib.load(path, mmap=True)
+        return True
+    except ckpt_lib.CheckpointError:
+        return False
