@@ -39,19 +39,22 @@ def run(args: argparse.Namespace) -> Path:
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
-    if args.config and lm_lib.is_lm_config(args.config):        # task: lm (Hugging Face causal LMs)
-        if args.resume:
-            raise ConfigError("--resume: not supported yet for task: lm configs")
-        return lm_lib.train(args.config, args.out or default_run_dir(args.config), overrides)
     if args.config:
-        cfg = config_lib.load(args.config, overrides)
+        cfg = load_config(config_lib.read_mapping(args.config), overrides)
     elif args.resume and args.resume != "auto":
-        saved = ckpt_lib.read_meta(args.resume)["config"]
-        cfg = config_lib.from_dict(config_lib.apply_overrides(saved, overrides))
+        cfg = load_config(ckpt_lib.read_meta(args.resume)["config"], overrides)
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
     return train(cfg, run_dir, resume=args.resume)
+
+
+def load_config(data: dict, overrides: list[str]):
+    """The run config of a YAML mapping or a checkpoint's stored config: ``task: lm`` is a language-model
+    run (mutor2d.lm.config), anything else an image run."""
+    if data.get("task") == "lm":
+        return lm_lib.load_config(data, overrides)
+    return config_lib.from_dict(config_lib.apply_overrides(data, overrides))
 
 
 def main(argv=None) -> None:

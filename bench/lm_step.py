@@ -61,7 +61,7 @@ def make_step(model, opt, packs, device):
 
     def step():
         for p in packs:
-            (model(p)["loss"] / len(packs)).backward()
+            (model(p).loss / len(packs)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step

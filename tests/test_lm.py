@@ -15,8 +15,9 @@ import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d import config as image_config  # noqa: E402
 from mutor2d.config import ConfigError, make  # noqa: E402
+from mutor2d.engine import StepBatches  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
-from mutor2d.lm.data import (LengthGroupedBatches, char_tokenizer, collate, gsm8k_record,  # noqa: E402
+from mutor2d.lm.data import (char_tokenizer, collate, gsm8k_record,  # noqa: E402
                              load_records, tokenize)
 from mutor2d.lm.model import MutorLM  # noqa: E402
 from mutor2d.lm.packing import LMBatch, pack  # noqa: E402
@@ -74,7 +75,7 @@ def test_regular_logits_equal_plain_model(family):
             assert (p.num_registers > 0) == spec.uses_registers
             T = p.input_ids.shape[1]
             with torch.no_grad():
-                losses.setdefault(spec, []).append(model(p)["loss"])
+                losses.setdefault(spec, []).append(model(p).loss)
             with torch.no_grad():
                 ours = model.logits(model.hidden(p)[:, :T])
                 ref = lm(input_ids=p.input_ids, attention_mask=p.real.long(),
@@ -148,7 +149,7 @@ def test_lora_trains_only_adapters_and_register_embedding(checkpointing):
     assert "register_embedding" in trainable
     assert all(n == "register_embedding" or ".lora_" in n for n in trainable) and len(trainable) > 1
     p = pack(ragged_batch(), DENSE, "right", generator=torch.Generator().manual_seed(0))
-    model(p)["loss"].backward()
+    model(p).loss.backward()
     with_grad = {n for n, q in model.named_parameters() if q.grad is not None}
     assert with_grad == trainable
 
@@ -193,7 +194,8 @@ def _tiny_run(tmp_path, finetune, steps, lr):
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": finetune,
                                    "lora_targets": ["q_proj", "v_proj"]},
            "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "optim": {"lr": lr},
-           "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "padding_side": "left"}}
+           "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "padding_side": "left",
+                     "tracker": "none"}}                    # padding_side here: upgraded into data
     out = lm_pkg.train(cfg, tmp_path / "run")
     assert (out / "register_embedding.safetensors").is_file() and (out / "config.yaml").is_file()
     return out, [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -230,7 +232,7 @@ def test_one_line_errors(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="unknown config key 'objective.d_mix'"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}, "objective": {"d_mix": 2}})
-    with pytest.raises(ConfigError, match="train.padding_side: expected one of .*got 'middle'"):
+    with pytest.raises(ConfigError, match="data.padding_side: expected one of .*got 'middle'"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
     with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
@@ -261,10 +263,63 @@ def test_yaml_configs_load_and_round_trip():
     assert cfg.objective.name == "ntp" and cfg.optim.betas == (0.9, 0.999)
 
 
-def test_length_grouped_batches_cover_each_sample_once():
-    lengths = [5, 50, 6, 51, 7, 52, 8, 53, 9]
-    sampler = LengthGroupedBatches(lengths, batch_size=2, seed=0, chunk=8)
-    for _ in range(2):
+def test_length_grouped_step_batches_cover_each_sample_once_and_group_lengths():
+    lengths = torch.tensor([5, 50, 6, 51, 7, 52, 8, 53])
+    grouped = StepBatches(8, 2, 1, 0, 1, seed=0, start=0, end=4, lengths=lengths, chunk=8)
+    plain = StepBatches(8, 2, 1, 0, 1, seed=0, start=0, end=4)
+    spread = {}
+    for name, sampler in (("grouped", grouped), ("plain", plain)):
         batches = list(sampler)
-        assert sorted(i for b in batches for i in b) == list(range(9)) and len(batches) == len(sampler)
-        assert sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) < 50
+        assert sorted(i for b in batches for i in b) == list(range(8))
+        spread[name] = sum(int(lengths[b].max() - lengths[b].min()) for b in batches)
+    assert spread["grouped"] < 20 < spread["plain"], spread
+    again = StepBatches(8, 2, 1, 0, 1, seed=0, start=2, end=4, lengths=lengths, chunk=8)
+    assert list(again) == list(grouped)[2:]                       # a resumed run reads the same batches
+
+
+def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
+    """A language-model run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the
+    losses and final weights of an uninterrupted run of the same steps; a plain rerun is refused."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from test_training import PY, ROOT, env, losses, losses_so_far
+
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
+    cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "lora", "lora_targets": ["q_proj"]},
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl"), "padding_side": "left"},
+           "objective": {"name": "mutor-1d", "placement": "sparse", "num_registers": 3},
+           "optim": {"lr": 1e-2}, "train": {"batch_size": 4, "max_steps": 100000, "log_every": 1,
+                                           "ckpt_every": 0, "tracker": "none"}}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    proc = subprocess.Popen([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run)], cwd=ROOT,
+                            env=env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        end = time.time() + 120
+        while time.time() < end and len(losses_so_far(run)) < 2 and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        rc, err = proc.wait(timeout=120), proc.stderr.read()
+    finally:
+        proc.kill()
+    assert rc == 75, err[-2000:]
+    k = max(losses_so_far(run))
+    more = ["--max-steps", str(k + 2)]
+    again = subprocess.run([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run), *more],
+                           cwd=ROOT, env=env(1), capture_output=True, text=True)
+    assert again.returncode == 2 and "already has checkpoints" in again.stderr     # nothing overwritten
+    for out, extra in ((run, ["--resume", "auto"]), (straight, [])):
+        r = subprocess.run([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(out), *more, *extra],
+                           cwd=ROOT, env=env(1), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert losses(run) == losses(straight) and len(losses(run)) == k + 2
+    for name in ("adapter_model.safetensors", "register_embedding.safetensors"):
+        a, b = load_file(str(run / name)), load_file(str(straight / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)

@@ -143,8 +143,9 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 def build_loader(cfg, kind: RunKind, dataset, acc, start: int) -> DataLoader:
     t = cfg.train
+    lengths = dataset.lengths if getattr(cfg.data, "group_by_length", False) else None
     sampler = StepBatches(len(dataset), t.batch_size, acc.num_processes, acc.process_index, t.grad_accum,
-                          t.seed, start, t.max_steps)
+                          t.seed, start, t.max_steps, lengths)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=kind.collate, num_workers=cfg.data.num_workers,
                       pin_memory=acc.device.type == "cuda", worker_init_fn=ignore_stop_signals,
                       generator=torch.Generator().manual_seed(rank_seed(t.seed + start, acc.process_index, 2)))

@@ -2,7 +2,8 @@
 
 Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / GSM8K / star graph -> LMBatch),
 packing (prompt + answer + registers -> one padded sequence, rules from mutor2d.registers),
-model (MutorLM: the training forward and loss), hf (load / LoRA / save), trainer (accelerate loop).
+model (MutorLM: the training forward and loss), hf (load / LoRA / save), run (the engine's parts for
+LM runs: the same loop, resume, stop signals and guards as image runs).
 Importing this package needs only torch and yaml; transformers and peft load on use.
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl
@@ -16,10 +17,11 @@ from ..config import ConfigError
 from .config import LMRunConfig, is_lm_config, load as load_config
 
 
-def train(cfg, out_dir, overrides=None):
-    """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir``; see lm.trainer."""
-    from .trainer import train as _train
-    return _train(cfg, out_dir, overrides)
+def train(cfg, out_dir, overrides=None, resume: str | None = None):
+    """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir`` with the engine
+    (mutor2d.engine.train; ``resume``: None, "auto" or a checkpoint / run folder)."""
+    from ..engine import train as engine_train
+    return engine_train(load_config(cfg, overrides), out_dir, resume=resume)
 
 
 __all__ = ["ConfigError", "LMRunConfig", "is_lm_config", "load_config", "train"]

@@ -9,7 +9,10 @@ optimiser section. Only the LM-specific sections live here:
 * objective: the shared variant ``ntp`` or ``mutor-1d`` (same fields and ``check()`` as an image
   run; an answer is a 1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
 * optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
-* train: the LM loop's own settings (no EMA, sampling or image evaluation).
+* train: the engine's shared TrainConfig (global batch, steps, checkpoints, resume, guards); EMA,
+  sample grids, online image evaluation, init_from and compile are image-run settings and refused.
+Configs written before the one engine (``train.save_every``, ``train.padding_side``,
+``train.group_by_length``) are upgraded on read.
 """
 from __future__ import annotations
 
@@ -19,10 +22,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from ..config import (ConfigError, apply_overrides, at_least, build_section, build_tagged, check_seed, fail,
                       read_mapping)
+from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig
 
@@ -55,18 +60,24 @@ class LMModelConfig:
 
 @dataclass
 class LMDataConfig:
-    """jsonl: {"prompt","answer"} lines; gsm8k: {"question","answer"} lines (converted)."""
+    """jsonl: {"prompt","answer"} lines; gsm8k: {"question","answer"} lines (converted). Batches are
+    padded on ``padding_side``; ``group_by_length`` draws each step's batch among examples of similar
+    length (mutor2d.engine.data_order)."""
     name: Literal["jsonl", "gsm8k"] = "jsonl"
     path: str = ""
     max_prompt_len: int = 512
     max_answer_len: int = 512
     add_eos: bool = True
+    padding_side: Literal["left", "right"] = "right"
+    group_by_length: bool = True
+    num_workers: int = 0
 
     def check(self) -> None:
         if not self.path:
             fail("data.path", "a jsonl file", self.path)
         at_least("data.max_prompt_len", self.max_prompt_len, 1)
         at_least("data.max_answer_len", self.max_answer_len, 2)   # a target needs an input before it
+        at_least("data.num_workers", self.num_workers, 0)
 
 
 @dataclass
@@ -83,25 +94,23 @@ class LMOptimConfig(OptimConfig):
         if self.register_lr is not None and self.register_lr <= 0:
             fail("optim.register_lr", "> 0 or null", self.register_lr)
 
+    def build(self, module, device_type: str):
+        """AdamW over the trainable parameters; the register embedding gets ``register_lr`` (if set)
+        and no weight decay."""
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        reg = [p for n, p in named if n.endswith("register_embedding")]
+        groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]
+        if reg:
+            groups.append({"params": reg, "weight_decay": 0.0, "lr": self.register_lr or self.lr})
+        return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
 
-@dataclass
-class LMTrainConfig:
-    """``batch_size`` is per process and micro-step: ``grad_accum`` micro-batches make one update."""
-    batch_size: int = 8
-    max_steps: int = 1000
-    seed: int = 0
-    log_every: int = 10
-    save_every: int = 0                # 0: save at the end only
-    padding_side: Literal["left", "right"] = "right"
-    group_by_length: bool = True       # batches of similar lengths (data.LengthGroupedBatches)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    grad_accum: int = 1
 
-    def check(self) -> None:
-        for k in ("batch_size", "max_steps", "log_every", "grad_accum"):
-            at_least(f"train.{k}", getattr(self, k), 1)
-        at_least("train.save_every", self.save_every, 0)
-        check_seed("train.seed", self.seed)
+IMAGE_ONLY = {"ema": False, "sample_every": 0, "eval_every": 0, "init_from": "", "compile": False}
+
+
+def lm_train_config(**fields) -> TrainConfig:
+    """The shared TrainConfig with fine-tuning defaults."""
+    return TrainConfig(**{"batch_size": 8, "ckpt_every": 500, "max_nonfinite": 20, **fields})
 
 
 @dataclass
@@ -111,12 +120,20 @@ class LMRunConfig:
     data: LMDataConfig = field(default_factory=LMDataConfig)
     objective: ObjectiveConfig = field(default_factory=lambda: _objective({}))
     optim: LMOptimConfig = field(default_factory=LMOptimConfig)
-    train: LMTrainConfig = field(default_factory=LMTrainConfig)
+    train: TrainConfig = field(default_factory=lm_train_config)
 
     def check(self) -> "LMRunConfig":
         for s in SECTIONS:
             getattr(self, s).check()
+        for key, off in IMAGE_ONLY.items():
+            if getattr(self.train, key) != off:
+                fail(f"train.{key}", f"{off!r} for task: {TASK} (an image-run setting)", getattr(self.train, key))
         return self
+
+    def run_kind(self):
+        """The engine's parts for a language-model run (mutor2d.lm.run)."""
+        from .run import LMRun
+        return LMRun()
 
     def to_dict(self) -> dict:
         """Plain dict (the objective leads with its ``name``); ``load`` reads it back."""
@@ -127,7 +144,8 @@ class LMRunConfig:
 
 
 SECTION_TYPES = {"model": LMModelConfig, "data": LMDataConfig, "optim": LMOptimConfig,
-                 "train": LMTrainConfig}
+                 "train": TrainConfig}
+MOVED_TO_DATA = ("padding_side", "group_by_length")     # train.* keys of configs before the one engine
 
 
 def _objective(data: Any) -> ObjectiveConfig:
@@ -140,22 +158,45 @@ def _objective(data: Any) -> ObjectiveConfig:
     return section
 
 
+def upgrade(data: dict) -> dict:
+    """Configs before the one engine: ``train.save_every`` -> ``train.ckpt_every``, and the batch
+    layout keys ``train.padding_side`` / ``train.group_by_length`` -> ``data``."""
+    train = data.get("train")
+    if not isinstance(train, dict):
+        return data
+    train, moved = dict(train), {k: train[k] for k in MOVED_TO_DATA if k in train}
+    for k in moved:
+        del train[k]
+    if "save_every" in train:
+        train.setdefault("ckpt_every", train.pop("save_every"))
+    data = {**data, "train": train}
+    if moved:
+        data["data"] = {**moved, **(data.get("data") or {})}
+    return data
+
+
 def from_dict(data: Any) -> LMRunConfig:
     """A fully checked LMRunConfig from a plain dict (``task`` may be left out)."""
     if not isinstance(data, dict):
         fail("config", "a mapping of sections", data)
-    kwargs = {}
+    data, kwargs = upgrade(data), {}
     for s, value in data.items():
         if s == "task":
             if value != TASK:
                 fail("task", repr(TASK), value)
         elif s == "objective":
             kwargs[s] = _objective(value)
+        elif s == "train":
+            kwargs[s] = build_section(TrainConfig, {**_defaults(lm_train_config()), **(value or {})}, "train.")
         elif s in SECTION_TYPES:
             kwargs[s] = build_section(SECTION_TYPES[s], value, f"{s}.")
         else:
             raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(SECTIONS)})")
     return LMRunConfig(**kwargs).check()
+
+
+def _defaults(section) -> dict:
+    return dataclasses.asdict(section)
 
 
 def is_lm_config(name: str | os.PathLike) -> bool:

@@ -87,34 +87,6 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = 0) -> LMB
     return LMBatch(prompt, P, answer, N)
 
 
-class LengthGroupedBatches:
-    """Batch sampler: each epoch, shuffle the indices, cut them into chunks of ``batch_size * chunk``,
-    sort each chunk by length (longest first) and cut it into batches, then shuffle the full batches
-    (a short one, if any, comes last).
-    Samples of a batch have similar lengths, so less padding; every index appears once per epoch."""
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, chunk: int = 32):
-        self.lengths, self.batch_size, self.chunk = torch.tensor(lengths), batch_size, chunk
-        self.generator, self.epoch_seed = torch.Generator(), seed
-
-    def __len__(self) -> int:
-        return -(-len(self.lengths) // self.batch_size)
-
-    def __iter__(self):
-        self.generator.manual_seed(self.epoch_seed)
-        self.epoch_seed += 1
-        order = torch.randperm(len(self.lengths), generator=self.generator)
-        size, batches = self.batch_size * self.chunk, []
-        for start in range(0, len(order), size):
-            part = order[start:start + size]
-            part = part[self.lengths[part].argsort(descending=True, stable=True)]
-            batches += [part[i:i + self.batch_size].tolist() for i in range(0, len(part), self.batch_size)]
-        full = [b for b in batches if len(b) == self.batch_size]
-        for k in torch.randperm(len(full), generator=self.generator).tolist():
-            yield full[k]
-        yield from (b for b in batches if len(b) < self.batch_size)   # at most one, last (as BatchSampler)
-
-
 def char_tokenizer(chars: str, model_max_length: int = 4096):
     """An offline character-level PreTrainedTokenizerFast: one id per character of ``chars`` after
     the specials <pad>=0, <bos>=1, <eos>=2, <unk>=3; BOS is prepended to prompts."""

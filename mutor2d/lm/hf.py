@@ -42,6 +42,15 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
                                                 attn_implementation=attn_implementation)
 
 
+def position_limit(path: str | Path) -> int | None:
+    """The model's number of positions (max_position_embeddings, or GPT-2's n_positions), read from
+    its config.json without loading weights; None if it declares none."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(_check_folder(path, "transformers model"), local_files_only=True)
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(_check_folder(path, "tokenizer"), local_files_only=True)

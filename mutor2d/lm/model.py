@@ -12,9 +12,9 @@ causal path). Logits are computed only where a loss is taken. Any causal LM whos
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..objectives.base import ObjectiveResult, masked_ce, mix
 from .packing import Packed
 
 
@@ -87,29 +87,21 @@ class MutorLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def forward(self, packed: Packed) -> dict[str, Tensor]:
-        """{"loss", "loss_ntp", "n_ntp"[, "loss_reg", "n_reg"]}; CE means over valid targets."""
+    def forward(self, packed: Packed) -> ObjectiveResult:
+        """The objectives' loss rule (mutor2d.objectives.mix) over the answer's next-token targets and
+        the valid registers; logits only where a loss is taken."""
         h = self.hidden(packed)
         T = packed.input_ids.shape[1]
-        loss_ntp, n_ntp = _masked_ce(self.logits(h[:, :T][packed.ntp_mask]), packed.ntp_targets[packed.ntp_mask])
-        out = {"loss": loss_ntp, "loss_ntp": loss_ntp, "n_ntp": n_ntp}
+        ntp = masked_ce(self.logits(h[:, :T][packed.ntp_mask]), packed.ntp_targets[packed.ntp_mask])
+        reg = None
         if packed.num_registers:
             valid = packed.reg_valid
-            loss_reg, n_reg = _masked_ce(self.logits(h[:, T:][valid]), packed.reg_targets[valid])
-            out.update(loss=(1 - self.reg_weight) * loss_ntp + self.reg_weight * loss_reg,
-                       loss_reg=loss_reg, n_reg=n_reg)
-        return out
+            reg = masked_ce(self.logits(h[:, T:][valid]), packed.reg_targets[valid])
+        tokens = torch.tensor(packed.position_ids.shape[0] * packed.position_ids.shape[1], device=h.device)
+        return mix(ntp, reg, self.reg_weight, tokens)
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """bool mask (True = may attend) -> additive float mask (0 / dtype min)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def _masked_ce(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean cross-entropy over the selected rows (0 with a graph when there are none), and count."""
-    n = torch.tensor(targets.numel(), device=logits.device)
-    if targets.numel() == 0:
-        return logits.sum() * 0.0, n
-    return F.cross_entropy(logits.float(), targets), n

@@ -6,9 +6,9 @@ ObjectiveResult`` and ``blocks()`` (transformer blocks it owns), and says which 
 follows (``register_spec()``) and whether the GPT needs its register embedding (``uses_registers()``).
 Adding one: a module here with its config and loss, and its import below.
 """
-from .base import Batch, ObjectiveConfig, ObjectiveResult, masked_ce
+from .base import Batch, ObjectiveConfig, ObjectiveResult, masked_ce, mix
 from .multihead import MultiHead, MultiHeadConfig
 from .register_objective import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterObjective
 
 __all__ = ["Batch", "MultiHead", "MultiHeadConfig", "MuToR1DConfig", "MuToR2DConfig", "NTPConfig",
-           "ObjectiveConfig", "ObjectiveResult", "RegisterObjective", "masked_ce"]
+           "ObjectiveConfig", "ObjectiveResult", "RegisterObjective", "masked_ce", "mix"]

@@ -78,9 +78,25 @@ def check_offsets(o, kind: str) -> None:
         raise ConfigError(f"objective.d_max: need D >= 2 for 2D offsets (D=1 has none), got {o.d_max}")
 
 
-def masked_ce(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean cross-entropy over valid positions (0 if none) and the count of valid positions.
-    logits (..., V), targets and valid of the same leading shape."""
+def mix(ntp: tuple[Tensor, Tensor], aux: tuple[Tensor, Tensor] | None, reg_weight: float, tokens: Tensor,
+        aux_name: str = "reg") -> ObjectiveResult:
+    """The one loss rule of every objective, images and text: (1 - a) * CE_ntp + a * CE_aux with
+    a = ``reg_weight``; ``ntp`` and ``aux`` are (mean CE, valid count) pairs, ``aux`` None for plain
+    next-token prediction (loss = CE_ntp)."""
+    loss_ntp, n_ntp = ntp
+    logs, counts, loss = {"loss_ntp": loss_ntp}, {"ntp": n_ntp}, loss_ntp
+    if aux is not None:
+        logs[f"loss_{aux_name}"], counts[aux_name] = aux
+        loss = (1 - reg_weight) * loss_ntp + reg_weight * aux[0]
+    return ObjectiveResult(loss, logs, counts, tokens)
+
+
+def masked_ce(logits: Tensor, targets: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Mean cross-entropy (in float32) over valid positions (0, with a graph, if none) and the count
+    of valid positions. logits (..., V), targets and valid of the same leading shape; valid None =
+    every position (rows already selected)."""
+    if valid is None:
+        valid = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
     n = valid.sum()
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
     return (ce * valid.reshape(-1)).sum() / n.clamp(min=1), n

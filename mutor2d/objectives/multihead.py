@@ -17,7 +17,7 @@ import torch.nn as nn
 from ..config import ConfigError, register_variant
 from ..model import TransformerBlock
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce
+from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce, mix
 
 
 @register_variant("objective", "multihead")
@@ -94,8 +94,5 @@ class MultiHead(nn.Module):
             loss_k, n_k = masked_ce(model.logits(hk), batch.body.gather(1, target), valid)
             losses.append(loss_k)
             n_heads = n_heads + n_k
-        loss_heads = torch.stack(losses).mean()
-        loss = (1 - self.reg_weight) * loss_ntp + self.reg_weight * loss_heads
         tokens = torch.full((), B * T, device=batch.body.device)
-        return ObjectiveResult(loss, {"loss_ntp": loss_ntp, "loss_heads": loss_heads},
-                               {"ntp": n_ntp, "heads": n_heads}, tokens)
+        return mix((loss_ntp, n_ntp), (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads")

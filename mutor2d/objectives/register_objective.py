@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce
+from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce, mix
 
 
 @register_variant("objective", "ntp")
@@ -98,12 +98,7 @@ class RegisterObjective(nn.Module):
         h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility)
         ntp_t, reg_t = lay.gather_targets(batch.body)
         first = P - 1  # hidden states before it only predict prefix tokens: skip the head there
-        loss_ntp, n_ntp = masked_ce(model.logits(h[:, first:T]), ntp_t[:, first:], lay.ntp_valid[:, first:])
-        logs, counts = {"loss_ntp": loss_ntp}, {"ntp": n_ntp}
-        loss = loss_ntp
-        if R:
-            loss_reg, n_reg = masked_ce(model.logits(h[:, T:]), reg_t, lay.reg_valid)
-            logs["loss_reg"], counts["reg"] = loss_reg, n_reg
-            loss = (1 - self.reg_weight) * loss_ntp + self.reg_weight * loss_reg
+        ntp = masked_ce(model.logits(h[:, first:T]), ntp_t[:, first:], lay.ntp_valid[:, first:])
+        reg = masked_ce(model.logits(h[:, T:]), reg_t, lay.reg_valid) if R else None
         tokens = torch.full((), batch.body.shape[0] * (T + R), device=batch.body.device)
-        return ObjectiveResult(loss, logs, counts, tokens)
+        return mix(ntp, reg, self.reg_weight, tokens)

@@ -1,0 +1,129 @@
+"""The language-model run kind: a Hugging Face causal LM fine-tuned with NTP or MuToR-1D by the engine.
+
+Parts (mutor2d.engine.setup.RunKind): the data are read, tokenized and checked against the model's
+position limit before any weights load; the networks are the LM (LoRA or full) with its register
+embedding (mutor2d.lm.hf.build); a step packs a padded batch with the register layout
+(mutor2d.lm.packing) and takes the objectives' loss. Checkpoints keep the trainable parameters only
+(adapters and register embedding under LoRA; everything under full fine-tuning) with the optimizer
+and RNG streams, so ``--resume auto`` continues exactly; the frozen base is reloaded from
+``model.hf``. After the last step the run folder gets the adapters (or the full model), the register
+embedding and the tokenizer, ready for plain transformers (mutor2d.lm.hf.save).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..config import ConfigError
+from .config import LMRunConfig, from_dict
+from .data import collate, load_records, tokenize
+from .hf import build, load_causal_lm, load_tokenizer, position_limit, save
+from .model import MutorLM
+from .packing import pack
+
+
+class Examples(Dataset):
+    """Tokenized (prompt ids, answer ids) pairs; ``lengths`` (N,) for length-grouped batches."""
+
+    def __init__(self, pairs: list[tuple[list[int], list[int]]]):
+        self.pairs = pairs
+        self.lengths = torch.tensor([len(p) + len(a) for p, a in pairs])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int):
+        return self.pairs[i]
+
+
+class LMTrainModule(nn.Module):
+    """MutorLM and its batch packing as one module: (padded batch, layout generator) -> ObjectiveResult."""
+
+    def __init__(self, model: MutorLM, cfg: LMRunConfig, pad_id: int):
+        super().__init__()
+        self.model, self.spec, self.pad_id = model, cfg.objective.register_spec(), pad_id
+        self.padding_side = cfg.data.padding_side
+
+    def forward(self, batch, generator=None):
+        device = self.model.register_embedding.device if self.model.has_registers else \
+            next(self.model.parameters()).device
+        return self.model(pack(batch, self.spec, self.padding_side, self.pad_id, generator).to(device))
+
+
+class LMRun:
+    """The parts of a language-model run for the engine."""
+    name = "lm"
+
+    def __init__(self):
+        self.tokenizer, self.trainable = None, set()
+
+    def load_config(self, data: dict) -> LMRunConfig:
+        return from_dict(data)
+
+    def prepare_data(self, cfg: LMRunConfig):
+        """(Examples, cfg): records read and validated, tokenized, lengths checked against the
+        model's positions, all before any weights load (a DataError or ConfigError names the line)."""
+        d = cfg.data
+        try:
+            self.tokenizer = load_tokenizer(cfg.model.hf)
+            records = load_records(d.name, d.path)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        pairs = tokenize(records, self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos)
+        check_positions(pairs, position_limit(cfg.model.hf), d.path)
+        return Examples(pairs), cfg
+
+    def collate(self, items: list):
+        return collate(items, self.tokenizer.pad_token_id)
+
+    def build_networks(self, cfg: LMRunConfig, saved: dict | None, dataset) -> tuple[MutorLM, LMTrainModule]:
+        torch.manual_seed(cfg.train.seed)
+        m = cfg.model
+        try:
+            model = build(load_causal_lm(m.hf, m.dtype, m.attn_implementation), m, cfg.objective)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        if saved is not None:
+            load_trainable(model, saved["model"], self.trainable)
+        return model, LMTrainModule(model, cfg, self.tokenizer.pad_token_id)
+
+    def trainable_state(self, state: dict) -> dict:
+        """Only the trained parameters: the frozen base is reloaded from model.hf."""
+        return {k: v for k, v in state.items() if k in self.trainable}
+
+    def hooks(self, run, log) -> list:
+        return []
+
+    def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
+        """Sequences/s and slots/s (regular + register slots, padding included)."""
+        rec = {"sequences_per_s": run.cfg.train.batch_size * steps / dt}
+        if sums:
+            rec["slots_per_s"] = sums["seq_tokens"] / dt
+        return rec
+
+    def finish(self, run) -> None:
+        """The adapters (or full model), register embedding and tokenizer into the run folder."""
+        run.acc.wait_for_everyone()
+        if run.main:
+            save(run.model, run.run_dir, self.tokenizer)
+
+
+def check_positions(pairs: list, limit: int | None, path: str) -> None:
+    """A prompt + answer longer than the model's positions is a one-line error naming the record."""
+    if limit is None:
+        return
+    for n, (p, a) in enumerate(pairs, 1):
+        if len(p) + len(a) > limit:
+            raise ConfigError(f"{path}: record {n} has {len(p)} + {len(a)} = {len(p) + len(a)} tokens, more than "
+                              f"the model's {limit} positions; lower data.max_prompt_len / data.max_answer_len")
+
+
+def load_trainable(model: MutorLM, state: dict, trainable: set[str]) -> None:
+    """A checkpoint's trained parameters into ``model``; anything else missing or extra is an error."""
+    if set(state) != trainable:
+        extra, missing = sorted(set(state) - trainable), sorted(trainable - set(state))
+        raise ConfigError(f"checkpoint does not match model.finetune / the objective: "
+                          f"missing {missing[:3]}, unexpected {extra[:3]}")
+    model.load_state_dict(state, strict=False)
