@@ -186,11 +186,14 @@ class TrainConfig:
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
     init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
                                      # run folder, or a LlamaGen GPT checkpoint); "" = random init
-    max_nonfinite: int = 20          # updates in a row with a non-finite loss/gradient (skipped) before
-                                     # the run stops with an error
+    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/gradient)
+                                     # before the run stops with an error
+    blowup_factor: float = 10.0      # skip an update whose loss or grad norm exceeds this x its median over
+                                     # the last blowup_window healthy updates (engine/health.py); 0 = off
+    blowup_window: int = 50
 
     def check(self) -> None:
-        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class"):
+        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class", "blowup_window"):
             at_least(f"train.{k}", getattr(self, k), 1)
         for k in ("max_steps", "ckpt_every", "keep_ckpts", "sample_every", "eval_every", "max_nonfinite"):
             at_least(f"train.{k}", getattr(self, k), 0)
@@ -200,6 +203,8 @@ class TrainConfig:
         check_seed("train.seed", self.seed)
         if not 0 < self.ema_decay < 1:
             fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
+        if self.blowup_factor != 0 and not self.blowup_factor > 1:
+            fail("train.blowup_factor", "0 (off) or a number > 1", self.blowup_factor)
 
 
 @dataclass

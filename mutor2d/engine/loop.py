@@ -3,10 +3,12 @@
 Rules:
   * Loss of a step = mean over micro-batches and processes of each micro-batch's loss (gradients are
     averaged the same way by accelerate/DDP). Update s uses lr(s+1): warmup reaches the full lr at W-1.
-  * Non-finite guard: an update whose gradient norm (or loss) is not finite is skipped (optimizer
-    untouched, gradients dropped) and counted in the log; after ``train.max_nonfinite`` skipped
-    updates in a row the run stops with an error, and no checkpoint is written while the last update
-    was skipped, so good weights are never replaced.
+  * Health guard: an update whose loss or gradient norm is not finite or blows up (engine/health.py)
+    is skipped (optimizer untouched, gradients dropped) and counted in the log; after
+    ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
+    checkpoint, and no checkpoint is written while the last update was skipped
+    (engine/checkpointer.py: rotation never deletes the last good one).
+  * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * Stop signals: SIGTERM / SIGINT finish the current step, write a checkpoint and exit with
     ``PREEMPTED_EXIT`` (75, "try again": schedulers requeue on it); a second signal exits at once.
 """
@@ -20,7 +22,8 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, RunConfig
-from .hooks import Logger, OnlineEval, SampleGrids, Tick, checkpoint_hook
+from .hooks import CheckpointHook, Logger, OnlineEval, SampleGrids, Tick
+from .lock import run_lock
 from .setup import Run, build_run
 
 PREEMPTED_EXIT = 75
@@ -31,7 +34,7 @@ class Preempted(Exception):
 
 
 class Diverged(RuntimeError):
-    """Too many non-finite updates in a row; one-line message."""
+    """Too many skipped (non-finite or blown-up) updates in a row; one-line message."""
 
 
 class StopSignals:
@@ -82,7 +85,7 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
                 grad_norm = acc.clip_grad_norm_(module.parameters(), clip)
-                applied = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(res.loss.detach()))
+                applied = run.health.judge(res.loss.detach(), grad_norm, acc) is None
                 if applied:
                     run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -109,7 +112,7 @@ def build_hooks(run: Run) -> list:
         except (ValueError, OSError) as e:
             raise ConfigError(f"sample grids need the tokenizer: {e}") from None
     logger = Logger(run)
-    hooks = [logger, checkpoint_hook]
+    hooks = [logger, CheckpointHook(run)]
     if tokenizer is not None:
         hooks.append(SampleGrids(tokenizer, grid_classes(cfg.sample, cfg.model.num_classes)))
         if cfg.train.eval_every:
@@ -123,7 +126,13 @@ def train(cfg: RunConfig, run_dir, resume: str | None = None) -> Path:
 
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
     checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder.
-    Bad settings raise ConfigError (one line) before the first step."""
+    Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
+    holds (RunLocked)."""
+    with run_lock(run_dir):
+        return _train(cfg, run_dir, resume)
+
+
+def _train(cfg: RunConfig, run_dir, resume: str | None) -> Path:
     run = build_run(cfg, run_dir, resume)
     hooks = build_hooks(run)
     if run.main:
@@ -150,13 +159,14 @@ def _loop(run: Run, hooks: list) -> None:
         for step in range(run.start, t.max_steps):
             sums, applied = train_step(run, batches, step)
             bad = 0 if applied else bad + 1
-            hooks[0].observe(sums, applied)
+            hooks[0].observe(sums, applied, run.health.last)
             tick = Tick(step + 1, step + 1 == t.max_steps, signals.requested(), applied)
             for hook in hooks:
                 hook(run, tick)
             if bad > t.max_nonfinite:
-                raise Diverged(f"{bad} updates in a row had a non-finite loss or gradient (step {step + 1}, "
-                               f"train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept")
+                raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss or gradient (step "
+                               f"{step + 1}, train.max_nonfinite={t.max_nonfinite}); "
+                               f"{hooks[1].kept.after_divergence()}")
             if tick.stopping:
                 hooks[0].log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written

@@ -30,6 +30,7 @@ from ..model import GPT
 from ..objectives import Batch, build_objective, uses_registers
 from .checkpointer import find_resume, remove_stale_temps
 from .data_order import StepBatches
+from .health import Health
 from .rng import rank_seed, seed_process, set_rng_state
 
 
@@ -60,6 +61,7 @@ class Run:
     layout_gen: torch.Generator
     loader: DataLoader
     start: int                  # first step to run (0, or the resumed checkpoint's step)
+    health: Health | None = None  # judges each update (engine/health.py)
 
     @property
     def device(self) -> torch.device:
@@ -90,6 +92,9 @@ def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
                                   f"leave it out of the config, it is taken from the dataset")
             updates[name] = have
     cfg = replace(cfg, model=replace(m, **updates))
+    if cfg.train.batch_size > len(dataset):
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is larger than the dataset "
+                          f"({len(dataset)} examples); expected at most {len(dataset)}")
     config_lib.check_against_grid(cfg, tuple(dataset.grid), int(dataset[0]["prefix"].numel()),
                                   int(dataset.num_classes))
     return cfg
@@ -129,12 +134,17 @@ def build_scheduler(optimizer, optim_cfg, max_steps: int):
 
 def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
     """A checkpoint's optimizer state (keyed by parameter names) into the prepared optimizer, sharded as
-    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly."""
+    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly. The param-group
+    hyper-parameters (lr, betas, weight decay, ...) stay the config's: a resumed run uses what its
+    config.yaml says, --set overrides included."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    config_values = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     if all(isinstance(k, int) for k in state["state"]):
         optimizer.load_state_dict(state)
-        return
-    set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+    for group, values in zip(optimizer.param_groups, config_values):
+        group.update(values)
 
 
 def make_accelerator(cfg: RunConfig, run_dir: Path):
@@ -282,8 +292,9 @@ def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) ->
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
     loader = build_loader(cfg, dataset, acc, start)
+    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, saved.get("health") if saved else None)
     return Run(cfg, run_dir, acc, dataset, tuple(int(v) for v in dataset.grid), model, module, optimizer,
-               scheduler, ema, layout_gen, loader, start)
+               scheduler, ema, layout_gen, loader, start, health)
 
 
 def _note_schedule_change(saved: dict, cfg: RunConfig) -> None:
