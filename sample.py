@@ -106,7 +106,8 @@ def check_args(args) -> None:
 def check_decode_limit(args, grid: tuple[int, int]) -> None:
     """--draft / --window of the chosen mode at most the tokens a draft can still fill: the grid's token
     count (the one place this bound lives)."""
-    flag, value = {"registers": ("--draft", args.draft), "jacobi": ("--window", args.window)}.get(args.decode, ("", 0))
+    flag, value = {"registers": ("--draft", args.draft),
+                   "jacobi": ("--window", args.window)}.get(args.decode, ("", 0))
     limit = grid[0] * grid[1]
     if value > limit:
         raise SampleFileError(f"{flag} {value}: expected at most {limit}, the token count of the "

@@ -3,7 +3,8 @@
 
 Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``.
 The run folder (default runs/<config name>, or train.out_dir) receives config.yaml, log.jsonl,
-checkpoints/ and samples/. See mutor2d/engine/ for the rules.
+checkpoints/ and samples/, and run.lock while a run holds it (one live run per folder). See
+mutor2d/engine/ for the rules.
 
 Exit codes: 0 done; 2 bad config or input, or the run folder is in use by another live run (one line
 on stderr); 1 training diverged (non-finite or blown-up updates); 74 a checkpoint could not be written

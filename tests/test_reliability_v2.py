@@ -96,7 +96,8 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_notice(tmp_path, cap
     run.mkdir()
     (run / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
                                              "started": "2026-01-01T00:00:00", "ticks": 1}))
-    train(tiny("train.max_steps=1", *QUIET), run, resume="auto")
+    with run_lock(run) as me:                            # what train() holds while it runs
+        assert json.loads((run / LOCK_NAME).read_text())["pid"] == me.pid == os.getpid()
     err = capsys.readouterr().err
     assert f"took over {run / LOCK_NAME}: its owner, pid {dead.pid} on host" in err
     assert not (run / LOCK_NAME).exists()

@@ -99,11 +99,11 @@ class Logger:
         """One step's statistics; a skipped update is counted under ``skipped_<reason>``."""
         self.steps += 1
         self.applied += int(applied)
-        if not applied:
-            self.skipped[reason] = self.skipped.get(reason, 0) + 1
         if applied:
             for k, v in sums.items():
                 self.sums[k] = self.sums.get(k, 0.0) + v
+        else:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.bar.update(1)
 
     def __call__(self, run: Run, tick: Tick) -> None:
