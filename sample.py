@@ -94,11 +94,24 @@ def check_args(args) -> None:
         raise SampleFileError("--num goes with --npz (a grid takes --per-class)")
     if args.npz is not None and (args.num is None or args.per_class is not None or args.out is not None):
         raise SampleFileError("--npz takes --num N (N / classes per class), not --per-class or --out")
+    if args.npz is not None and Path(args.npz).is_dir():
+        raise SampleFileError(f"--npz {args.npz}: is a directory; expected the path of a .npz file")
     if args.per_class is not None and args.per_class < 1:
         raise SampleFileError(f"--per-class {args.per_class}: expected >= 1")
     for flag, value in (("--draft", args.draft), ("--window", args.window)):
         if value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
+
+
+def check_decode_limit(args, grid: tuple[int, int]) -> None:
+    """--draft / --window of the chosen mode at most the tokens a draft can still fill: the grid's token
+    count (the one place this bound lives)."""
+    flag, value = {"registers": ("--draft", args.draft),
+                   "jacobi": ("--window", args.window)}.get(args.decode, ("", 0))
+    limit = grid[0] * grid[1]
+    if value > limit:
+        raise SampleFileError(f"{flag} {value}: expected at most {limit}, the token count of the "
+                              f"{grid[0]}x{grid[1]} grid")
 
 
 def decode_options(args) -> dict:
@@ -149,6 +162,7 @@ def run(argv=None) -> None:
     state, device = pick_device(args.device)
     path = checkpoint.resolve(args.ckpt).resolve()
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
+    check_decode_limit(args, src.grid)
     s = src.cfg.sample
     settings = generation.sampling_settings(s, cfg_scale=args.cfg, temperature=args.temperature,
                                             top_k=args.top_k, top_p=args.top_p)

@@ -3,10 +3,13 @@
 
 Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``.
 The run folder (default runs/<config name>, or train.out_dir) receives config.yaml, log.jsonl,
-checkpoints/ and samples/. See mutor2d/engine/ for the rules.
+checkpoints/ and samples/, and run.lock while a run holds it (one live run per folder). See
+mutor2d/engine/ for the rules.
 
-Exit codes: 0 done; 2 bad config or input (one line on stderr); 1 training diverged (non-finite);
-75 stopped by SIGTERM/SIGINT after writing a checkpoint (continue with --resume auto).
+Exit codes: 0 done; 2 bad config or input, or the run folder is in use by another live run (one line
+on stderr); 1 training diverged (non-finite or blown-up updates); 74 a checkpoint could not be written
+(disk full, I/O error; the earlier ones are kept); 75 stopped by SIGTERM/SIGINT after writing a
+checkpoint (continue with --resume auto).
 """
 from __future__ import annotations
 
@@ -67,6 +70,9 @@ def main(argv=None) -> None:
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    except ckpt_lib.CheckpointWriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(ckpt_lib.WRITE_FAILED_EXIT) from None
     except (ValueError, FileNotFoundError) as e:      # ConfigError, CheckpointError, LayoutError, ...
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

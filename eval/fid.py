@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mutor2d.evaluation import digits, records
+from mutor2d.io import read_safetensors
 from mutor2d.evaluation import metrics as M
 from mutor2d.evaluation.sources import DIGITS_DATA_SEED, MetricsError, open_images
 
@@ -51,6 +52,8 @@ def score(args) -> tuple:
         raise MetricsError(f"--inception-weights is for --features inception, not {features!r}")
     if args.batch_size < 1:
         raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
+    if args.inception_weights and args.inception_weights.endswith(".safetensors"):   # torch.load reads these
+        read_safetensors(args.inception_weights, "--inception-weights", tensors=False)
     samples = open_images(args.samples)
     data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
     reference = open_images(args.ref, data_seed)

@@ -6,7 +6,12 @@ with a one-line error and never runs. Layout:
   model: GPT state dict; ema: EMA state dict or None; objective: state of the objective module
   (multi-head heads) or {}; optimizer: state dict; step: int; rng: one RNG state per process
   (mutor2d.engine.rng); config: the resolved RunConfig as a plain dict; grid: [H, W].
+  sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
+  a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
+  health: the loss / gradient-norm history of recent healthy updates (mutor2d.engine.health).
 Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``; the newest readable one is the resume point.
+A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
+EX_IOERR) and leaves the earlier checkpoints as they were.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
 when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds.
 """
@@ -30,9 +35,26 @@ _STEP = re.compile(r"step_(\d+)\.pt$")
 CheckpointError = io.UnsafeFileError
 
 
-def save_atomic(obj, path: str | os.PathLike) -> Path:
-    """torch.save to a temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
-    return io.write_atomic(path, lambda f: torch.save(obj, f))
+WRITE_FAILED_EXIT = 74                  # EX_IOERR (sysexits.h)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, I/O error); one-line message naming the folder."""
+
+
+def save_atomic(obj: dict, path: str | os.PathLike) -> Path:
+    """torch.save ``obj`` plus its checksum to a temp file in the same folder, fsync, rename over
+    ``path``, fsync the folder. CheckpointWriteError if the disk refuses (the temp file is removed)."""
+    path = Path(path)
+    stored = io.with_checksum(obj)
+    try:
+        return io.write_atomic(path, lambda f: io.torch_save(stored, f))
+    except OSError as e:
+        why = "no space left on the device" if io.is_disk_full(e) else f"{e.strerror or e}"
+        error = CheckpointWriteError(f"could not write checkpoint {path.name} into {str(path.parent)!r} ({why}); "
+                                     f"the earlier checkpoints are kept: free space, then continue with --resume auto")
+        error.errno = e.errno
+        raise error from None
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
@@ -59,6 +81,8 @@ def load(path: str | os.PathLike, mmap: bool = False) -> dict:
     obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
+    if not mmap and not io.has_checksum(obj):
+        io.warn(f"checkpoint {str(path)!r} has no checksum (written before checksums): loaded unverified", once=True)
     return obj
 
 
@@ -93,9 +117,7 @@ def read_meta(path: str | os.PathLike) -> dict:
     """{"step", "grid", "has_ema", "config"} of a checkpoint or safetensors export, without reading weights."""
     path = resolve(path)
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
+        meta = io.read_safetensors(path, "checkpoint", tensors=False)[1]
         return {"step": int(meta.get("step", 0)), "grid": json.loads(meta.get("grid", "null")),
                 "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}"))}
     return _meta_of(load(path, mmap=True))
@@ -110,8 +132,7 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     """(GPT state dict, meta) of a mutor2d checkpoint or safetensors export."""
     path = resolve(path)
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        return load_file(str(path)), read_meta(path)
+        return io.read_safetensors(path, "checkpoint")[0], read_meta(path)
     ckpt = load(path)
     meta = _meta_of(ckpt)
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta

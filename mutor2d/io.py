@@ -1,9 +1,20 @@
 """File helpers shared by the project: atomic writes, and reading torch files without running code.
 
-Atomic writes: a reader sees the old file or the new one, never a half-written one. Rule: write to a temp file in the destination's folder (``.NAME.XXXX.tmp``), flush and fsync it,
+Atomic writes: a reader sees the old file or the new one, never a half-written one. Rule: write to a
+temp file in the destination's folder (``.NAME.XXXX.tmp``), flush and fsync it,
 ``os.replace`` it over the destination, then fsync the folder so the rename itself survives a crash.
-A failed write removes its temp file; one killed mid-write (SIGKILL) leaves it behind, and
-:func:`remove_stale_temps` deletes such leftovers at the next start.
+The file gets the mode a plain ``open`` would give (0666 minus the umask: group-readable under the
+usual 022), not the temp file's 0600. A failed write removes its temp file; one killed mid-write
+(SIGKILL) leaves it behind, and :func:`remove_stale_temps` deletes such leftovers at the next start.
+:func:`torch_save` keeps the OSError (errno: disk full, ...) that ``torch.save`` reports as a bare
+RuntimeError.
+
+Checksums (:func:`with_checksum`, verified by :func:`read_torch_file`): a dict written by the project
+carries ``"sha256"``, the SHA-256 of its content (every other entry, walked in order: tensors and
+numpy arrays as dtype, shape and raw bytes; other values as their type and repr). It is computed from
+the in-memory state before writing and recomputed from what is read, so bit rot anywhere in the data
+is caught (``torch.load`` does not check the zip CRCs) and the check does not depend on how torch
+lays out its zip file. One file holds both: nothing to rename, rotate or lose separately.
 
 Safe reading (:func:`read_torch_file`): ``torch.load(weights_only=True)`` accepts tensors, numbers,
 strings and plain containers only, plus the classes a caller allows explicitly. A pickle that names
@@ -12,6 +23,8 @@ nothing from it runs. numpy arrays are always allowed (plain data: RNG states of
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import sys
@@ -50,12 +63,26 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask (read from /proc on Linux; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | os.PathLike, write_fn: Callable[[BinaryIO], Any]) -> Path:
     """Call ``write_fn(f)`` on a binary temp file beside ``path``, then move it onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())          # mkstemp's 0600 -> what open() would give
         with os.fdopen(fd, "wb") as f:
             write_fn(f)
             f.flush()
@@ -67,6 +94,39 @@ def write_atomic(path: str | os.PathLike, write_fn: Callable[[BinaryIO], Any]) -
         raise
     _fsync_folder(path.parent)
     return path
+
+
+class _ErrorKeepingFile:
+    """A binary file that remembers the first OSError of its writes (torch.save replaces it with a
+    RuntimeError that has no errno)."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def torch_save(obj, f: BinaryIO) -> None:
+    """``torch.save(obj, f)``; a failed write raises its own OSError (e.g. ENOSPC), not a RuntimeError."""
+    keeper = _ErrorKeepingFile(f)
+    try:
+        torch.save(obj, keeper)
+    except RuntimeError:
+        if keeper.error is not None:
+            raise keeper.error from None
+        raise
+
+
+def is_disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -96,6 +156,49 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> li
     return removed
 
 
+# ----------------------------------------------------------------------------- checksums
+
+CHECKSUM_KEY = "sha256"
+
+
+def _feed(h, obj) -> None:
+    """Hash ``obj``'s content into ``h`` (see the module doc for the walk)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, np.ndarray):
+        h.update(f"N{obj.dtype.str}{obj.shape}".encode())
+        h.update(np.ascontiguousarray(obj).view(np.uint8).reshape(-1))
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"S{type(obj).__name__}:{obj!r};".encode())
+
+
+def content_sha256(obj: dict) -> str:
+    """SHA-256 (hex) of a dict's content, its ``"sha256"`` entry left out."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in obj.items() if k != CHECKSUM_KEY})
+    return h.hexdigest()
+
+
+def with_checksum(obj: dict) -> dict:
+    """``obj`` plus ``"sha256"``: the checksum :func:`read_torch_file` verifies."""
+    return {**obj, CHECKSUM_KEY: content_sha256(obj)}
+
+
+def has_checksum(obj) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get(CHECKSUM_KEY), str)
+
+
 # ----------------------------------------------------------------------------- safe reading
 
 class UnsafeFileError(ValueError):
@@ -123,9 +226,17 @@ def _named_globals(path: Path) -> list[str]:
 
 def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable = (), mmap: bool = False):
     """``torch.load(path, weights_only=True)`` on CPU, numpy arrays and ``allow`` (classes or
-    functions) permitted. Missing file: FileNotFoundError; unreadable or code-carrying file:
+    functions) permitted; a stored checksum is verified unless ``mmap`` (which reads no tensor data).
+    Missing file: FileNotFoundError; unreadable, corrupt (checksum) or code-carrying file:
     UnsafeFileError; both one line and naming ``what`` and the path."""
-    path, allow = Path(path), [*allow, *numpy_globals()]
+    obj = _load(Path(path), what, [*allow, *numpy_globals()], mmap)
+    if not mmap and has_checksum(obj) and content_sha256(obj) != obj[CHECKSUM_KEY]:
+        raise UnsafeFileError(f"{what} {str(path)!r} is unreadable: its content does not match the checksum "
+                              f"stored at save (the file is corrupt)")
+    return obj
+
+
+def _load(path: Path, what: str, allow: list, mmap: bool):
     if not path.is_file():
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
     try:
@@ -139,3 +250,19 @@ def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable
                                   f"calls {', '.join(names[:4])}, which could run code); nothing was run") from None
         first = " ".join(str(e).split())[:200]
         raise UnsafeFileError(f"{what} {str(path)!r} is unreadable ({type(e).__name__}: {first})") from None
+
+
+def read_safetensors(path: str | os.PathLike, what: str = "safetensors file",
+                     tensors: bool = True) -> tuple[dict, dict]:
+    """(tensors on CPU ({} unless ``tensors``), metadata) of a safetensors file; a missing file is a
+    FileNotFoundError, a malformed one a one-line UnsafeFileError, both naming ``what`` and the path."""
+    from safetensors import SafetensorError, safe_open
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return ({k: f.get_tensor(k) for k in f.keys()} if tensors else {}), dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        first = " ".join(str(e).split())[:200]
+        raise UnsafeFileError(f"{what} {str(path)!r} is not a readable safetensors file ({first})") from None

@@ -143,8 +143,10 @@ def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path, monke
     run = tmp_path / "r"
     with pytest.raises(Diverged, match="3 updates in a row had a non-finite") as e:
         train(tiny("train.max_steps=50", "train.ckpt_every=1", "train.max_nonfinite=2"), run)
-    assert "\n" not in str(e.value)
-    assert [ckpt_lib.load(p)["step"] for p in ckpt_lib.list_checkpoints(run)] == [1, 2]
+    assert "\n" not in str(e.value) and f"the last good checkpoint is {ckpt_lib.checkpoint_path(run, 1)}" in str(e.value)
+    # step 2's weights never made a healthy update: set aside, so that --resume auto takes step 1
+    assert [ckpt_lib.load(p)["step"] for p in ckpt_lib.list_checkpoints(run)] == [1]
+    assert (run / "checkpoints" / "step_00000002.pt.diverged").is_file()
     for line in (run / "log.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"log.jsonl holds {c}"))
 

@@ -4,9 +4,16 @@ Rules:
   * Resume point: ``--resume auto`` takes the newest checkpoint of the run folder that loads. Each
     unreadable one is named on stderr and renamed ``*.pt.unreadable`` (kept for inspection, never
     counted again). Checkpoints present but none readable is an error, not a fresh start.
+    Unreadable includes a checksum mismatch (bit rot in the tensor data).
   * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all) and deletes only
-    readable ones older than all of those: never a newer file, never the only readable one.
-  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``) are removed when a run starts.
+    readable ones older than all of those: never a newer file, never the only readable one, never the
+    last good one.
+  * Good: the checkpoint of step N holds the weights after update N; it is good once update N+1 is
+    judged healthy (engine/health.py: the loss and gradient of those weights were normal). A run that
+    diverges sets the checkpoints written after the last good one aside (``*.pt.diverged``), so that
+    ``--resume auto`` continues from the good one, and its error names that file.
+  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``) are removed when a run starts, by the
+    run that holds the folder's lock (engine/lock.py).
 """
 from __future__ import annotations
 
@@ -57,8 +64,9 @@ def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | N
     return None, None
 
 
-def rotate(run_dir: Path, keep: int) -> None:
-    """Delete readable checkpoints older than the newest ``keep`` readable ones (see module doc)."""
+def rotate(run_dir: Path, keep: int, protect: Path | None = None) -> None:
+    """Delete readable checkpoints older than the newest ``keep`` readable ones, except ``protect``
+    (the last good one; see module doc)."""
     if not keep:
         return
     kept = 0
@@ -68,5 +76,40 @@ def rotate(run_dir: Path, keep: int) -> None:
                 kept += 1
             else:
                 set_aside(path, "unreadable")
-        elif ckpt_lib.is_readable(path):
+        elif path != protect and ckpt_lib.is_readable(path):
             path.unlink(missing_ok=True)
+
+
+class Retention:
+    """The main process's record of the last good checkpoint and of the one written after it (not yet
+    confirmed), and rotation around them (see module doc)."""
+
+    def __init__(self, run_dir: Path, keep: int, resumed: Path | None):
+        self.run_dir, self.keep = run_dir, keep
+        self.good: Path | None = None
+        self.pending = resumed if resumed is not None and resumed.is_file() else None
+
+    def observe(self, healthy: bool) -> None:
+        """After each update: a healthy one confirms the checkpoint of the weights it started from."""
+        if healthy and self.pending is not None:
+            self.good, self.pending = self.pending, None
+
+    def saved(self, path: Path) -> None:
+        self.pending = path
+        rotate(self.run_dir, self.keep, protect=self.good)
+
+    def kept_message(self) -> str:
+        if self.good is None:
+            return "no checkpoint of this session was confirmed good (the checkpoints are left as they are)"
+        return f"the last good checkpoint is {self.good}"
+
+    def after_divergence(self) -> str:
+        """Set the unconfirmed checkpoints after the last good one aside; a message naming what is kept."""
+        found = ckpt_lib.list_checkpoints(self.run_dir)
+        if self.good not in found:
+            return self.kept_message()
+        for path in found[found.index(self.good) + 1:]:
+            aside = path.with_name(path.name + ".diverged")
+            path.rename(aside)
+            warn(f"set {path} aside as {aside.name}: written after the last good checkpoint")
+        return f"{self.kept_message()}; continue from it with --resume auto (and, e.g., a smaller optim.lr)"

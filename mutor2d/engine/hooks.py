@@ -16,7 +16,7 @@ import torch
 
 from .. import checkpoint as ckpt_lib
 from ..io import warn
-from .checkpointer import rotate
+from .checkpointer import Retention
 from .rng import preserved_rng, rng_state
 from .setup import Run
 from .speed import peak_flops, train_flops
@@ -27,7 +27,7 @@ class Tick:
     done: int                   # steps done
     last: bool                  # done == train.max_steps
     stopping: bool = False      # a stop signal arrived: save now, then exit
-    healthy: bool = True        # the last update was applied (finite loss and gradients)
+    healthy: bool = True        # the last update was applied (engine/health.py)
 
 
 def due(every: int, tick: Tick, at_end: bool = True) -> bool:
@@ -91,14 +91,18 @@ class Logger:
     def _reset(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.steps = self.applied = 0
+        self.skipped: dict[str, int] = {}
         self.t0 = time.perf_counter()
 
-    def observe(self, sums: dict, applied: bool) -> None:
+    def observe(self, sums: dict, applied: bool, reason: str | None = "nonfinite") -> None:
+        """One step's statistics; a skipped update is counted under ``skipped_<reason>``."""
         self.steps += 1
         self.applied += int(applied)
         if applied:
             for k, v in sums.items():
                 self.sums[k] = self.sums.get(k, 0.0) + v
+        else:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.bar.update(1)
 
     def __call__(self, run: Run, tick: Tick) -> None:
@@ -128,8 +132,7 @@ class Logger:
                 if k != "seq_tokens":
                     rec[k] = vals[k] / (self.applied * run.acc.num_processes)
         rec.update(run.kind.rates(run, self.steps, self.applied, dt, vals))
-        if self.steps != self.applied:
-            rec["skipped_nonfinite"] = self.steps - self.applied
+        rec.update({f"skipped_{why}": n for why, n in self.skipped.items()})
         return rec
 
     def close(self) -> None:
@@ -173,22 +176,33 @@ def save_checkpoint(run: Run, step: int) -> Path | None:
         "ema": run.ema.module.state_dict() if run.ema is not None else None,
         "objective": split["objective"], "optimizer": optim, "step": step,
         "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid) if run.grid else None,
+        "health": run.health.state_dict(),
     }, ckpt_lib.checkpoint_path(run.run_dir, step))
-    rotate(run.run_dir, run.cfg.train.keep_ckpts)
     return path
 
 
-def checkpoint_hook(run: Run, tick: Tick) -> None:
-    if not (due(run.cfg.train.ckpt_every, tick) or tick.stopping):
-        return
-    if not tick.healthy or not params_finite(run):
+class CheckpointHook:
+    """Writes a checkpoint when due and the last update was healthy; ``kept`` (main process) knows the
+    last good checkpoint and rotates around it (engine/checkpointer.py)."""
+
+    def __init__(self, run: Run):
+        resumed = ckpt_lib.checkpoint_path(run.run_dir, run.start) if run.start else None
+        self.kept = Retention(run.run_dir, run.cfg.train.keep_ckpts, resumed)
+
+    def __call__(self, run: Run, tick: Tick) -> None:
+        self.kept.observe(tick.healthy)
+        if not (due(run.cfg.train.ckpt_every, tick) or tick.stopping):
+            return
+        if not tick.healthy or not params_finite(run):
+            if run.main:
+                warn(f"step {tick.done}: no checkpoint written (skipped update or non-finite weights); "
+                     f"{self.kept.kept_message()}")
+            return
+        path = save_checkpoint(run, tick.done)
         if run.main:
-            warn(f"step {tick.done}: no checkpoint written (non-finite update or weights); "
-                 f"the last good checkpoint stays")
-        return
-    path = save_checkpoint(run, tick.done)
-    if tick.stopping and run.main:
-        print(f"stopped by signal at step {tick.done}: checkpoint {path}", flush=True)
+            self.kept.saved(path)
+        if tick.stopping and run.main:
+            print(f"stopped by signal at step {tick.done}: checkpoint {path}", flush=True)
 
 
 # ----------------------------------------------------------------------------- samples, evaluation

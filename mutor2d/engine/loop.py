@@ -3,10 +3,12 @@
 Rules:
   * Loss of a step = mean over micro-batches and processes of each micro-batch's loss (gradients are
     averaged the same way by accelerate/DDP). Update s uses lr(s+1): warmup reaches the full lr at W-1.
-  * Non-finite guard: an update whose gradient norm (or loss) is not finite is skipped (optimizer
-    untouched, gradients dropped) and counted in the log; after ``train.max_nonfinite`` skipped
-    updates in a row the run stops with an error, and no checkpoint is written while the last update
-    was skipped, so good weights are never replaced.
+  * Health guard: an update whose loss or gradient norm is not finite or blows up (engine/health.py)
+    is skipped (optimizer untouched, gradients dropped) and counted in the log; after
+    ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
+    checkpoint, and no checkpoint is written while the last update was skipped
+    (engine/checkpointer.py: rotation never deletes the last good one).
+  * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * Stop signals: SIGTERM / SIGINT finish the current step, write a checkpoint and exit with
     ``PREEMPTED_EXIT`` (75, "try again": schedulers requeue on it); a second signal exits at once.
 """
@@ -22,7 +24,8 @@ from typing import Literal
 import torch
 
 from ..config import ConfigError, at_least, check_seed, fail, register_section
-from .hooks import Logger, Tick, checkpoint_hook
+from .hooks import CheckpointHook, Logger, Tick
+from .lock import run_lock
 from .setup import Run, build_run
 
 PREEMPTED_EXIT = 75
@@ -51,11 +54,14 @@ class TrainConfig:
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
     init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
                                      # run folder, or a LlamaGen GPT checkpoint); "" = random init
-    max_nonfinite: int = 20          # updates in a row with a non-finite loss/gradient (skipped) before
-                                     # the run stops with an error
+    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/gradient)
+                                     # before the run stops with an error
+    blowup_factor: float = 10.0      # skip an update whose loss or grad norm exceeds this x its median over
+                                     # the last blowup_window healthy updates (engine/health.py); 0 = off
+    blowup_window: int = 50
 
     def check(self) -> None:
-        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class"):
+        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class", "blowup_window"):
             at_least(f"train.{k}", getattr(self, k), 1)
         for k in ("max_steps", "ckpt_every", "keep_ckpts", "sample_every", "eval_every", "max_nonfinite"):
             at_least(f"train.{k}", getattr(self, k), 0)
@@ -65,6 +71,8 @@ class TrainConfig:
         check_seed("train.seed", self.seed)
         if not 0 < self.ema_decay < 1:
             fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
+        if self.blowup_factor != 0 and not self.blowup_factor > 1:
+            fail("train.blowup_factor", "0 (off) or a number > 1", self.blowup_factor)
 
 
 class Preempted(Exception):
@@ -72,7 +80,7 @@ class Preempted(Exception):
 
 
 class Diverged(RuntimeError):
-    """Too many non-finite updates in a row; one-line message."""
+    """Too many skipped (non-finite or blown-up) updates in a row; one-line message."""
 
 
 class StopSignals:
@@ -120,7 +128,7 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
                 grad_norm = acc.clip_grad_norm_(module.parameters(), clip)
-                applied = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(res.loss.detach()))
+                applied = run.health.judge(res.loss.detach(), grad_norm, acc) is None
                 if applied:
                     run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -133,11 +141,24 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
     return sums, applied
 
 
-def build_hooks(run: Run) -> list:
-    """The periodic jobs, in the order they run after a step: log, checkpoint, then the run kind's own
-    (sample grids, evaluations); ConfigError if one cannot run."""
+@dataclass
+class Hooks:
+    """The loop's periodic jobs by name, run in this order after every step: the logger, the
+    checkpointer, then the run kind's own (sample writer, evaluator)."""
+    logger: Logger
+    checkpointer: CheckpointHook
+    kind_hooks: list
+
+    def __iter__(self):
+        yield self.logger
+        yield self.checkpointer
+        yield from self.kind_hooks
+
+
+def build_hooks(run: Run) -> Hooks:
+    """The run's hooks; ConfigError if one cannot run."""
     logger = Logger(run)
-    return [logger, checkpoint_hook, *run.kind.hooks(run, logger.log)]
+    return Hooks(logger, CheckpointHook(run), run.kind.hooks(run, logger.log))
 
 
 def train(cfg, run_dir, resume: str | None = None) -> Path:
@@ -145,7 +166,13 @@ def train(cfg, run_dir, resume: str | None = None) -> Path:
 
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
     checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder.
-    Bad settings raise ConfigError (one line) before the first step."""
+    Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
+    holds (RunLocked)."""
+    with run_lock(run_dir):
+        return _train(cfg, run_dir, resume)
+
+
+def _train(cfg, run_dir, resume: str | None) -> Path:
     run = build_run(cfg, run_dir, resume)
     hooks = build_hooks(run)
     if run.main:
@@ -159,12 +186,12 @@ def train(cfg, run_dir, resume: str | None = None) -> Path:
         _loop(run, hooks)
         run.kind.finish(run)
     finally:
-        hooks[0].close()
+        hooks.logger.close()
         run.acc.end_training()
     return run.run_dir
 
 
-def _loop(run: Run, hooks: list) -> None:
+def _loop(run: Run, hooks: Hooks) -> None:
     t = run.cfg.train
     if run.start >= t.max_steps and run.main:
         print(f"nothing to do: the run is at step {run.start}, train.max_steps is {t.max_steps}", flush=True)
@@ -173,15 +200,16 @@ def _loop(run: Run, hooks: list) -> None:
         for step in range(run.start, t.max_steps):
             sums, applied = train_step(run, batches, step)
             bad = 0 if applied else bad + 1
-            hooks[0].observe(sums, applied)
+            hooks.logger.observe(sums, applied, run.health.last)
             tick = Tick(step + 1, step + 1 == t.max_steps, signals.requested(), applied)
             for hook in hooks:
                 hook(run, tick)
             if bad > t.max_nonfinite:
-                raise Diverged(f"{bad} updates in a row had a non-finite loss or gradient (step {step + 1}, "
-                               f"train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept")
+                raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss or gradient (step "
+                               f"{step + 1}, train.max_nonfinite={t.max_nonfinite}); "
+                               f"{hooks.checkpointer.kept.after_divergence()}")
             if tick.stopping:
-                hooks[0].log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
+                hooks.logger.log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")

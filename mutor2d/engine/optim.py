@@ -64,9 +64,14 @@ def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
 
 def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
     """A checkpoint's optimizer state (keyed by parameter names) into the prepared optimizer, sharded as
-    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly."""
+    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly. The param-group
+    hyper-parameters (lr, betas, weight decay, ...) stay the config's: a resumed run uses what its
+    config.yaml says, --set overrides included."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    config_values = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     if all(isinstance(k, int) for k in state["state"]):
         optimizer.load_state_dict(state)
-        return
-    set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+    for group, values in zip(optimizer.param_groups, config_values):
+        group.update(values)

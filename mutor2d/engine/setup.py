@@ -25,6 +25,7 @@ from ..config import ConfigError
 from ..io import warn
 from .checkpointer import find_resume, remove_stale_temps
 from .data_order import StepBatches
+from .health import Health
 from .optim import build_scheduler, load_optimizer_state
 from .rng import rank_seed, seed_process, set_rng_state
 
@@ -69,6 +70,7 @@ class Run:
     layout_gen: torch.Generator
     loader: DataLoader
     start: int                  # first step to run (0, or the resumed checkpoint's step)
+    health: Health | None = None  # judges each update (engine/health.py)
 
     @property
     def device(self) -> torch.device:
@@ -170,6 +172,9 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None) -> Run:
     run_dir, kind = Path(run_dir), cfg.run_kind()
     acc = make_accelerator(cfg, run_dir)
     dataset, cfg = kind.prepare_data(cfg)
+    if cfg.train.batch_size > len(dataset):
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is larger than the dataset "
+                          f"({len(dataset)} examples); expected at most {len(dataset)}")
     cfg = replace(cfg, train=replace(cfg.train, out_dir=str(run_dir)))
     if acc.is_main_process and (run_dir / "checkpoints").is_dir():
         remove_stale_temps(run_dir)
@@ -192,8 +197,9 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None) -> Run:
             _note_schedule_change(saved["config"], cfg)
     loader = build_loader(cfg, kind, dataset, acc, start)
     grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
+    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, saved.get("health") if saved else None)
     return Run(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
-               loader, start)
+               loader, start, health)
 
 
 def build_ema(cfg, model: nn.Module, saved: dict | None):

@@ -13,6 +13,8 @@ codebook  mean((e - sg(z))^2), commitment  beta * mean((sg(e) - z)^2), straight-
 A user's ``vq_ds16_c2i.pt`` (weights under "model" or "ema") loads with strict key and shape checks:
 :func:`load_vq`. A mismatch raises :class:`VQError` listing missing / unexpected keys. Files are read
 with ``weights_only=True`` (mutor2d.io.read_torch_file): a file whose pickle would run code is refused.
+Checkpoints written by train_vq.py carry a checksum of their content, verified at load: a corrupt
+one is refused (skipped with a warning when a run folder is given).
 The explicit allow-list ``VQ_FILE_GLOBALS`` holds argparse.Namespace, the training arguments
 LlamaGen stores beside its weights ("args").
 """

@@ -32,7 +32,7 @@ from .. import config as config_lib
 from ..checkpoint import checkpoint_path, list_checkpoints
 from ..config import ConfigError
 from ..data import digits_images, digits_rgb
-from ..io import remove_stale_temps, write_atomic, write_text_atomic
+from ..io import remove_stale_temps, torch_save, with_checksum, write_atomic, write_text_atomic
 from .codes import center_crop_arr, scan_image_folder
 from .vq import PRESETS, VQConfig, VQError, VQModel, newest_vq_checkpoint
 
@@ -399,7 +399,7 @@ def _save(run: _Run) -> None:
     state = {"model": run.raw.state_dict(), "ema": None, "objective": {}, "optimizer": run.opt.state_dict(),
              "scheduler": None, "step": run.step, "rng": {"torch": torch.get_rng_state()},
              "config": run.cfg.to_dict()}
-    path = write_atomic(checkpoint_path(run.out, run.step), lambda f: torch.save(state, f))
+    path = write_atomic(checkpoint_path(run.out, run.step), lambda f: torch_save(with_checksum(state), f))
     ckpts = list_checkpoints(run.out)
     for old in ckpts[:ckpts.index(path) + 1][:-run.cfg.train.keep_ckpts]:
         old.unlink()
