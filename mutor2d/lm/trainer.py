@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 from ..engine.setup import build_scheduler
 from ..registers import RegisterSpec
 from . import config as config_lib
-from .data import LengthGroupedBatches, collate, load_records, tokenize
+from ..config import fail
+from .data import LengthGroupedBatches, collate, load_located, tokenize
 from .hf import build, load_causal_lm, load_tokenizer, save
 from .packing import pack
 
@@ -42,19 +43,23 @@ def _batches(loader):
         yield from loader
 
 
-def train(cfg, out_dir: str | Path, overrides: list[str] | None = None) -> Path:
-    """cfg: YAML path/name, dict or LMRunConfig. Returns the run folder."""
+def train(cfg, out_dir: str | Path, overrides: list[str] | None = None, model=None, tokenizer=None) -> Path:
+    """cfg: YAML path/name, dict or LMRunConfig. ``model`` / ``tokenizer``: transformers objects to
+    fine-tune instead of loading ``model.hf`` (which then only names the base; default: the model's
+    ``name_or_path``). Every data line is checked before the model loads. Returns the run folder."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     cfg = config_lib.load(cfg, overrides)
+    cfg.model.hf = base_reference(cfg, model, tokenizer)
     t, out = cfg.train, Path(out_dir)
     acc = Accelerator(mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum)
     set_seed(t.seed)
-    tokenizer = load_tokenizer(cfg.model.hf)
-    model = build(load_causal_lm(cfg.model.hf, cfg.model.dtype, cfg.model.attn_implementation),
-                  cfg.model, cfg.objective)
-    examples = tokenize(load_records(cfg.data.name, cfg.data.path), tokenizer, cfg.data.max_prompt_len,
-                        cfg.data.max_answer_len, cfg.data.add_eos)
+    located = load_located(cfg.data.name, cfg.data.path)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.hf)
+    examples = tokenize([r for _, r in located], tokenizer, cfg.data.max_prompt_len, cfg.data.max_answer_len,
+                        cfg.data.add_eos, where=[w for w, _ in located])
+    lm = model if model is not None else load_causal_lm(cfg.model.hf, cfg.model.dtype, cfg.model.attn_implementation)
+    model = build(lm, cfg.model, cfg.objective, base_ref=cfg.model.hf)
     pad_id = tokenizer.pad_token_id
     if t.group_by_length:
         sampler = LengthGroupedBatches([len(p) + len(a) for p, a in examples], t.batch_size, t.seed)
@@ -92,6 +97,16 @@ def train(cfg, out_dir: str | Path, overrides: list[str] | None = None) -> Path:
             _save(acc, model, out / f"step_{step}", tokenizer)
     _save(acc, model, out, tokenizer)
     return out
+
+
+def base_reference(cfg, model, tokenizer) -> str:
+    """model.hf as given, else the model object's ``name_or_path``. Needed unless both objects are
+    given to a full fine-tuning (a LoRA adapter folder names the base it loads on)."""
+    ref = cfg.model.hf or (getattr(model, "name_or_path", "") if model is not None else "")
+    if not ref and (model is None or tokenizer is None or cfg.model.finetune == "lora"):
+        fail("model.hf", "a local folder or cached hub name of the base model (a LoRA run on a model "
+                         "object without name_or_path must name where its base loads from)", ref)
+    return ref
 
 
 def _log(acc, out: Path, step: int, result: dict, lr: float, slots_per_s: float) -> None:
