@@ -44,10 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=512, help="generation length limit (default 512)")
     ap.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default 16)")
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                    help=f"stop string, repeatable (default {DEFAULT_STOP!r})")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+                    help=f"stop string, repeatable; \\n is a newline (default {DEFAULT_STOP!r})")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="weights dtype for generation (default float32)")
     ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
     args = ap.parse_args(argv)
+    args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
     if args.score and not args.kind:
         ap.error("--score needs --kind gsm8k|math")
     if args.ckpt and not args.data:
@@ -87,9 +89,8 @@ def generate_all(args, located, kind: str, out: Path):
     tokenizer = hf.load_tokenizer(args.ckpt)
     items = data.eval_prompts(located, tokenizer)                 # every line checked before the model loads
     model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
-    stop = args.stop if args.stop is not None else DEFAULT_STOP
     accuracy.predict(items, lambda batch: hf.generate(model, tokenizer, [it["prompt_ids"] for it in batch],
-                                                      args.max_new_tokens, stop),
+                                                      args.max_new_tokens, args.stop),
                      out, kind, state.process_index, state.num_processes, args.batch_size)
     state.wait_for_everyone()
     return state
@@ -112,7 +113,7 @@ def evaluate(args) -> dict | None:
     accuracy.merge_parts(out)
     result = accuracy.score(accuracy.collect(out, len(located)), kind)
     sampling = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens,
-                "stop": args.stop if args.stop is not None else DEFAULT_STOP, "batch_size": args.batch_size}
+                "stop": args.stop, "batch_size": args.batch_size}
     record = accuracy.make_record(result, run_config=cfg, step=step, data=str(args.data), predictions=str(out),
                                   checkpoint=str(ckpt), sampling=sampling)
     path = records.write_record(record, run_dir / "eval")

@@ -232,7 +232,8 @@ def test_line_formats_and_one_line_errors(tmp_path):
     bad = {"not json": "{", "no fields": {"question": "q"}, "role": {"messages": [{"role": "bot", "content": "x"}]},
            "number": {"prompt": "p", "answer": 3}, "gold": {"prompt": "p", "answer": "a", "gold": [1]}}
     expect = {"not json": "not JSON", "no fields": 'expected {"prompt","answer"}, {"prompt","completion"} or',
-              "role": "messages[0] must be", "number": "expected string fields ['prompt', 'answer']; missing or not a string: ['answer']",
+              "role": "messages[0] must be",
+              "number": "expected string fields ['prompt', 'answer']; missing or not a string: ['answer']",
               "gold": "'gold' must be a string or a number"}
     for name, line in bad.items():
         path = tmp_path / "bad.jsonl"
@@ -274,7 +275,8 @@ def test_converters_and_check_cli(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("m.jsonl: 1 valid lines")
     with pytest.raises(SystemExit) as e:
         data.main(["math", str(gsm), str(tmp_path / "x.jsonl")])
-    assert e.value.code == 2 and "gsm.jsonl:1: expected string fields ['problem', 'solution']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "gsm.jsonl:1: expected string fields ['problem', 'solution']" in err
 
 
 # ----------------------------------------------------------------------------- train, then evaluate
@@ -354,3 +356,14 @@ def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):
     assert isinstance(hf.load_for_inference(run), LlamaForCausalLM)
     with pytest.raises(hf.LMModelError, match="'org/not-cached': no transformers model at .* none in the local"):
         hf.load_causal_lm("org/not-cached")
+
+
+def test_generate_left_padded_batch_equals_one_by_one(base):
+    lm, tok = hf.load_for_inference(base), hf.load_tokenizer(base)
+    prompts = [tok(t)["input_ids"] for t in ("Question: 1+2?\nAnswer:", "3+4=", "Problem: x")]
+    batched = hf.generate(lm, tok, prompts, 10)
+    assert batched == [hf.generate(lm, tok, [p], 10)[0] for p in prompts] and all(batched)
+    stop = batched[0][3:5]                                 # a stop string the first output holds
+    cut = hf.generate(lm, tok, prompts, 10, [stop])
+    assert cut[0] == batched[0][:batched[0].index(stop)]
+    assert all(c == b[:len(c)] and stop not in c for c, b in zip(cut, batched))

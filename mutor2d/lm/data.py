@@ -308,7 +308,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c = sub.add_parser("check", help="validate every line of a file (and, with --tokenizer, tokenize it)",
                        description="Validate every line; exit 2 with a one-line error naming the first bad line.")
     c.add_argument("src", help="jsonl file")
-    c.add_argument("--name", choices=list(LOADERS), default="jsonl", help="the file's format (data.name; default jsonl)")
+    c.add_argument("--name", choices=list(LOADERS), default="jsonl",
+                   help="the file's format (data.name; default jsonl)")
     c.add_argument("--tokenizer", default=None,
                    help="local tokenizer folder: also render chat lines and tokenize (as training does)")
     return ap.parse_args(argv)

@@ -66,7 +66,11 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
 
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
-    tok = _load(AutoTokenizer, path, "tokenizer")
+    return with_pad_token(_load(AutoTokenizer, path, "tokenizer"))
+
+
+def with_pad_token(tok):
+    """``tok`` with a padding token (its EOS when it has none)."""
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from ..config import fail
 from ..engine.setup import build_scheduler
 from ..registers import RegisterSpec
 from . import config as config_lib
-from ..config import fail
 from .data import LengthGroupedBatches, collate, load_located, tokenize
-from .hf import build, load_causal_lm, load_tokenizer, save
+from .hf import build, load_causal_lm, load_tokenizer, save, with_pad_token
 from .packing import pack
 
 
@@ -55,7 +55,7 @@ def train(cfg, out_dir: str | Path, overrides: list[str] | None = None, model=No
     acc = Accelerator(mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum)
     set_seed(t.seed)
     located = load_located(cfg.data.name, cfg.data.path)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.hf)
+    tokenizer = with_pad_token(tokenizer) if tokenizer is not None else load_tokenizer(cfg.model.hf)
     examples = tokenize([r for _, r in located], tokenizer, cfg.data.max_prompt_len, cfg.data.max_answer_len,
                         cfg.data.add_eos, where=[w for w, _ in located])
     lm = model if model is not None else load_causal_lm(cfg.model.hf, cfg.model.dtype, cfg.model.attn_implementation)
