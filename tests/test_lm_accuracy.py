@@ -46,6 +46,8 @@ GSM8K_CASES = [
     ("8 marbles, from 2 bags of 6", "8", False),          # the last number counts
     ("The answer is 2,5", "2.5", False),                  # not a decimal comma
     ("It is 3-2=1 left", "1", True),
+    ("The difference is 7 - 2", "2", True),               # a spaced minus is an operator
+    ("#### - 4", "4", True),
 ]
 
 MATH_CASES = [
@@ -337,8 +339,11 @@ def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(base, tmp_path / "models" / "tiny")
     _write_lines(tmp_path / "d.jsonl", format_lines("prompt-answer"))
-    run = lm_pkg.train(_cfg("models/tiny", "d.jsonl"), "run_rel")              # a relative path stays relative
+    run = lm_pkg.train(_cfg("models/tiny", "d.jsonl"), "run_rel", ["train.save_every=1"])   # relative stays relative
     assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/tiny"
+    step = _script("lm_accuracy").main(["--ckpt", "run_rel/step_1", "--data", "d.jsonl", "--max-new-tokens", "2"])
+    assert step["predictions"] == "run_rel/eval/predictions_d_step1.jsonl"
+    assert json.loads(Path(step["record"]).read_text())["step"] == 1
     merged, wrapped = hf.load_for_inference(run), hf.load_for_inference(run, merge=False)
     assert isinstance(merged, LlamaForCausalLM) and isinstance(wrapped, PeftModel)
     assert not any("lora" in name for name, _ in merged.named_modules())

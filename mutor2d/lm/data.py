@@ -34,6 +34,7 @@ from .packing import LMBatch
 
 ROLES = ("system", "user", "assistant", "tool")
 LINE_FORMATS = '{"prompt","answer"}, {"prompt","completion"} or {"messages": [...]}'
+RAW_KEYS = {"question": "gsm8k", "problem": "math"}        # a key of a raw dataset line -> its data.name
 
 
 class DataError(ValueError):
@@ -101,7 +102,8 @@ def jsonl_record(rec: dict, where: str) -> dict:
     if "prompt" in rec and "answer" in rec:
         _strings(rec, ("prompt", "answer"), where)
         return {"prompt": rec["prompt"], "answer": rec["answer"], **_gold(rec, where)}
-    raise DataError(f"{where}: expected {LINE_FORMATS}, got keys {sorted(rec)}")
+    hint = "".join(f" (raw {name} lines: data.name {name})" for key, name in RAW_KEYS.items() if key in rec)
+    raise DataError(f"{where}: expected {LINE_FORMATS}, got keys {sorted(rec)}{hint}")
 
 
 def gsm8k_record(rec: dict, where: str = "gsm8k record") -> dict:
