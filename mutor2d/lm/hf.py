@@ -36,13 +36,14 @@ class LMModelError(ValueError):
     """A model that cannot be loaded or adapted; one line."""
 
 
-def _load(cls, ref: str | Path, what: str, key: str = "model.hf", **kwargs):
-    """``cls.from_pretrained(ref)`` from a local folder or the local hub cache, ``ref`` passed as given."""
+def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("config.json", ADAPTER_CONFIG),
+          **kwargs):
+    """``cls.from_pretrained(ref)`` from a local folder (holding one of ``markers``, if any are given)
+    or the local hub cache, ``ref`` passed as given."""
     folder = Path(ref).expanduser()
     local = folder.is_dir()
     where = f"no {what} at {folder.resolve()}"
-    if local and not (folder / "config.json").is_file() and not (folder / ADAPTER_CONFIG).is_file() \
-            and what != "tokenizer":
+    if local and markers and not any((folder / m).is_file() for m in markers):
         raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder with config.json; "
                            "nothing is downloaded)")
     if not local and not _HUB_NAME.fullmatch(str(ref)):
@@ -50,10 +51,13 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", **kwargs):
                            "name; nothing is downloaded)")
     try:
         return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
-    except OSError as e:
-        detail = str(e).splitlines()[0] if local else "and none in the local Hugging Face cache"
-        raise LMModelError(f"{key}={str(ref)!r}: {where} {detail} (expected a local folder or a "
-                           "cached hub name; nothing is downloaded)") from None
+    except (OSError, ValueError) as e:        # transformers' own messages are many lines
+        if not local and isinstance(e, OSError):
+            raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
+                               "(expected a local folder or a cached hub name; nothing is downloaded)") from None
+        source = folder.resolve() if local else "the local Hugging Face cache"
+        raise LMModelError(f"{key}={str(ref)!r}: cannot load the {what} from {source}: "
+                           f"{str(e).splitlines()[0].strip()}") from None
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
@@ -66,7 +70,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
 
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
-    return with_pad_token(_load(AutoTokenizer, path, "tokenizer"))
+    return with_pad_token(_load(AutoTokenizer, path, "tokenizer", markers=()))
 
 
 def with_pad_token(tok):
