@@ -161,19 +161,19 @@ def build_hooks(run: Run) -> Hooks:
     return Hooks(logger, CheckpointHook(run), run.kind.hooks(run, logger.log))
 
 
-def train(cfg, run_dir, resume: str | None = None) -> Path:
+def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
     """Train ``cfg`` into ``run_dir`` up to ``train.max_steps``; returns the run folder.
 
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
     checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder.
     Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
-    holds (RunLocked)."""
+    holds (RunLocked). ``kind``: the run kind's parts (default ``cfg.run_kind()``)."""
     with run_lock(run_dir):
-        return _train(cfg, run_dir, resume)
+        return _train(cfg, run_dir, resume, kind or cfg.run_kind())
 
 
-def _train(cfg, run_dir, resume: str | None) -> Path:
-    run = build_run(cfg, run_dir, resume)
+def _train(cfg, run_dir, resume: str | None, kind) -> Path:
+    run = build_run(cfg, run_dir, resume, kind)
     hooks = build_hooks(run)
     if run.main:
         run.run_dir.mkdir(parents=True, exist_ok=True)

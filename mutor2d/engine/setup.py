@@ -167,9 +167,9 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     return seed_process(seed + start, rank, acc.device)
 
 
-def build_run(cfg, run_dir: str | os.PathLike, resume: str | None) -> Run:
+def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> Run:
     """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start."""
-    run_dir, kind = Path(run_dir), cfg.run_kind()
+    run_dir = Path(run_dir)
     acc = make_accelerator(cfg, run_dir)
     dataset, cfg = kind.prepare_data(cfg)
     if cfg.train.batch_size > len(dataset):

@@ -82,11 +82,13 @@ def _slug(text: str) -> str:
 
 
 def record_name(record: dict) -> str:
-    """File name of a record in RUN/eval/: samples, reference and feature extractor, so that
-    re-evaluating the same samples the same way replaces the old record."""
+    """File name of a record in RUN/eval/: samples, reference and feature extractor (or a text
+    evaluator, e.g. an LM accuracy's "gsm8k exact match"), so that re-evaluating the same samples
+    the same way replaces the old record."""
     samples = Path(str(record["samples"])).stem
     reference = Path(str(record["reference"]).replace(":", "-")).stem
-    fe = record["evaluator"]["feature_extractor"]
+    ev = record["evaluator"]
+    fe = ev["feature_extractor"] if isinstance(ev, dict) else str(ev)
     return f"{_slug(samples)}__{_slug(reference)}__{_slug(fe)}.json"
 
 

@@ -1,6 +1,7 @@
 """MuToR-1D fine-tuning of Hugging Face causal LMs (optional extra ``lm``: transformers, peft).
 
-Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / GSM8K / star graph -> LMBatch),
+Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / chat / GSM8K / MATH /
+star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pure Python),
 packing (prompt + answer + registers -> one padded sequence, rules from mutor2d.registers),
 model (MutorLM: the training forward and loss), hf (load / LoRA / save), run (the engine's parts for
 LM runs: the same loop, resume, stop signals and guards as image runs).
@@ -9,6 +10,8 @@ Importing this package needs only torch and yaml; transformers and peft load on 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl
     python train.py --config sft_gsm8k_mutor.yaml --set model.hf=/path/to/model   # or sft_gsm8k_ntp
     mutor2d.lm.train("sft_gsm8k_mutor.yaml", "runs/x", ["train.max_steps=100"])    # same, from Python
+    mutor2d.lm.train(cfg, "runs/x", model=lm, tokenizer=tok)                        # an in-memory model
+    python eval/lm_accuracy.py --ckpt runs/x --data data/gsm8k_test.jsonl            # greedy accuracy
     AutoModelForCausalLM.from_pretrained("runs/x")     # plain transformers; generate as usual
 """
 from __future__ import annotations
@@ -17,11 +20,14 @@ from ..config import ConfigError
 from .config import LMRunConfig, is_lm_config, load as load_config
 
 
-def train(cfg, out_dir, overrides=None, resume: str | None = None):
+def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, tokenizer=None):
     """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir`` with the engine
-    (mutor2d.engine.train; ``resume``: None, "auto" or a checkpoint / run folder)."""
+    (mutor2d.engine.train; ``resume``: None, "auto" or a checkpoint / run folder), optionally on a
+    given transformers ``model`` / ``tokenizer`` object instead of loading ``model.hf``."""
     from ..engine import train as engine_train
-    return engine_train(load_config(cfg, overrides), out_dir, resume=resume)
+    from .run import LMRun
+    cfg = load_config(cfg, overrides)
+    return engine_train(cfg, out_dir, resume=resume, kind=LMRun(model, tokenizer))
 
 
 __all__ = ["ConfigError", "LMRunConfig", "is_lm_config", "load_config", "train"]

@@ -5,7 +5,7 @@ overrides, type checks, one-line :class:`ConfigError` messages, the ``objective`
 optimiser section. Only the LM-specific sections live here:
 
 * model: a local transformers causal LM (``hf``), LoRA or full fine-tuning;
-* data: ``jsonl`` ({"prompt", "answer"} lines) or ``gsm8k`` ({"question", "answer"} lines);
+* data: ``jsonl`` (prompt/answer, prompt/completion or chat lines), ``gsm8k`` or ``math``;
 * objective: the shared variant ``ntp`` or ``mutor-1d`` (same fields and ``check()`` as an image
   run; an answer is a 1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
 * optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
@@ -39,7 +39,8 @@ SECTIONS = ("model", "data", "objective", "optim", "train")
 
 @dataclass
 class LMModelConfig:
-    """hf: local folder of a transformers causal LM (loaded with local_files_only)."""
+    """hf: local folder (or cached hub name) of a transformers causal LM, loaded with local_files_only;
+    may be left empty when ``train()`` is given a model object (then its ``name_or_path`` is used)."""
     hf: str = ""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     finetune: Literal["lora", "full"] = "lora"
@@ -51,8 +52,6 @@ class LMModelConfig:
     gradient_checkpointing: bool = False
 
     def check(self) -> None:
-        if not self.hf:
-            fail("model.hf", "a local folder holding a transformers causal LM", self.hf)
         at_least("model.lora_r", self.lora_r, 1)
         if not 0 <= self.lora_dropout < 1:
             fail("model.lora_dropout", "a number in [0, 1)", self.lora_dropout)
@@ -60,10 +59,11 @@ class LMModelConfig:
 
 @dataclass
 class LMDataConfig:
-    """jsonl: {"prompt","answer"} lines; gsm8k: {"question","answer"} lines (converted). Batches are
-    padded on ``padding_side``; ``group_by_length`` draws each step's batch among examples of similar
-    length (mutor2d.engine.data_order)."""
-    name: Literal["jsonl", "gsm8k"] = "jsonl"
+    """jsonl: {"prompt","answer"}, {"prompt","completion"} or chat {"messages"} lines; gsm8k:
+    {"question","answer"} lines; math: {"problem","solution"} lines (both converted; mutor2d.lm.data).
+    Batches are padded on ``padding_side``; ``group_by_length`` draws each step's batch among examples
+    of similar length (mutor2d.engine.data_order)."""
+    name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
     path: str = ""
     max_prompt_len: int = 512
     max_answer_len: int = 512

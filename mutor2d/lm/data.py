@@ -1,11 +1,24 @@
-"""Text data for LM fine-tuning: jsonl (prompt, answer) pairs -> token ids -> LMBatch.
+"""Text data for LM fine-tuning and evaluation: jsonl lines -> (prompt, answer) token ids -> LMBatch.
 
-Formats. ``jsonl``: one {"prompt": str, "answer": str} object per line. ``gsm8k``: GSM8K's own
-{"question": str, "answer": str} lines, turned into prompt "Question: {q}\\nAnswer:" and answer
-" {a}" by :func:`gsm8k_record`. The prompt is tokenized with the tokenizer's special tokens (BOS),
-the answer without, plus EOS when ``add_eos``; over-long prompts keep their last tokens, over-long
-answers their first. ``python -m mutor2d.lm.data gsm8k IN OUT`` converts a GSM8K file;
-``python -m mutor2d.lm.data stargraph OUT --count N`` writes star-graph pairs (words = node ids).
+Line formats of ``data.name: jsonl`` (recognised per line; each line is checked before any model loads,
+a bad one is a one-line DataError naming file, line and the problem):
+
+* ``{"prompt": str, "answer": str}`` and TRL's ``{"prompt": str, "completion": str}``: the prompt is
+  tokenized with the tokenizer's special tokens (BOS), the answer without, plus EOS when ``add_eos``;
+* chat ``{"messages": [{"role", "content"}, ...]}`` (and TRL's conversational ``{"prompt": [...],
+  "completion": [...]}``): rendered with the tokenizer's chat template, which must exist. Loss only on
+  assistant turns: each assistant turn (of the completion, for prompt/completion) is one example whose
+  prompt is the rendered conversation before it (with the generation prompt) and whose answer is the
+  rest of the rendering up to the end of that turn (the template's end-of-turn marks the end; no EOS
+  is added). The template must render each earlier part as a prefix of the whole;
+* any line may carry ``"gold"``: the final answer that eval/lm_accuracy.py compares with.
+
+``gsm8k``: GSM8K's {"question", "answer"} lines -> prompt "Question: {q}\\nAnswer:", answer " {a}",
+gold = the ``#### N`` number (:func:`gsm8k_record`). ``math``: MATH's {"problem", "solution"} lines
+-> prompt "Problem: {p}\\nSolution:", answer " {solution}", gold = its last ``\\boxed{}`` (else an
+``answer`` field) (:func:`math_record`). Over-long prompts keep their last tokens, over-long answers
+their first. ``python -m mutor2d.lm.data --help`` lists the converters (gsm8k, math, stargraph) and
+``check``.
 """
 from __future__ import annotations
 
@@ -16,18 +29,25 @@ from pathlib import Path
 
 import torch
 
+from .accuracy import boxed_answer, gsm8k_answer
 from .packing import LMBatch
+
+ROLES = ("system", "user", "assistant", "tool")
+LINE_FORMATS = '{"prompt","answer"}, {"prompt","completion"} or {"messages": [...]}'
+RAW_KEYS = {"question": "gsm8k", "problem": "math"}        # a key of a raw dataset line -> its data.name
 
 
 class DataError(ValueError):
     """Bad data; one line naming the file/line and what was expected."""
 
 
-def read_jsonl(path: str | Path, keys: tuple[str, str] = ("prompt", "answer")) -> list[dict]:
+def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
+    """[("FILE:LINE", object)] of the non-blank lines; DataError for a missing file, a line that is
+    not a JSON object, or no lines."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data.path={str(path)!r}: no such file")
-    records = []
+    lines = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -35,44 +55,167 @@ def read_jsonl(path: str | Path, keys: tuple[str, str] = ("prompt", "answer")) -
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in keys):
-            raise DataError(f"{path}:{n}: expected an object with string fields {keys}")
-        records.append(rec)
-    if not records:
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        lines.append((f"{path}:{n}", rec))
+    if not lines:
         raise DataError(f"{path}: no records")
-    return records
+    return lines
 
 
-def gsm8k_record(rec: dict) -> dict:
-    """GSM8K {"question", "answer"} -> {"prompt", "answer"}."""
-    return {"prompt": f"Question: {rec['question'].strip()}\nAnswer:", "answer": " " + rec["answer"].strip()}
+def _strings(rec: dict, keys: tuple[str, ...], where: str) -> None:
+    bad = [k for k in keys if not isinstance(rec.get(k), str)]
+    if bad:
+        raise DataError(f"{where}: expected string fields {list(keys)}; missing or not a string: {bad}")
 
 
-LOADERS = {
-    "jsonl": lambda path: read_jsonl(path),
-    "gsm8k": lambda path: [gsm8k_record(r) for r in read_jsonl(path, ("question", "answer"))],
-}
+def _gold(rec: dict, where: str) -> dict:
+    gold = rec.get("gold")
+    if gold is None:
+        return {}
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        raise DataError(f"{where}: 'gold' must be a string or a number, got {gold!r}")
+    return {"gold": str(gold)}
+
+
+def _messages(value, where: str, field: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: '{field}' must be a non-empty list of {{role, content}} objects")
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: {field}[{k}] must be {{\"role\": one of {list(ROLES)}, "
+                            f"\"content\": str}}, got {m!r:.80}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def jsonl_record(rec: dict, where: str) -> dict:
+    """A line of any jsonl format -> {"prompt", "answer"} or {"messages", "train_from"} (+ "gold")."""
+    if "messages" in rec:
+        return {"messages": _messages(rec["messages"], where, "messages"), "train_from": 0, **_gold(rec, where)}
+    if "completion" in rec and isinstance(rec.get("prompt"), list):
+        prompt = _messages(rec["prompt"], where, "prompt")
+        return {"messages": prompt + _messages(rec["completion"], where, "completion"),
+                "train_from": len(prompt), **_gold(rec, where)}
+    if "completion" in rec:
+        _strings(rec, ("prompt", "completion"), where)
+        return {"prompt": rec["prompt"], "answer": rec["completion"], **_gold(rec, where)}
+    if "prompt" in rec and "answer" in rec:
+        _strings(rec, ("prompt", "answer"), where)
+        return {"prompt": rec["prompt"], "answer": rec["answer"], **_gold(rec, where)}
+    hint = "".join(f" (raw {name} lines: data.name {name})" for key, name in RAW_KEYS.items() if key in rec)
+    raise DataError(f"{where}: expected {LINE_FORMATS}, got keys {sorted(rec)}{hint}")
+
+
+def gsm8k_record(rec: dict, where: str = "gsm8k record") -> dict:
+    """GSM8K {"question", "answer"} -> {"prompt", "answer", "gold"} (gold: the ``#### N`` number)."""
+    _strings(rec, ("question", "answer"), where)
+    if "####" not in rec["answer"] or gsm8k_answer(rec["answer"]) is None:
+        raise DataError(f"{where}: the GSM8K answer has no '#### N' final-answer line")
+    return {"prompt": f"Question: {rec['question'].strip()}\nAnswer:", "answer": " " + rec["answer"].strip(),
+            "gold": gsm8k_answer(rec["answer"])}
+
+
+def math_record(rec: dict, where: str = "MATH record") -> dict:
+    """MATH {"problem", "solution"} -> {"prompt", "answer", "gold"} (gold: the last boxed answer of the
+    solution, else a string ``answer`` field)."""
+    _strings(rec, ("problem", "solution"), where)
+    gold = boxed_answer(rec["solution"])
+    if gold is None and isinstance(rec.get("answer"), str):
+        gold = rec["answer"]
+    if gold is None:
+        raise DataError(f"{where}: the MATH solution has no \\boxed{{...}} answer and no 'answer' field")
+    return {"prompt": f"Problem: {rec['problem'].strip()}\nSolution:", "answer": " " + rec["solution"].strip(),
+            "gold": gold}
+
+
+LOADERS = {"jsonl": jsonl_record, "gsm8k": gsm8k_record, "math": math_record}
+
+
+def load_located(name: str, path: str | Path) -> list[tuple[str, dict]]:
+    """[("FILE:LINE", record)] with every line checked."""
+    if name not in LOADERS:
+        raise DataError(f"data.name={name!r}: expected one of {', '.join(LOADERS)}")
+    return [(where, LOADERS[name](rec, where)) for where, rec in read_jsonl(path)]
 
 
 def load_records(name: str, path: str | Path) -> list[dict]:
-    if name not in LOADERS:
-        raise DataError(f"data.name={name!r}: expected one of {', '.join(LOADERS)}")
-    return LOADERS[name](path)
+    return [rec for _, rec in load_located(name, path)]
+
+
+def check_chat_template(tokenizer, where: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}: chat lines need a tokenizer with a chat template; "
+                        f"{getattr(tokenizer, 'name_or_path', '') or 'this tokenizer'!s} has none")
+
+
+def chat_prompt(messages: list[dict], tokenizer) -> str:
+    """The rendered conversation ``messages`` followed by the assistant's generation prompt."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def render(rec: dict, tokenizer, where: str) -> list[tuple[str, str, bool]]:
+    """A record -> [(prompt text, answer text, templated)]; chat records give one per trained
+    assistant turn (templated: the text carries its special tokens)."""
+    if "messages" not in rec:
+        return [(rec["prompt"], rec["answer"], False)]
+    check_chat_template(tokenizer, where)
+    messages = rec["messages"]
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k >= rec["train_from"]]
+    if not turns:
+        raise DataError(f"{where}: no assistant turn to train on")
+    out = []
+    for k in turns:
+        prompt = chat_prompt(messages[:k], tokenizer)
+        full = tokenizer.apply_chat_template(messages[:k + 1], tokenize=False)
+        if not full.startswith(prompt):
+            raise DataError(f"{where}: the chat template does not render the turns before assistant "
+                            f"turn {k} as a prefix of the conversation; cannot mask the loss")
+        out.append((prompt, full[len(prompt):], True))
+    return out
+
+
+def encode_prompt(text: str, tokenizer, templated: bool) -> list[int]:
+    """Prompt ids: with the tokenizer's special tokens, unless the text is a rendered chat template."""
+    return tokenizer(text, add_special_tokens=not templated)["input_ids"]
 
 
 def tokenize(records: list[dict], tokenizer, max_prompt_len: int, max_answer_len: int,
-             add_eos: bool = True) -> list[tuple[list[int], list[int]]]:
-    """-> [(prompt ids, answer ids)]; raises DataError for an empty prompt or a < 2 token answer."""
+             add_eos: bool = True, where: list[str] | None = None) -> list[tuple[list[int], list[int]]]:
+    """-> [(prompt ids, answer ids)]; raises DataError for an empty prompt or a < 2 token answer.
+    ``where``: the "FILE:LINE" of each record, for messages."""
     out = []
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
     for n, rec in enumerate(records):
-        prompt = tokenizer(rec["prompt"], add_special_tokens=True)["input_ids"][-max_prompt_len:]
-        answer = (tokenizer(rec["answer"], add_special_tokens=False)["input_ids"] + eos)[:max_answer_len]
-        if len(prompt) < 1 or len(answer) < 2:
-            raise DataError(f"record {n}: prompt/answer of {len(prompt)}/{len(answer)} tokens, "
-                            "expected >= 1 / >= 2")
-        out.append((prompt, answer))
+        at = where[n] if where else f"record {n}"
+        for prompt_text, answer_text, templated in render(rec, tokenizer, at):
+            prompt = encode_prompt(prompt_text, tokenizer, templated)[-max_prompt_len:]
+            answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+            answer = (answer + ([] if templated else eos))[:max_answer_len]
+            if len(prompt) < 1 or len(answer) < 2:
+                raise DataError(f"{at}: prompt/answer of {len(prompt)}/{len(answer)} tokens, "
+                                "expected >= 1 / >= 2")
+            out.append((prompt, answer))
     return out
+
+
+def eval_prompts(located: list[tuple[str, dict]], tokenizer) -> list[dict]:
+    """Evaluation items: {"prompt" text, "prompt_ids", "gold"} per record. A chat record is asked its
+    conversation before its last assistant turn (or all of it, when it ends with no assistant turn);
+    gold: the "gold" field, else the answer / last assistant turn (a solution text is allowed)."""
+    items = []
+    for where, rec in located:
+        if "messages" in rec:
+            check_chat_template(tokenizer, where)
+            messages = rec["messages"]
+            last = max((k for k, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+            prompt, templated = chat_prompt(messages[:last], tokenizer), True
+            gold = rec.get("gold", messages[last]["content"] if last < len(messages) else None)
+        else:
+            prompt, templated, gold = rec["prompt"], False, rec.get("gold", rec["answer"])
+        if gold is None:
+            raise DataError(f"{where}: no gold answer (add a 'gold' field or a final assistant turn)")
+        items.append({"prompt": prompt, "prompt_ids": encode_prompt(prompt, tokenizer, templated), "gold": gold})
+    return items
 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = 0) -> LMBatch:
@@ -118,27 +261,58 @@ def write_jsonl(records: list[dict], path: str | Path) -> None:
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m mutor2d.lm.data",
+        description="Write and check jsonl files for LM fine-tuning and evaluation. Converters write "
+                    '{"prompt", "answer", "gold"} lines (data.name: jsonl); "check" validates a file.')
+    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,stargraph,check}")
+    for name, what in (("gsm8k", 'GSM8K {"question", "answer"} lines (gold: the "#### N" number)'),
+                       ("math", 'MATH {"problem", "solution"} lines (gold: the last \\boxed{} answer)')):
+        p = sub.add_parser(name, help=f"convert {what}", description=f"Convert {what}.")
+        p.add_argument("src", help="input jsonl file")
+        p.add_argument("dst", help="output jsonl file (overwritten)")
+    s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
+                       description="Write path-star graph prompt/answer pairs.")
+    s.add_argument("dst", help="output jsonl file (overwritten)")
+    for flag, default, what in (("--degree", 2, "arms per graph"), ("--path-len", 5, "nodes per arm"),
+                                ("--num-nodes", 50, "node ids to draw from"), ("--count", 1000, "pairs"),
+                                ("--seed", 0, "random seed")):
+        s.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    c = sub.add_parser("check", help="validate every line of a file (and, with --tokenizer, tokenize it)",
+                       description="Validate every line; exit 2 with a one-line error naming the first bad line.")
+    c.add_argument("src", help="jsonl file")
+    c.add_argument("--name", choices=list(LOADERS), default="jsonl",
+                   help="the file's format (data.name; default jsonl)")
+    c.add_argument("--tokenizer", default=None,
+                   help="local tokenizer folder: also render chat lines and tokenize (as training does)")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> str:
+    if args.kind == "stargraph":
+        records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed)
+    elif args.kind == "check":
+        located = load_located(args.name, args.src)
+        if args.tokenizer:
+            from .hf import load_tokenizer
+            examples = tokenize([r for _, r in located], load_tokenizer(args.tokenizer), 10**9, 10**9,
+                                where=[w for w, _ in located])
+            return f"{args.src}: {len(located)} valid lines, {len(examples)} training examples"
+        return f"{args.src}: {len(located)} valid lines"
+    else:
+        records = load_records(args.kind, args.src)
+    write_jsonl(records, args.dst)
+    return f"wrote {len(records)} records to {args.dst}"
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Write {prompt, answer} jsonl files for LM fine-tuning.")
-    sub = ap.add_subparsers(dest="kind", required=True)
-    g = sub.add_parser("gsm8k", help="convert GSM8K question/answer lines")
-    g.add_argument("src")
-    g.add_argument("dst")
-    s = sub.add_parser("stargraph", help="write star-graph pairs")
-    s.add_argument("dst")
-    for flag, default in (("--degree", 2), ("--path-len", 5), ("--num-nodes", 50), ("--count", 1000), ("--seed", 0)):
-        s.add_argument(flag, type=int, default=default)
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     try:
-        if args.kind == "gsm8k":
-            records = load_records("gsm8k", args.src)
-        else:
-            records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed)
-    except ValueError as e:
+        print(run(args))
+    except ValueError as e:          # DataError, LMModelError
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    write_jsonl(records, args.dst)
-    print(f"wrote {len(records)} records to {args.dst}")
 
 
 if __name__ == "__main__":

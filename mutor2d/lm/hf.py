@@ -1,17 +1,23 @@
-"""Loading, adapting and saving transformers models for MuToR-1D fine-tuning.
+"""Loading, adapting, saving and generating with transformers models for MuToR-1D fine-tuning.
 
-* :func:`load_causal_lm` / :func:`load_tokenizer`: from a local folder only (``local_files_only``);
-  a missing folder is a one-line LMModelError naming where it looked.
+* :func:`load_causal_lm` / :func:`load_tokenizer`: from a local folder, or a hub name already in the
+  local Hugging Face cache (``local_files_only``: nothing is downloaded); a missing one is a one-line
+  LMModelError naming where it looked. The name is passed on as given (not made absolute), so the
+  model's ``name_or_path`` and a saved adapter's base reference keep it.
 * :func:`build` -> MutorLM: LoRA through peft (base frozen; adapters and the register embedding
   train) or full fine-tuning (everything trains).
-* :func:`save`: LoRA -> the peft adapter (adapter_model.safetensors + adapter_config.json); full ->
-  the whole model (model.safetensors); both + ``register_embedding.safetensors`` + the tokenizer.
-  The folder loads in plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an
-  adapter folder needs peft installed and its base folder in place). Registers are training-only:
-  inference is the model's own ``generate``.
+* :func:`save`: LoRA -> the peft adapter (adapter_model.safetensors + adapter_config.json, whose
+  ``base_model_name_or_path`` is the base reference as given); full -> the whole model
+  (model.safetensors); both + ``register_embedding.safetensors`` + the tokenizer. The folder loads in
+  plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft
+  and its base in place). Registers are training-only.
+* :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
+  decoding through the model's own ``generate``.
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -20,65 +26,97 @@ from safetensors.torch import load_file, save_file
 from .model import MutorLM
 
 REGISTER_FILE = "register_embedding.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 class LMModelError(ValueError):
     """A model that cannot be loaded or adapted; one line."""
 
 
-def _check_folder(path: str | Path, what: str) -> Path:
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
-        raise LMModelError(f"model.hf={str(path)!r}: no {what} at {folder.resolve()} "
-                           "(expected a local folder with config.json; nothing is downloaded)")
-    return folder
+def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("config.json", ADAPTER_CONFIG),
+          **kwargs):
+    """``cls.from_pretrained(ref)`` from a local folder (holding one of ``markers``, if any are given)
+    or the local hub cache, ``ref`` passed as given."""
+    folder = Path(ref).expanduser()
+    local = folder.is_dir()
+    where = f"no {what} at {folder.resolve()}"
+    if local and markers and not any((folder / m).is_file() for m in markers):
+        raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder with config.json; "
+                           "nothing is downloaded)")
+    if not local and not _HUB_NAME.fullmatch(str(ref)):
+        raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder or a cached hub "
+                           "name; nothing is downloaded)")
+    try:
+        return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as e:        # transformers' own messages are many lines
+        if not local and isinstance(e, OSError):
+            raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
+                               "(expected a local folder or a cached hub name; nothing is downloaded)") from None
+        source = folder.resolve() if local else "the local Hugging Face cache"
+        raise LMModelError(f"{key}={str(ref)!r}: cannot load the {what} from {source}: "
+                           f"{str(e).splitlines()[0].strip()}") from None
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa"):
+def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
+                   key: str = "model.hf"):
     from transformers import AutoModelForCausalLM
-    folder = _check_folder(path, "transformers model").resolve()
-    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype],
-                                                attn_implementation=attn_implementation)
+    return _load(AutoModelForCausalLM, path, "transformers model", key, dtype=DTYPES[dtype],
+                 attn_implementation=attn_implementation,
+                 adapter_kwargs={"local_files_only": True})   # transformers does not pass it on itself
 
 
-def position_limit(path: str | Path) -> int | None:
-    """The model's number of positions (max_position_embeddings, or GPT-2's n_positions), read from
-    its config.json without loading weights; None if it declares none."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(_check_folder(path, "transformers model"), local_files_only=True)
+def position_limit(config) -> int | None:
+    """The number of positions a transformers model ``config`` declares (max_position_embeddings, or
+    GPT-2's n_positions); None if none."""
     config = getattr(config, "text_config", None) or config
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
+def load_model_config(path: str | Path, key: str = "model.hf"):
+    """A model's transformers config, read without its weights."""
+    from transformers import AutoConfig
+    return _load(AutoConfig, path, "transformers model", key)
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(_check_folder(path, "tokenizer"), local_files_only=True)
+    return with_pad_token(_load(AutoTokenizer, path, "tokenizer", markers=()))
+
+
+def with_pad_token(tok):
+    """``tok`` with a padding token (its EOS when it has none)."""
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str]):
-    """Wrap ``lm`` with peft LoRA adapters on modules named in ``targets``; the base is frozen."""
+def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], base_ref: str | None = None):
+    """Wrap ``lm`` with peft LoRA adapters on modules named in ``targets``; the base is frozen.
+    ``base_ref``: the base model reference the adapter config stores (default: ``lm.name_or_path``)."""
     from peft import LoraConfig, get_peft_model
     try:
-        return get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                             target_modules=list(targets), task_type="CAUSAL_LM"))
+        model = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                              target_modules=list(targets), task_type="CAUSAL_LM"))
     except ValueError as e:
         raise LMModelError(f"model.lora_targets={list(targets)}: {str(e).splitlines()[0]}") from None
+    if base_ref:
+        model.peft_config["default"].base_model_name_or_path = str(base_ref)
+    return model
 
 
-def build(lm, model_cfg, objective_cfg) -> MutorLM:
+def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
     """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding for
     mutor-1d, optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register
-    embedding require grad."""
+    embedding require grad; ``base_ref`` is the base reference saved with the adapters (default: the
+    name ``lm`` was loaded under)."""
     registers = objective_cfg.uses_registers()
     if model_cfg.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_cfg.finetune == "lora":
         lm = apply_lora(lm, model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout,
-                        model_cfg.lora_targets)
+                        model_cfg.lora_targets, base_ref)
     else:
         lm.requires_grad_(True)
     reg_weight = objective_cfg.reg_weight if registers else 0.0     # ntp has no reg_weight field
@@ -89,7 +127,10 @@ def save(model: MutorLM, out_dir: str | Path, tokenizer=None) -> Path:
     """Write adapters (or the full model), the register embedding and the tokenizer as safetensors."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.lm.save_pretrained(out, safe_serialization=True)
+    if hasattr(model.lm, "peft_config"):      # the vocabulary never changes: no base-config lookup
+        model.lm.save_pretrained(out, safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.lm.save_pretrained(out, safe_serialization=True)
     if model.has_registers:
         save_file({"register_embedding": model.register_embedding.detach().cpu().contiguous()}, out / REGISTER_FILE)
     if tokenizer is not None:
@@ -104,9 +145,41 @@ def load_register_embedding(model: MutorLM, folder: str | Path) -> None:
         model.register_embedding.copy_(saved)
 
 
-def load_for_inference(folder: str | Path, dtype: str = "float32"):
-    """Plain transformers model from a saved folder (adapters merged when there are any)."""
-    lm = load_causal_lm(folder, dtype)
-    if hasattr(lm, "merge_and_unload"):
-        lm = lm.merge_and_unload()
-    return lm
+def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool = True,
+                       attn_implementation: str = "sdpa"):
+    """The fine-tuned model of a saved folder (a run folder or its step_N/), in eval mode.
+
+    Full fine-tuning: the saved transformers model. LoRA (the folder has adapter_config.json): its base
+    (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
+    name) with the adapters; ``merge=True`` folds them into the base weights (peft
+    ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
+    returns the peft ``PeftModel``. Registers are training-only and not part of it."""
+    folder = Path(folder)
+    adapter = folder / ADAPTER_CONFIG
+    if not adapter.is_file():
+        return load_causal_lm(folder, dtype, attn_implementation).eval()
+    from peft import PeftModel
+    base_ref = json.loads(adapter.read_text()).get("base_model_name_or_path") or ""
+    base = load_causal_lm(base_ref, dtype, attn_implementation, key=f"{adapter}: base_model_name_or_path")
+    model = PeftModel.from_pretrained(base, folder, is_trainable=False)
+    return (model.merge_and_unload() if merge else model).eval()
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """``text`` up to the first occurrence of any stop string."""
+    return text[:min([text.find(s) for s in stop if s in text], default=len(text))]
+
+
+@torch.no_grad()
+def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
+             stop: list[str] = ()) -> list[str]:
+    """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
+    each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
+    -> the decoded new text of each prompt (special tokens skipped)."""
+    batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
+    device = next(lm.parameters()).device
+    out = lm.generate(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                      do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                      stop_strings=list(stop) or None, tokenizer=tokenizer)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [cut_at_stop(t, list(stop)) for t in texts]

@@ -6,8 +6,9 @@ embedding (mutor2d.lm.hf.build); a step packs a padded batch with the register l
 (mutor2d.lm.packing) and takes the objectives' loss. Checkpoints keep the trainable parameters only
 (adapters and register embedding under LoRA; everything under full fine-tuning) with the optimizer
 and RNG streams, so ``--resume auto`` continues exactly; the frozen base is reloaded from
-``model.hf``. After the last step the run folder gets the adapters (or the full model), the register
-embedding and the tokenizer, ready for plain transformers (mutor2d.lm.hf.save).
+``model.hf``. At each checkpoint step ``RUN/step_N/``, and after the last step the run folder, get
+the adapters (or the full model), the register embedding and the tokenizer, ready for plain
+transformers and eval/lm_accuracy.py (mutor2d.lm.hf.save).
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..config import ConfigError
+from ..config import ConfigError, fail
 from .config import LMRunConfig, from_dict
-from .data import collate, load_records, tokenize
-from .hf import build, load_causal_lm, load_tokenizer, position_limit, save
+from .data import collate, load_located, tokenize
+from .hf import build, load_causal_lm, load_model_config, load_tokenizer, position_limit, save, with_pad_token
 from .model import MutorLM
 from .packing import pack
 
@@ -52,26 +53,33 @@ class LMTrainModule(nn.Module):
 
 
 class LMRun:
-    """The parts of a language-model run for the engine."""
+    """The parts of a language-model run for the engine. ``model`` / ``tokenizer``: transformers
+    objects to fine-tune instead of loading ``model.hf`` (which then only names the base; default:
+    the model's ``name_or_path``)."""
     name = "lm"
 
-    def __init__(self):
-        self.tokenizer, self.trainable = None, set()
+    def __init__(self, model=None, tokenizer=None):
+        self.given_model, self.tokenizer, self.trainable = model, tokenizer, set()
 
     def load_config(self, data: dict) -> LMRunConfig:
         return from_dict(data)
 
     def prepare_data(self, cfg: LMRunConfig):
-        """(Examples, cfg): records read and validated, tokenized, lengths checked against the
-        model's positions, all before any weights load (a DataError or ConfigError names the line)."""
+        """(Examples, cfg): every line read and validated, tokenized, and checked against the model's
+        positions, all before any weights load (one-line errors name file and line)."""
         d = cfg.data
+        cfg.model.hf = base_reference(cfg, self.given_model, self.tokenizer)
         try:
-            self.tokenizer = load_tokenizer(cfg.model.hf)
-            records = load_records(d.name, d.path)
+            located = load_located(d.name, d.path)
+            self.tokenizer = with_pad_token(self.tokenizer) if self.tokenizer else load_tokenizer(cfg.model.hf)
+            config = self.given_model.config if self.given_model is not None else load_model_config(cfg.model.hf)
+            limit, pairs = position_limit(config), []
+            for where, rec in located:
+                more = tokenize([rec], self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos, [where])
+                check_positions(more, limit, where)
+                pairs += more
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        pairs = tokenize(records, self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos)
-        check_positions(pairs, position_limit(cfg.model.hf), d.path)
         return Examples(pairs), cfg
 
     def collate(self, items: list):
@@ -81,7 +89,9 @@ class LMRun:
         torch.manual_seed(cfg.train.seed)
         m = cfg.model
         try:
-            model = build(load_causal_lm(m.hf, m.dtype, m.attn_implementation), m, cfg.objective)
+            lm = self.given_model if self.given_model is not None else \
+                load_causal_lm(m.hf, m.dtype, m.attn_implementation)
+            model = build(lm, m, cfg.objective, base_ref=m.hf)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -94,7 +104,17 @@ class LMRun:
         return {k: v for k, v in state.items() if k in self.trainable}
 
     def hooks(self, run, log) -> list:
-        return []
+        return [self.snapshot]
+
+    def snapshot(self, run, tick) -> None:
+        """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
+        eval/lm_accuracy.py --ckpt RUN/step_N); the last step's goes into the run folder (``finish``)."""
+        from ..engine.hooks import due
+        if tick.last or tick.stopping or not tick.healthy or not due(run.cfg.train.ckpt_every, tick, at_end=False):
+            return
+        run.acc.wait_for_everyone()
+        if run.main:
+            save(run.model, run.run_dir / f"step_{tick.done}", self.tokenizer)
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
         """Sequences/s and slots/s (regular + register slots, padding included)."""
@@ -110,14 +130,23 @@ class LMRun:
             save(run.model, run.run_dir, self.tokenizer)
 
 
-def check_positions(pairs: list, limit: int | None, path: str) -> None:
-    """A prompt + answer longer than the model's positions is a one-line error naming the record."""
-    if limit is None:
-        return
-    for n, (p, a) in enumerate(pairs, 1):
+def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
+    """model.hf as given, else the model object's ``name_or_path``. Needed unless both objects are
+    given to a full fine-tuning (a LoRA adapter folder names the base it loads on)."""
+    ref = cfg.model.hf or (getattr(model, "name_or_path", "") if model is not None else "")
+    if not ref and (model is None or tokenizer is None or cfg.model.finetune == "lora"):
+        fail("model.hf", "a local folder or cached hub name of the base model (a LoRA run on a model "
+                         "object without name_or_path must name where its base loads from)", ref)
+    return ref
+
+
+def check_positions(pairs: list, limit: int | None, where: str) -> None:
+    """A prompt + answer longer than the model's positions is a one-line error naming the line
+    (never silent training past the position limit)."""
+    for p, a in pairs if limit is not None else []:
         if len(p) + len(a) > limit:
-            raise ConfigError(f"{path}: record {n} has {len(p)} + {len(a)} = {len(p) + len(a)} tokens, more than "
-                              f"the model's {limit} positions; lower data.max_prompt_len / data.max_answer_len")
+            raise ConfigError(f"{where}: {len(p)} + {len(a)} = {len(p) + len(a)} prompt + answer tokens, more "
+                              f"than the model's {limit} positions; lower data.max_prompt_len / data.max_answer_len")
 
 
 def load_trainable(model: MutorLM, state: dict, trainable: set[str]) -> None:

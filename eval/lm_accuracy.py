@@ -1,0 +1,142 @@
+"""Exact-match accuracy (GSM8K / MATH answers) of a fine-tuned language model, or of saved outputs.
+
+    python eval/lm_accuracy.py --ckpt RUN [--data FILE.jsonl] [--kind gsm8k|math] [--limit N]
+        [--max-new-tokens N] [--batch-size B] [--stop TEXT ...] [--out PRED.jsonl]
+    accelerate launch eval/lm_accuracy.py --ckpt RUN --data FILE.jsonl        # each process a share
+    python eval/lm_accuracy.py --score PRED.jsonl --kind gsm8k|math            # no model
+
+Generation is greedy through the model's own ``generate`` (mutor2d.lm.hf.load_for_inference: LoRA
+merged), left-padded batches, stopping at EOS, at a stop string or after --max-new-tokens. Each item
+goes to PRED.jsonl (index, prompt, output, extracted, gold, correct; default RUN/eval/
+predictions_<data>[_stepN].jsonl) as soon as its batch is done: a rerun skips items already there.
+A JSON record goes to RUN/eval/ (eval/leaderboard.py shows its accuracy). The last line printed is
+one JSON object: {"accuracy", "n", "correct", "no_answer", "kind", ...}. Rules: mutor2d/lm/accuracy.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from mutor2d.lm import accuracy
+
+DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:5]))
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--ckpt", help="run folder or its step_N/ folder of an LM fine-tuning (train.py, task: lm)")
+    mode.add_argument("--score", metavar="PRED.jsonl", help="score saved outputs (lines with output and gold)")
+    ap.add_argument("--data", help="jsonl file to evaluate on (lines as in training, with a gold answer: "
+                                   "'gold', else the answer / last assistant turn)")
+    ap.add_argument("--data-name", choices=["jsonl", "gsm8k", "math"], default="jsonl",
+                    help="format of --data, as the config's data.name (gsm8k / math: the raw files)")
+    ap.add_argument("--kind", choices=accuracy.KINDS,
+                    help="answer rules (default: math when --data-name math or the answers hold \\boxed, else gsm8k)")
+    ap.add_argument("--limit", type=int, default=0, help="evaluate the first N items only (0 = all)")
+    ap.add_argument("--max-new-tokens", type=int, default=512, help="generation length limit (default 512)")
+    ap.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default 16)")
+    ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                    help=f"stop string, repeatable; \\n is a newline (default {DEFAULT_STOP!r})")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="weights dtype for generation (default float32)")
+    ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
+    args = ap.parse_args(argv)
+    args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
+    if args.score and not args.kind:
+        ap.error("--score needs --kind gsm8k|math")
+    if args.ckpt and not args.data:
+        ap.error("--ckpt needs --data FILE.jsonl")
+    for flag in ("limit", "max_new_tokens", "batch_size"):
+        if getattr(args, flag) < (0 if flag == "limit" else 1):
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= {0 if flag == 'limit' else 1}")
+    return args
+
+
+def run_info(ckpt: Path) -> tuple[Path, dict, int | None]:
+    """(run folder, its config as a dict, step) of a run folder or its step_N/ folder."""
+    if not (ckpt / "config.json").is_file() and not (ckpt / "adapter_config.json").is_file():
+        raise ValueError(f"--ckpt {ckpt}: no saved model (config.json or adapter_config.json) in it")
+    m = re.fullmatch(r"step_(\d+)", ckpt.name)
+    run_dir = ckpt.parent if m else ckpt
+    config = run_dir / "config.yaml"
+    cfg = yaml.safe_load(config.read_text()) if config.is_file() else {}
+    step = int(m.group(1)) if m else (cfg.get("train") or {}).get("max_steps")
+    return run_dir, cfg, step
+
+
+def guess_kind(located: list[tuple[str, dict]], data_name: str) -> str:
+    if data_name in accuracy.KINDS:
+        return data_name
+    texts = [r.get("gold", "") + r.get("answer", "") + "".join(m["content"] for m in r.get("messages", []))
+             for _, r in located]
+    return "math" if any("\\boxed" in t for t in texts) else "gsm8k"
+
+
+def generate_all(args, located, kind: str, out: Path):
+    """This process's share of the items: greedy outputs appended to its part file; once every
+    process is done, returns accelerate's PartialState."""
+    from accelerate import PartialState
+    from mutor2d.lm import data, hf
+    state = PartialState()
+    tokenizer = hf.load_tokenizer(args.ckpt)
+    items = data.eval_prompts(located, tokenizer)                 # every line checked before the model loads
+    model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
+    accuracy.predict(items, lambda batch: hf.generate(model, tokenizer, [it["prompt_ids"] for it in batch],
+                                                      args.max_new_tokens, args.stop),
+                     out, kind, state.process_index, state.num_processes, args.batch_size)
+    state.wait_for_everyone()
+    return state
+
+
+def evaluate(args) -> dict | None:
+    from mutor2d.evaluation import records
+    from mutor2d.lm import data
+    ckpt = Path(args.ckpt)
+    run_dir, cfg, step = run_info(ckpt)
+    located = data.load_located(args.data_name, args.data)
+    located = located[:args.limit] if args.limit else located
+    kind = args.kind or guess_kind(located, args.data_name)
+    suffix = f"_step{step}" if ckpt != run_dir else ""
+    out = Path(args.out) if args.out else run_dir / "eval" / f"predictions_{Path(args.data).stem}{suffix}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    state = generate_all(args, located, kind, out)
+    if not state.is_main_process:
+        return None
+    accuracy.merge_parts(out)
+    result = accuracy.score(accuracy.collect(out, len(located)), kind)
+    sampling = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens,
+                "stop": args.stop, "batch_size": args.batch_size}
+    record = accuracy.make_record(result, run_config=cfg, step=step, data=str(args.data), predictions=str(out),
+                                  checkpoint=str(ckpt), sampling=sampling)
+    path = records.write_record(record, run_dir / "eval")
+    return {**result, "predictions": str(out), "record": str(path)}
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.score:
+        result = accuracy.score(accuracy.read_predictions(args.score), args.kind)
+    else:
+        result = evaluate(args)
+        if result is None:                       # not the main process
+            return None
+    print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}, {result['kind']})",
+          file=sys.stderr)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as e:   # DataError, LMModelError, bad prediction files
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

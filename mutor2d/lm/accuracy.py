@@ -1,0 +1,333 @@
+"""Final-answer extraction and exact-match accuracy for GSM8K- and MATH-style outputs (pure Python).
+
+GSM8K (``kind="gsm8k"``): the answer is the number on the last ``#### N`` line, else the last number
+of the text. A number is read with an optional sign and ``$``, thousands separators (``1,234``) and
+decimals, and written canonically (``$1,200.00`` -> ``1200``, ``12.50`` -> ``12.5``, ``-0`` -> ``0``);
+words, units and punctuation around it are ignored.
+
+MATH (``kind="math"``): the answer is the content of the last ``\\boxed{...}`` / ``\\fbox{...}``
+(balanced braces; also ``\\boxed 5``), normalised (:func:`normalize_math`): spaces, ``$``, ``\\!``,
+``\\,``, ``\\left``/``\\right``, ``\\displaystyle``, degrees, percent signs, trailing units in
+``\\text{}``, a trailing ``.`` and a short ``x =`` are dropped; ``\\dfrac``/``\\tfrac`` become
+``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``. Two answers are equal when their normalised
+strings are, or when both read as exact rationals (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``-\\frac12``)
+of equal value. A gold answer goes through the same rules (a full solution text gives its own
+``#### N`` / boxed answer).
+
+Prediction files (eval/lm_accuracy.py): one JSON object per line with ``index``, ``prompt``,
+``output``, ``extracted``, ``gold``, ``correct``. Several processes each write a part file of their
+share (index % world == rank); :func:`merge_parts` joins them into the output file.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+KINDS = ("gsm8k", "math")
+
+# ----------------------------------------------------------------------------- GSM8K
+
+_NUMBER = re.compile(r"(?<![\w.])([-+\u2212]?)(?:\$\s?)?([-\u2212]?)"   # a sign touches $ or the digits
+                     r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
+_FINAL_LINE = re.compile(r"####([^\n]*)")
+
+
+def canonical_number(sign: str, digits: str) -> str:
+    """'-', '1,200.00' -> '-1200'; trailing decimal zeros dropped, no exponent, '-0' -> '0'."""
+    value = Decimal(digits.replace(",", "")) * (-1 if sign in ("-", "\u2212") else 1)
+    text = format(value.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+def _numbers(text: str) -> list[str]:
+    return [canonical_number(s1 or s2, d) for s1, s2, d in _NUMBER.findall(text)]
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """The number of the last ``#### N`` line (its first number), else the text's last number."""
+    finals = [n for line in _FINAL_LINE.findall(text) for n in _numbers(line)[:1]]
+    if finals:
+        return finals[-1]
+    numbers = _numbers(text)
+    return numbers[-1] if numbers else None
+
+
+# ----------------------------------------------------------------------------- MATH
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+
+
+def _braced(text: str, start: int) -> tuple[str, int] | None:
+    """Content of the balanced ``{...}`` opening at text[start], and the index after it."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1:i], i + 1
+    return None
+
+
+def boxed_answer(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed 5``); None if none is closed."""
+    for match in reversed(list(_BOX.finditer(text))):
+        rest = match.end()
+        while rest < len(text) and text[rest] == " ":
+            rest += 1
+        if rest < len(text) and text[rest] == "{":
+            found = _braced(text, rest)
+            if found:
+                return found[0]
+        elif rest > match.end():
+            token = re.match(r"[^\s$]+", text[rest:])
+            if token:
+                return token.group(0)
+    return None
+
+
+def _fix_frac_args(text: str) -> str:
+    """``\\frac12`` / ``\\frac1{2}`` / ``\\frac{1}2`` -> ``\\frac{1}{2}`` (also ``\\sqrt2`` -> ``\\sqrt{2}``)."""
+    def arg(s: str, i: int) -> tuple[str, int]:
+        if i < len(s) and s[i] == "{":
+            found = _braced(s, i)
+            if found:
+                return "{" + _fix_frac_args(found[0]) + "}", found[1]
+        return ("{" + s[i] + "}", i + 1) if i < len(s) else ("", i)
+
+    out, i = [], 0
+    for match in re.finditer(r"\\(frac|sqrt)(?![a-zA-Z])", text):
+        if match.start() < i:
+            continue
+        out.append(text[i:match.end()])
+        i = match.end()
+        for _ in range(2 if match.group(1) == "frac" else 1):
+            if i < len(text) and text[i] == "[":            # \sqrt[3]{x}: keep the index
+                break
+            part, i = arg(text, i)
+            out.append(part)
+    return "".join(out) + text[i:]
+
+
+_TEXT = r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}"
+
+
+def _drop_units(text: str) -> str:
+    """Drop a trailing ``\\text{...}`` unit after a value; unwrap the remaining ``\\text{}``."""
+    while True:
+        stripped = re.sub(r"(?<=\S)\s*" + _TEXT + r"\s*$", "", text)
+        if stripped == text or not stripped.strip():
+            break
+        text = stripped
+    return re.sub(_TEXT, r"\1", text)
+
+
+_DROP = (r"\\\$", r"\\!", r"\\,", r"\\;", r"\\:", r"\\ ", r"\\displaystyle", r"\\left(?![a-zA-Z])",
+         r"\\right(?![a-zA-Z])", r"\$", r"\^\{?\\circ\}?", r"\\%", r"%", r"\{,\}")
+
+
+def normalize_math(answer: str) -> str:
+    """The comparison form of a MATH answer (see the module docstring)."""
+    text = answer.strip().replace("\n", " ")
+    text = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", text)
+    for pattern in _DROP:
+        text = re.sub(pattern, "", text)
+    text = _drop_units(text)
+    text = re.sub(r"\s+", "", text).rstrip(".")
+    text = _fix_frac_args(text)
+    text = re.sub(r"\^\{(\w)\}", r"^\1", text)
+    if re.fullmatch(r"[a-zA-Z]\w?=.+", text):             # "x=5" -> "5"
+        text = text.split("=", 1)[1]
+    if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", text):
+        text = text.replace(",", "")
+    return re.sub(r"(?<![\d.])\.(\d)", r"0.\1", text)
+
+
+def as_rational(text: str) -> Fraction | None:
+    """Exact value of a normalised answer that is a plain number or a simple fraction, else None."""
+    m = re.fullmatch(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{([-+]?\d+(?:\.\d+)?)\}", text) \
+        or re.fullmatch(r"([-+]?)(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)", text)
+    try:
+        if m:
+            value = Fraction(m.group(2)) / Fraction(m.group(3))
+            return -value if m.group(1) == "-" else value
+        if re.fullmatch(r"[-+]?\d+(?:\.\d+)?", text):
+            return Fraction(text)
+    except (ZeroDivisionError, ValueError):
+        return None
+    return None
+
+
+def math_equal(a: str, b: str) -> bool:
+    na, nb = normalize_math(a), normalize_math(b)
+    if na == nb:
+        return True
+    ra, rb = as_rational(na), as_rational(nb)
+    return ra is not None and ra == rb
+
+
+# ----------------------------------------------------------------------------- both kinds
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
+    return kind
+
+
+def extract(text: str, kind: str) -> str | None:
+    """The final answer of a model output (None if it has none)."""
+    return gsm8k_answer(text) if check_kind(kind) == "gsm8k" else boxed_answer(text)
+
+
+def gold_answer(gold: str, kind: str) -> str:
+    """A gold answer as given, or the final answer of a gold solution text."""
+    if check_kind(kind) == "gsm8k":
+        return gsm8k_answer(gold) or gold.strip()
+    boxed = boxed_answer(gold)
+    return gold.strip() if boxed is None else boxed
+
+
+def is_correct(output: str, gold: str, kind: str) -> bool:
+    """Exact match of the output's final answer with the gold answer, under ``kind``'s rules."""
+    pred, ref = extract(output, kind), gold_answer(gold, kind)
+    if pred is None:
+        return False
+    return pred == ref if kind == "gsm8k" else math_equal(pred, ref)
+
+
+def guess_kind(golds: list[str]) -> str:
+    """'math' when any gold answer holds a ``\\boxed`` or a LaTeX command, else 'gsm8k'."""
+    return "math" if any("\\" in g for g in golds) else "gsm8k"
+
+
+def score(items: list[dict], kind: str) -> dict:
+    """items: dicts with ``output`` and ``gold`` -> {"accuracy", "n", "correct", "no_answer", "kind"}."""
+    correct = sum(is_correct(it["output"], it["gold"], kind) for it in items)
+    no_answer = sum(extract(it["output"], kind) is None for it in items)
+    return {"accuracy": correct / len(items) if items else 0.0, "n": len(items), "correct": correct,
+            "no_answer": no_answer, "kind": kind}
+
+
+def scored_item(index: int, prompt: str, output: str, gold: str, kind: str) -> dict:
+    """One line of a prediction file."""
+    return {"index": index, "prompt": prompt, "output": output, "extracted": extract(output, kind),
+            "gold": gold, "correct": is_correct(output, gold, kind)}
+
+
+# ----------------------------------------------------------------------------- prediction files
+
+def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "gold")) -> list[dict]:
+    """Lines of a prediction file; a last line cut short by a killed writer is skipped, any other bad
+    line is a one-line ValueError naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such prediction file")
+    lines = path.read_text().splitlines()
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        missing = [k for k in required if not isinstance(item.get(k) if isinstance(item, dict) else None, str)]
+        if missing:
+            raise ValueError(f"{path}:{n}: expected an object with string fields {list(required)}, "
+                             f"missing or not a string: {missing}")
+        items.append(item)
+    return items
+
+
+def part_path(out: str | Path, rank: int, world: int) -> Path:
+    out = Path(out)
+    return out.with_name(f"{out.name}.part{rank}of{world}")
+
+
+def shard(indices: list[int], rank: int, world: int) -> list[int]:
+    """The share of process ``rank`` of ``world``: indices i with i % world == rank (independent of
+    what is already done, so every process agrees on it)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world}: expected 0 <= rank < world")
+    return [i for i in indices if i % world == rank]
+
+
+def done_items(out: str | Path) -> dict[int, dict]:
+    """Items already written, by index: the output file and every part file next to it."""
+    out = Path(out)
+    files = ([out] if out.is_file() else []) + sorted(out.parent.glob(f"{out.name}.part*of*"))
+    return {it["index"]: it for f in files for it in read_predictions(f, ()) if isinstance(it.get("index"), int)}
+
+
+def merge_parts(out: str | Path) -> list[dict]:
+    """Join the output file and its part files into the output file (sorted by index, one line per
+    index); the part files are then removed. Returns the merged items."""
+    out = Path(out)
+    items = [it for _, it in sorted(done_items(out).items())]
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("".join(json.dumps(it) + "\n" for it in items))
+    os.replace(tmp, out)
+    for part in out.parent.glob(f"{out.name}.part*of*"):
+        part.unlink()
+    return items
+
+
+def _keep_whole_lines(path: Path) -> None:
+    """Rewrite ``path`` without a last line cut short by a killed writer (so appends stay valid)."""
+    if path.is_file() and not path.read_text().endswith("\n") and path.stat().st_size:
+        path.write_text("".join(json.dumps(it) + "\n" for it in read_predictions(path, ())))
+
+
+def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int = 0, world: int = 1,
+            batch_size: int = 8) -> int:
+    """Generate and score this process's share of ``items`` not yet in ``out`` or its part files,
+    appending each finished batch to its part file (so a killed run resumes where it stopped).
+
+    items: [{"prompt": text, "prompt_ids": ids, "gold": str}] (index = position); generate: list of
+    items -> list of output texts. Batches hold prompts of similar length (longest first), a
+    deterministic order. Returns how many items were generated."""
+    done = done_items(out)
+    for i, item in done.items():
+        if i < len(items) and item.get("prompt") != items[i]["prompt"]:
+            raise ValueError(f"{out}: item {i} was written for another prompt (another data file?); "
+                             "use another --out or delete it")
+    todo = sorted((i for i in shard(list(range(len(items))), rank, world) if i not in done),
+                  key=lambda i: (-len(items[i]["prompt_ids"]), i))
+    part = part_path(out, rank, world)
+    _keep_whole_lines(part)
+    with open(part, "a") as f:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            for i, text in zip(batch, generate([items[i] for i in batch])):
+                f.write(json.dumps(scored_item(i, items[i]["prompt"], text, items[i]["gold"], kind)) + "\n")
+            f.flush()
+    return len(todo)
+
+
+def collect(out: str | Path, n: int) -> list[dict]:
+    """The merged items 0..n-1 of a finished prediction file (merge_parts first); ValueError if any is missing."""
+    by_index = {it["index"]: it for it in read_predictions(out, ("output", "gold"))}
+    missing = [i for i in range(n) if i not in by_index]
+    if missing:
+        raise ValueError(f"{out}: {len(missing)} of {n} items missing (first: {missing[0]}); rerun to finish")
+    return [by_index[i] for i in range(n)]
+
+
+def make_record(result: dict, *, run_config: dict, step: int | None, data: str, predictions: str,
+                checkpoint: str, sampling: dict) -> dict:
+    """An evaluation record (mutor2d.evaluation.records' keys) of an LM run's accuracy."""
+    objective = run_config.get("objective") or {}
+    return {
+        "method": objective.get("name", "unknown"), "objective": objective, "step": step,
+        "metrics": {"accuracy": result["accuracy"]},
+        "detail": {k: result[k] for k in ("correct", "no_answer")},
+        "evaluator": f"{result['kind']} exact match", "reference": data, "n": result["n"],
+        "sampling": sampling, "seed": None, "samples": predictions, "checkpoint": checkpoint,
+        "run_config": run_config,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
