@@ -21,7 +21,7 @@ from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
-from mutor2d.engine import PREEMPTED_EXIT, Diverged, Preempted, default_run_dir, train
+from mutor2d.engine import PREEMPTED_EXIT, default_run_dir, exit_code, train
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,9 +54,14 @@ def run(args: argparse.Namespace) -> Path:
 
 def load_config(data: dict, overrides: list[str]):
     """The run config of a YAML mapping or a checkpoint's stored config: ``task: lm`` is a language-model
-    run (mutor2d.lm.config), anything else an image run."""
-    if data.get("task") == "lm":
+    run (mutor2d.lm.config), ``task: vq`` a VQ tokenizer run (mutor2d.tokenizer.vq_train), anything else
+    an image run."""
+    task = data.get("task", data.get("kind"))
+    if task == "lm":
         return lm_lib.load_config(data, overrides)
+    if task == "vq":
+        from mutor2d.tokenizer import vq_train
+        return vq_train.load_config(data, overrides)
     return config_lib.from_dict(config_lib.apply_overrides(data, overrides))
 
 
@@ -64,18 +69,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         run_dir = run(args)
-    except Preempted as e:
-        print(str(e), file=sys.stderr)
-        raise SystemExit(PREEMPTED_EXIT) from None
-    except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except ckpt_lib.CheckpointWriteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(ckpt_lib.WRITE_FAILED_EXIT) from None
-    except (ValueError, FileNotFoundError) as e:      # ConfigError, CheckpointError, LayoutError, ...
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
+        raise SystemExit(code) from None
     print(f"run folder: {run_dir}")
 
 

@@ -158,14 +158,9 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
 
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
     from mutor2d.tokenizer.vq import VQError, load_vq
-    from mutor2d.tokenizer.vq_train import _save
-    from test_vq import small_model
-    model = small_model(seed=2)
-    cfg = SimpleNamespace(to_dict=lambda: {"kind": "vq", "model": vars(model.config).copy()},
-                          train=SimpleNamespace(keep_ckpts=2))
-    run = SimpleNamespace(acc=SimpleNamespace(is_main_process=True), raw=model, opt=torch.optim.SGD(model.parameters()),
-                          step=1, cfg=cfg, out=tmp_path / "vq")
-    _save(run)
+    from mutor2d.tokenizer.vq_train import load_config, train as train_vq
+    train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=4", "train.batch_size=4",
+                                       "train.max_steps=1", "train.eval_every=0", f"train.out_dir={tmp_path / 'vq'}"]))
     path = ckpt_lib.checkpoint_path(tmp_path / "vq", 1)
     load_vq(path)
     flip_a_tensor_byte(path)

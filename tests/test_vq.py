@@ -304,29 +304,29 @@ def test_lpips_from_local_files(tmp_path):
 
 # ----------------------------------------------------------------------------- training
 
-def test_train_vq_runs_checkpoints_and_resumes(tmp_path):
+def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
     from mutor2d.tokenizer.vq_train import load_config, train
     out = tmp_path / "run"
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
-            "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]
-    lines = []
-    metrics = train(load_config("vq_digits", sets), log=lines.append)
+            "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]  # train.lr: old key
+    cfg = load_config("vq_digits", sets)
+    assert cfg.optim.lr == 1e-3 and cfg.objective.rec_loss == "l2"          # upgraded into optim / objective
+    metrics = train(cfg)
     assert set(metrics) >= {"l1", "mse", "psnr", "usage", "perplexity"} and 0 < metrics["usage"] <= 1
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000003.pt"]
     log = [json.loads(s) for s in (out / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == [1, 2, 3]
-    assert {"rec", "codebook", "commitment", "usage_window"} <= set(log[0])
+    assert {"loss_rec", "loss_codebook", "loss_commitment", "usage_window"} <= set(log[0])
     tok = VQTokenizer.from_checkpoint(out)  # the run folder resolves to its newest checkpoint
     assert tok.grid == (4, 4) and tok.vocab_size == PRESETS["tiny"]["codebook_size"]
-    lines.clear()
-    (out / "checkpoints" / ".step_00000004.pt.k1ll3d.tmp").write_bytes(b"a save killed mid-write")
-    train(load_config("vq_digits", sets[:-2] + ["train.max_steps=4", f"train.out_dir={out}"]), log=lines.append)
-    assert any("resumed" in s and "step 3" in s for s in lines)
-    assert [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in e] == [1, 2, 3, 4]
+    capsys.readouterr()
+    train(load_config("vq_digits", sets[:-2] + ["train.max_steps=4", f"train.out_dir={out}"]))
+    assert "resuming from step 3" in capsys.readouterr().out
+    assert [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+            if "loss" in e] == [1, 2, 3, 4]
     saved = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)  # no allow-list needed
-    assert saved["step"] == 4 and saved["config"]["kind"] == "vq"
-    assert not list((out / "checkpoints").glob(".*.tmp"))
-    with pytest.raises(ConfigError, match="another model"):
+    assert saved["step"] == 4 and saved["config"]["task"] == "vq"
+    with pytest.raises(ConfigError, match="model.codebook_size=16 differs from the checkpoint's"):
         train(load_config("vq_digits", sets[:-1] + ["model.codebook_size=16", f"train.out_dir={out}"]))
 
 
@@ -334,13 +334,13 @@ def test_vq_config_errors():
     from mutor2d.tokenizer.vq_train import load_config
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
-    with pytest.raises(ConfigError, match="train.rec_loss"):
+    with pytest.raises(ConfigError, match="objective.rec_loss"):
         load_config("vq_digits", ["train.rec_loss=l3"])
     with pytest.raises(ConfigError, match="data.path"):
         load_config("vq_digits", ["data.name=folder"])
     with pytest.raises(ConfigError, match="model.preset: expected a vq preset"):
         load_config("vq_digits", ["model.preset=huge"])
-    with pytest.raises(ConfigError, match="train.lr"):
+    with pytest.raises(ConfigError, match="optim.lr"):
         load_config("vq_digits", ["train.lr=.nan"])
     with pytest.raises(ConfigError, match="data.crop_range"):
         load_config("vq_digits", ["data.crop_range=0.5"])
@@ -368,7 +368,7 @@ def test_train_vq_on_an_image_folder(tmp_path, capsys):
     cfg = load_config("vq_digits", ["model.preset=tiny", "data.name=folder", f"data.path={tmp_path / 'imgs'}",
                                     "data.eval_images=4", "train.batch_size=4", "train.max_steps=2",
                                     "train.eval_every=0", f"train.out_dir={out}"])
-    metrics = train(cfg, log=lambda s: None)
+    metrics = train(cfg)
     assert 0 <= metrics["l1"] <= 1 and (out / "checkpoints" / "step_00000002.pt").is_file()
 
 
@@ -382,3 +382,37 @@ def test_train_vq_script_reports_bad_config_in_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown config key 'model.channels'") and len(err.strip().splitlines()) == 1
+
+
+def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
+    """A VQ run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the losses and
+    final weights of an uninterrupted run of the same steps."""
+    import signal
+    import subprocess
+    import time
+
+    from test_training import PY, env, losses, losses_so_far
+    sets = ["--set", "model.preset=tiny", "--set", "data.eval_images=4", "--set", "train.batch_size=4",
+            "--set", "train.log_every=1", "--set", "train.ckpt_every=0", "--set", "train.eval_every=0"]
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    proc = subprocess.Popen([PY, "train.py", "--config", "vq_digits.yaml", "--out", str(run), "--max-steps", "100000",
+                             *sets], cwd=ROOT, env=env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        end = time.time() + 120
+        while time.time() < end and len(losses_so_far(run)) < 2 and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        rc, err = proc.wait(timeout=120), proc.stderr.read()
+    finally:
+        proc.kill()
+    assert rc == 75, err[-2000:]
+    k = max(losses_so_far(run))
+    for out, extra in ((run, ["--resume", "auto"]), (straight, [])):
+        r = subprocess.run([PY, "train.py", "--config", "vq_digits.yaml", "--out", str(out), "--max-steps", str(k + 2),
+                            *sets, *extra], cwd=ROOT, env=env(1), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert losses(run) == losses(straight) and len(losses(run)) == k + 2
+    a, b = (torch.load(ckpt, weights_only=True)["model"] for ckpt in
+            (run / "checkpoints" / f"step_{k + 2:08d}.pt", straight / "checkpoints" / f"step_{k + 2:08d}.pt"))
+    assert all(torch.equal(a[key], b[key]) for key in a)

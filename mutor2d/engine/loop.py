@@ -79,6 +79,18 @@ class Preempted(Exception):
     """A stop signal ended the run after a checkpoint; train.py exits with PREEMPTED_EXIT."""
 
 
+def exit_code(error: BaseException) -> int | None:
+    """The exit code of an entry script for an error that ends a run with one line on stderr (None:
+    not one of them): 75 stopped by a signal after a checkpoint, 1 diverged, 74 a checkpoint could not
+    be written, 2 bad config or input (ConfigError, CheckpointError, a locked run folder, ...)."""
+    from ..checkpoint import WRITE_FAILED_EXIT, CheckpointWriteError
+    for kind, code in ((Preempted, PREEMPTED_EXIT), (Diverged, 1), (CheckpointWriteError, WRITE_FAILED_EXIT),
+                       ((ValueError, FileNotFoundError), 2)):
+        if isinstance(error, kind):
+            return code
+    return None
+
+
 class Diverged(RuntimeError):
     """Too many skipped (non-finite or blown-up) updates in a row; one-line message."""
 

@@ -171,7 +171,7 @@ def upgrade(data: dict) -> dict:
         train.setdefault("ckpt_every", train.pop("save_every"))
     data = {**data, "train": train}
     if moved:
-        data["data"] = {**moved, **(data.get("data") or {})}
+        data["data"] = {**(data.get("data") or {}), **moved}     # an old-style --set wins
     return data
 
 

@@ -503,7 +503,8 @@ def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQMod
     state = _weights_of(ckpt, path, use_ema)
     if config is None:
         stored = ckpt.get("config")
-        if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and stored.get("kind") == "vq":
+        if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and \
+                "vq" in (stored.get("task"), stored.get("kind")):          # "kind": before the one engine
             config = vq_config("vq16", **stored["model"])
         else:
             config = config_from_state_dict(state).validate()

@@ -1,14 +1,17 @@
-"""VQ tokenizer training: config, image data, losses, the loop, reconstruction metrics.
+"""VQ tokenizer training as an engine run: config, image data, the loss, reconstruction metrics.
 
 Loss = rec_weight * rec(x, x_hat) + codebook_weight * (codebook + commitment)
        + perceptual_weight * LPIPS(x, x_hat)          (only when perceptual weight files are given)
 rec is L2 (mean squared error) or L1 on images in [-1, 1]; codebook / commitment are the VQ's
-(mutor2d.tokenizer.vq). No adversarial loss. Checkpoints: RUN/checkpoints/step_XXXXXXXX.pt, written
-atomically, holding model, ema=None, optimizer, step, rng (torch's state as a tensor) and config
-(a plain dict with ``kind: vq`` plus the resolved architecture, so load_vq rebuilds it); every
-value loads with ``weights_only=True``. Logs (RUN/log.jsonl): losses, codebook usage over the
-recent window; at eval steps per-pixel L1 / MSE / PSNR on [0, 1] images of a held-out set and the
-fraction of the codebook those images use. Non-finite values are logged as null.
+(mutor2d.tokenizer.vq). No adversarial loss. The run goes through mutor2d.engine like every other
+kind: exact resume, stop signals (exit 75), the non-finite and blow-up guards, verified checkpoints
+with safe rotation, a run lock, log.jsonl and a progress bar. Checkpoints hold the VQ under "model"
+and the config with ``task: vq`` and the resolved architecture, so load_vq rebuilds it. Every
+``train.eval_every`` steps (and at the end) per-pixel L1 / MSE / PSNR on [0, 1] images of a held-out
+set and the fraction of the codebook they use go to log.jsonl as ``{"step", "eval": {...}}``.
+
+Configs written before the one engine (a flat ``train`` section holding the optimizer and loss keys,
+``kind: vq``) are upgraded on read.
 """
 from __future__ import annotations
 
@@ -16,8 +19,7 @@ import dataclasses
 import json
 import math
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -26,15 +28,19 @@ import torch
 import torch.nn.functional as F
 import yaml
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .. import config as config_lib
-from ..checkpoint import checkpoint_path, list_checkpoints
-from ..config import ConfigError
+from ..config import ConfigError, fail
 from ..data import digits_images, digits_rgb
-from ..io import remove_stale_temps, torch_save, with_checksum, write_atomic, write_text_atomic
+from ..engine.loop import TrainConfig
+from ..engine.optim import OptimConfig
+from ..objectives import ObjectiveResult
 from .codes import center_crop_arr, scan_image_folder
-from .vq import PRESETS, VQConfig, VQError, VQModel, newest_vq_checkpoint
+from .vq import PRESETS, VQConfig, VQError, VQModel
+
+TASK = "vq"
+SECTIONS = ("model", "data", "objective", "optim", "train")
 
 
 @dataclass
@@ -62,82 +68,101 @@ class VQDataConfig:
 
 
 @dataclass
-class VQTrainConfig:
-    batch_size: int = 64
-    max_steps: int = 1000
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.05
-    grad_clip: float = 1.0
+class VQLossConfig:
+    """The loss: reconstruction (L2 or L1), codebook and commitment terms, and LPIPS when weight files
+    are given (mutor2d.tokenizer.lpips)."""
     rec_loss: Literal["l2", "l1"] = "l2"
     rec_weight: float = 1.0
     codebook_weight: float = 1.0
     perceptual_weight: float = 1.0   # used only when perceptual_weights is non-empty
     perceptual_weights: list[str] = field(default_factory=list)
-    log_every: int = 50
-    eval_every: int = 500            # 0 = only at the end
-    ckpt_every: int = 500
-    keep_ckpts: int = 2
-    seed: int = 0
-    out_dir: str = "runs/vq"
 
     def check(self) -> None:
-        for key in ("batch_size", "log_every", "ckpt_every", "keep_ckpts"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"train.{key}: expected >= 1, got {getattr(self, key)}")
-        for key in ("max_steps", "eval_every", "seed", "weight_decay", "grad_clip", "rec_weight",
-                    "codebook_weight", "perceptual_weight"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"train.{key}: expected a finite value >= 0, got {value!r}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"train.lr: expected a finite number > 0, got {self.lr!r}")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"train.betas: expected values in [0, 1), got {list(self.betas)}")
+        for key in ("rec_weight", "codebook_weight", "perceptual_weight"):
+            if getattr(self, key) < 0:
+                fail(f"objective.{key}", ">= 0", getattr(self, key))
+
+
+LOSS_KEYS = {f.name for f in dataclasses.fields(VQLossConfig)}
+OPTIM_KEYS = {"lr", "betas", "weight_decay", "grad_clip"}
+IMAGE_ONLY = {"sample_every": 0, "init_from": "", "compile": False}
+
+
+def vq_optim(**fields) -> OptimConfig:
+    return OptimConfig(**{"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.05, **fields})
+
+
+def vq_train(**fields) -> TrainConfig:
+    return TrainConfig(**{"log_every": 50, "eval_every": 500, "ckpt_every": 500, "out_dir": "runs/vq",
+                          "tracker": "none", **fields})
 
 
 @dataclass
 class VQRunConfig:
     model: VQConfig
-    data: VQDataConfig
-    train: VQTrainConfig
+    data: VQDataConfig = field(default_factory=VQDataConfig)
+    objective: VQLossConfig = field(default_factory=VQLossConfig)
+    optim: OptimConfig = field(default_factory=vq_optim)
+    train: TrainConfig = field(default_factory=vq_train)
 
     def to_dict(self) -> dict:
-        return {"kind": "vq", "model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
-                "train": {**dataclasses.asdict(self.train), "betas": list(self.train.betas)}}
+        return {"task": TASK, "model": self.model.to_dict(),
+                **{s: config_lib.section_dict(getattr(self, s)) for s in SECTIONS[1:]}}
+
+    def check(self) -> "VQRunConfig":
+        for s in SECTIONS[1:]:
+            getattr(self, s).check()
+        for key, off in IMAGE_ONLY.items():
+            if getattr(self.train, key) != off:
+                fail(f"train.{key}", f"{off!r} for a VQ run (an image-run setting)", getattr(self.train, key))
+        return self
+
+    def run_kind(self):
+        return VQRun()
 
 
-SECTIONS = ("model", "data", "train")
+def upgrade(data: dict) -> dict:
+    """Before the one engine a VQ config had ``kind: vq`` and one flat ``train`` section holding the
+    optimizer (lr, betas, weight_decay, grad_clip) and loss keys: move them to optim and objective."""
+    data = {k: v for k, v in data.items() if k not in ("kind", "task")}
+    train = data.get("train")
+    if isinstance(train, dict) and (set(train) & (OPTIM_KEYS | LOSS_KEYS)):
+        for section, keys in (("optim", OPTIM_KEYS), ("objective", LOSS_KEYS)):
+            moved = {k: train[k] for k in keys if k in train}
+            if moved:
+                data[section] = {**(data.get(section) or {}), **moved}     # an old-style --set wins
+        data["train"] = {k: v for k, v in train.items() if k not in OPTIM_KEYS | LOSS_KEYS}
+    return data
 
 
-def load_config(name: str | os.PathLike | None = None, overrides: list[str] | None = None) -> VQRunConfig:
-    """A VQ YAML (path or configs/NAME) with ``--set section.key=value`` overrides.
+def load_config(name: str | os.PathLike | dict | None = None, overrides: list[str] | None = None) -> VQRunConfig:
+    """A VQ YAML (path or configs/NAME, or a dict) with ``--set section.key=value`` overrides.
 
     ``model`` holds ``preset`` (mutor2d.tokenizer.vq.PRESETS) plus any VQConfig field to override."""
-    data: dict = {}
-    if name is not None:
-        path = config_lib.resolve_path(name)
-        data = config_lib.read_yaml(path) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {data!r}")
-    for item in overrides or []:
-        keys, value = config_lib.parse_override(item)
-        if len(keys) != 2 or keys[0] not in SECTIONS:
-            raise ConfigError(f"--set {item}: expected model.KEY, data.KEY or train.KEY")
-        section = data.setdefault(keys[0], {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"--set {item}: '{keys[0]}' is not a section")
-        section[keys[1]] = value
-    return from_dict(data)
+    data = dict(name) if isinstance(name, dict) else (config_lib.read_mapping(name) if name is not None else {})
+    return from_dict(config_lib.apply_overrides(upgrade(data), overrides or [], sections=SECTIONS))
 
 
 def from_dict(data: dict) -> VQRunConfig:
     """A checked VQRunConfig from a plain dict (a YAML file or a checkpoint's stored config)."""
-    data = {k: v for k, v in (data or {}).items() if k != "kind"}
+    data = upgrade(data or {})
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown VQ config section '{unknown[0]}' (known: {', '.join(SECTIONS)})")
-    model = data.get("model") or {}
+    return VQRunConfig(
+        _vq_model(data.get("model") or {}),
+        config_lib.build_section(VQDataConfig, data.get("data") or {}, "data."),
+        config_lib.build_section(VQLossConfig, data.get("objective") or {}, "objective."),
+        config_lib.build_section(OptimConfig, {**_plain(vq_optim()), **(data.get("optim") or {})}, "optim."),
+        config_lib.build_section(TrainConfig, {**_plain(vq_train()), **(data.get("train") or {})}, "train."),
+    ).check()
+
+
+def _plain(section) -> dict:
+    return config_lib.section_dict(section)
+
+
+def _vq_model(model) -> VQConfig:
     if not isinstance(model, dict):
         raise ConfigError(f"model: expected a mapping (preset and VQ fields), got {model!r}")
     model = dict(model)
@@ -145,14 +170,9 @@ def from_dict(data: dict) -> VQRunConfig:
     if preset not in PRESETS:
         raise ConfigError(f"model.preset: expected a vq preset, one of {sorted(PRESETS)}, got {preset!r}")
     try:
-        vq = config_lib.build_section(VQConfig, {**PRESETS[preset], **model}, "model.").validate()
+        return config_lib.build_section(VQConfig, {**PRESETS[preset], **model}, "model.").validate()
     except VQError as e:
         raise ConfigError(str(e)) from None
-    cfg = VQRunConfig(vq, config_lib.build_section(VQDataConfig, data.get("data") or {}, "data."),
-                      config_lib.build_section(VQTrainConfig, data.get("train") or {}, "train."))
-    cfg.data.check()
-    cfg.train.check()
-    return cfg
 
 
 def dump(cfg: VQRunConfig) -> str:
@@ -258,148 +278,88 @@ def reconstruction_metrics(model: VQModel, images: torch.Tensor, batch_size: int
             "usage": (counts > 0).float().mean().item(), "perplexity": perplexity}
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the run kind
+
+class VQTrainModule(torch.nn.Module):
+    """The VQ and its loss as one module: (images batch, generator) -> ObjectiveResult. The LPIPS
+    network (frozen) is held outside the module's parameters and state."""
+
+    def __init__(self, model: VQModel, loss: VQLossConfig, perceptual: torch.nn.Module | None):
+        super().__init__()
+        self.model, self.loss, self._perceptual = model, loss, (perceptual,)
+
+    def forward(self, batch, generator=None) -> ObjectiveResult:
+        x = _first(batch).to(next(self.model.parameters()).device, non_blocking=True) * 2 - 1
+        rec, _, vq_losses = self.model(x)
+        c = self.loss
+        rec_fn = F.mse_loss if c.rec_loss == "l2" else F.l1_loss
+        logs = {"loss_rec": rec_fn(rec, x), "loss_codebook": vq_losses["codebook"],
+                "loss_commitment": vq_losses["commitment"]}
+        loss = c.rec_weight * logs["loss_rec"] + c.codebook_weight * (logs["loss_codebook"] + logs["loss_commitment"])
+        perceptual = self._perceptual[0]
+        if perceptual is not None:
+            logs["loss_perceptual"] = perceptual.to(x.device)(x, rec).mean()
+            loss = loss + c.perceptual_weight * logs["loss_perceptual"]
+        return ObjectiveResult(loss, logs, {}, torch.tensor(x.shape[0], device=x.device))
+
+
+class VQRun:
+    """The parts of a VQ tokenizer run for the engine (mutor2d.engine.setup.RunKind)."""
+    name = TASK
+    collate = staticmethod(torch.utils.data.default_collate)
+
+    def __init__(self):
+        self.eval_images = None
+
+    def load_config(self, data: dict) -> VQRunConfig:
+        return from_dict(data)
+
+    def prepare_data(self, cfg: VQRunConfig):
+        train_set, self.eval_images = build_image_data(cfg)
+        return train_set, cfg
+
+    def build_networks(self, cfg: VQRunConfig, saved: dict | None, dataset):
+        from .lpips import load_lpips
+        torch.manual_seed(cfg.train.seed)
+        model = VQModel(cfg.model)
+        if saved is not None:
+            model.load_state_dict(saved["model"], strict=True)
+        weights = cfg.objective.perceptual_weights
+        return model, VQTrainModule(model, cfg.objective, load_lpips(weights) if weights else None)
+
+    def trainable_state(self, state: dict) -> dict:
+        return state
+
+    def hooks(self, run, log) -> list:
+        return [ReconstructionEval(self.eval_images, log)]
+
+    def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
+        return {"images_per_s": run.cfg.train.batch_size * steps / dt, "usage_window": run.model.quantize.usage()}
+
+    def finish(self, run) -> None:
+        """Nothing to write after the last step: the checkpoints are the tokenizer."""
+
 
 @dataclass
-class _Run:
-    """What the training loop works on."""
-    cfg: VQRunConfig
-    acc: object                 # accelerate.Accelerator
-    model: torch.nn.Module      # wrapped by accelerate
-    raw: VQModel                # the unwrapped model (state dicts, metrics)
-    opt: torch.optim.Optimizer
-    loader: DataLoader
-    eval_images: torch.Tensor
-    perceptual: torch.nn.Module | None
-    out: Path
-    step: int = 0
-    tic: float = 0.0
+class ReconstructionEval:
+    """Every train.eval_every steps and at the end: reconstruction metrics of the held-out images."""
+    images: torch.Tensor
+    log: object                 # the run's JsonLog
+
+    def __call__(self, run, tick) -> None:
+        from ..engine.hooks import due
+        if tick.stopping or not due(run.cfg.train.eval_every, tick):
+            return
+        if run.main:
+            self.log.write({"step": tick.done, "eval": reconstruction_metrics(run.sample_model, self.images)})
+        run.acc.wait_for_everyone()
 
 
-def train(cfg: VQRunConfig, log=print, accelerator=None) -> dict:
-    """Train (or resume, from the newest readable checkpoint of train.out_dir) -> final eval metrics."""
-    run = _setup(cfg, log, accelerator)
-    metrics: dict = {}
-    run.model.train()
-    run.tic = time.time()
-    while run.step < cfg.train.max_steps:
-        for batch in run.loader:
-            metrics = _train_step(run, batch, log) or metrics
-            if run.step >= cfg.train.max_steps:
-                break
-    if not metrics:  # resumed at or past max_steps
-        metrics = reconstruction_metrics(run.raw, run.eval_images)
-    run.acc.wait_for_everyone()
-    return metrics
-
-
-def _setup(cfg: VQRunConfig, log, accelerator) -> _Run:
-    """Seed, data, model, optimizer, perceptual loss, resume; the same order (and RNG draws) as
-    every run with this config."""
-    from accelerate import Accelerator
-    from .lpips import load_lpips
-
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
-    t, out = cfg.train, Path(cfg.train.out_dir)
-    torch.manual_seed(t.seed)
-    if t.batch_size % acc.num_processes:
-        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by {acc.num_processes} processes")
-    train_set, eval_images = build_image_data(cfg)
-    if len(train_set) < t.batch_size // acc.num_processes:
-        raise ConfigError(f"train.batch_size={t.batch_size}: larger than the {len(train_set)} training images")
-    loader = DataLoader(train_set, batch_size=t.batch_size // acc.num_processes, shuffle=True, drop_last=True,
-                        num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(t.seed))
-    model = VQModel(cfg.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-    perceptual = load_lpips(t.perceptual_weights).to(acc.device) if t.perceptual_weights else None
-    if acc.is_main_process:
-        remove_stale_temps(out / "checkpoints")  # left by saves killed in an earlier run
-    step = _resume(cfg, out, model, opt, log)
-    if acc.is_main_process:
-        write_text_atomic(out / "config.yaml", dump(cfg))
-    model, opt, loader = acc.prepare(model, opt, loader)
-    return _Run(cfg, acc, model, acc.unwrap_model(model), opt, loader, eval_images, perceptual, out, step)
-
-
-def _resume(cfg: VQRunConfig, out: Path, model: VQModel, opt, log) -> int:
-    """Load the newest readable checkpoint of ``out`` (if any) into model, optimizer and torch's
-    RNG -> its step (0 when there is none)."""
-    found = newest_vq_checkpoint(out)
-    if found is None:
-        return 0
-    path, state = found
-    config = state.get("config")
-    if not isinstance(config, dict) or config.get("kind") != "vq" or config.get("model") != cfg.model.to_dict():
-        raise ConfigError(f"{str(out)!r} holds a checkpoint of another model; use another train.out_dir")
-    try:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-        torch.set_rng_state(state["rng"]["torch"])
-    except (KeyError, TypeError, RuntimeError, ValueError) as e:
-        raise ValueError(f"VQ checkpoint {str(path)!r} cannot be resumed ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else e!r})") from None
-    log(f"resumed from {path} at step {step}")
-    return step
-
-
-def _train_step(run: _Run, batch, log) -> dict | None:
-    """One optimizer step, then logging, evaluation and checkpointing when due -> eval metrics
-    when this step evaluated, else None."""
-    t = run.cfg.train
-    x = _first(batch) * 2 - 1
-    rec, _, vq_losses = run.model(x)
-    rec_fn = F.mse_loss if t.rec_loss == "l2" else F.l1_loss
-    parts = {"rec": rec_fn(rec, x), "codebook": vq_losses["codebook"], "commitment": vq_losses["commitment"]}
-    loss = t.rec_weight * parts["rec"] + t.codebook_weight * (parts["codebook"] + parts["commitment"])
-    if run.perceptual is not None:
-        parts["perceptual"] = run.perceptual(x, rec).mean()
-        loss = loss + t.perceptual_weight * parts["perceptual"]
-    run.opt.zero_grad(set_to_none=True)
-    run.acc.backward(loss)
-    if t.grad_clip > 0:
-        run.acc.clip_grad_norm_(run.model.parameters(), t.grad_clip)
-    run.opt.step()
-    run.step += 1
-    last, metrics = run.step == t.max_steps, None
-    if run.step % t.log_every == 0 or last:
-        entry = {"step": run.step, "loss": loss.item(), **{k: v.item() for k, v in parts.items()},
-                 "usage_window": run.raw.quantize.usage(), "sec": round(time.time() - run.tic, 1)}
-        _record(run, entry)
-        log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()))
-    if last or (t.eval_every and run.step % t.eval_every == 0):
-        metrics = reconstruction_metrics(run.raw, run.eval_images)
-        _record(run, {"step": run.step, "eval": metrics})
-        log(f"eval step={run.step} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-    if last or run.step % t.ckpt_every == 0:
-        _save(run)
-    return metrics
-
-
-def _json_safe(value):
-    """Non-finite floats -> None (JSON has no NaN/inf), recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
-
-
-def _record(run: _Run, entry: dict) -> None:
-    if run.acc.is_main_process:
-        with open(run.out / "log.jsonl", "a") as f:
-            f.write(json.dumps(_json_safe(entry), allow_nan=False) + "\n")
-
-
-def _save(run: _Run) -> None:
-    """Write the checkpoint of this step atomically, then delete all but the ``keep_ckpts`` newest
-    at or below this step (files of later steps, which resume could not read, are left alone)."""
-    if not run.acc.is_main_process:
-        return
-    state = {"model": run.raw.state_dict(), "ema": None, "objective": {}, "optimizer": run.opt.state_dict(),
-             "scheduler": None, "step": run.step, "rng": {"torch": torch.get_rng_state()},
-             "config": run.cfg.to_dict()}
-    path = write_atomic(checkpoint_path(run.out, run.step), lambda f: torch_save(with_checksum(state), f))
-    ckpts = list_checkpoints(run.out)
-    for old in ckpts[:ckpts.index(path) + 1][:-run.cfg.train.keep_ckpts]:
-        old.unlink()
+def train(cfg: VQRunConfig, run_dir=None, resume: str | None = "auto") -> dict:
+    """Train (or resume, by default from the newest readable checkpoint of the run folder) -> the last
+    reconstruction metrics. ``run_dir``: default ``train.out_dir``."""
+    from ..engine import read_log
+    from ..engine import train as engine_train
+    out = engine_train(cfg, run_dir or cfg.train.out_dir, resume=resume)
+    evals = [r["eval"] for r in read_log(out) if "eval" in r]
+    return evals[-1] if evals else {}
