@@ -323,3 +323,32 @@ def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     for name in ("adapter_model.safetensors", "register_embedding.safetensors"):
         a, b = load_file(str(run / name)), load_file(str(straight / name))
         assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_a_pickle_payload_in_model_weights_is_refused_in_one_line(tmp_path):
+    """A pytorch_model.bin that would run code on load: one line naming the folder, nothing runs."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1).save_pretrained(tmp_path / "m")
+    torch.save({"model.embed_tokens.weight": Payload()}, tmp_path / "m" / "pytorch_model.bin")
+    with pytest.raises(hf.LMModelError, match="pickled Python objects beyond tensors") as e:
+        hf.load_causal_lm(tmp_path / "m")
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+def test_lm_rejects_a_pair_longer_than_the_model_positions_before_loading(tmp_path, monkeypatch):
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))      # 128 positions
+    lines = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1+" * 70, "answer": "3" * 20}]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    monkeypatch.setattr(hf, "load_causal_lm", lambda *a, **k: pytest.fail("the model was loaded"))
+    cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base")}, "data": {"path": str(tmp_path / "d.jsonl")},
+           "train": {"batch_size": 2, "max_steps": 1, "tracker": "none"}}
+    with pytest.raises(ConfigError, match=r"d.jsonl:2: 141 \+ 21 = 162 prompt \+ answer tokens, more than the "
+                                          r"model's 128 positions") as e:
+        lm_pkg.train(cfg, tmp_path / "run")
+    assert "\n" not in str(e.value)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -50,6 +51,9 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
                            "name; nothing is downloaded)")
     try:
         return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
+    except pickle.UnpicklingError:            # torch.load(weights_only=True) refused a payload
+        raise LMModelError(f"{key}={str(ref)!r}: its weights file holds pickled Python objects beyond tensors "
+                           "and is refused (it could run code); use a safetensors copy") from None
     except (OSError, ValueError) as e:        # transformers' own messages are many lines
         if not local and isinstance(e, OSError):
             raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
