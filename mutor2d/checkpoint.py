@@ -16,14 +16,16 @@ import argparse
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
 
 from . import config as config_lib
 from . import io
+from . import sharded_checkpoint
 
-_STEP = re.compile(r"step_(\d+)\.pt$")
+_STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
 
 # an unreadable, unsafe or foreign checkpoint; one-line message naming the file
@@ -55,11 +57,22 @@ def safe_load(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = Fa
 
 
 def load(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """A mutor2d training checkpoint as a dict (see module doc)."""
+    """A mutor2d training checkpoint as a dict (see module doc); of a sharded one, its meta
+    (mutor2d.sharded_checkpoint: no weights, ``"dcp"`` holds the folder)."""
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return sharded_checkpoint.read_meta(path)
     obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
     return obj
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint file or sharded checkpoint folder."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def is_readable(path: str | os.PathLike) -> bool:
@@ -79,7 +92,7 @@ def latest_valid(run_dir: str | os.PathLike) -> Path | None:
 def resolve(path: str | os.PathLike) -> Path:
     """A checkpoint file, or a run folder (its newest readable checkpoint)."""
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() and not sharded_checkpoint.is_sharded_checkpoint(p):
         found = latest_valid(p)
         if found is None:
             raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")
@@ -102,7 +115,8 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def _meta_of(ckpt: dict) -> dict:
-    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
+    has_ema = ckpt["has_ema"] if "has_ema" in ckpt else ckpt.get("ema") is not None
+    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": has_ema,
             "config": ckpt["config"]}
 
 
@@ -112,6 +126,9 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         return load_file(str(path)), read_meta(path)
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        weights, ckpt = sharded_checkpoint.read_weights(path, use_ema)
+        return weights, _meta_of(ckpt)
     ckpt = load(path)
     meta = _meta_of(ckpt)
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta

@@ -32,6 +32,8 @@ PRESETS = {  # model.preset -> (n_layer, n_head, dim)
     "B": (12, 12, 768),
     "L": (24, 16, 1024),
     "XL": (36, 20, 1280),
+    "XXL": (48, 24, 1536),
+    "3B": (24, 32, 3200),
 }
 
 
@@ -87,7 +89,7 @@ def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: floa
 @dataclass
 class ModelConfig:
     """LlamaGen-style decoder. ``preset`` fills n_layer/n_head/dim unless they are set explicitly."""
-    preset: Literal["tiny", "small", "B", "L", "XL", "custom"] = "tiny"
+    preset: Literal["tiny", "small", "B", "L", "XL", "XXL", "3B", "custom"] = "tiny"
     n_layer: int | None = None
     n_head: int | None = None
     dim: int | None = None
@@ -188,6 +190,10 @@ class TrainConfig:
                                      # run folder, or a LlamaGen GPT checkpoint); "" = random init
     max_nonfinite: int = 20          # updates in a row with a non-finite loss/gradient (skipped) before
                                      # the run stops with an error
+    sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
+                                     # shards each block, then the rest (mutor2d/engine/sharding.py)
+    fsdp_offload: bool = False       # fsdp: sharded parameters, gradients and AdamW states live on the CPU
+    activation_checkpointing: bool = False   # recompute each block's activations in the backward
 
     def check(self) -> None:
         for k in ("batch_size", "grad_accum", "log_every", "eval_per_class"):
@@ -200,6 +206,8 @@ class TrainConfig:
         check_seed("train.seed", self.seed)
         if not 0 < self.ema_decay < 1:
             fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
+        if self.fsdp_offload and self.sharding != "fsdp":
+            fail("train.fsdp_offload", "false unless train.sharding=fsdp", self.fsdp_offload)
 
 
 @dataclass

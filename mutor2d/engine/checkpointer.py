@@ -19,7 +19,9 @@ from ..config import ConfigError
 
 
 def remove_stale_temps(run_dir: Path) -> None:
-    for tmp in io.remove_stale_temps(run_dir / "checkpoints"):
+    from .. import sharded_checkpoint
+    folder = run_dir / "checkpoints"
+    for tmp in io.remove_stale_temps(folder) + sharded_checkpoint.remove_stale_temps(folder):
         warn(f"removed {tmp}, left by a save that was killed mid-write")
 
 
@@ -69,4 +71,4 @@ def rotate(run_dir: Path, keep: int) -> None:
             else:
                 set_aside(path, "unreadable")
         elif ckpt_lib.is_readable(path):
-            path.unlink(missing_ok=True)
+            ckpt_lib.remove(path)

@@ -22,6 +22,7 @@ import torch
 from ..config import ConfigError, RunConfig
 from .hooks import Logger, OnlineEval, SampleGrids, Tick, checkpoint_hook
 from .setup import Run, build_run
+from .sharding import global_tensor, is_sharded
 
 PREEMPTED_EXIT = 75
 
@@ -68,6 +69,7 @@ class StopSignals:
 def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
     """One update (``train.grad_accum`` micro-batches) -> (summed statistics, update applied)."""
     t, acc, module = run.cfg.train, run.acc, run.module
+    sharded = is_sharded(module)
     run.scheduler.step_update(step + 1)
     sums: dict[str, torch.Tensor] = {}
     applied = True
@@ -75,13 +77,15 @@ def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
         batch = next(batches)
         lengths = batch.get("lengths")
         with acc.accumulate(module):
+            if sharded:                               # FSDP2: reduce-scatter on the last micro-batch only
+                module.set_requires_gradient_sync(acc.sync_gradients)
             res = module(batch["body"].to(run.device, non_blocking=True),
                          batch["prefix"].to(run.device, non_blocking=True), run.grid,
                          lengths.to(run.device, non_blocking=True) if lengths is not None else None, run.layout_gen)
             acc.backward(res.loss)
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
-                grad_norm = acc.clip_grad_norm_(module.parameters(), clip)
+                grad_norm = global_tensor(acc.clip_grad_norm_(module.parameters(), clip))  # over all shards
                 applied = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(res.loss.detach()))
                 if applied:
                     run.optimizer.step()

@@ -31,6 +31,7 @@ from ..objectives import Batch, build_objective, uses_registers
 from .checkpointer import find_resume, remove_stale_temps
 from .data_order import StepBatches
 from .rng import rank_seed, seed_process, set_rng_state
+from . import sharding
 
 
 class TrainModule(nn.Module):
@@ -71,8 +72,15 @@ class Run:
 
     @property
     def sample_model(self) -> GPT:
-        """The weights samples and evaluations use: EMA when kept."""
+        """The weights samples and evaluations use: EMA when kept (unsharded runs)."""
         return self.ema.module if self.ema is not None else self.model
+
+    def sampling_model(self) -> GPT | None:
+        """``sample_model`` on the main process, None on the others; under FSDP every process must
+        call it (the shards are gathered into a plain GPT on the main process)."""
+        if sharding.is_sharded(self.module):
+            return sharding.gathered_model(self.model, self.ema, self.main, self.device)
+        return self.sample_model if self.main else None
 
 
 def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
@@ -164,12 +172,10 @@ def make_accelerator(cfg: RunConfig, run_dir: Path):
     return acc
 
 
-# FSDP would need the optimizer built after wrapping, sample grids and EMA on gathered weights and
-# sharded checkpoints, none of which has run on a GPU yet; under DDP GPT-B..XL fit one 80 GB GPU
-# (docs/SCALING.md: sharding the 16 bytes/parameter of states saves little next to the activations).
-FSDP_REFUSED = ("accelerate launch --use_fsdp: FSDP is not supported (sharded parameters are not handled by "
-                "the optimizer, EMA, sample grids and checkpoints); launch without --use_fsdp: DDP trains GPT-B "
-                "to XL, see docs/SCALING.md")
+# accelerate's FSDP plugin wraps the model its own way (FSDP1 cannot run on CPU; FSDP2 there turns
+# into DDP): sharding is train.sharding=fsdp, the project's own FSDP2 calls (engine/sharding.py).
+FSDP_REFUSED = ("accelerate launch --use_fsdp: accelerate's FSDP plugin is not supported; launch without "
+                "--use_fsdp and set train.sharding=fsdp (FSDP2 sharding, docs/SCALING.md), or keep DDP")
 
 
 def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
@@ -178,8 +184,9 @@ def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
     model = GPT(cfg.model, register_token=uses_registers(cfg.objective))
     objective = build_objective(cfg.objective, model)
     if saved is not None:
-        model.load_state_dict(saved["model"], strict=True)
-        objective.load_state_dict(saved["objective"], strict=True)
+        if "model" in saved:                   # a sharded checkpoint loads after sharding (build_run)
+            model.load_state_dict(saved["model"], strict=True)
+            objective.load_state_dict(saved["objective"], strict=True)
     elif cfg.train.init_from:
         init_weights(model, cfg.train.init_from)
     if cfg.train.compile:
@@ -264,18 +271,28 @@ def build_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: str | None) ->
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
     o = cfg.optim
     module = TrainModule(model, objective)
+    if cfg.train.activation_checkpointing:
+        sharding.checkpoint_activations(list(model.layers) + list(objective.blocks()))
+    sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
+    if sharded:                                # before the optimizer: it holds the sharded parameters
+        sharding.shard_train_module(module, cfg.train, acc.device)
     optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
                                   fused=acc.device.type in ("cuda", "cpu"))   # one kernel: ~5x faster on CPU
     scheduler = build_scheduler(optimizer, o, cfg.train.max_steps)
-    module, optimizer = acc.prepare(module, optimizer)
-    if saved is not None:
+    if sharded:                                # the accelerator keeps process group, device and logging
+        optimizer = acc.prepare_optimizer(optimizer)
+    else:
+        module, optimizer = acc.prepare(module, optimizer)
+    sharded_from = saved.get("dcp") if saved is not None else None
+    if sharded_from:
+        sharding.load_sharded(sharded_from, module, optimizer.optimizer)
+    elif saved is not None:
         load_optimizer_state(module, optimizer, saved["optimizer"])
     ema = None
     if cfg.train.ema:
-        from timm.utils import ModelEmaV3
-        ema = ModelEmaV3(model, decay=cfg.train.ema_decay)
-        if saved is not None and saved.get("ema") is not None:
-            ema.module.load_state_dict(saved["ema"], strict=True)
+        ema = sharding.build_ema(model, cfg.train, sharded, saved.get("ema") if saved is not None else None)
+        if sharded_from:
+            sharding.load_sharded_ema(sharded_from, ema)
     if saved is not None:
         layout_gen = restore_rng(saved, acc, cfg.train.seed, start, layout_gen)
         if acc.is_main_process:
