@@ -92,7 +92,9 @@ def latest_valid(run_dir: str | os.PathLike) -> Path | None:
 def resolve(path: str | os.PathLike) -> Path:
     """A checkpoint file, or a run folder (its newest readable checkpoint)."""
     p = Path(path)
-    if p.is_dir() and not sharded_checkpoint.is_sharded_checkpoint(p):
+    if sharded_checkpoint.is_sharded_checkpoint(p):
+        return p
+    if p.is_dir():
         found = latest_valid(p)
         if found is None:
             raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")

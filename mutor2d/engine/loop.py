@@ -36,12 +36,17 @@ class Diverged(RuntimeError):
 
 
 class StopSignals:
-    """Catch SIGTERM/SIGINT while training: the first asks for a clean stop, the second exits at once."""
+    """Catch SIGTERM/SIGINT while training: the first asks for a clean stop, the second exits at once.
+    Once the stop checkpoint is written (``saved``), signals are ignored: a launcher that stops the
+    other ranks when the first exits 75 must not turn their 75 into a death by signal."""
 
     def __init__(self, acc):
         self.acc, self.signum, self.old = acc, None, {}
+        self.saved = False
 
     def _handle(self, signum, frame):
+        if self.saved:
+            return
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum
@@ -55,8 +60,8 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
+        for s, h in self.old.items():     # exiting 75 next: ignored, also through interpreter shutdown
+            signal.signal(s, signal.SIG_IGN if self.saved and self.acc.num_processes > 1 else h)
 
     def requested(self) -> bool:
         """True on every process once any process got a signal."""
@@ -163,6 +168,7 @@ def _loop(run: Run, hooks: list) -> None:
                                f"train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept")
             if tick.stopping:
                 hooks[0].log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
+                signals.saved = True
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
