@@ -418,7 +418,7 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     if not model.has_register_token:    # a MuToR checkpoint into a model without registers
         sd.pop("register_embedding", None)
     expected = set(own) - {"register_embedding"}
-    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected - {"register_embedding"})
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}"
                          f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"

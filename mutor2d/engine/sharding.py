@@ -50,7 +50,10 @@ def precision_policy(mixed_precision: str, device: torch.device):
         raise ConfigError("train.mixed_precision=fp16 with train.sharding=fsdp: expected bf16 or no "
                           "(fp16 needs a gradient scaler that sharded training does not have here)")
     if mixed_precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # inputs are not cast: the embeddings already come out in bf16, and FSDP's cast would rebuild
+        # dataclass inputs (Visibility) through their constructor
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                    cast_forward_inputs=False)
     return None
 
 
