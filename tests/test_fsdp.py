@@ -183,3 +183,18 @@ def _children(pid: int) -> list[int]:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     worker(Path(sys.argv[1]))
+
+
+def test_llamagen_384_configs():
+    """configs/llamagen_{xl,xxl,3b}_384_{ntp,mutor2d}.yaml: LlamaGen's 384-px recipe; XXL and 3B shard."""
+    from mutor2d import config as C
+    from mutor2d.model import model_shape
+    shapes = {"xl": (36, 20, 1280), "xxl": (48, 24, 1536), "3b": (24, 32, 3200)}
+    for size, shape in shapes.items():
+        for objective in ("ntp", "mutor2d"):
+            cfg = C.load(f"llamagen_{size}_384_{objective}.yaml")
+            s, t = model_shape(cfg.model), cfg.train
+            assert (s.n_layer, s.n_head, s.dim) == shape and s.dim % s.n_head == 0
+            assert (t.batch_size, cfg.optim.lr, t.mixed_precision) == (256, 1e-4, "bf16")
+            assert (t.sharding, t.activation_checkpointing) == (("auto", False) if size == "xl" else ("fsdp", True))
+            assert cfg.objective.name == {"ntp": "ntp", "mutor2d": "mutor-2d"}[objective]
