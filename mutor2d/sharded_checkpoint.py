@@ -78,7 +78,9 @@ def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
 def load(path: str | os.PathLike, state: dict) -> None:
     """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint."""
     import torch.distributed.checkpoint as dcp
-    dcp.load(state, checkpoint_id=Path(path))
+    with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=Path(path))
 
 
 def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
@@ -92,7 +94,5 @@ def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in stored.items()
                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     nested = {f"{prefix[len(part) + 1:]}{k}": v for k, v in weights.items()}
-    with warnings.catch_warnings():          # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        load(path, {part: nested})
+    load(path, {part: nested})
     return weights, meta
