@@ -6,7 +6,8 @@ with a one-line error and never runs. Layout:
   model: GPT state dict; ema: EMA state dict or None; objective: state of the objective module
   (multi-head heads) or {}; optimizer: state dict; step: int; rng: one RNG state per process
   (mutor2d.engine.rng); config: the resolved RunConfig as a plain dict; grid: [H, W].
-Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``; the newest readable one is the resume point.
+Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
+(mutor2d.sharded_checkpoint); the newest readable one is the resume point.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
 when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds.
 """

@@ -6,7 +6,8 @@ Rules:
     counted again). Checkpoints present but none readable is an error, not a fresh start.
   * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all) and deletes only
     readable ones older than all of those: never a newer file, never the only readable one.
-  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``) are removed when a run starts.
+  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``, sharded ``.step_*.dcp.tmp/``) are
+    removed when a run starts.
 """
 from __future__ import annotations
 

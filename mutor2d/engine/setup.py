@@ -8,6 +8,9 @@ Rules:
     own RNG streams (mutor2d.engine.rng).
   * Weight decay follows LlamaGen: tensors with 2 or more dims decay; 1-D tensors (norm weights, the
     register embedding) do not.
+  * train.sharding=fsdp (several processes): the TrainModule is sharded with FSDP2 before the
+    optimizer is built on its shards, and is not passed through accelerate's prepare
+    (mutor2d.engine.sharding); a sharded checkpoint (.dcp) loads after sharding, into any layout.
   * The learning rate is a pure function of the update count and the config (timm scheduler driven
     per update; warmup lr*n/W, then constant or cosine to ``min_lr`` at ``max_steps``): a resumed run
     rebuilds it, so a changed step budget is honoured.
