@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +142,19 @@ def test_sharded_checkpoint_resumes_exactly_and_loads_anywhere(two_process_runs,
     exported, ema = load_file(str(out)), weights(straight, use_ema=True)
     assert sorted(exported) == sorted(ema) and all(torch.equal(exported[k], ema[k]) for k in ema)
     assert ckpt_lib.read_meta(out)["has_ema"] and ckpt_lib.read_meta(straight)["step"] == 3
+
+
+def test_cut_sharded_checkpoints_are_skipped(two_process_runs, tmp_path):
+    """--resume auto: a sharded folder without DCP's .metadata (a cut save) is set aside as
+    *.unreadable, the older one is used; a temp folder of a killed save is removed at start."""
+    run = tmp_path / "run"
+    shutil.copytree(two_process_runs / "sparse_fsdp", run)
+    (ckpt_lib.checkpoint_path(run, 3).with_suffix(".dcp") / ".metadata").unlink()
+    stale = run / "checkpoints" / ".step_00000004.dcp.tmp"
+    stale.mkdir()
+    train(tiny(*OBJECTIVES["sparse"], *COMMON), run, resume="auto")
+    assert not stale.exists() and (run / "checkpoints" / "step_00000003.dcp.unreadable").is_dir()
+    assert [p.name for p in ckpt_lib.list_checkpoints(run)] == ["step_00000002.dcp", "step_00000003.pt"]
 
 
 def _exit_codes(output: str) -> dict[int, int]:
