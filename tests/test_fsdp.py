@@ -92,10 +92,13 @@ def same_weights(a: dict, b: dict, rel: float) -> bool:
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_fsdp_matches_ddp_on_the_same_random_streams(two_process_runs, objective):
     """Dropout, label dropout and register layouts drawn from the same per-process streams: losses,
-    final weights and EMA agree to 1e-5; the sharded run wrote step_N.dcp/ folders, DDP .pt files."""
+    gradient norms (before clipping), final weights and EMA agree to 1e-5; the sharded run wrote
+    step_N.dcp/ folders, DDP .pt files."""
     ddp, fsdp = two_process_runs / f"{objective}_ddp", two_process_runs / f"{objective}_fsdp"
     a, b = losses(fsdp), losses(ddp)
     assert sorted(a) == [1, 2, 3] and close(a, b, 1e-5), (a, b)
+    norms = [{r["step"]: r["grad_norm"] for r in read_log(d)} for d in (fsdp, ddp)]  # clipped over all shards
+    assert close(*norms, 1e-5) and all(v > 0 for v in norms[0].values()), norms
     assert [p.name for p in ckpt_lib.list_checkpoints(fsdp)] == ["step_00000002.dcp", "step_00000003.dcp"]
     assert [p.name for p in ckpt_lib.list_checkpoints(ddp)] == ["step_00000002.pt", "step_00000003.pt"]
     for use_ema in (False, True):
