@@ -5,7 +5,6 @@ and train.py under accelerate launch stopping with exit 75 on every process.
 
 The 2-process runs happen in one launch of this file as a script (``worker``): starting processes is
 the expensive part on 2 CPU cores."""
-import json
 import math
 import os
 import re
