@@ -9,7 +9,8 @@ with a one-line error and never runs. Layout:
   sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
   a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
   health: the loss / gradient-norm history of recent healthy updates (mutor2d.engine.health).
-Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``; the newest readable one is the resume point.
+Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
+(mutor2d.sharded_checkpoint); the newest readable one is the resume point.
 A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
 EX_IOERR) and leaves the earlier checkpoints as they were.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
@@ -21,14 +22,16 @@ import argparse
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
 
 from . import config as config_lib
 from . import io
+from . import sharded_checkpoint
 
-_STEP = re.compile(r"step_(\d+)\.pt$")
+_STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
 
 # an unreadable, unsafe or foreign checkpoint; one-line message naming the file
@@ -77,13 +80,24 @@ def safe_load(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = Fa
 
 
 def load(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """A mutor2d training checkpoint as a dict (see module doc)."""
+    """A mutor2d training checkpoint as a dict (see module doc); of a sharded one, its meta
+    (mutor2d.sharded_checkpoint: no weights, ``"dcp"`` holds the folder)."""
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return sharded_checkpoint.read_meta(path)
     obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
     if not mmap and not io.has_checksum(obj):
         io.warn(f"checkpoint {str(path)!r} has no checksum (written before checksums): loaded unverified", once=True)
     return obj
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint file or sharded checkpoint folder."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def is_readable(path: str | os.PathLike) -> bool:
@@ -103,6 +117,8 @@ def latest_valid(run_dir: str | os.PathLike) -> Path | None:
 def resolve(path: str | os.PathLike) -> Path:
     """A checkpoint file, or a run folder (its newest readable checkpoint)."""
     p = Path(path)
+    if sharded_checkpoint.is_sharded_checkpoint(p):
+        return p
     if p.is_dir():
         found = latest_valid(p)
         if found is None:
@@ -124,7 +140,8 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def _meta_of(ckpt: dict) -> dict:
-    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": ckpt.get("ema") is not None,
+    has_ema = ckpt["has_ema"] if "has_ema" in ckpt else ckpt.get("ema") is not None
+    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": has_ema,
             "config": ckpt["config"]}
 
 
@@ -133,6 +150,9 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     path = resolve(path)
     if path.suffix == ".safetensors":
         return io.read_safetensors(path, "checkpoint")[0], read_meta(path)
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        weights, ckpt = sharded_checkpoint.read_weights(path, use_ema)
+        return weights, _meta_of(ckpt)
     ckpt = load(path)
     meta = _meta_of(ckpt)
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta

@@ -25,12 +25,14 @@ from .conditioning import CONDITIONING, conditioning
 from .config import ConfigError, at_least, fail, fraction, register_section
 from .io import read_torch_file
 
-PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..XL are LlamaGen's GPT sizes
+PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..3B are LlamaGen's GPT sizes
     "tiny": (2, 2, 64),
     "small": (4, 4, 128),
     "B": (12, 12, 768),
     "L": (24, 16, 1024),
     "XL": (36, 20, 1280),
+    "XXL": (48, 24, 1536),
+    "3B": (24, 32, 3200),
 }
 
 
@@ -38,7 +40,7 @@ PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..XL are LlamaGen's GPT 
 @dataclass
 class ModelConfig:
     """LlamaGen-style decoder. ``preset`` fills n_layer/n_head/dim unless they are set explicitly."""
-    preset: Literal["tiny", "small", "B", "L", "XL", "custom"] = "tiny"
+    preset: Literal["tiny", "small", "B", "L", "XL", "XXL", "3B", "custom"] = "tiny"
     n_layer: int | None = None
     n_head: int | None = None
     dim: int | None = None
@@ -492,7 +494,7 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     if not model.has_register_token:    # a MuToR checkpoint into a model without registers
         sd.pop("register_embedding", None)
     expected = set(own) - {"register_embedding"}
-    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected - {"register_embedding"})
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}"
                          f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"

@@ -208,12 +208,13 @@ def test_resume_is_exact_with_a_vq_tokenizer(tmp_path):
 
 @pytest.mark.parametrize("cuda", [False, True])
 def test_fsdp_is_refused_with_one_line_on_any_device(tmp_path, monkeypatch, cuda):
-    """FSDP would train nothing (optimizer built on the unwrapped parameters) or crash the grids: it
-    is refused before anything is built, on GPUs too (CUDA faked: the check comes first)."""
+    """accelerate's FSDP plugin (which would wrap the model its own way) is refused before anything
+    is built, on GPUs too (CUDA faked: the check comes first); train.sharding=fsdp is the way."""
     from mutor2d.engine.setup import make_accelerator
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    with pytest.raises(ConfigError, match=r"^accelerate launch --use_fsdp: FSDP is not supported .*DDP") as e:
+    with pytest.raises(ConfigError, match=r"^accelerate launch --use_fsdp: accelerate's FSDP plugin is not "
+                                          r"supported.*train.sharding=fsdp") as e:
         make_accelerator(tiny(), tmp_path)
     assert "\n" not in str(e.value)
 

@@ -12,8 +12,8 @@ Rules:
     judged healthy (engine/health.py: the loss and gradient of those weights were normal). A run that
     diverges sets the checkpoints written after the last good one aside (``*.pt.diverged``), so that
     ``--resume auto`` continues from the good one, and its error names that file.
-  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``) are removed when a run starts, by the
-    run that holds the folder's lock (engine/lock.py).
+  * Temp files of saves killed mid-write (``.step_*.pt.*.tmp``, sharded ``.step_*.dcp.tmp/``) are
+    removed when a run starts, by the run that holds the folder's lock (engine/lock.py).
 """
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from ..config import ConfigError
 
 
 def remove_stale_temps(run_dir: Path) -> None:
-    for tmp in io.remove_stale_temps(run_dir / "checkpoints"):
+    from .. import sharded_checkpoint
+    folder = run_dir / "checkpoints"
+    for tmp in io.remove_stale_temps(folder) + sharded_checkpoint.remove_stale_temps(folder):
         warn(f"removed {tmp}, left by a save that was killed mid-write")
 
 
@@ -77,7 +79,7 @@ def rotate(run_dir: Path, keep: int, protect: Path | None = None) -> None:
             else:
                 set_aside(path, "unreadable")
         elif path != protect and ckpt_lib.is_readable(path):
-            path.unlink(missing_ok=True)
+            ckpt_lib.remove(path)
 
 
 class Retention:
@@ -87,7 +89,7 @@ class Retention:
     def __init__(self, run_dir: Path, keep: int, resumed: Path | None):
         self.run_dir, self.keep = run_dir, keep
         self.good: Path | None = None
-        self.pending = resumed if resumed is not None and resumed.is_file() else None
+        self.pending = resumed if resumed is not None and resumed.exists() else None
 
     def observe(self, healthy: bool) -> None:
         """After each update: a healthy one confirms the checkpoint of the weights it started from."""

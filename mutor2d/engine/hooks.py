@@ -19,6 +19,7 @@ from ..io import warn
 from .checkpointer import Retention
 from .rng import preserved_rng, rng_state
 from .setup import Run
+from .sharding import all_finite, is_sharded, save_sharded
 from .speed import peak_flops, train_flops
 
 
@@ -155,12 +156,14 @@ def image_rates(run: Run, steps: int, applied: int, dt: float, sums: dict) -> di
 
 
 def params_finite(run: Run) -> bool:
-    flags = [torch.isfinite(p).all() for p in run.model.parameters()]
-    return bool(torch.stack(flags).all())
+    return all_finite(run.model.parameters())
 
 
 def save_checkpoint(run: Run, step: int) -> Path | None:
-    """Write RUN/checkpoints/step_N.pt (all processes take part; the main one writes), then rotate."""
+    """Write RUN/checkpoints/step_N.pt (all processes take part; the main one writes), then rotate;
+    a sharded run writes step_N.dcp/ (every process its shards)."""
+    if is_sharded(run.module):
+        return save_sharded(run, step)
     from accelerate.utils import gather_object
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     states = gather_object([rng_state(run.layout_gen, run.device)])
@@ -224,11 +227,12 @@ class SampleGrids:
     def __call__(self, run: Run, tick: Tick) -> None:
         if tick.stopping or not due(run.cfg.train.sample_every, tick):
             return
+        model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
             from ..generation import write_grid
             path = run.run_dir / "samples" / f"step_{tick.done:08d}.png"
             with preserved_rng(run.device):
-                write_grid(run.sample_model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
+                write_grid(model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
                            self.classes, path)
         run.acc.wait_for_everyone()
 
@@ -243,10 +247,11 @@ class OnlineEval:
         t = run.cfg.train
         if tick.stopping or not due(t.eval_every, tick, at_end=False):
             return
+        model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
             from ..evaluation.online import online_digits_eval
             with preserved_rng(run.device):
-                res = online_digits_eval(run.sample_model, run.cfg.data, t.eval_per_class, run.cfg.sample,
+                res = online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
                                          on_device(self.tokenizer, run.device), run.cfg.sample.seed, grid=run.grid)
             rec = {"step": tick.done, **{f"eval_{k}": v for k, v in res.items()}}
             self.log.write(rec)

@@ -59,6 +59,10 @@ class ImageRun:
         model, objective = build_networks(cfg, saved)
         return model, TrainModule(model, objective, tuple(int(v) for v in dataset.grid))
 
+    def blocks(self, module: TrainModule) -> list[nn.Module]:
+        """The GPT's transformer blocks and the objective's (multi-head)."""
+        return list(module.model.layers) + list(module.objective.blocks())
+
     def trainable_state(self, state: dict) -> dict:
         """What a checkpoint keeps of the model's full state dict: all of it."""
         return state
@@ -99,7 +103,7 @@ def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
     torch.manual_seed(cfg.train.seed)
     model = cfg.model.build(register_token=cfg.objective.uses_registers())
     objective = cfg.objective.build(model)
-    if saved is not None:
+    if saved is not None and "model" in saved:     # a sharded checkpoint loads after sharding (build_run)
         model.load_state_dict(saved["model"], strict=True)
         objective.load_state_dict(saved["objective"], strict=True)
     elif cfg.train.init_from:

@@ -27,6 +27,7 @@ from ..config import ConfigError, at_least, check_seed, fail, register_section
 from .hooks import CheckpointHook, Logger, Tick
 from .lock import run_lock
 from .setup import Run, build_run
+from .sharding import global_tensor, is_sharded
 
 PREEMPTED_EXIT = 75
 
@@ -56,6 +57,10 @@ class TrainConfig:
                                      # run folder, or a LlamaGen GPT checkpoint); "" = random init
     max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/gradient)
                                      # before the run stops with an error
+    sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
+                                     # shards each block, then the rest (mutor2d/engine/sharding.py)
+    fsdp_offload: bool = False       # fsdp: sharded parameters, gradients and AdamW states live on the CPU
+    activation_checkpointing: bool = False   # recompute each block's activations in the backward
     blowup_factor: float = 10.0      # skip an update whose loss or grad norm exceeds this x its median over
                                      # the last blowup_window healthy updates (engine/health.py); 0 = off
     blowup_window: int = 50
@@ -73,6 +78,8 @@ class TrainConfig:
             fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
         if self.blowup_factor != 0 and not self.blowup_factor > 1:
             fail("train.blowup_factor", "0 (off) or a number > 1", self.blowup_factor)
+        if self.fsdp_offload and self.sharding != "fsdp":
+            fail("train.fsdp_offload", "false unless train.sharding=fsdp", self.fsdp_offload)
 
 
 class Preempted(Exception):
@@ -96,12 +103,17 @@ class Diverged(RuntimeError):
 
 
 class StopSignals:
-    """Catch SIGTERM/SIGINT while training: the first asks for a clean stop, the second exits at once."""
+    """Catch SIGTERM/SIGINT while training: the first asks for a clean stop, the second exits at once.
+    Once the stop checkpoint is written (``saved``), signals are ignored: a launcher that stops the
+    other ranks when the first exits 75 must not turn their 75 into a death by signal."""
 
     def __init__(self, acc):
         self.acc, self.signum, self.old = acc, None, {}
+        self.saved = False
 
     def _handle(self, signum, frame):
+        if self.saved:
+            return
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum
@@ -115,8 +127,8 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
+        for s, h in self.old.items():     # exiting 75 next: ignored, also through interpreter shutdown
+            signal.signal(s, signal.SIG_IGN if self.saved and self.acc.num_processes > 1 else h)
 
     def requested(self) -> bool:
         """True on every process once any process got a signal."""
@@ -129,17 +141,20 @@ class StopSignals:
 def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
     """One update (``train.grad_accum`` micro-batches) -> (summed statistics, update applied)."""
     t, acc, module = run.cfg.train, run.acc, run.module
+    sharded = is_sharded(module)
     run.scheduler.step_update(step + 1)
     sums: dict[str, torch.Tensor] = {}
     applied = True
     for _ in range(t.grad_accum):
         batch = next(batches)
         with acc.accumulate(module):
+            if sharded:                               # FSDP2: reduce-scatter on the last micro-batch only
+                module.set_requires_gradient_sync(acc.sync_gradients)
             res = module(batch, run.layout_gen)
             acc.backward(res.loss)
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
-                grad_norm = acc.clip_grad_norm_(module.parameters(), clip)
+                grad_norm = global_tensor(acc.clip_grad_norm_(module.parameters(), clip))  # over all shards
                 applied = run.health.judge(res.loss.detach(), grad_norm, acc) is None
                 if applied:
                     run.optimizer.step()
@@ -222,6 +237,7 @@ def _loop(run: Run, hooks: Hooks) -> None:
                                f"{hooks.checkpointer.kept.after_divergence()}")
             if tick.stopping:
                 hooks.logger.log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
+                signals.saved = True
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")

@@ -9,6 +9,10 @@ Rules:
   * The networks are initialised from ``train.seed`` (same on every process), then each process seeds
     its own RNG streams (mutor2d.engine.rng).
   * The optimizer and its schedule: mutor2d.engine.optim.
+  * train.sharding=fsdp (several processes): the TrainModule's blocks (``RunKind.blocks``) and then the
+    rest are sharded with FSDP2 before the optimizer is built on the shards, and the module is not
+    passed through accelerate's prepare (mutor2d.engine.sharding); a sharded checkpoint (.dcp) loads
+    after sharding, into any layout.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from .data_order import StepBatches
 from .health import Health
 from .optim import build_scheduler, load_optimizer_state
 from .rng import rank_seed, seed_process, set_rng_state
+from . import sharding
 
 
 class RunKind(Protocol):
@@ -43,6 +48,8 @@ class RunKind(Protocol):
 
     def build_networks(self, cfg, saved: dict | None, dataset) -> tuple[nn.Module, nn.Module]: ...
     # (the model that is saved and sampled, the TrainModule computing the loss)
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]: ...   # what FSDP2 shards and recomputes, each
 
     def trainable_state(self, state: dict) -> dict: ...   # what a checkpoint keeps of the model's state
 
@@ -82,8 +89,15 @@ class Run:
 
     @property
     def sample_model(self) -> nn.Module:
-        """The weights samples and evaluations use: EMA when kept."""
+        """The weights samples and evaluations use: EMA when kept (unsharded runs)."""
         return self.ema.module if self.ema is not None else self.model
+
+    def sampling_model(self) -> GPT | None:
+        """``sample_model`` on the main process, None on the others; under FSDP every process must
+        call it (the shards are gathered into a plain GPT on the main process)."""
+        if sharding.is_sharded(self.module):
+            return sharding.gathered_model(self.model, self.ema, self.main, self.device)
+        return self.sample_model if self.main else None
 
 
 RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not what it is
@@ -127,12 +141,10 @@ def make_accelerator(cfg, run_dir: Path):
     return acc
 
 
-# FSDP would need the optimizer built after wrapping, sample grids and EMA on gathered weights and
-# sharded checkpoints, none of which has run on a GPU yet; under DDP GPT-B..XL fit one 80 GB GPU
-# (docs/SCALING.md: sharding the 16 bytes/parameter of states saves little next to the activations).
-FSDP_REFUSED = ("accelerate launch --use_fsdp: FSDP is not supported (sharded parameters are not handled by "
-                "the optimizer, EMA, sample grids and checkpoints); launch without --use_fsdp: DDP trains GPT-B "
-                "to XL, see docs/SCALING.md")
+# accelerate's FSDP plugin wraps the model its own way (FSDP1 cannot run on CPU; FSDP2 there turns
+# into DDP): sharding is train.sharding=fsdp, the project's own FSDP2 calls (engine/sharding.py).
+FSDP_REFUSED = ("accelerate launch --use_fsdp: accelerate's FSDP plugin is not supported; launch without "
+                "--use_fsdp and set train.sharding=fsdp (FSDP2 sharding, docs/SCALING.md), or keep DDP")
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -184,12 +196,27 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     start = int(saved["step"]) if saved is not None else 0
     model, module = kind.build_networks(cfg, saved, dataset)
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
+    if cfg.train.activation_checkpointing:
+        sharding.checkpoint_activations(kind.blocks(module))
+    sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
+    if sharded:                                # before the optimizer: it holds the sharded parameters
+        sharding.shard_train_module(module, kind.blocks(module), cfg.train, acc.device)
     optimizer = cfg.optim.build(module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
-    module, optimizer = acc.prepare(module, optimizer)
-    if saved is not None:
+    if sharded:                                # the accelerator keeps process group, device and logging
+        optimizer = acc.prepare_optimizer(optimizer)
+    else:
+        module, optimizer = acc.prepare(module, optimizer)
+    sharded_from = saved.get("dcp") if saved is not None else None
+    if sharded_from:
+        sharding.load_sharded(sharded_from, module, optimizer.optimizer)
+    elif saved is not None:
         load_optimizer_state(module, optimizer, saved["optimizer"])
-    ema = build_ema(cfg, model, saved)
+    ema = None
+    if cfg.train.ema:
+        ema = sharding.build_ema(model, cfg.train, sharded, saved.get("ema") if saved is not None else None)
+        if sharded_from:
+            sharding.load_sharded_ema(sharded_from, ema)
     if saved is not None:
         layout_gen = restore_rng(saved, acc, cfg.train.seed, start, layout_gen)
         if acc.is_main_process:
@@ -200,17 +227,6 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, saved.get("health") if saved else None)
     return Run(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
                loader, start, health)
-
-
-def build_ema(cfg, model: nn.Module, saved: dict | None):
-    """timm's ModelEmaV3 of ``model`` when train.ema (restored from the checkpoint), else None."""
-    if not cfg.train.ema:
-        return None
-    from timm.utils import ModelEmaV3
-    ema = ModelEmaV3(model, decay=cfg.train.ema_decay)
-    if saved is not None and saved.get("ema") is not None:
-        ema.module.load_state_dict(saved["ema"], strict=True)
-    return ema
 
 
 def _note_schedule_change(saved: dict, cfg) -> None:

@@ -95,9 +95,13 @@ class LMRun:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-        if saved is not None:
+        if saved is not None and "model" in saved:   # a sharded checkpoint loads after sharding
             load_trainable(model, saved["model"], self.trainable)
         return model, LMTrainModule(model, cfg, self.tokenizer.pad_token_id)
+
+    def blocks(self, module: LMTrainModule) -> list[nn.Module]:
+        """The decoder layers of the causal LM (inside a peft wrapper, of its base model)."""
+        return list(module.model.causal_lm.get_decoder().layers)
 
     def trainable_state(self, state: dict) -> dict:
         """Only the trained parameters: the frozen base is reloaded from model.hf."""

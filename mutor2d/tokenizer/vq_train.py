@@ -322,10 +322,14 @@ class VQRun:
         from .lpips import load_lpips
         torch.manual_seed(cfg.train.seed)
         model = VQModel(cfg.model)
-        if saved is not None:
+        if saved is not None and "model" in saved:   # a sharded checkpoint loads after sharding
             model.load_state_dict(saved["model"], strict=True)
         weights = cfg.objective.perceptual_weights
         return model, VQTrainModule(model, cfg.objective, load_lpips(weights) if weights else None)
+
+    def blocks(self, module: VQTrainModule) -> list:
+        """No transformer blocks: FSDP2 shards the VQ as one unit."""
+        return []
 
     def trainable_state(self, state: dict) -> dict:
         return state

@@ -1,0 +1,116 @@
+"""Peak memory per process of sharded (FSDP2) against replicated (DDP) training, on CPU processes over
+gloo, at a width where weights and optimizer states dominate (a batch of a few short sequences).
+
+Each case is a fresh ``torchrun`` launch of this file (glibc told to unmap freed blocks: RSS follows
+live memory, bench/common.py). Every process reads its RSS before the run is built (imports, process
+group and data only), builds it (model, sharding, optimizer), runs ``--steps`` training steps, and
+reports its peak RSS above that baseline; the table gives the largest over the processes.
+
+Theory, P parameters over N processes, fp32: DDP holds weights, gradients and two AdamW moments
+(16P bytes) plus its gradient buckets (4P); FSDP holds 16P/N of sharded states plus, while a block
+runs, its gathered weights, their gradients and the reduce-scatter input (about 12 bytes per
+parameter of the largest block or root group).
+
+    python bench/fsdp_memory.py [--dim 1024] [--layers 4] [--heads 8] [--steps 3] [--processes 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import common  # noqa: E402
+
+MiB = 1024 ** 2
+
+
+def overrides(args, sharding: str) -> list[str]:
+    return ["model.preset=custom", f"model.n_layer={args.layers}", f"model.n_head={args.heads}",
+            f"model.dim={args.dim}", "objective.name=ntp", "data.name=digits", "data.levels=5",
+            f"train.batch_size={2 * args.processes}", f"train.max_steps={args.steps}", "train.tracker=none",
+            "train.mixed_precision=no", f"train.sharding={sharding}", "train.ckpt_every=0"]
+
+
+def worker(args) -> None:
+    """One process of a launch: peak RSS above the pre-build baseline -> JSON line (rank 0, all ranks)."""
+    import tempfile
+    import torch
+    import torch.distributed as dist
+    from mutor2d import config as C
+    from mutor2d.engine.loop import train_step
+    from mutor2d.engine.setup import build_run
+    torch.set_num_threads(1)
+    from mutor2d.data import build_dataset
+    from mutor2d.engine.setup import build_scheduler, make_accelerator  # noqa: F401 (imports timm)
+    import timm.utils  # noqa: F401
+    cfg = C.from_dict(C.apply_overrides({}, overrides(args, args.sharding)))
+    tmp = tempfile.mkdtemp()
+    make_accelerator(cfg, Path(tmp)), build_dataset(cfg.data, "train")   # libraries and data: the baseline
+    base = common.rss_bytes()
+    run = build_run(cfg, tmp, None)
+    built = common.rss_bytes()
+    common.reset_peak_rss()                      # the peak of the steps, above what the build left
+    batches = iter(run.loader)
+    for step in range(args.steps):
+        train_step(run, batches, step)
+    mine = {"built_MiB": (built - base) / MiB, "peak_MiB": (max(common.peak_rss_bytes(), built) - base) / MiB,
+            "params_M": sum(p.numel() for p in run.model.parameters()) / 1e6}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() == 0:
+        print(json.dumps(every), flush=True)
+    dist.destroy_process_group()
+
+
+def measure(args, sharding: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.processes), __file__,
+           "--worker", "--sharding", sharding, *sum([[f"--{k}", str(getattr(args, k))] for k in
+                                                    ("dim", "layers", "heads", "steps", "processes")], [])]
+    env = {**os.environ, **common.EXACT_RSS_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("[{")]
+    if r.returncode != 0 or not lines:
+        raise SystemExit(f"error: {sharding} launch failed: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(lines[-1])
+
+
+def theory(args, params: float) -> dict:
+    """Bytes per process from the parameter count (see module doc)."""
+    from mutor2d.model import Shape
+    s = Shape(args.layers, args.heads, args.dim)
+    block = 4 * s.dim * s.dim + 3 * s.dim * s.ffn_dim + 2 * s.dim
+    ddp, fsdp = 20 * params, 16 * params / args.processes + 12 * block
+    return {"ddp_MiB": ddp / MiB, "fsdp_MiB": fsdp / MiB, "ratio": fsdp / ddp, "states_ratio": 1 / args.processes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sharding", default="fsdp", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    rows = {sharding: measure(args, sharding) for sharding in ("ddp", "fsdp")}
+    params = rows["ddp"][0]["params_M"] * 1e6
+    peak = {k: max(r["peak_MiB"] for r in v) for k, v in rows.items()}
+    built = {k: max(r["built_MiB"] for r in v) for k, v in rows.items()}
+    common.emit({"bench": "fsdp_memory", "machine": common.machine(__import__("torch").device("cpu")),
+                 "config": {k: v for k, v in vars(args).items() if k not in ("worker", "sharding")}
+                 | {"params_M": params / 1e6}, "peak_MiB": peak, "built_MiB": built,
+                 "measured_ratio": peak["fsdp"] / peak["ddp"], "theory": theory(args, params)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Sharded training with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Rules:
+  * ``train.sharding``: auto = DDP with several processes; fsdp = FSDP2 with several processes
+    (one process trains unsharded, with a warning); ddp = never shard.
+  * ``shard_blocks(root, blocks)`` shards each transformer block, then the root (which keeps what is
+    left: embeddings, final norm, head, register embedding); any model given its list of blocks (a
+    Hugging Face decoder's layers) is sharded the same way. Parameters become DTensors (dim 0 split
+    over the processes) and the optimizer is built on them afterwards.
+  * Mixed precision (train.mixed_precision bf16): blocks compute with bf16 copies of the fp32 shards,
+    gradients are reduced in fp32 (``MixedPrecisionPolicy``); fp16 is refused (no sharded scaler).
+  * ``train.fsdp_offload``: sharded parameters, gradients and AdamW states live on the CPU
+    (``CPUOffloadPolicy``), the optimizer steps there.
+  * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
+    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update).
+  * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
+    into a plain GPT on the main process.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..config import ConfigError
+from ..io import warn
+
+
+def wants_fsdp(train_cfg, num_processes: int, main: bool) -> bool:
+    """True when train.sharding asks for FSDP2 and there are processes to shard over."""
+    if train_cfg.sharding != "fsdp":
+        return False
+    if num_processes == 1:
+        if main:
+            warn("train.sharding=fsdp with one process: nothing to shard over, the model trains unsharded")
+        return False
+    return True
+
+
+def precision_policy(mixed_precision: str, device: torch.device):
+    """MixedPrecisionPolicy for train.mixed_precision (None: fp32 throughout)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+    if mixed_precision == "fp16":
+        raise ConfigError("train.mixed_precision=fp16 with train.sharding=fsdp: expected bf16 or no "
+                          "(fp16 needs a gradient scaler that sharded training does not have here)")
+    if mixed_precision == "bf16":
+        # inputs are not cast: the embeddings already come out in bf16, and FSDP's cast would rebuild
+        # dataclass inputs (Visibility) through their constructor
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                    cast_forward_inputs=False)
+    return None
+
+
+def shard_blocks(root: nn.Module, blocks: list[nn.Module], device: torch.device, mp_policy=None,
+                 offload: bool = False) -> None:
+    """fully_shard each block, then ``root`` (in place) over all processes of ``device``'s kind."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs = {"mesh": mesh, "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
+              if offload else OffloadPolicy()}
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(root, **kwargs)
+
+
+def shard_train_module(module: nn.Module, blocks: list[nn.Module], train_cfg, device: torch.device) -> None:
+    """Shard a TrainModule: each of ``blocks`` (the run kind's transformer blocks), then the rest."""
+    shard_blocks(module, blocks, device, precision_policy(train_cfg.mixed_precision, device),
+                 train_cfg.fsdp_offload)
+
+
+def _recompute(forward, *args, **kwargs):
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_activations(blocks: list[nn.Module]) -> None:
+    """Each block keeps only its input and recomputes its activations in the backward (non-reentrant
+    torch.utils.checkpoint; the RNG state is replayed, so dropout masks and losses are unchanged).
+    A partial of the bound forward: a deep copy (the EMA's) recomputes with its own weights."""
+    for block in blocks:
+        block.forward = functools.partial(_recompute, block.forward)
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(module, FSDPModule)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def global_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A reduced or replicated DTensor (a clipped gradient norm) as a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def all_finite(params) -> bool:
+    """Every parameter finite, on every process (one answer everywhere: sharded or not)."""
+    params = list(params)
+    flag = torch.stack([torch.isfinite(_local(p)).all() for p in params]).all()
+    if any(isinstance(p, DTensor) for p in params):
+        flag = flag.to(torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
+class ShardedEma:
+    """EMA of a sharded GPT's parameters, one DTensor per parameter (names as in the GPT's state dict)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.weights = {k: p.detach().clone() for k, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        """timm ModelEmaV3's rule: decay 0 at update 1 (a copy), then ``decay``: ema += (1-decay)(w-ema)."""
+        decay = 0.0 if step <= 1 else self.decay
+        params = dict(model.named_parameters())
+        torch._foreach_lerp_([_local(v) for v in self.weights.values()],
+                             [_local(params[k].detach()) for k in self.weights], 1.0 - decay)
+
+    def state_dict(self) -> dict:
+        return self.weights
+
+    @torch.no_grad()
+    def load_full(self, state: dict) -> None:
+        """Full (unsharded) EMA weights, the same on every process, into the shards."""
+        for k, v in self.weights.items():
+            full = state[k].to(device=v.device, dtype=v.dtype)
+            v.copy_(distribute_tensor(full, v.device_mesh, v.placements) if isinstance(v, DTensor) else full)
+
+
+def build_ema(model: nn.Module, train_cfg, sharded: bool, saved_ema: dict | None):
+    """ShardedEma under FSDP, timm ModelEmaV3 otherwise; from the checkpoint's full EMA when given."""
+    if sharded:
+        ema = ShardedEma(model, train_cfg.ema_decay)
+        if saved_ema is not None:
+            ema.load_full(saved_ema)
+        return ema
+    from timm.utils import ModelEmaV3
+    ema = ModelEmaV3(model, decay=train_cfg.ema_decay)
+    if saved_ema is not None:
+        ema.module.load_state_dict(saved_ema, strict=True)
+    return ema
+
+
+def ema_state(ema) -> dict | None:
+    """The EMA's tensors as a state dict (DTensors under FSDP), None without EMA."""
+    if ema is None:
+        return None
+    return ema.state_dict() if isinstance(ema, ShardedEma) else ema.module.state_dict()
+
+
+def full_state(state: dict, main: bool) -> dict | None:
+    """Collective: the full tensors of a (partly) sharded state dict, on the main process only."""
+    out = {}
+    for k, v in state.items():
+        full = v.full_tensor() if isinstance(v, DTensor) else v
+        if main:
+            out[k] = full.detach()
+    return out if main else None
+
+
+def gathered_model(model: nn.Module, ema, main: bool, device: torch.device):
+    """Collective: a plain GPT holding the sharded model's weights (EMA when kept) on the main process,
+    in eval mode; None on the others."""
+    from ..model import GPT
+    state = full_state(ema.state_dict() if ema is not None else dict(model.named_parameters()), main)
+    if not main:
+        return None
+    with torch.device(device):
+        plain = GPT(model.cfg, register_token=model.has_register_token)
+    plain.load_state_dict(state, strict=True)
+    return plain.eval()
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints
+
+def save_sharded(run, step: int):
+    """Collective: RUN/checkpoints/step_N.dcp/ (mutor2d.sharded_checkpoint); its path (rotation is the
+    checkpointer's, engine/checkpointer.Retention)."""
+    from accelerate.utils import gather_object
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from .. import checkpoint as ckpt_lib
+    from .. import sharded_checkpoint
+    from .rng import rng_state
+    states = gather_object([rng_state(run.layout_gen, run.device)])
+    model_state, optim_state = get_state_dict(run.module, run.optimizer.optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    if run.ema is not None:
+        state["ema"] = ema_state(run.ema)
+    meta = {"step": step, "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid) if run.grid else None,
+            "has_ema": run.ema is not None, "health": run.health.state_dict()}
+    final = ckpt_lib.checkpoint_path(run.run_dir, step).with_suffix(sharded_checkpoint.SUFFIX)
+    return sharded_checkpoint.write(final, state, meta, run.main)
+
+
+def load_sharded(path, module: nn.Module, optimizer) -> None:
+    """A sharded checkpoint's weights and optimizer state into ``module`` / ``optimizer`` as they are
+    (FSDP2-sharded, DDP-wrapped or plain; any process count): DCP reads each process's part."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from .. import sharded_checkpoint
+    model_state, optim_state = get_state_dict(module, optimizer)
+    sharded_checkpoint.load(path, {"model": model_state, "optim": optim_state})
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+
+
+def load_sharded_ema(path, ema) -> None:
+    """The checkpoint's EMA (if it kept one) into ``ema`` (ShardedEma or ModelEmaV3), in place."""
+    from .. import sharded_checkpoint
+    if sharded_checkpoint.read_meta(path)["has_ema"]:
+        sharded_checkpoint.load(path, {"ema": ema_state(ema)})

@@ -1,0 +1,98 @@
+"""Sharded checkpoints: ``RUN/checkpoints/step_XXXXXXXX.dcp/``, written by torch.distributed.checkpoint.
+
+Layout: the DCP files of {"model": the TrainModule's state (keys ``model.*`` for the GPT,
+``objective.*`` for the objective), "optim": the optimizer state keyed by parameter names, "ema":
+the GPT's EMA state (when kept)}, plus ``meta.pt`` written by the main process: step, one RNG state
+per process, the resolved config, the grid, has_ema (tensors and plain values: it loads with
+``weights_only=True``).
+
+Rules:
+  * Every process writes its own shards into ``.step_XXXXXXXX.dcp.tmp/``; once all are done the main
+    process adds meta.pt and renames the folder: a reader never sees a half-written checkpoint.
+  * DCP reshards on load: a checkpoint loads into any process count, sharded (FSDP2 DTensors) or not
+    (DDP, one process), and into one process without a process group (export, sampling).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import io
+
+SUFFIX = ".dcp"
+META = "meta.pt"
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == SUFFIX and Path(path).is_dir()
+
+
+def temp_folder(final: Path) -> Path:
+    return final.with_name(f".{final.name}{io.TEMP_SUFFIX}")
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Delete ``.step_*.dcp.tmp/`` folders left by a save that was killed mid-write."""
+    removed = [p for p in Path(folder).glob(f".*{SUFFIX}{io.TEMP_SUFFIX}") if p.is_dir()]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """meta.pt of a sharded checkpoint (with ``"dcp": path``); CheckpointError when it is not one."""
+    path = Path(path)
+    if not (path / ".metadata").is_file():
+        raise io.UnsafeFileError(f"checkpoint {str(path)!r} is not a finished sharded checkpoint (no .metadata)")
+    meta = io.read_torch_file(path / META, "checkpoint")
+    if not isinstance(meta, dict) or "config" not in meta or "step" not in meta:
+        raise io.UnsafeFileError(f"checkpoint {str(path)!r}: {META} is not a mutor2d checkpoint's")
+    return {**meta, "dcp": str(path)}
+
+
+def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
+    """Collective: each process saves its part of ``state`` into the temp folder; the main process
+    adds ``meta`` and publishes the folder as ``final``. Every process returns once it is published."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    tmp = temp_folder(final)
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save(state, checkpoint_id=tmp)        # returns on the main process after every rank has written
+    if main:
+        io.write_atomic(tmp / META, lambda f: torch.save(meta, f))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        io._fsync_folder(final.parent)
+    dist.barrier()
+    return final
+
+
+def load(path: str | os.PathLike, state: dict) -> None:
+    """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=Path(path))
+
+
+def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
+    """(full GPT state dict on the CPU, meta) of a sharded checkpoint, in this process alone: the EMA
+    weights when kept and ``use_ema``, else the model's."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    meta = read_meta(path)
+    part, prefix = ("ema", "ema.") if use_ema and meta["has_ema"] else ("model", "model.model.")
+    stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in stored.items()
+               if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    nested = {f"{prefix[len(part) + 1:]}{k}": v for k, v in weights.items()}
+    load(path, {part: nested})
+    return weights, meta
