@@ -19,6 +19,7 @@ from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
 from mutor2d.engine import PREEMPTED_EXIT, Diverged, Preempted, default_run_dir, train
+from mutor2d.plugins import load_plugins
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> Path:
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
+        load_plugins()
         run_dir = run(args)
     except Preempted as e:
         print(str(e), file=sys.stderr)
