@@ -22,6 +22,7 @@ from mutor2d.attention import BACKENDS
 from mutor2d.engine import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
+from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.tokenizer import TOKENIZERS
 from mutor2d.tokenizer.codes import augment, center_crop_arr
 
@@ -127,8 +128,13 @@ def test_objective_recipe(plugin, tmp_path, classifier_cache):
 def test_attention_backend_recipe(plugin, tmp_path, classifier_cache, monkeypatch):
     name = plugin("An attention backend")
     load_plugins()
-    calls = {"attend": 0, "attend_cached": 0}
     backend = BACKENDS["dense"]
+    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", 1, 2), torch.Generator().manual_seed(0))
+    q, k, v = torch.randn(3, 2, 2, lay.key_rank.shape[1], 8, generator=torch.Generator().manual_seed(1))
+    backend.prepare(lay.visibility)
+    torch.testing.assert_close(backend.attend(q, k, v, lay.visibility),          # the recipe's own test
+                               BACKENDS["sdpa"].attend(q, k, v, lay.visibility))
+    calls = {"attend": 0, "attend_cached": 0}
     for method in calls:                      # count what the commands run through the new backend
         def counted(*args, _inner=getattr(backend, method), _method=method, **kw):
             calls[_method] += 1
