@@ -24,6 +24,7 @@ from mutor2d import checkpoint, generation
 from mutor2d.sampling.rules import check_sampling
 from mutor2d.generation import NpzJob, SampleFileError, balanced_labels, parse_classes
 from mutor2d.sampling import DECODERS, compile_decoder
+from mutor2d.plugins import load_plugins
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -181,6 +182,7 @@ def run(argv=None) -> None:
 def main(argv=None) -> None:
     """The command line: library errors become one-line messages."""
     try:
+        load_plugins()
         run(argv)
     except (ValueError, FileNotFoundError) as e:   # SampleFileError, ConfigError, bad checkpoints
         raise SystemExit(f"error: {e}") from None

@@ -22,6 +22,7 @@ from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
 from mutor2d.engine import PREEMPTED_EXIT, default_run_dir, exit_code, train
+from mutor2d.plugins import load_plugins
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,6 +69,7 @@ def load_config(data: dict, overrides: list[str]):
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
+        load_plugins()
         run_dir = run(args)
     except Exception as e:
         code = exit_code(e)

@@ -46,7 +46,7 @@ STAGES = ("images", "vq", "extract", "train+stop", "resume", "sample", "fid", "b
 
 
 @dataclass
-class Variant:
+class RehearsalSize:
     """Sizes of one rehearsal. ``model`` holds extra --set items (empty: the config's GPT-B)."""
     per_class: int            # images per class folder
     vq_ch: int                # VQ base channels (LlamaGen VQ-16: 128)
@@ -60,11 +60,11 @@ class Variant:
     model: list[str] = field(default_factory=list)
 
 
-VARIANTS = {
-    "quick": Variant(per_class=4, vq_ch=32, crops=1, batch_size=4, max_steps=4, stop_at=1, ckpt_every=2,
+SIZES = {
+    "quick": RehearsalSize(per_class=4, vq_ch=32, crops=1, batch_size=4, max_steps=4, stop_at=1, ckpt_every=2,
                      num_samples=4, sample_batch=2,
                      model=["model.preset=custom", "model.n_layer=2", "model.n_head=2", "model.dim=64"]),
-    "full": Variant(per_class=4, vq_ch=128, crops=5, batch_size=8, max_steps=4, stop_at=1, ckpt_every=2,
+    "full": RehearsalSize(per_class=4, vq_ch=128, crops=5, batch_size=8, max_steps=4, stop_at=1, ckpt_every=2,
                     num_samples=4, sample_batch=2),
 }
 
@@ -210,14 +210,14 @@ def make_standin_inception(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- training
 
-def train_command(args, v: Variant, w: Path) -> list[str]:
+def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
     """train.py with the shipped GPT-B MuToR-2D config; --set only what the rehearsal must change."""
     data = data_dir(args, w)
-    sets = [f"train.batch_size={v.batch_size}", f"train.max_steps={v.max_steps}",
+    sets = [f"train.batch_size={size.batch_size}", f"train.max_steps={size.max_steps}",
             f"data.path={data / 'codes'}", f"data.tokenizer={data / 'vq_ds16_c2i.pt'}",
-            f"train.ckpt_every={v.ckpt_every}", f"train.sample_every={v.max_steps}", "train.log_every=1",
+            f"train.ckpt_every={size.ckpt_every}", f"train.sample_every={size.max_steps}", "train.log_every=1",
             "model.num_classes=2", "sample.classes=[0,1]",     # the data has 2 classes, the config 1000
-            *v.model, *args.overrides]
+            *size.model, *args.overrides]
     cmd = launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
     for s in sets:
         cmd += ["--set", s]
@@ -272,7 +272,7 @@ def worker_exit_codes(output: str) -> dict[int, int]:
 LAUNCHER_KILLED = (-15, 143)
 
 
-def check_stop(res: dict, run_dir: Path, v: Variant, target: str) -> dict:
+def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str) -> dict:
     """The training processes took the stop path (exit 75, see LAUNCHER_KILLED) after writing a complete
     checkpoint of the step they stopped at. torchrun itself exits 1 and lists the ranks' codes; when
     the launcher was signalled it lists none (it died of the signal)."""
@@ -291,7 +291,7 @@ def check_stop(res: dict, run_dir: Path, v: Variant, target: str) -> dict:
     except (ValueError, OSError, RuntimeError) as e:
         raise StageError(f"stop: no complete checkpoint of step {step} after the signal ({e}); "
                          f"last output:\n{out[-3000:]}") from None
-    if step >= v.max_steps:
+    if step >= size.max_steps:
         raise StageError(f"stop: the run ended (step {step}) before the signal arrived; rehearse with more steps")
     return {"step": step, "launcher_rc": res["launcher_rc"], "process_rc": codes}
 
@@ -367,30 +367,30 @@ def data_dir(args, w: Path) -> Path:
     return Path(args.reuse).resolve() if args.reuse else w
 
 
-def stage_jobs(args, v: Variant, w: Path, env: dict, state: dict) -> dict:
+def stage_jobs(args, size: RehearsalSize, w: Path, env: dict, state: dict) -> dict:
     """stage name -> a function returning that stage's details (each checks its own outputs)."""
     run_dir, logs = w / "run", w / "logs"
-    n_images, augs = 2 * v.per_class, 2 * v.crops
+    n_images, augs = 2 * size.per_class, 2 * size.crops
     extract = launcher(args.launcher) + [
         str(ROOT / "tokenizers/extract_codes.py"), "--images", str(w / "images"), "--tokenizer",
-        str(w / "vq_ds16_c2i.pt"), "--out", str(w / "codes"), "--crops", str(v.crops),
-        "--shard-size", str(max(1, v.per_class)), "--no-progress"]     # 2 shards: one per process
+        str(w / "vq_ds16_c2i.pt"), "--out", str(w / "codes"), "--crops", str(size.crops),
+        "--shard-size", str(max(1, size.per_class)), "--no-progress"]     # 2 shards: one per process
     sample = launcher(args.launcher, script_is_python=False) + [
-        str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--num", str(v.num_samples),
-        "--npz", str(run_dir / "samples.npz"), "--batch-size", str(v.sample_batch)]
+        str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--num", str(size.num_samples),
+        "--npz", str(run_dir / "samples.npz"), "--batch-size", str(size.sample_batch)]
     fid = [PY, str(ROOT / "eval/fid.py"), str(run_dir / "samples.npz"), "--ref", str(w / "ref_imagefolder256.npz"),
            "--inception-weights", str(w / "standin-inception.pth"), "--device", "cpu"]
     board = [PY, str(ROOT / "eval/leaderboard.py"), str(run_dir)]
 
     def stop():
-        res = stop_mid_run(train_command(args, v, w), env, run_dir, v.stop_at, logs / "train.log", args.signal)
-        state["stopped"] = check_stop(res, run_dir, v, args.signal)
+        res = stop_mid_run(train_command(args, size, w), env, run_dir, size.stop_at, logs / "train.log", args.signal)
+        state["stopped"] = check_stop(res, run_dir, size, args.signal)
         return state["stopped"]
 
     def resume():
-        out = run("resume", train_command(args, v, w) + ["--resume", "auto"], env, logs / "resume.log")
-        found = check_resume(out, run_dir, state["stopped"]["step"], v.max_steps)
-        return {**found, "seconds_per_step": seconds_per_step(log_steps(run_dir), v.batch_size)}
+        out = run("resume", train_command(args, size, w) + ["--resume", "auto"], env, logs / "resume.log")
+        found = check_resume(out, run_dir, state["stopped"]["step"], size.max_steps)
+        return {**found, "seconds_per_step": seconds_per_step(log_steps(run_dir), size.batch_size)}
 
     def evaluate():
         write_reference(data_dir(args, w) / "images", w / "ref_imagefolder256.npz")
@@ -399,18 +399,18 @@ def stage_jobs(args, v: Variant, w: Path, env: dict, state: dict) -> dict:
         return check_record(run_dir)
 
     jobs = {
-        "images": lambda: make_images(w / "images", v.per_class),
-        "vq": lambda: make_vq(w / "vq_ds16_c2i.pt", v.vq_ch),
+        "images": lambda: make_images(w / "images", size.per_class),
+        "vq": lambda: make_vq(w / "vq_ds16_c2i.pt", size.vq_ch),
         "extract": lambda: (run("extract", extract, env, logs / "extract.log"),
                             check_codes(w / "codes", n_images, augs))[1],
         "train+stop": stop,
         "resume": resume,
         "sample": lambda: (run("sample", sample, env, logs / "sample.log"),
-                           check_npz(run_dir / "samples.npz", v.num_samples))[1],
+                           check_npz(run_dir / "samples.npz", size.num_samples))[1],
         "fid": evaluate,
         "board": lambda: check_board(run("board", board, env, logs / "board.log"), run_dir),
     }
-    if args.reuse:                  # an earlier workdir of the same variant provides the data
+    if args.reuse:                  # an earlier workdir of the same size provides the data
         for name in ("images", "vq", "extract"):
             jobs[name] = lambda: {"reused": str(data_dir(args, w))}
     return jobs
@@ -418,15 +418,15 @@ def stage_jobs(args, v: Variant, w: Path, env: dict, state: dict) -> dict:
 
 def rehearse(args) -> dict:
     """Run the stages in order (up to --until); returns the summary. StageError on the first fault."""
-    v = VARIANTS[args.variant]
-    v = replace(v, max_steps=args.max_steps or v.max_steps, stop_at=args.stop_at or v.stop_at)
+    size = SIZES[args.size]
+    size = replace(size, max_steps=args.max_steps or size.max_steps, stop_at=args.stop_at or size.stop_at)
     w = Path(args.workdir).resolve()
     if w.exists() and any(w.iterdir()):
         raise StageError(f"--workdir {w}: expected a new or empty folder")
     (w / "logs").mkdir(parents=True, exist_ok=True)
     env, state = child_env(w), {}
-    summary = {"variant": args.variant, "launcher": args.launcher, "workdir": str(w), "stages": {}}
-    for name, job in stage_jobs(args, v, w, env, state).items():
+    summary = {"size": args.size, "launcher": args.launcher, "workdir": str(w), "stages": {}}
+    for name, job in stage_jobs(args, size, w, env, state).items():
         t0 = time.perf_counter()
         details = job()
         dt = time.perf_counter() - t0
@@ -442,8 +442,8 @@ def rehearse(args) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = ap.add_mutually_exclusive_group(required=True)
-    size.add_argument("--quick", dest="variant", action="store_const", const="quick", help="CI size")
-    size.add_argument("--full", dest="variant", action="store_const", const="full",
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="CI size")
+    size.add_argument("--full", dest="size", action="store_const", const="full",
                       help="the real VQ-16 and GPT-B shapes (by hand: minutes per training step on 2 cores)")
     ap.add_argument("--workdir", default="runs/rehearsal", help="new or empty folder for everything made")
     ap.add_argument("--launcher", choices=("torchrun", "accelerate"), default="accelerate")
@@ -455,7 +455,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="stop after this stage (e.g. to time the full size's first stages)")
     ap.add_argument("--reuse", metavar="DIR", help="take images, VQ file and codes from an earlier --workdir "
                     "of the same size (skips those stages)")
-    ap.add_argument("--max-steps", type=int, help="override the variant's train.max_steps")
+    ap.add_argument("--max-steps", type=int, help="override the size's train.max_steps")
     ap.add_argument("--stop-at", type=int, help="override the step the SIGTERM follows")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="one more train.py --set item (experiments, e.g. data.num_workers=0)")

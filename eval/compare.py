@@ -42,6 +42,7 @@ from pathlib import Path
 
 from mutor2d.evaluation import study
 from mutor2d.evaluation.digits import DEFAULT_CACHE
+from mutor2d.plugins import load_plugins
 
 # --quick: the first protocol's config with the second's parts switched on (validation split, EMA,
 # selection, a data fraction) at CI sizes
@@ -63,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="study folder (runs go to OUT/METHOD/seedS)")
-    ap.add_argument("--config", default=study.BASE, help="base config, YAML path or name under configs/")
+    ap.add_argument("--config", default=study.BASE_CONFIG, help="base config, YAML path or name under configs/")
     ap.add_argument("--methods", default="next-token,mutor-2d-D4,mutor-2d-sparse",
                     help=f"comma-separated, of {','.join(study.METHODS)}")
     ap.add_argument("--seeds", default="0,1,2")
@@ -116,6 +117,7 @@ def settings(args: argparse.Namespace) -> study.Study:
 
 
 def main(argv=None) -> dict:
+    load_plugins()
     args = parse_args(argv)
     summary = study.run_study(settings(args))
     summary["settings"] = dict(vars(args))

@@ -21,6 +21,7 @@ from mutor2d.evaluation import digits, records
 from mutor2d.io import read_safetensors
 from mutor2d.evaluation import metrics as M
 from mutor2d.evaluation.sources import DIGITS_DATA_SEED, MetricsError, open_images
+from mutor2d.plugins import load_plugins
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,6 +81,7 @@ def record_place(args, samples):
 
 
 def main(argv=None) -> dict:
+    load_plugins()
     args = parse_args(argv)
     result, samples, reference = score(args)
     record = records.make_record(result, samples=samples, reference=reference, method=args.method,

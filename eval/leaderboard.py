@@ -11,9 +11,11 @@ import argparse
 import sys
 
 from mutor2d.evaluation import records
+from mutor2d.plugins import load_plugins
 
 
 def main(argv=None) -> str:
+    load_plugins()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders (their eval/*.json) or record files")
     ap.add_argument("--plot", default=None, help="write a PNG of FID against training step here")

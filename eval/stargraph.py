@@ -17,6 +17,7 @@ import torch
 
 from mutor2d import checkpoint
 from mutor2d.evaluation import records
+from mutor2d.plugins import load_plugins
 from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
 
 
@@ -57,6 +58,7 @@ def make_record(cfg, step: int, path, rates: dict, tf: dict) -> dict:
 
 
 def main(argv=None) -> dict:
+    load_plugins()
     args = parse_args(argv)
     path = checkpoint.resolve(args.ckpt)
     model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)

@@ -17,8 +17,10 @@ Cached decoding: the new queries are R regular tokens (their keys go to the KV c
 E extra tokens (their keys never do). The keys are [cache[:end], extra keys]; a Visibility over
 them says who sees what, with ``own_key`` giving each query's own key index.
 
-A backend is an object with ``attend`` (full forward) and ``attend_cached`` (decode step);
-``BACKENDS`` maps names to backends and ``resolve_backend`` turns ``auto`` into one per device.
+A backend is an object with ``prepare``, ``attend`` (full forward) and ``attend_cached`` (decode
+step); ``BACKENDS`` maps names to backends and ``resolve_backend`` turns ``auto`` into one per device.
+A backend class registers itself with ``@register_backend(NAME)`` in any module (this one imports no
+backend module, so no import order matters); a plugin's module is imported through MUTOR2D_PLUGINS.
 """
 from __future__ import annotations
 
@@ -45,15 +47,10 @@ class Visibility:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __init__(self, key_rank: Tensor, query_limit: Tensor, num_regular: int | None = None,
-                 own_key: Tensor | None = None, *, num_main: int | None = None):
+                 own_key: Tensor | None = None):
         self.key_rank, self.query_limit, self.own_key = key_rank, query_limit, own_key
-        self.num_regular = num_regular if num_regular is not None else num_main
+        self.num_regular = num_regular
         self._cache = {}
-
-    @property
-    def num_main(self) -> int | None:
-        """Old name of ``num_regular``."""
-        return self.num_regular
 
     @property
     def length(self) -> int:
@@ -132,6 +129,18 @@ class Backend(Protocol):
         cache indices start.. and attend causally (no extra tokens); else ``vis`` decides."""
 
 
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str):
+    """Class decorator: one instance of the class becomes the backend ``model.attention: NAME``."""
+    def add(cls):
+        BACKENDS[name] = cls()
+        return cls
+    return add
+
+
+@register_backend("sdpa")
 class SdpaBackend:
     """torch's scaled_dot_product_attention; split regular/extra fast path (see module doc)."""
 
@@ -156,6 +165,7 @@ class SdpaBackend:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=vis.dense_mask())
 
 
+@register_backend("flex")
 class FlexBackend(SdpaBackend):
     """FlexAttention with a block mask built once per forward pass (compiled on CUDA). Decode
     steps are a few queries: they use the SDPA path."""
@@ -175,15 +185,13 @@ class FlexBackend(SdpaBackend):
         return _flex(q.is_cuda)(q, k, v, block_mask=vis.block_mask())
 
 
-BACKENDS: dict[str, Backend] = {"sdpa": SdpaBackend(), "flex": FlexBackend()}
-
-
 def resolve_backend(name: str, device: torch.device) -> str:
     """``auto`` -> flex on CUDA, sdpa elsewhere; any other name must be in BACKENDS."""
     if name == "auto":
         return "flex" if device.type == "cuda" else "sdpa"
     if name not in BACKENDS:
-        raise ValueError(f"attention backend {name!r}: expected 'auto' or one of {sorted(BACKENDS)}")
+        raise ValueError(f"attention backend {name!r}: expected 'auto' or one of {sorted(BACKENDS)} (a plugin's "
+                         f"backend needs its module in MUTOR2D_PLUGINS)")
     return name
 
 
@@ -202,12 +210,6 @@ def _flex(compiled: bool):
     """flex_attention compiled on its own (CUDA), or eager and never compiled (other devices)."""
     from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False) if compiled else torch.compiler.disable(flex_attention)
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility | None, backend: str,
-           dropout_p: float = 0.0) -> Tensor:
-    """q, k, v: (B, heads, L, head_dim) -> (B, heads, L, head_dim) with the named backend."""
-    return get_backend(backend, q.device).attend(q, k, v, vis, dropout_p)
 
 
 def _split_attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility) -> Tensor:

@@ -195,18 +195,18 @@ class DigitsDataConfig(DataConfig):
         return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
 
     def build_tokenizer(self) -> Tokenizer:
-        return tokenizer_lib.build_tokenizer(self)
+        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
 
 
 @register_variant("data", "codes")
 @dataclass
 class CodesDataConfig(DataConfig):
     """Pre-extracted token grids: folders written by tokenizers/extract_codes.py, one per split. The
-    tokenizer must be the checkpoint that made the codes (same codebook size; a different file is a
-    warning); without the folder (sampling on another machine) that check is skipped with a warning."""
+    tokenizer must be the one that made the codes (same codebook size; another sha256 is a warning);
+    without the folder (sampling on another machine) that check is skipped with a warning."""
     path: str | None = None          # the train split (required)
     test_path: str | None = None     # the test split (optional)
-    tokenizer: str = "pixel"         # the VQ checkpoint that made the codes (to decode sample grids)
+    tokenizer: str = "pixel"         # extract_codes.py's --tokenizer that made the codes (to decode samples)
     num_workers: int = 0
 
     def check(self) -> None:
@@ -227,10 +227,7 @@ class CodesDataConfig(DataConfig):
         return CodeDataset(path, random_aug=split == "train")
 
     def build_tokenizer(self) -> Tokenizer:
-        if tokenizer_lib.parse_tokenizer(self.tokenizer)[1] is None:
-            raise ValueError(f"data.tokenizer={self.tokenizer!r} only works with data.name='digits'; "
-                             f"data.name='codes' needs data.tokenizer set to a VQ checkpoint path")
-        tok = tokenizer_lib.build_tokenizer(self)
+        tok = tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
         if self.path is not None and not (Path(self.path) / "header.json").exists():
             warn(f"no codes folder at data.path={self.path!r} here: cannot check that data.tokenizer="
                  f"{self.tokenizer!r} made those codes (decoding does not need them)", once=True)
@@ -244,7 +241,7 @@ class CodesDataConfig(DataConfig):
             raise ValueError(f"data.tokenizer={self.tokenizer!r} has {tok.vocab_size} codes but the codes at "
                              f"{self.path!r} come from a codebook of {header['codebook_size']}")
         if header.get("tokenizer_sha256") != tok.sha256:
-            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the checkpoint that made the codes at "
+            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the tokenizer that made the codes at "
                           f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 

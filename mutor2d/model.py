@@ -77,7 +77,8 @@ class ModelConfig:
         if self.conditioning not in CONDITIONING:
             fail("model.conditioning", f"one of {list(CONDITIONING)}", self.conditioning)
         if self.attention not in ("auto", *BACKENDS):
-            fail("model.attention", f"one of {['auto', *BACKENDS]}", self.attention)
+            fail("model.attention", f"one of {['auto', *BACKENDS]} (a plugin's backend: its module in "
+                 f"MUTOR2D_PLUGINS)", self.attention)
         if self.preset == "custom" and None in (self.n_layer, self.n_head, self.dim):
             raise ConfigError("model.preset: 'custom' needs model.n_layer, model.n_head and model.dim")
         for k in ("n_layer", "n_head", "dim", "vocab_size", "num_classes"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutor2d.attention import Visibility, attend
+from mutor2d.attention import BACKENDS, Visibility
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import RegisterSpec, make_layout
@@ -129,7 +129,7 @@ def test_split_attention_is_exact_with_gradients(case):
     if lengths is not None:                               # some registers see only themselves
         assert (~lay.reg_valid).any()
     vis = lay.visibility
-    assert vis.num_main == T
+    assert vis.num_regular == T
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, heads, T + R, hd, generator=g, dtype=torch.float64).requires_grad_()
                for _ in range(3))
@@ -139,7 +139,7 @@ def test_split_attention_is_exact_with_gradients(case):
         out = fn()
         return (out, *torch.autograd.grad((out * w).sum(), (q, k, v)))
 
-    fast = run(lambda: attend(q, k, v, vis, "sdpa"))
+    fast = run(lambda: BACKENDS["sdpa"].attend(q, k, v, vis))
     ref = run(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=Visibility(lay.key_rank, lay.query_limit).dense_mask()))
     for a, b in zip(fast, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

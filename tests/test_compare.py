@@ -50,7 +50,7 @@ def quick(tmp_path_factory):
 
 
 def selected(run: Path) -> dict:
-    return json.loads((run / study.CURVE).read_text())["selected"]
+    return json.loads((run / study.VAL_CURVE_FILE).read_text())["selected"]
 
 
 def test_quick_writes_a_record_per_run_step_and_cfg(quick):
@@ -109,7 +109,7 @@ def test_selection_is_the_lowest_validation_nll(quick):
     weights); the selected step is the lowest up to the label's horizon; its records are the table's
     val-best row."""
     out, summary = quick
-    horizon = {study.CM: summary["compute_matched"]["step"]}
+    horizon = {study.COMPUTE_MATCHED: summary["compute_matched"]["step"]}
     groups = study.summarise(study.collect(out), [1.0, 2.0])
     runs = [r for r in sorted(out.glob("*/seed0")) if r.parent.name != "floor"]
     assert len(runs) == 3
@@ -122,8 +122,8 @@ def test_selection_is_the_lowest_validation_nll(quick):
         for label, step in curve["selected"].items():
             pool = {s: v for s, v in curve["nll"].items() if s <= horizon.get(label, compare.QUICK["steps"])}
             assert step == min(pool, key=lambda s: (pool[s], s))
-            assert groups[(label, study.SEL)]["steps"] == {0: step}
-            assert groups[(label, study.SEL)]["nll_val"][0] == pytest.approx(curve["nll"][step], rel=1e-6)
+            assert groups[(label, study.VAL_BEST)]["steps"] == {0: step}
+            assert groups[(label, study.VAL_BEST)]["nll_val"][0] == pytest.approx(curve["nll"][step], rel=1e-6)
 
 
 def test_select_step_and_candidates():
@@ -143,14 +143,14 @@ def test_quick_compute_matched_point_and_floor(quick):
     assert cm["ratio"] > 0 and steps <= cm["step"] <= 2 * steps
     run = out / "next-token" / "seed0"
     cm_recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
-    cm_recs = [r for r in cm_recs if r["study"]["method"] == study.CM]
-    want = {cm["step"], selected(run)[study.CM]}
+    cm_recs = [r for r in cm_recs if r["study"]["method"] == study.COMPUTE_MATCHED]
+    want = {cm["step"], selected(run)[study.COMPUTE_MATCHED]}
     assert {r["step"] for r in cm_recs} == want and len(cm_recs) == 2 * len(want)
     # the next-token run really went on past the equal-step point (constant lr): checkpoints up to 2x
     assert ckpt_lib.list_checkpoints(run)[-1].name == f"step_{2 * steps:08d}.pt"
     floor = [json.loads(p.read_text()) for p in (out / "floor" / "eval").glob("*.json")]
     held = [r for r in floor if r["method"] == "real held-out"]
-    assert len(held) == 1 and held[0]["n"] == len(build_dataset(study.config_lib.load(study.BASE).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
+    assert len(held) == 1 and held[0]["n"] == len(build_dataset(study.config_lib.load(study.BASE_CONFIG).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
     assert held[0]["metrics"]["accuracy"] > 0.9        # real digits are recognised: the classifier works
 
 
@@ -164,11 +164,11 @@ def test_cm_ratio_fixes_the_step_and_a_decaying_lr_trains_its_own_run(quick, tmp
     summary = compare.main(["--quick", "--out", str(out), "--set", "optim.schedule=cosine", "--cm-ratio", "1.5"])
     cm = summary["compute_matched"]
     assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
-    run = out / study.CM / "seed0"
+    run = out / study.COMPUTE_MATCHED / "seed0"
     _, cfg, last = ckpt_lib.load_model(run)
     assert cfg.optim.schedule == "cosine" and cfg.train.max_steps == last == round(1.5 * steps)
     recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
-    assert {round(1.5 * steps), selected(run)[study.CM]} == {r["step"] for r in recs}
+    assert {round(1.5 * steps), selected(run)[study.COMPUTE_MATCHED]} == {r["step"] for r in recs}
     assert ckpt_lib.list_checkpoints(out / "next-token" / "seed0")[-1].name == f"step_{2 * steps:08d}.pt"  # as copied
 
 
@@ -181,8 +181,8 @@ def test_units_train_the_headline_runs_first(tmp_path):
     first = [(m, seed) for seed in (100, 101) for m in ("next-token", "mutor-2d-D4")]
     fracs = [(f"{m}@{f}", seed) for seed in (100, 101) for f in ("0.5", "0.25") for m in ("next-token", "mutor-2d-D4")]
     assert got == first + fracs + [("mutor-2d-sparse", 100), ("mutor-2d-sparse", 101),
-                                   (study.CM, 100), (study.CM, 101)]
-    assert {u["steps"] for u in s.units() if u["label"] == study.CM} == {15}
+                                   (study.COMPUTE_MATCHED, 100), (study.COMPUTE_MATCHED, 101)]
+    assert {u["steps"] for u in s.units() if u["label"] == study.COMPUTE_MATCHED} == {15}
     frac = next(u for u in s.units() if u["label"] == "mutor-2d-D4@0.25")
     assert frac["method"] == "mutor-2d-D4" and frac["overrides"][-1] == "data.train_fraction=0.25"
     assert frac["run_dir"] == str(tmp_path / "mutor-2d-D4@0.25" / "seed100")
@@ -191,7 +191,7 @@ def test_units_train_the_headline_runs_first(tmp_path):
 def test_quick_table_plot_and_leaderboard(quick, capsys):
     out, summary = quick
     md = (out / "table.md").read_text()
-    for name in ("next-token", "mutor-2d-sparse", study.CM, "real held-out"):
+    for name in ("next-token", "mutor-2d-sparse", study.COMPUTE_MATCHED, "real held-out"):
         assert f"| {name} |" in md
     png = Path(summary["plot"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

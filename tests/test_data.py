@@ -1,5 +1,6 @@
 """Token data: digits (pixel and VQ tokenizers), image-folder scanning, augmentations, code
 extraction (corrupt files, resume, settings check) and the code dataset."""
+import hashlib
 import json
 import pickle
 import subprocess
@@ -64,7 +65,7 @@ def folder(tmp_path_factory):
 def run_extract(folder, out, vq_path, **kw):
     lines = []
     tok = VQTokenizer.from_checkpoint(vq_path)
-    summary = extract(folder, out, tok, str(vq_path), state=Quiet(), progress=False, log=lines.append,
+    summary = extract(folder, out, tok, state=Quiet(), progress=False, log=lines.append,
                       **{"num_crops": 2, "flip": True, "shard_size": 2, "batch_size": 5, **kw})
     return summary, lines
 
@@ -194,6 +195,7 @@ def test_extract_codes_shapes_labels_skips(folder, vq_path, tmp_path, capsys):
     assert h["augmentations"] == ["center", "center+flip", "tl", "tl+flip"]
     assert h["classes"] == ["a", "b", "c"] and h["source"] == str(folder.resolve())
     assert h["skipped"] == [str(Path("b") / "1.png")] and len(h["tokenizer_sha256"]) == 64
+    assert h["tokenizer"] == f"vq:{vq_path.resolve()}"                    # the identity that rebuilds it
     assert (out / "files.txt").read_text().splitlines()[4] == str(Path("b") / "1.png")
     assert int(store.codes.max()) < 32
     # row 7 = c/1.png: its codes are the tokenizer's codes of its augmented views
@@ -235,9 +237,9 @@ def test_extract_codes_splits_shards_over_processes(folder, vq_path, tmp_path):
     out = tmp_path / "two"
     tok = VQTokenizer.from_checkpoint(vq_path)
     kw = dict(num_crops=2, flip=True, shard_size=2, batch_size=5, progress=False, log=lambda s: None)
-    extract(folder, out, tok, str(vq_path), state=Rank(1), **kw)  # rank 1: shards 1 and 3
+    extract(folder, out, tok, state=Rank(1), **kw)  # rank 1: shards 1 and 3
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["000001.json", "000003.json"]
-    summary = extract(folder, out, tok, str(vq_path), state=Rank(0), **kw)  # rank 0: 0, 2, 4; then finishes
+    summary = extract(folder, out, tok, state=Rank(0), **kw)  # rank 0: 0, 2, 4; then finishes
     assert summary["complete"]
     one, _ = run_extract(folder, tmp_path / "one", vq_path)
     assert np.array_equal(open_store(out).codes, open_store(tmp_path / "one").codes)
@@ -287,12 +289,14 @@ def test_code_dataset(folder, vq_path, tmp_path):
     assert torch.equal(test[0]["body"], torch.from_numpy(store.codes[0, 0].astype(np.int64)).reshape(-1))
     with pytest.raises(ValueError, match="not a codes folder"):
         build_dataset(make("data", name="codes", path=str(tmp_path)), "train")
-    with pytest.raises(ValueError, match="only works with data.name='digits'"):
+    with pytest.raises(ValueError, match="tokenizer 'pixel': expected pixel:LEVELS"):   # no data.levels here
         build_tokenizer(make("data", name="codes", path=str(out)))
+    with pytest.raises(ValueError, match="has 17 codes but the codes at .* come from a codebook of 32"):
+        build_tokenizer(make("data", name="codes", path=str(out), tokenizer="pixel:17"))
     header = json.loads((out / "header.json").read_text())
     header["tokenizer_sha256"] = "0" * 64
     (out / "header.json").write_text(json.dumps(header))
-    with pytest.warns(UserWarning, match="not the checkpoint that made the codes"):
+    with pytest.warns(UserWarning, match="not the tokenizer that made the codes"):
         build_tokenizer(cfg)
     (out / "header.json").write_text(json.dumps({**header, "codebook_size": 64}))
     with pytest.raises(ValueError, match="has 32 codes but the codes at .* come from a codebook of 64"):
@@ -321,6 +325,61 @@ def test_registries_and_tokenizer_properties():
         build_tokenizer(make("data", name="stargraph"))
     with pytest.raises(config.ConfigError, match="data.name: expected one of"):
         make("data", name="nope")
+
+
+def test_any_registered_tokenizer_makes_codes(folder, tmp_path):
+    """extract_codes.py takes KIND:ARG like data.tokenizer; the header records the tokenizer's identity."""
+    from importlib.util import module_from_spec, spec_from_file_location
+    spec = spec_from_file_location("extract_codes_script", ROOT / "tokenizers" / "extract_codes.py")
+    script = module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "codes"
+    script.main(["--images", str(folder), "--tokenizer", "pixel:5", "--image-size", "6", "--out", str(out),
+                 "--crops", "1", "--no-flip", "--workers", "0", "--no-progress"])
+    store = open_store(out)
+    tok = PixelTokenizer(5, (6, 6))
+    assert store.header["tokenizer"] == "pixel:5" and store.header["tokenizer_sha256"] == tok.sha256
+    assert store.header["grid"] == [6, 6] and store.header["codebook_size"] == 5
+    with Image.open(folder / "c" / "2.png") as im:
+        view = augment(im.convert("RGB"), 6, ["center"])
+    assert np.array_equal(store.codes[8], tok.encode(view).numpy())
+    cfg = make("data", name="codes", path=str(out), tokenizer="pixel:5")
+    assert build_tokenizer(cfg).identity == "pixel:5" and len(build_dataset(cfg, "train")) == 8
+    with pytest.raises(ValueError, match="expected pixel:LEVELS with an integer >= 2, e.g. pixel:17"):
+        build_tokenizer(make("data", tokenizer="pixel:many"))
+
+
+class Broken(PixelTokenizer):
+    """A tokenizer that breaks its protocol: its codes lose ``cut`` rows of its grid, and its ids are
+    shifted by ``shift`` (past its vocabulary)."""
+
+    def __init__(self, cut: int = 0, shift: int = 0):
+        super().__init__(4, (8, 8))
+        self.cut, self.shift = cut, shift
+
+    def encode(self, images):
+        return super().encode(images)[:, self.cut:] + self.shift
+
+
+def test_extract_names_a_tokenizer_that_breaks_its_protocol(folder, tmp_path):
+    kw = dict(num_crops=1, flip=False, state=Quiet(), progress=False, log=lambda *a: None)
+    with pytest.raises(CodesError, match=r"tokenizer 'pixel:4' encoded 2 images to codes of shape \(2, 7, 8\); "
+                                         r"expected \(2, 8, 8\) from its grid"):
+        extract(folder, tmp_path / "a", Broken(cut=1), batch_size=2, **kw)
+    with pytest.raises(CodesError, match=r"tokenizer 'pixel:4' gave ids in \[\d, 7\]; expected ids in \[0, 4\)"):
+        extract(folder, tmp_path / "b", Broken(shift=4), **kw)
+
+
+def test_vq_tokenizer_identity_and_hash(vq_path):
+    from_file = VQTokenizer.from_checkpoint(vq_path)
+    assert from_file.identity == f"vq:{vq_path.resolve()}"
+    assert from_file.sha256 == hashlib.sha256(vq_path.read_bytes()).hexdigest()
+    in_memory = VQTokenizer(from_file.model)                   # no file: the hash of its weights
+    assert in_memory.identity == "vq:(in memory)" and in_memory.sha256 == VQTokenizer(from_file.model).sha256
+    with torch.no_grad():
+        from_file.model.quantize.embedding.weight[0, 0] += 1
+    assert VQTokenizer(from_file.model).sha256 != in_memory.sha256
+    assert build_tokenizer(make("data", tokenizer=f"vq:{vq_path}")).sha256 == from_file.sha256
 
 
 # ----------------------------------------------------------------------------- bad data is named

@@ -265,6 +265,25 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     assert "paper" not in R.markdown_table(digits) and "paper" in R.markdown_table(digits, paper=True)
 
 
+@pytest.mark.parametrize("objective, text", [
+    ({}, ""),                                                               # no config: plain NTP
+    ({"name": "ntp"}, ""),
+    ({"name": "mutor-2d", "reg_weight": 0.5, "d_max": 3}, "a=0.5, D=3, dense"),
+    ({"name": "mutor-1d", "d_min": 2, "d_max": 4, "edge": "raster", "per_register_offsets": True},
+     "a=0.5, d=2..4, dense, raster, per-register offsets"),
+    ({"name": "multihead", "layout": "1d", "d_max": 4, "num_heads": 2}, "a=0.5, heads=2, 1d d=2..4"),
+    # records of older versions: one flat section, D as d_max_2d, the multi-head layout as multihead_layout
+    ({"name": "mutor-2d", "reg_weight": 0.3, "d_min": 1, "d_max": 4, "d_max_2d": 5, "placement": "dense",
+      "num_registers": 80, "per_register_offsets": False, "edge": "geometric", "multihead_layout": "2d",
+      "num_heads": 0}, "a=0.3, D=5, dense"),
+    ({"name": "multihead", "reg_weight": 0.5, "d_max": 4, "d_max_2d": 3, "multihead_layout": "2d"},
+     "a=0.5, heads=all, 2d D=3"),
+    ({"name": "not-loaded", "smoothing": 0.1}, "smoothing=0.1"),           # a plugin's objective, not imported
+])
+def test_objective_description_comes_from_its_config(objective, text):
+    assert R.objective_summary(objective) == text
+
+
 def test_leaderboard_errors(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(R.RecordError, match="no such run folder"):

@@ -268,7 +268,7 @@ def test_sample_py_without_the_codes_folder(tmp_path, capsys):
             pass
 
     codes = tmp_path / "codes"
-    extract(tmp_path / "img", codes, tok, str(vq), state=One(), progress=False, log=lambda *a: None)
+    extract(tmp_path / "img", codes, tok, state=One(), progress=False, log=lambda *a: None)
     cfg = config.load(None, ["data.name=codes", f"data.path={codes}", f"data.tokenizer={vq}", "model.preset=tiny",
                              f"model.vocab_size={V}", "model.num_classes=2", "sample.per_class=2"])
     model = GPT(cfg.model)

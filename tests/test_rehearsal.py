@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import rehearse  # noqa: E402
 
-QUICK = rehearse.VARIANTS["quick"]
+QUICK = rehearse.SIZES["quick"]
 
 
 @pytest.fixture(scope="module")

@@ -2,23 +2,29 @@
 
     python tokenizers/extract_codes.py --images /data/imagenet/train --tokenizer vq_ds16_c2i.pt \
         --out data/imagenet_codes --crops 5 --flip
+    MUTOR2D_PLUGINS=my_tokenizer python tokenizers/extract_codes.py --images IMGS --tokenizer mine:ARG --out OUT
     accelerate launch --num_processes 8 tokenizers/extract_codes.py ...   (shards split over GPUs)
 
-Writes codes.npy (uint16, num_images x num_augs x H x W, memory-mapped), labels.npy, files.txt and
-header.json (see mutor2d/tokenizer/codes.py). Rerunning the same command resumes: finished shards are
-skipped. Exits with status 2 and a one-line error when no image could be read.
-Train on the result with ``data.name: codes``, ``data.path: OUT``, ``data.tokenizer: VQ.pt``.
+--tokenizer takes any registered tokenizer as ``data.tokenizer`` does: KIND, KIND:ARG (e.g. pixel:17,
+vq:PATH) or a bare path (a VQ checkpoint). Writes codes.npy (uint16, num_images x num_augs x H x W,
+memory-mapped), labels.npy, files.txt and header.json (see mutor2d/tokenizer/codes.py). Rerunning the
+same command resumes: finished shards are skipped. Exits with status 2 and a one-line error when no
+image could be read. Train on the result with ``data.name: codes``, ``data.path: OUT``,
+``data.tokenizer:`` the same --tokenizer value.
 """
 import argparse
 import sys
 
+from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.codes import extract
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", required=True, help="ImageFolder root: one subfolder per class")
-    ap.add_argument("--tokenizer", required=True, help="VQ checkpoint (LlamaGen vq_ds16_c2i.pt or train_vq.py output)")
+    ap.add_argument("--tokenizer", required=True,
+                    help="KIND[:ARG] of a registered tokenizer, or a VQ checkpoint path (LlamaGen vq_ds16_c2i.pt "
+                         "or train_vq.py output)")
     ap.add_argument("--out", required=True, help="output codes folder (created; reused to resume)")
     ap.add_argument("--image-size", type=int, default=None,
                     help="resolution to tokenise at (default: the tokenizer's own, 256 for LlamaGen's VQ-16)")
@@ -31,21 +37,30 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=4, help="image decoding processes per rank")
     ap.add_argument("--max-shards", type=int, default=None, help="stop each process after this many new shards")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+    from accelerate import PartialState
+
+    from mutor2d.tokenizer import build_tokenizer
+    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
+    tokenizer = build_tokenizer(args.tokenizer, image_size=args.image_size).to(state.device)
+    return extract(args.images, args.out, tokenizer, num_crops=args.crops, flip=args.flip,
+                   crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
+                   num_workers=args.workers, max_shards=args.max_shards, state=state,
+                   progress=not args.no_progress)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     try:
-        import torch
-        from accelerate import PartialState
-        from mutor2d.tokenizer.vq import VQTokenizer
-        state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
-        tokenizer = VQTokenizer.from_checkpoint(args.tokenizer, device=state.device, image_size=args.image_size)
-        summary = extract(args.images, args.out, tokenizer, args.tokenizer, num_crops=args.crops, flip=args.flip,
-                          crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
-                          num_workers=args.workers, max_shards=args.max_shards, state=state,
-                          progress=not args.no_progress)
+        load_plugins()
+        return run(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    return summary
 
 
 if __name__ == "__main__":

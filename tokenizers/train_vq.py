@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from mutor2d.engine import PREEMPTED_EXIT, exit_code
+from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.vq_train import load_config, train
 
 
@@ -23,6 +24,7 @@ def main(argv=None):
                     help="override a config value (repeatable)")
     args = ap.parse_args(argv)
     try:
+        load_plugins()
         metrics = train(load_config(args.config, args.overrides))
     except Exception as e:
         code = exit_code(e)

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from .. import config
 from ..io import write_text_atomic
 
 # The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
@@ -125,27 +126,28 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
     return records, notes
 
 
+def objective_config(objective: dict):
+    """The checked objective config of a record's settings (a dict), or None when no registered
+    objective reads them (e.g. a plugin's objective whose module is not in MUTOR2D_PLUGINS). Records
+    of older versions (flat sections, ``d_max_2d``) are upgraded as old checkpoints are."""
+    try:
+        return config.make("objective", **objective)
+    except config.ConfigError:
+        pass
+    try:
+        cls = config.variant_class("objective", objective.get("name"))
+        return config.make("objective", name=cls.name, **cls.from_legacy(objective))
+    except (config.ConfigError, KeyError):
+        return None
+
+
 def objective_summary(objective: dict) -> str:
-    """Short text of the settings that distinguish runs of one objective."""
-    name = objective.get("name")
-    if not name or name == "ntp":
-        return ""
-    parts = [f"a={objective.get('reg_weight')}"]
-    if name == "mutor-2d":      # records written before the config renames hold d_max_2d
-        parts.append(f"D={objective.get('d_max_2d', objective.get('d_max'))}")
-    elif name == "mutor-1d":
-        parts.append(f"d={objective.get('d_min')}..{objective.get('d_max')}")
-    if name == "multihead":
-        layout = objective.get("layout", objective.get("multihead_layout", ""))
-        parts.append(f"heads={objective.get('num_heads') or 'all'} {layout}".strip())
-    else:
-        parts.append("sparse K=%s" % objective.get("num_registers") if objective.get("placement") == "sparse"
-                     else "dense")
-        if objective.get("edge", "geometric") != "geometric":
-            parts.append(objective["edge"])
-        if objective.get("per_register_offsets"):
-            parts.append("per-register offsets")
-    return ", ".join(parts)
+    """Short text of the settings that distinguish runs of one objective: the objective config's own
+    ``describe()``, else (settings no registered objective reads) their key=value list."""
+    cfg = objective_config(objective)
+    if cfg is not None:
+        return cfg.describe()
+    return ", ".join(f"{k}={v}" for k, v in objective.items() if k != "name")
 
 
 def is_imagenet(record: dict) -> bool:

@@ -35,26 +35,27 @@ from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
 from .. import generation
 from ..engine.loop import PREEMPTED_EXIT, Preempted
+from ..plugins import load_plugins
 from . import records
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .metrics import compute_metrics
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, open_images
 
-BASE = "study_digits.yaml"
-# method -> objective overrides on the base config
+BASE_CONFIG = "study_digits.yaml"
+# method -> its objective section (fields of an ObjectiveConfig variant), set on the base config
 METHODS = {
-    "next-token": ["objective.name=ntp"],
-    "mutor-1d": ["objective.name=mutor-1d", "objective.d_min=2", "objective.d_max=4"],
-    "mutor-2d-D3": ["objective.name=mutor-2d", "objective.d_max=3"],
-    "mutor-2d-D4": ["objective.name=mutor-2d", "objective.d_max=4"],
-    "mutor-2d-sparse": ["objective.name=mutor-2d", "objective.d_max=4", "objective.placement=sparse",
-                        "objective.num_registers=19"],  # 19 of 64 anchors ~ 30% (paper: 80 of 256)
-    "multihead": ["objective.name=multihead", "objective.layout=2d", "objective.d_max=4"],
+    "next-token": {"name": "ntp"},
+    "mutor-1d": {"name": "mutor-1d", "d_min": 2, "d_max": 4},
+    "mutor-2d-D3": {"name": "mutor-2d", "d_max": 3},
+    "mutor-2d-D4": {"name": "mutor-2d", "d_max": 4},
+    "mutor-2d-sparse": {"name": "mutor-2d", "d_max": 4, "placement": "sparse",
+                        "num_registers": 19},  # 19 of 64 anchors ~ 30% (paper: 80 of 256)
+    "multihead": {"name": "multihead", "layout": "2d", "d_max": 4},
 }
-CM = "next-token-cm"   # the compute-matched next-token runs
-SEL = "val-best"       # the step of a run picked by validation NLL (a table row, not a number)
-CURVE = "val_nll.json"
-METRICS = ("fid", "is", "prc")
+COMPUTE_MATCHED = "next-token-cm"   # label of the compute-matched next-token runs
+VAL_BEST = "val-best"       # the step of a run picked by validation NLL (a table row, not a number)
+VAL_CURVE_FILE = "val_nll.json"
+SAMPLE_METRICS = ("fid", "is", "prc")
 
 
 class StudyError(ValueError):
@@ -74,11 +75,11 @@ def label_parts(label: str) -> tuple[str, float]:
     return method, float(frac) if frac else 1.0
 
 
-def run_config(method: str, seed: int, steps: int, ckpt_every: int, overrides: list[str], base: str = BASE):
-    if method not in METHODS and method != CM:
+def run_config(method: str, seed: int, steps: int, ckpt_every: int, overrides: list[str], base: str = BASE_CONFIG):
+    if method not in METHODS and method != COMPUTE_MATCHED:
         raise StudyError(f"method {method!r}: expected one of {sorted(METHODS)}")
-    obj = METHODS["next-token" if method == CM else method]
-    return config_lib.load(base, obj + list(overrides) + [
+    objective = METHODS["next-token" if method == COMPUTE_MATCHED else method]
+    return config_lib.load(base, [f"objective.{k}={v}" for k, v in objective.items()] + list(overrides) + [
         f"train.seed={seed}", f"train.max_steps={steps}", f"train.ckpt_every={ckpt_every}", "train.keep_ckpts=0"])
 
 
@@ -120,7 +121,7 @@ def digits_reference(data_seed: int, cache: Path):
 
 
 def score(samples, ref, weights, cache: Path):
-    return compute_metrics(samples, ref, features="digits", weights_path=weights, metrics=METRICS,
+    return compute_metrics(samples, ref, features="digits", weights_path=weights, metrics=SAMPLE_METRICS,
                            cache_root=cache / "fidelity_cache")
 
 
@@ -173,7 +174,7 @@ def select_step(curve: dict[int, float], upto: int) -> int:
 
 def read_curve(run_dir: Path) -> dict:
     """RUN/val_nll.json: {"nll": {step: validation NLL}, "selected": {label: step}, "weights": "ema"|"raw"}."""
-    path = run_dir / CURVE
+    path = run_dir / VAL_CURVE_FILE
     if not path.is_file():
         return {"nll": {}, "selected": {}}
     raw = json.loads(path.read_text())
@@ -197,7 +198,7 @@ def write_curve(run_dir: Path, curve: dict) -> None:
     """RUN/val_nll.json, written whole (atomically): a rerun finds every value computed before."""
     from ..io import write_text_atomic
     nll = {str(k): v for k, v in sorted(curve["nll"].items())}
-    write_text_atomic(run_dir / CURVE, json.dumps({**curve, "nll": nll}, indent=1) + "\n")
+    write_text_atomic(run_dir / VAL_CURVE_FILE, json.dumps({**curve, "nll": nll}, indent=1) + "\n")
 
 
 def run_unit(unit: dict) -> dict:
@@ -221,7 +222,7 @@ def run_unit(unit: dict) -> dict:
         eval_steps = sorted(set(eval_steps) | {study["selected_step"]})
     for step in eval_steps:
         evaluate(run_dir, step, unit["cfg"], unit["num"], unit["label"], study, Path(unit["cache"]),
-                 tag="cm_" if unit["label"] == CM else "")
+                 tag="cm_" if unit["label"] == COMPUTE_MATCHED else "")
     return {**study, "run_dir": str(run_dir)}
 
 
@@ -239,6 +240,7 @@ def pool_unit(unit: dict) -> dict:
     """run_unit in a pool worker. A stop signal ends the worker after its checkpoint (exit PREEMPTED_EXIT)
     rather than letting it start the next queued unit; the pool then stops the study."""
     try:
+        load_plugins()                    # a spawned worker: the objectives of MUTOR2D_PLUGINS again
         return run_unit(unit)
     except Preempted:
         os._exit(PREEMPTED_EXIT)
@@ -322,27 +324,27 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
     """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "nll", "nll_val",
-    "s_per_step", "steps": {seed: step}}}; step None for the floor, SEL for the validation-selected
+    "s_per_step", "steps": {seed: step}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
     groups: dict = {}
     for r in recs:
-        st = r["study"]
-        keys = [(st["method"], None if r.get("step") is None else int(r["step"]))]
-        if st.get("val_best"):
-            keys.append((st["method"], SEL))
+        run = r["study"]          # the run's study settings: label, seed, cfg scale, timing
+        keys = [(run["method"], None if r.get("step") is None else int(r["step"]))]
+        if run.get("val_best"):
+            keys.append((run["method"], VAL_BEST))
         for key in keys:
-            g = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {}, "cfg": {},
-                                        "steps": {}})
-            g["seeds"].add(st.get("seed"))
-            g["steps"][st.get("seed")] = r.get("step")
-            if st.get("train_steps"):
-                g["s_per_step"][st["seed"]] = st["train_seconds"] / st["train_steps"]
+            group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
+                                            "cfg": {}, "steps": {}})
+            group["seeds"].add(run.get("seed"))
+            group["steps"][run.get("seed")] = r.get("step")
+            if run.get("train_steps"):
+                group["s_per_step"][run["seed"]] = run["train_seconds"] / run["train_steps"]
             for name in ("nll_test", "nll_val"):
                 if name in r["metrics"]:
-                    g["nll" if name == "nll_test" else name][st["seed"]] = r["metrics"][name]
-            c = g["cfg"].setdefault(st.get("cfg_scale"), {})
+                    group["nll" if name == "nll_test" else name][run["seed"]] = r["metrics"][name]
+            by_metric = group["cfg"].setdefault(run.get("cfg_scale"), {})
             for k, v in r["metrics"].items():
-                c.setdefault(k, []).append(v)
+                by_metric.setdefault(k, []).append(v)
     return groups
 
 
@@ -350,19 +352,19 @@ def method_order(name: str) -> tuple:
     """Table order: full-data labels by METHODS (the compute-matched runs last), then the data-fraction
     labels by method and falling fraction."""
     method, frac = label_parts(name)
-    names = list(METHODS) + [CM]
+    names = list(METHODS) + [COMPUTE_MATCHED]
     return (frac < 1, names.index(method) if method in names else len(names), -frac, name)
 
 
 def row_order(key: tuple) -> tuple:
     """(label order, fixed steps before the validation-selected row, step)."""
-    return (method_order(key[0]), key[1] == SEL, 0 if key[1] == SEL else key[1])
+    return (method_order(key[0]), key[1] == VAL_BEST, 0 if key[1] == VAL_BEST else key[1])
 
 
 def table(groups: dict, cfg_scales: list[float]) -> str:
     """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
     validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one."""
-    g_hi = [s for s in cfg_scales if s != 1.0]
+    guided_scales = [s for s in cfg_scales if s != 1.0]
     val = any(g["nll_val"] for g in groups.values())
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
         [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
@@ -370,7 +372,7 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for key in sorted((k for k in groups if k[1] is not None), key=row_order):
         g = groups[key]
-        step = f"{SEL} ({fmt(list(g['steps'].values()), 0)})" if key[1] == SEL else str(key[1])
+        step = f"{VAL_BEST} ({fmt(list(g['steps'].values()), 0)})" if key[1] == VAL_BEST else str(key[1])
         row = [key[0], step, str(len(g["seeds"]))]
         row += [fmt(g["cfg"].get(s, {}).get("fid", [])) for s in cfg_scales]
         row += [fmt(g["cfg"].get(s, {}).get("accuracy", []), 3) for s in cfg_scales]
@@ -381,8 +383,8 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
     for key in sorted(k for k in groups if k[1] is None):
         g = groups[key]
         c = g["cfg"].get(None, {})
-        row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(g_hi) + \
-            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(g_hi) + [fmt(c.get("is", []))] + \
+        row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(guided_scales) + \
+            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(guided_scales) + [fmt(c.get("is", []))] + \
             (["–"] if val else []) + ["–", "–"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -402,7 +404,7 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
             if not pts:
                 continue
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0 for p in pts], marker="o",
-                        capsize=3, label=method, linestyle="none" if method == CM else "-")
+                        capsize=3, label=method, linestyle="none" if method == COMPUTE_MATCHED else "-")
         if floor:
             ax.axhline(statistics.fmean(floor), color="grey", linestyle="--", label="real held-out (floor)")
         ax.set_title(f"cfg {s:g}")
@@ -421,8 +423,8 @@ def _save_figure(fig, out: Path) -> Path:
     return out
 
 
-def fraction_points(groups: dict, method: str, name: str, step=SEL) -> list[tuple]:
-    """[(fraction, mean, sd)] of a metric of ``method``'s labels (METHOD and METHOD@F) at ``step`` (SEL:
+def fraction_points(groups: dict, method: str, name: str, step=VAL_BEST) -> list[tuple]:
+    """[(fraction, mean, sd)] of a metric of ``method``'s labels (METHOD and METHOD@F) at ``step`` (VAL_BEST:
     each run's validation-selected step): ``name`` "nll_val"/"nll" (per seed) or a sample metric at cfg 1."""
     pts = []
     for (label, at), g in groups.items():
@@ -458,7 +460,7 @@ def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
     for ax, (name, title) in zip(axes, panels):
         for i, method in enumerate(methods):
             last = last_step(groups, method)
-            for step, style, tag in ((SEL, "-", "selected step"), (last, "--", f"step {last}")):
+            for step, style, tag in ((VAL_BEST, "-", "selected step"), (last, "--", f"step {last}")):
                 pts = fraction_points(groups, method, name, step) if step is not None else []
                 if pts:
                     ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
@@ -492,7 +494,7 @@ class Study:
     plot: Path | None = None
     cache: Path = Path("~/.cache/mutor2d")
     report_only: bool = False
-    base: str = BASE
+    base: str = BASE_CONFIG
     val_every: int = 0
     fractions: list[float] = field(default_factory=list)
     fraction_methods: list[str] = field(default_factory=list)
@@ -578,7 +580,7 @@ class Study:
         """One run to train and evaluate; its step is selected on validation among checkpoints <= horizon."""
         method, frac = label_parts(label)
         more = [f"data.train_fraction={frac:g}"] if frac < 1 else []
-        return dict(method="next-token" if label == CM else method, label=label, seed=seed, steps=steps,
+        return dict(method="next-token" if label == COMPUTE_MATCHED else method, label=label, seed=seed, steps=steps,
                     ckpt_every=ckpt_every, eval_steps=eval_steps, horizon=horizon or steps, val_every=self.val_every,
                     run_dir=run_dir or str(self.out / label / f"seed{seed}"), cfg=self.cfg_scales, num=self.num,
                     overrides=self.overrides + more, cache=str(self.cache), base=self.base)
@@ -605,10 +607,10 @@ class Study:
         """The compute-matched next-token runs at ``step``: the next-token runs' checkpoint under a constant
         lr, else runs of their own (OUT/next-token-cm/seedS) that decay to ``step``."""
         if self.constant:
-            return [self.unit(CM, s, self.ntp_steps, [step], self.grain, horizon=step,
+            return [self.unit(COMPUTE_MATCHED, s, self.ntp_steps, [step], self.grain, horizon=step,
                               run_dir=str(self.out / "next-token" / f"seed{s}")) for s in self.seeds]
         every = math.gcd(step, self.val_every or step)
-        return [self.unit(CM, s, step, [step], every) for s in self.seeds]
+        return [self.unit(COMPUTE_MATCHED, s, step, [step], every) for s in self.seeds]
 
 
 def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:

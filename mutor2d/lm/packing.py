@@ -67,7 +67,7 @@ class Packed:
 
     def to(self, device) -> "Packed":
         vis = Visibility(self.visibility.key_rank.to(device), self.visibility.query_limit.to(device),
-                         self.visibility.num_main)
+                         self.visibility.num_regular)
         moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, Tensor)}
         return Packed(visibility=vis, layout=self.layout, **moved)
 
@@ -118,7 +118,7 @@ def pack(batch: LMBatch, spec: RegisterSpec, padding_side: str = "right", pad_id
     pos_regular = torch.where(real, col.gather(1, i) - shift, torch.zeros_like(i))
     pos_reg = torch.where(layout.reg_valid, col[:, T_can:] - shift, torch.zeros_like(reg_targets))
     vis = Visibility(torch.cat([rank, layout.key_rank[:, T_can:]], 1),
-                     torch.cat([limit, layout.query_limit[:, T_can:]], 1), num_main=T)
+                     torch.cat([limit, layout.query_limit[:, T_can:]], 1), num_regular=T)
     ntp_mask = real & layout.ntp_valid.gather(1, i)
     ntp_targets = torch.where(ntp_mask, ntp_tok.gather(1, i), torch.zeros_like(i))
     return Packed(input_ids, torch.cat([pos_regular, pos_reg], 1), vis, real, ntp_mask,

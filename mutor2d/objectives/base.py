@@ -1,6 +1,7 @@
 """What every objective shares: the batch it reads, the result it returns, its config base, the masked loss."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,11 @@ class ObjectiveConfig(Variant):
     def uses_registers(self) -> bool:
         """Whether the GPT needs its register embedding."""
         return False
+
+    def describe(self) -> str:
+        """Short text of the settings that tell runs of this objective apart (leaderboard rows, plot
+        labels): every field as key=value ("" without fields); objectives override it."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
     def check_grid(self, grid: tuple[int, int], prefix_len: int) -> None:
         try:

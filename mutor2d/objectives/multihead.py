@@ -51,6 +51,13 @@ class MultiHeadConfig(ObjectiveConfig):
     def build(self, model: nn.Module) -> "MultiHead":
         return MultiHead(self, model)
 
+    def describe(self) -> str:
+        """e.g. "a=0.5, heads=all, 2d D=4" or "a=0.5, heads=2, 1d d=2..4, raster"."""
+        spec = self.register_spec()
+        offsets = f"D={self.d_max}" if self.layout == "2d" else f"d={spec.d_min}..{self.d_max}"
+        parts = [f"a={self.reg_weight}", f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
+        return ", ".join(parts + ([self.edge] if self.edge != "geometric" else []))
+
     @classmethod
     def from_legacy(cls, flat: dict) -> dict:
         """Old configs named the layout ``multihead_layout`` and held the 2D D as ``d_max_2d``."""

@@ -53,6 +53,18 @@ class RegisterConfig(ObjectiveConfig):
     def build(self, model: nn.Module) -> "RegisterObjective":
         return RegisterObjective(self.register_spec(), self.reg_weight)
 
+    def offsets_text(self) -> str:
+        """The offsets in a few characters, e.g. "D=4" or "d=1..4"."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """e.g. "a=0.5, D=4, sparse K=80" or "a=0.5, d=2..4, dense, raster, per-register offsets"."""
+        parts = [f"a={self.reg_weight}", self.offsets_text(),
+                 f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
+        parts += [self.edge] if self.edge != "geometric" else []
+        parts += ["per-register offsets"] if self.per_register_offsets else []
+        return ", ".join(parts)
+
 
 @register_variant("objective", "mutor-1d")
 @dataclass
@@ -62,6 +74,9 @@ class MuToR1DConfig(RegisterConfig):
     d_min: int = 1
     d_max: int = 4
 
+    def offsets_text(self) -> str:
+        return f"d={self.d_min}..{self.d_max}"
+
 
 @register_variant("objective", "mutor-2d")
 @dataclass
@@ -69,6 +84,9 @@ class MuToR2DConfig(RegisterConfig):
     """Registers predicting a token at a 2D offset (dr, dc) in {0..D-1}^2 minus (0, 0), D = d_max,
     the side of the offset square (the paper's (d_h, d_w) in {1..D}^2 minus (1, 1))."""
     d_max: int = 4
+
+    def offsets_text(self) -> str:
+        return f"D={self.d_max}"
 
     @classmethod
     def from_legacy(cls, flat: dict) -> dict:

@@ -2,7 +2,7 @@
 
 Store layout (one folder):
   header.json   grid, codebook_size, num_images, num_augs, augmentations, classes, source folder,
-                image_size, tokenizer path + sha256, shards, skipped images, complete flag
+                image_size, tokenizer identity + sha256, shards, skipped images, complete flag
   codes.npy     uint16 (num_images, num_augs, H, W), memory-mapped (np.load(mmap_mode="r"))
   labels.npy    int64 (num_images,); -1 = unreadable image (skipped), or not filled yet
   files.txt     image paths relative to the source folder, one per row of codes.npy
@@ -210,8 +210,8 @@ _PLAN_KEYS = ("source", "num_images", "files_sha256", "classes", "image_size", "
               "crop_range", "grid", "codebook_size", "tokenizer_sha256", "shard_size", "num_shards")
 
 
-def _plan(source: Path, files: list[str], classes: list[str], tokenizer, tokenizer_path: str,
-          names: list[str], crop_range: float, shard_size: int) -> dict:
+def _plan(source: Path, files: list[str], classes: list[str], tokenizer, names: list[str], crop_range: float,
+          shard_size: int) -> dict:
     return {
         "format": FORMAT,
         "source": str(source.resolve()),
@@ -224,7 +224,7 @@ def _plan(source: Path, files: list[str], classes: list[str], tokenizer, tokeniz
         "crop_range": crop_range,
         "grid": list(tokenizer.grid),
         "codebook_size": tokenizer.vocab_size,
-        "tokenizer": str(Path(tokenizer_path).resolve()),
+        "tokenizer": tokenizer.identity,
         "tokenizer_sha256": tokenizer.sha256,
         "shard_size": shard_size,
         "num_shards": -(-len(files) // shard_size),
@@ -278,13 +278,13 @@ def _collate(items):
     return items
 
 
-def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokenizer_path: str, *,
+def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, *,
             num_crops: int = 1, flip: bool = True, crop_range: float = 1.1, shard_size: int = 1024,
             batch_size: int = 64, num_workers: int = 0, max_shards: int | None = None,
             state=None, progress: bool = True, log=print) -> dict:
     """Tokenise every image of ``folder`` under every augmentation into the store at ``out``.
 
-    tokenizer: a VQTokenizer (``encode``, ``grid``, ``image_size``, ``vocab_size``, ``sha256``).
+    tokenizer: any mutor2d.tokenizer.Tokenizer (its identity and sha256 go into the header).
     state: an accelerate state (process_index, num_processes, wait_for_everyone, is_main_process);
     default: accelerate.PartialState(). max_shards: stop this process after that many new shards
     (the store stays resumable). Returns a summary dict (done/total shards, skipped, complete).
@@ -294,7 +294,7 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, tokeni
     folder, out = Path(folder), Path(out)
     files, labels, classes = scan_image_folder(folder)
     names = augmentation_names(num_crops, flip)
-    plan = _plan(folder, files, classes, tokenizer, tokenizer_path, names, crop_range, shard_size)
+    plan = _plan(folder, files, classes, tokenizer, names, crop_range, shard_size)
     if state.is_main_process:
         _prepare(out, plan, files, labels)
         for where in (out, out / "shards"):  # temp files of writes killed in an earlier run
@@ -379,10 +379,21 @@ def _store_batch(store: CodeStore, items: list, labels: list[int], tokenizer, ba
         return
     views = torch.cat([v for _, v in good])  # (n*A, 3, S, S)
     toks = torch.cat([tokenizer.encode(v).cpu() for v in views.split(batch_size)])
+    _check_codes(toks, tokenizer, len(views), store.codes.shape[2:])
     toks = toks.numpy().astype(np.uint16).reshape(len(good), -1, *toks.shape[1:])
     for (row, _), t in zip(good, toks):
         store.codes[row] = t
         store.labels[row] = labels[row]
+
+
+def _check_codes(toks: torch.Tensor, tokenizer, n: int, grid: tuple[int, int]) -> None:
+    """A tokenizer keeps its protocol: ``encode`` of n views gives (n, H, W) ids in [0, vocab_size)."""
+    if tuple(toks.shape) != (n, *grid):
+        raise CodesError(f"tokenizer {tokenizer.identity!r} encoded {n} images to codes of shape "
+                         f"{tuple(toks.shape)}; expected ({n}, {grid[0]}, {grid[1]}) from its grid")
+    if toks.numel() and not 0 <= int(toks.min()) <= int(toks.max()) < tokenizer.vocab_size:
+        raise CodesError(f"tokenizer {tokenizer.identity!r} gave ids in [{int(toks.min())}, {int(toks.max())}]; "
+                         f"expected ids in [0, {tokenizer.vocab_size}) (its vocab_size)")
 
 
 def _finish(out: Path, plan: dict, state, log) -> dict:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .base import register_tokenizer, settings_sha256
+
 
 class PixelTokenizer:
     """Grey level g in [0, 1] <-> token round(g * (levels - 1)); the code grid is the image itself.
@@ -16,6 +18,8 @@ class PixelTokenizer:
         self.vocab_size = levels
         self.grid = tuple(grid)
         self.image_size = self.grid[0]
+        self.identity = f"pixel:{levels}"
+        self.sha256 = settings_sha256("pixel", levels=levels, grid=list(self.grid))
 
     device = None  # no weights: works on any device
 
@@ -32,3 +36,15 @@ class PixelTokenizer:
         """codes (B, H, W) long -> images (B, 3, H, W) float in [0, 1] (grey in every channel)."""
         img = codes.float() / (self.levels - 1)
         return img.unsqueeze(1).expand(-1, 3, -1, -1)
+
+
+@register_tokenizer("pixel")
+def build_pixel(arg: str | None, data=None, image_size: int | None = None) -> PixelTokenizer:
+    """"pixel:LEVELS", or "pixel" with the data config's ``levels`` (data.name: digits); images of
+    side ``image_size`` (default 8, the digits)."""
+    if arg is None and not hasattr(data, "levels"):
+        raise ValueError("tokenizer 'pixel': expected pixel:LEVELS (e.g. pixel:17) outside data.name=digits")
+    if arg is not None and not arg.isdigit():
+        raise ValueError(f"tokenizer 'pixel:{arg}': expected pixel:LEVELS with an integer >= 2, e.g. pixel:17")
+    size = image_size or 8
+    return PixelTokenizer(int(arg) if arg is not None else data.levels, (size, size))

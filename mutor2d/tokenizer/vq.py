@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import list_checkpoints
 from ..io import UnsafeFileError, read_torch_file
+from .base import register_tokenizer
 
 
 class VQError(ValueError):
@@ -514,11 +515,14 @@ def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQMod
 
 
 class VQTokenizer:
-    """Images <-> token grids through a VQModel; images are floats in [0, 1]."""
+    """Images <-> token grids through a VQModel; images are floats in [0, 1]. ``identity``: the
+    ``data.tokenizer`` value of its checkpoint ("vq:PATH"); ``sha256``: of that file, or of the
+    weights for a model built in memory."""
 
-    def __init__(self, model: VQModel, sha256: str | None = None, image_size: int | None = None):
+    def __init__(self, model: VQModel, identity: str = "vq:(in memory)", sha256: str | None = None,
+                 image_size: int | None = None):
         self.model = model.eval()
-        self.sha256 = sha256
+        self.identity, self._sha256 = identity, sha256
         self.vocab_size = model.config.codebook_size
         self.image_size = image_size or model.config.image_size
         f = model.config.downsample
@@ -532,7 +536,18 @@ class VQTokenizer:
         ``image_size`` overrides the resolution the checkpoint was made for (e.g. 384 for VQ-16)."""
         path, ckpt = read_vq_checkpoint(path)
         model = _build_vq(path, ckpt, None, use_ema=True).to(device)
-        return cls(model, sha256=file_sha256(path), image_size=image_size)
+        return cls(model, identity=f"vq:{path.resolve()}", sha256=file_sha256(path), image_size=image_size)
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the checkpoint file, else of the weights (computed once)."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            for name, t in self.model.state_dict().items():
+                h.update(name.encode())
+                h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._sha256 = h.hexdigest()
+        return self._sha256
 
     @property
     def device(self) -> torch.device:
@@ -556,3 +571,11 @@ class VQTokenizer:
         if img.shape[1] == 1:
             img = img.expand(-1, 3, -1, -1)
         return ((img + 1) / 2).clamp(0, 1)
+
+
+@register_tokenizer("vq")
+def build_vq(arg: str | None, data=None, image_size: int | None = None) -> VQTokenizer:
+    """"vq:PATH" or a bare PATH: a VQ checkpoint file or a train_vq.py run folder."""
+    if not arg:
+        raise VQError("tokenizer 'vq': expected a VQ checkpoint path (PATH or vq:PATH)")
+    return VQTokenizer.from_checkpoint(arg, image_size=image_size)
