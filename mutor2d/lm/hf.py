@@ -127,16 +127,20 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
     return MutorLM(lm, reg_weight, registers=registers)  # register embedding: float32
 
 
-def save(model: MutorLM, out_dir: str | Path, tokenizer=None) -> Path:
-    """Write adapters (or the full model), the register embedding and the tokenizer as safetensors."""
+def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None = None) -> Path:
+    """Write adapters (or the full model), the register embedding and the tokenizer as safetensors.
+    ``state``: the MutorLM's full state dict when its own parameters are shards (FSDP2, gathered by
+    the caller); else the parameters are read from ``model``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    lm_state = {k[len("lm."):]: v for k, v in state.items() if k.startswith("lm.")} if state else None
     if hasattr(model.lm, "peft_config"):      # the vocabulary never changes: no base-config lookup
-        model.lm.save_pretrained(out, safe_serialization=True, save_embedding_layers=False)
+        model.lm.save_pretrained(out, safe_serialization=True, save_embedding_layers=False, state_dict=lm_state)
     else:
-        model.lm.save_pretrained(out, safe_serialization=True)
+        model.lm.save_pretrained(out, safe_serialization=True, state_dict=lm_state)
     if model.has_registers:
-        save_file({"register_embedding": model.register_embedding.detach().cpu().contiguous()}, out / REGISTER_FILE)
+        register = state["register_embedding"] if state else model.register_embedding.detach()
+        save_file({"register_embedding": register.cpu().contiguous()}, out / REGISTER_FILE)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

@@ -116,9 +116,7 @@ class LMRun:
         from ..engine.hooks import due
         if tick.last or tick.stopping or not tick.healthy or not due(run.cfg.train.ckpt_every, tick, at_end=False):
             return
-        run.acc.wait_for_everyone()
-        if run.main:
-            save(run.model, run.run_dir / f"step_{tick.done}", self.tokenizer)
+        self.save_folder(run, run.run_dir / f"step_{tick.done}")
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
         """Sequences/s and slots/s (regular + register slots, padding included)."""
@@ -129,9 +127,20 @@ class LMRun:
 
     def finish(self, run) -> None:
         """The adapters (or full model), register embedding and tokenizer into the run folder."""
+        self.save_folder(run, run.run_dir)
+
+    def save_folder(self, run, folder) -> None:
+        """Collective: the model in the transformers layout into ``folder`` (main process); a sharded
+        model's full state is gathered first."""
+        from ..engine.sharding import is_sharded
+        state = None
+        if is_sharded(run.module):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            full = get_model_state_dict(run.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = {k[len("model."):]: v for k, v in full.items() if k.startswith("model.")}
         run.acc.wait_for_everyone()
         if run.main:
-            save(run.model, run.run_dir, self.tokenizer)
+            save(run.model, folder, self.tokenizer, state)
 
 
 def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:

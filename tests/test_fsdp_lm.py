@@ -1,0 +1,75 @@
+"""Sharded fine-tuning of a Hugging Face causal LM (train.sharding=fsdp, FSDP2 over 2 gloo CPU processes):
+a tiny Llama built from a config, fully fine-tuned with MuToR-1D registers, gives DDP's losses and final
+weights on the same processes' random streams. The 2-process runs happen in one launch of this file."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_training import ROOT, env, losses  # noqa: E402
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PY = sys.executable
+
+
+def lm_config(base: Path, sharding: str, finetune: str) -> dict:
+    return {"task": "lm", "model": {"hf": str(base), "finetune": finetune, "lora_targets": ["q_proj", "v_proj"]},
+            "data": {"path": str(ROOT / "tests" / "data" / "lm_tiny.jsonl"), "group_by_length": False},
+            "objective": {"name": "mutor-1d", "d_min": 1, "d_max": 3},
+            "optim": {"lr": 3e-3, "grad_clip": 1.0},
+            "train": {"batch_size": 4, "grad_accum": 2, "max_steps": 3, "log_every": 1, "ckpt_every": 3,
+                      "tracker": "none", "sharding": sharding}}
+
+
+def worker(out: Path) -> None:
+    import accelerate.state
+
+    import mutor2d.lm as lm_pkg
+    accelerate.state.PartialState.destroy_process_group = lambda self, group=None: None   # several runs
+    for finetune in ("full", "lora"):
+        for sharding in ("ddp", "fsdp"):
+            lm_pkg.train(lm_config(out / "base", sharding, finetune), out / f"{finetune}_{sharding}")
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    import subprocess
+
+    from test_lm import _write_tiny_model
+    from mutor2d.lm.data import char_tokenizer
+    out = tmp_path_factory.mktemp("fsdp_lm")
+    _write_tiny_model(out / "base", char_tokenizer("0123456789+=;:sum "))
+    r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(out)],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_sharded_lm_matches_ddp(two_process_runs, finetune):
+    """Each decoder layer, then the rest, sharded; under LoRA the frozen base is sharded with its adapters."""
+    from safetensors.torch import load_file
+    ddp, fsdp = two_process_runs / f"{finetune}_ddp", two_process_runs / f"{finetune}_fsdp"
+    a, b = losses(fsdp), losses(ddp)
+    assert sorted(a) == [1, 2, 3] and all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in a), (a, b)
+    assert (fsdp / "checkpoints" / "step_00000003.dcp").is_dir() and (ddp / "checkpoints" / "step_00000003.pt").is_file()
+    name = "model.safetensors" if finetune == "full" else "adapter_model.safetensors"
+    wa, wb = load_file(str(fsdp / name)), load_file(str(ddp / name))
+    assert sorted(wa) == sorted(wb)
+    assert all(torch.linalg.vector_norm(wa[k] - wb[k]) <= 1e-5 * torch.linalg.vector_norm(wb[k]) for k in wb)
+    ra, rb = (load_file(str(d / "register_embedding.safetensors"))["register_embedding"] for d in (fsdp, ddp))
+    assert torch.linalg.vector_norm(ra - rb) <= 1e-5 * torch.linalg.vector_norm(rb)
+    if finetune == "full":
+        assert json.loads((fsdp / "config.json").read_text())["model_type"] == "llama"
+    else:
+        assert sorted(wb) and all("lora" in k for k in wb)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    worker(Path(sys.argv[1]))
