@@ -1,5 +1,6 @@
 """Sizes of a scaled-up run, computed from the model (no GPU needed): parameters, memory per GPU and
-time per 1,000 steps of GPT-B / L / XL at the paper's global batch, for NTP and MuToR-2D.
+time per 1,000 steps of LlamaGen's GPT presets at the paper's global batch, for NTP and MuToR-2D, with
+DDP and with FSDP2; and memory per GPU of Llama-3-8B fine-tuning (full under FSDP2, LoRA under DDP).
 
 Memory per GPU = states + activations, all computed, not measured:
   * states: fp32 weights, fp32 gradients, AdamW's two fp32 moments = 16 bytes per parameter
@@ -11,6 +12,14 @@ Time per 1,000 steps = training FLOPs (mutor2d.engine.speed.train_flops) / (GPUs
 the peak of mutor2d.engine.speed.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
 
     python bench/scaling.py [--gpus 8] [--batch 1024] [--gpu H100] [--mfu 0.4]
+    python bench/scaling.py --presets XL,XXL,3B --grid 24 --batch 256      # LlamaGen's 384-px recipes
+    python bench/scaling.py --lm                                            # Llama-3-8B fine-tuning
+
+Language models (``--lm``): parameters counted on the meta device from Llama-3-8B's shape. Full
+fine-tuning keeps 16 bytes per parameter of states (divided by the GPU count under FSDP2); LoRA
+(r = 16 on every projection) keeps the bf16 base (2 bytes per parameter, replicated under DDP) and 16
+bytes per adapter parameter. Activations: 34 x hidden bytes per token and layer (bf16, fused
+attention, no recomputation), plus 6 x vocab bytes per token for the logits.
 """
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,7 +40,7 @@ from mutor2d.registers import RegisterSpec, make_layout  # noqa: E402
 GiB = 1024 ** 3
 
 
-def sequence_length(objective: str, grid=(16, 16)) -> int:
+def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
     """Tokens per sequence the trunk processes: T regular inputs + the register slots (sparse: K = 80;
     dense D = 4: the grid's maximum, 240 on 16 x 16, fixed so compiled shapes never change; slots a
     drawn offset leaves empty are computed and masked)."""
@@ -42,9 +53,10 @@ def sequence_length(objective: str, grid=(16, 16)) -> int:
 
 
 def row(preset: str, objective: str, args) -> dict:
-    model = GPT(ModelConfig(preset=preset, vocab_size=16384, num_classes=1000), register_token=True)
-    s, params = model.shape, model.num_params()
-    L = sequence_length(objective)
+    with torch.device("meta"):
+        model = GPT(ModelConfig(preset=preset, vocab_size=16384, num_classes=1000), register_token=True)
+    s, params = model.shape, sum(p.numel() for p in model.parameters())
+    L = sequence_length(objective, (args.grid, args.grid))
     per_gpu = args.batch / args.gpus
     states = 16 * params
     acts = per_gpu * L * (34 * s.dim * s.n_layer + 10 * model.cfg.vocab_size)
@@ -57,18 +69,53 @@ def row(preset: str, objective: str, args) -> dict:
             "train_PFLOP_per_step": round(flops / 1e15, 2), "minutes_per_1000_steps": round(secs / 60, 1)}
 
 
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lm_rows(args) -> list[dict]:
+    """Llama-3-8B at ``--lm-tokens`` tokens per sequence and ``--lm-batch`` sequences per GPU."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(**LLAMA3_8B)
+    with torch.device("meta"):
+        lm = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=16, target_modules=LORA_TARGETS))
+    total = sum(p.numel() for p in lm.parameters())
+    adapters = sum(p.numel() for p in lm.parameters() if p.requires_grad)
+    tokens = args.lm_batch * args.lm_tokens
+    acts = tokens * (34 * config.hidden_size * config.num_hidden_layers + 6 * config.vocab_size)
+    cases = {"full, DDP": 16 * total, "full, FSDP2": 16 * total / args.gpus,
+             "LoRA r=16, DDP": 2 * (total - adapters) + 16 * adapters}
+    return [{"model": "Llama-3-8B", "finetune": case, "params_B": round(total / 1e9, 2),
+             "trainable_M": round((adapters if "LoRA" in case else total) / 1e6, 1),
+             "states_GiB_per_gpu": round(states / GiB, 1), "activations_GiB": round(acts / GiB, 1),
+             "total_GiB_per_gpu": round((states + acts) / GiB, 1)} for case, states in cases.items()]
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
+                     ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows])
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1024, help="global batch")
     ap.add_argument("--gpu", choices=sorted(PEAK_BF16_FLOPS), default="H100")
     ap.add_argument("--mfu", type=float, default=0.40, help="assumed model FLOPs utilisation")
+    ap.add_argument("--presets", default="B,L,XL", help="comma-separated GPT presets (XXL, 3B: LlamaGen's largest)")
+    ap.add_argument("--grid", type=int, default=16, help="token grid side (16: 256 px, 24: 384 px with VQ-16)")
+    ap.add_argument("--lm", action="store_true", help="Llama-3-8B fine-tuning memory instead of the GPT table")
+    ap.add_argument("--lm-tokens", type=int, default=1024, help="--lm: tokens per sequence (prompt + answer)")
+    ap.add_argument("--lm-batch", type=int, default=4, help="--lm: sequences per GPU")
     args = ap.parse_args(argv)
-    rows = [row(p, o, args) for p in ("B", "L", "XL") for o in ("ntp", "sparse", "dense")]
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    if args.lm:
+        rows = lm_rows(args)
+    else:
+        rows = [row(p, o, args) for p in args.presets.split(",") for o in ("ntp", "sparse", "dense")]
+    print(table(rows))
     print(json.dumps({"args": vars(args), "rows": rows}))
 
 
