@@ -232,3 +232,21 @@ def test_cuda_bf16_training_step_and_kv_decoding():
         steps += [model.decode(body[:, t:t + 1], pos[:, t + 1:t + 2], t + 1) for t in range(255)]
         model.clear_cache()
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_scaling_table_covers_the_largest_presets_and_8b_fine_tuning(capsys):
+    """bench/scaling.py: XXL / 3B at 384 px (FSDP2 divides the states by the GPU count) and Llama-3-8B
+    (full fine-tuning fits only under FSDP2), computed on the meta device."""
+    spec = importlib.util.spec_from_file_location("scaling", ROOT / "bench" / "scaling.py")
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    scaling.main(["--presets", "XXL,3B", "--grid", "24", "--batch", "256"])
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    xxl = next(r for r in rows if r["preset"] == "XXL" and r["objective"] == "ntp")
+    assert 1400 < xxl["params_M"] < 1420 and xxl["tokens_per_seq"] == 576
+    assert xxl["total_GiB_fsdp"] < xxl["total_GiB_ddp"]
+    scaling.main(["--lm"])
+    lm = {r["finetune"]: r for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]}
+    assert 8.0 < lm["full, DDP"]["params_B"] < 8.1
+    assert lm["full, FSDP2"]["states_GiB_per_gpu"] == pytest.approx(lm["full, DDP"]["states_GiB_per_gpu"] / 8, abs=0.1)
+    assert lm["full, DDP"]["total_GiB_per_gpu"] > 80 > lm["full, FSDP2"]["total_GiB_per_gpu"]
