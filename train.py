@@ -21,7 +21,7 @@ from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
-from mutor2d.engine import PREEMPTED_EXIT, default_run_dir, exit_code, train
+from mutor2d.engine import default_run_dir, run_entry, train
 from mutor2d.plugins import load_plugins
 
 
@@ -68,16 +68,8 @@ def load_config(data: dict, overrides: list[str]):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    try:
-        load_plugins()
-        run_dir = run(args)
-    except Exception as e:
-        code = exit_code(e)
-        if code is None:
-            raise
-        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
-        raise SystemExit(code) from None
-    print(f"run folder: {run_dir}")
+    load_plugins()
+    print(f"run folder: {run_entry(lambda: run(args))}")
 
 
 if __name__ == "__main__":

@@ -280,15 +280,12 @@ def test_length_grouped_step_batches_cover_each_sample_once_and_group_lengths():
 def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A language-model run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the
     losses and final weights of an uninterrupted run of the same steps; a plain rerun is refused."""
-    import os
-    import signal
     import subprocess
-    import time
 
     import yaml
     from safetensors.torch import load_file
 
-    from test_training import PY, ROOT, env, losses, losses_so_far
+    from test_training import PY, ROOT, env, losses, losses_so_far, stop_after
 
     _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "lora", "lora_targets": ["q_proj"]},
@@ -298,17 +295,7 @@ def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
                                            "ckpt_every": 0, "tracker": "none"}}
     (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
     run, straight = tmp_path / "run", tmp_path / "straight"
-    proc = subprocess.Popen([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run)], cwd=ROOT,
-                            env=env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        end = time.time() + 120
-        while time.time() < end and len(losses_so_far(run)) < 2 and proc.poll() is None:
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)
-        rc, err = proc.wait(timeout=120), proc.stderr.read()
-    finally:
-        proc.kill()
+    rc, err = stop_after([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run)], run, 2)
     assert rc == 75, err[-2000:]
     k = max(losses_so_far(run))
     more = ["--max-steps", str(k + 2)]

@@ -64,6 +64,24 @@ def losses_so_far(run_dir) -> dict[int, float]:
     return out
 
 
+def stop_after(cmd: list[str], run_dir, steps: int, threads: int = 1) -> tuple[int, str]:
+    """Start ``cmd`` (in its own session, as a scheduler's job), SIGTERM its process group once
+    ``run_dir`` has logged ``steps`` losses -> (exit code, stderr)."""
+    import signal
+    import subprocess
+    import time
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        end = time.time() + 120
+        while time.time() < end and len(losses_so_far(run_dir)) < steps and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=120), proc.stderr.read()
+    finally:
+        proc.kill()
+
+
 def env(threads: int | None = None):
     """Subprocess environment; ``threads`` = this process's count where results must match bit-exactly."""
     return {**os.environ, "OMP_NUM_THREADS": str(threads or 1), "PYTHONUNBUFFERED": "1"}

@@ -387,25 +387,14 @@ def test_train_vq_script_reports_bad_config_in_one_line(capsys):
 def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A VQ run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the losses and
     final weights of an uninterrupted run of the same steps."""
-    import signal
     import subprocess
-    import time
 
-    from test_training import PY, env, losses, losses_so_far
+    from test_training import PY, env, losses, losses_so_far, stop_after
     sets = ["--set", "model.preset=tiny", "--set", "data.eval_images=4", "--set", "train.batch_size=4",
             "--set", "train.log_every=1", "--set", "train.ckpt_every=0", "--set", "train.eval_every=0"]
     run, straight = tmp_path / "run", tmp_path / "straight"
-    proc = subprocess.Popen([PY, "train.py", "--config", "vq_digits.yaml", "--out", str(run), "--max-steps", "100000",
-                             *sets], cwd=ROOT, env=env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        end = time.time() + 120
-        while time.time() < end and len(losses_so_far(run)) < 2 and proc.poll() is None:
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)
-        rc, err = proc.wait(timeout=120), proc.stderr.read()
-    finally:
-        proc.kill()
+    rc, err = stop_after([PY, "train.py", "--config", "vq_digits.yaml", "--out", str(run), "--max-steps", "100000",
+                          *sets], run, 2)
     assert rc == 75, err[-2000:]
     k = max(losses_so_far(run))
     for out, extra in ((run, ["--resume", "auto"]), (straight, [])):

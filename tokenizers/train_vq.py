@@ -10,9 +10,8 @@ codes as train.py's (75: stopped by a signal after a checkpoint). Use the result
 ``data.tokenizer: RUN/checkpoints/step_XXXXXXXX.pt`` (or the run folder itself).
 """
 import argparse
-import sys
 
-from mutor2d.engine import PREEMPTED_EXIT, exit_code
+from mutor2d.engine import run_entry
 from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.vq_train import load_config, train
 
@@ -23,15 +22,8 @@ def main(argv=None):
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config value (repeatable)")
     args = ap.parse_args(argv)
-    try:
-        load_plugins()
-        metrics = train(load_config(args.config, args.overrides))
-    except Exception as e:
-        code = exit_code(e)
-        if code is None:
-            raise
-        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
-        raise SystemExit(code) from None
+    load_plugins()
+    metrics = run_entry(lambda: train(load_config(args.config, args.overrides)))
     print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
 

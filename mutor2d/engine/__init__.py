@@ -4,12 +4,12 @@ point and rotates files, ``data_order`` and ``rng`` make a run reproducible on a
 from pathlib import Path
 
 from .hooks import read_log
-from .loop import PREEMPTED_EXIT, Diverged, Preempted, exit_code, train
+from .loop import PREEMPTED_EXIT, Diverged, Preempted, exit_code, run_entry, train
 from .optim import param_groups
 from .image import TrainModule
 from .data_order import StepBatches
 
-__all__ = ["train", "exit_code", "read_log", "Preempted", "Diverged", "PREEMPTED_EXIT", "TrainModule", "param_groups",
+__all__ = ["train", "exit_code", "run_entry", "read_log", "Preempted", "Diverged", "PREEMPTED_EXIT", "TrainModule", "param_groups",
            "StepBatches", "default_run_dir"]
 
 

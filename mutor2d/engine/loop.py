@@ -98,6 +98,20 @@ def exit_code(error: BaseException) -> int | None:
     return None
 
 
+def run_entry(main):
+    """Run an entry script's ``main()`` -> its result; an error that ends a run (``exit_code``) becomes
+    one line on stderr and that exit code."""
+    import sys
+    try:
+        return main()
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
+        raise SystemExit(code) from None
+
+
 class Diverged(RuntimeError):
     """Too many skipped (non-finite or blown-up) updates in a row; one-line message."""
 
