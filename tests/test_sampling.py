@@ -18,7 +18,7 @@ from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.generation import (NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes,
                                   read_npz, sample_batches, save_grid, shard_dir, spread_classes)
-from mutor2d.sampling import Rules, filter_logits, generate, guide, sample_logits
+from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, sample_logits
 from mutor2d.sampling import plain as plain_decoding
 from mutor2d.sampling.plain import decode_plain
 
@@ -98,7 +98,7 @@ def test_cached_decoding_equals_recomputation(case, monkeypatch):
 def test_cfg_scale_one_equals_conditional_sampling():
     m, labels = tiny(), torch.tensor([2, 4, 6, 8, 0])
     plain = generate(m, labels, (4, 4), generator=gen(1))
-    batched = decode_plain(m, labels, (4, 4), Rules(guided=True), gen(1))   # [cond; uncond], u + 1·(c − u)
+    batched = decode_plain(m, labels, (4, 4), SamplingRules(guided=True), gen(1))   # [cond; uncond], u + 1·(c − u)
     m.clear_cache()
     assert torch.equal(plain, batched)
 
@@ -180,7 +180,7 @@ def test_bad_settings_raise_one_line_errors(kw, prefix, msg):
 
 
 def test_cfg_on_a_prompt_model_is_refused():
-    with pytest.raises(ValueError, match="classifier-free guidance needs class labels"):
+    with pytest.raises(ValueError, match="classifier-free guidance needs a null prefix"):
         generate(tiny(prefix="prompt", rope="1d"), torch.tensor([[1, 2]]), (1, 4), cfg_scale=2.0)
 
 
@@ -201,7 +201,7 @@ def test_class_balance_and_class_lists():
 
 
 def test_outputs_decode_to_images_of_the_right_size(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (8, 8), cfg_scale=1.5)
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (8, 8), config.make("sample", cfg_scale=1.5))
     images = sample_batches(sampler, balanced_labels(6, [0, 4, 9]), batch_size=4, seed=0)
     assert images.shape == (6, 8, 8, 3) and images.dtype == np.uint8
     assert (images[..., 0] == images[..., 2]).all()            # grey: three equal channels
@@ -222,7 +222,7 @@ def counting(sampler, calls):
 
 
 def test_sharded_and_resumed_npz_equal_the_one_shot_npz(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (4, 4), cfg_scale=2.0, top_k=8)
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (4, 4), config.make("sample", cfg_scale=2.0, top_k=8))
     labels = balanced_labels(20, list(range(10)))
     meta = {"cfg_scale": 2.0, "seed": 3, "num": 20}
 
@@ -257,7 +257,7 @@ def test_sharded_and_resumed_npz_equal_the_one_shot_npz(tmp_path):
 
 
 def test_shards_of_other_settings_are_refused(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (2, 2))
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (2, 2), config.make("sample"))
     labels = balanced_labels(10, list(range(10)))
     job = NpzJob(tmp_path / "s.npz", labels, 5, 0, {"cfg_scale": 1.0})
     job.run(sampler, [0])
@@ -326,7 +326,7 @@ def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):
     (["--num", "15", "--npz", "x.npz"], "multiple of the number of classes"),
     (["--num", "20"], "--num goes with --npz"),
     (["--grid", "8by8"], "--grid '8by8': expected HxW"),
-    (["--cfg", "-2"], "cfg_scale: expected a finite number >= 0"),
+    (["--cfg", "-2"], "--cfg-scale: expected a finite number >= 0"),
 ])
 def test_sample_py_bad_input_is_a_one_line_error(digits_run, tmp_path, args, msg):
     args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]
