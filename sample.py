@@ -10,7 +10,8 @@ same for any number of processes; rerunning an interrupted command finishes it.
 
 --ckpt takes a checkpoint file or a run folder (its newest valid checkpoint). Sampling defaults
 come from the checkpoint's ``sample`` config section, decoding mode included (``sample.decode``; old
-checkpoints: plain); the flags below map onto its fields (``SAMPLE_FLAGS``). --temperature 0 is greedy
+checkpoints: plain); the flags below map onto its fields (``SAMPLE_FLAGS``), and --set sample.KEY=VALUE
+sets any field (a plugin mode's too; MUTOR2D_PLUGINS=module[,module] imports plugins). --temperature 0 is greedy
 decoding. Rows of a grid (and the samples of an npz) are the choices of the model's conditioning kind:
 its classes for class labels. --decode registers drafts with the offsets the checkpoint's objective
 trained, at most its useful draft length (the default).
@@ -68,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-fill", dest="fill", action="store_const", const=False,
                    help="--decode registers: no Jacobi guesses where a register cannot draft (row ends)")
     p.add_argument("--window", type=int, help="--decode jacobi: window of guessed tokens (default 4)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="sample.KEY=VALUE",
+                   help="override a field of the checkpoint's sample section, e.g. sample.decode.draft=2 or a "
+                        "plugin mode's field (repeatable; the flags above apply after)")
     p.add_argument("--device", help="default: the accelerate process's device (cuda if present)")
     return p.parse_args(argv)
 
@@ -115,18 +119,22 @@ def check_args(args) -> None:
 
 
 def sample_section(args, src: generation.Loaded):
-    """The checkpoint's ``sample`` section with the flags given on top (SAMPLE_FLAGS; --decode to
-    another mode drops the old mode's fields), checked once, its decoding mode fitted to the
-    checkpoint's objective and grid. A bad value is a one-line error naming its flag."""
+    """The checkpoint's ``sample`` section with --set items, then the flags given, on top
+    (SAMPLE_FLAGS; --decode to another mode drops the old mode's fields), checked once, its decoding
+    mode fitted to the checkpoint's objective and grid. A bad value is a one-line error naming its flag."""
+    for item in args.overrides:
+        if not item.startswith("sample."):
+            raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
     given = {f: flag for f, (flag, dest) in SAMPLE_FLAGS.items() if getattr(args, dest) is not None}
-    mode = args.decode or src.cfg.sample.decode.name
+    data = config.apply_overrides({"sample": config.section_dict(src.cfg.sample)}, args.overrides)
+    mode = args.decode or data["sample"].get("decode", {}).get("name", "plain")
     known = {f.name for f in dataclasses.fields(config.variant_class("sample.decode", mode))}
     for f, flag in given.items():
         if f.startswith("decode.") and f != "decode.name" and f.split(".")[1] not in known:
+            options = [SAMPLE_FLAGS.get(f"decode.{k}", (f"--set sample.decode.{k}",))[0] for k in sorted(known)]
             raise SampleFileError(f"{flag}: not an option of --decode {mode} (its options: "
-                                  f"{', '.join(SAMPLE_FLAGS[f'decode.{k}'][0] for k in sorted(known)) or 'none'})")
-    data = config.apply_overrides({"sample": config.section_dict(src.cfg.sample)},
-                                  [f"sample.{f}={getattr(args, SAMPLE_FLAGS[f][1])}" for f in given])
+                                  f"{', '.join(options) or 'none'})")
+    data = config.apply_overrides(data, [f"sample.{f}={getattr(args, SAMPLE_FLAGS[f][1])}" for f in given])
     s = config.build_plain("sample", data["sample"])
     names = {f.removeprefix("decode."): flag for f, flag in given.items()}
     s.check(names)
