@@ -359,3 +359,38 @@ def test_sample_py_uses_recorded_grid_and_ema_choice(digits_run, tmp_path):
         images, _, meta = out[flag]
         assert images.shape == (10, 4, 4, 3) and meta["grid"] == [4, 4] and meta["ema"] is used
     assert not np.array_equal(out["--ema"][0], out["--no-ema"][0])
+
+
+# ----------------------------------------------------------------------------- the sample.decode section
+
+def test_decode_is_a_tagged_section_nested_in_sample():
+    """Built from --set items, written back by to_dict, switched with its fields dropped, checked."""
+    cfg = config.load(None, ["sample.decode.name=registers", "sample.decode.draft=2", "sample.decode.fill=no"])
+    assert config.section_dict(cfg.sample.decode) == {"name": "registers", "draft": 2, "anchors": "every",
+                                                      "fill": False}
+    assert config.from_dict(cfg.to_dict()).sample.decode == cfg.sample.decode
+    switched = config.from_dict(config.apply_overrides(cfg.to_dict(), ["sample.decode.name=jacobi"]))
+    assert config.section_dict(switched.sample.decode) == {"name": "jacobi", "window": 4}
+    assert config.load(None).sample.decode.name == "plain"                  # and old configs have none
+    assert config.make("sample.decode", name="jacobi", window=2).window == 2
+    for items, msg in ((["sample.decode.window=2"], r"unknown config key 'sample.decode.window' for "
+                                                     r"sample.decode.name=plain \(known: name\)"),
+                       (["sample.decode.name=jacobi", "sample.decode.window=0"], r"^sample.decode.window: expected "
+                                                                                 r"an integer >= 1, got 0$"),
+                       (["sample.decode=registers"], r"^sample.decode: expected a mapping, got 'registers'$"),
+                       (["sample.decode.name=fast"], r"^sample.decode.name: expected one of \[.*\], got 'fast'$")):
+        with pytest.raises(config.ConfigError, match=msg):
+            config.load(None, items)
+
+
+def test_decode_mode_must_fit_the_run():
+    """A run config with register decoding (its training grids use it) needs registers and a draft
+    length its objective trained; checked with the data's grid before training starts."""
+    cfg = config.load(None, ["objective.name=mutor-2d", "objective.d_max=4", "sample.decode.name=registers"])
+    cfg.check_data((8, 8), 1, 10)
+    with pytest.raises(config.ConfigError, match=r"^sample.decode.draft=3: this checkpoint's registers draft "
+                                                 r"at most 2 tokens \(objective mutor-2d, d_max=4\)$"):
+        config.load(None, ["objective.name=mutor-2d", "objective.d_max=4", "sample.decode.name=registers",
+                           "sample.decode.draft=3"]).check_data((8, 8), 1, 10)
+    with pytest.raises(config.ConfigError, match=r"^sample.decode.name=registers: this checkpoint has no registers"):
+        config.load(None, ["sample.decode.name=registers"]).check_data((8, 8), 1, 10)
