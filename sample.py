@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 import torch
@@ -204,11 +205,12 @@ def run(argv=None) -> None:
 
 
 def main(argv=None) -> None:
-    """The command line: library errors become one-line messages."""
+    """The command line: library errors become one line ``error: ...`` on stderr and exit status 2."""
     try:
         run(argv)
     except (ValueError, FileNotFoundError) as e:   # SampleFileError, ConfigError, bad checkpoints
-        raise SystemExit(f"error: {e}") from None
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -44,6 +44,16 @@ def sample_main():
     return module.main
 
 
+def cli_error(main, argv, capsys) -> str:
+    """The one stderr line of a command that fails with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
+    return err[0]
+
+
 def test_labels_classes_and_seeds():
     assert generation.spread_classes(10) == list(range(10))
     assert generation.spread_classes(1000) == [0, 111, 222, 333, 444, 555, 666, 777, 888, 999]
@@ -110,17 +120,15 @@ def test_npz_meta_is_built_in_one_place(run, tmp_path):
     (["--per-class", "0"], "error: --per-class 0: expected >= 1"),
     (["--batch-size", "0"], "error: --batch-size 0: expected >= 1"),
 ])
-def test_sample_py_bad_flags_are_one_line_errors(run, tmp_path, args, msg):
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args])
-    assert str(e.value.code) == msg
+def test_sample_py_bad_flags_are_one_line_errors(run, tmp_path, args, msg, capsys):
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args],
+                     capsys) == msg
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path):
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cuda"])
-    assert str(e.value.code) == "error: --device cuda: CUDA is not available on this machine"
+def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path, capsys):
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cuda"],
+                     capsys) == "error: --device cuda: CUDA is not available on this machine"
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +148,7 @@ def mutor_run(tmp_path_factory):
     return folder
 
 
-def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(run, mutor_run, tmp_path):
+def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(run, mutor_run, tmp_path, capsys):
     from mutor2d.evaluation.records import markdown_table
     common = ["--ckpt", str(mutor_run), "--num", "10", "--batch-size", "5", "--device", "cpu",
               "--temperature", "0"]
@@ -163,14 +171,11 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
            "sampling": out["registers"][2]}
     table = markdown_table([rec], paper=False)
     assert "decoding" in table.splitlines()[0] and "registers anchors=every draft=2 fill=True:" in table
-    with pytest.raises(SystemExit) as e:
-        sample_main()([*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"])
-    assert str(e.value.code) == "error: --draft 0: expected >= 1"
-    with pytest.raises(SystemExit) as e:                                  # a next-token checkpoint
-        sample_main()(["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"), "--device", "cpu",
-                       "--decode", "registers"])
-    assert str(e.value.code) == ("error: --decode registers: this checkpoint has no registers to draft with "
-                                 "(objective ntp); use jacobi or plain")
+    assert cli_error(sample_main(), [*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"],
+                     capsys) == "error: --draft 0: expected >= 1"
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"),  # next-token
+                                     "--device", "cpu", "--decode", "registers"], capsys) == \
+        "error: --decode registers: this checkpoint has no registers to draft with (objective ntp); use jacobi or plain"
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -181,12 +186,11 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
     (["--decode", "jacobi", "--draft", "1"], "error: --draft: not an option of --decode jacobi (its options: --window)"),
     (["--window", "2"], "error: --window: not an option of --decode plain (its options: none)"),
 ])
-def test_sample_py_decode_flags_are_checked_against_the_checkpoint(mutor_run, tmp_path, args, msg):
+def test_sample_py_decode_flags_are_checked_against_the_checkpoint(mutor_run, tmp_path, args, msg, capsys):
     """--draft is bounded by the register offsets the checkpoint's objective trained (D - 2 = 2 for
     D = 4), --window by the grid's token count; a flag of another mode is refused, all in one line."""
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(mutor_run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args])
-    assert str(e.value.code) == msg
+    assert cli_error(sample_main(), ["--ckpt", str(mutor_run), "--out", str(tmp_path / "x.png"), "--device", "cpu",
+                                     *args], capsys) == msg
 
 
 def test_decode_defaults_come_from_the_checkpoint(mutor_run, tmp_path):

@@ -128,7 +128,7 @@ def test_decoding_mode_recipe_rules_are_one_line_errors(imported, monkeypatch):
         config.import_parts()
 
 
-def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_path):
+def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_path, capsys):
     """A text-vector kind (float (B, 2, 6) prefixes) from one plugin file: a checkpoint conditioned on it
     samples grids with its row names and npz files storing its prefixes, with plain and exact
     speculative decoding alike."""
@@ -161,8 +161,11 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     from PIL import Image
     png = Image.open(tmp_path / "grid.png")
     assert json.loads(png.text["rows"]) == ["caption 2", "caption 0"] and png.size == (2 + 2 * 66, 2 + 2 * 66)
-    with pytest.raises(SystemExit, match=r"^error: --classes '3': class 3 is out of range 0..2$"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
         sample_py.main(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", "--classes", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == ["error: --classes '3': class 3 is out of range 0..2"]
     with pytest.raises(ValueError, match=r"^prefix: expected float vectors \(B, P, 6\), got torch.int64 \(2,\)$"):
         from mutor2d.sampling import generate
         generate(model, torch.tensor([0, 1]), (8, 8))

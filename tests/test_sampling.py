@@ -3,6 +3,7 @@ registers play no part; class-balanced, sharded, resumable npz files; sample.py 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +299,16 @@ def sample_main():
     return lambda argv: module.main([*argv, "--device", "cpu"])
 
 
+def cli_error(main, argv, capsys) -> str:
+    """The one stderr line of a command that fails with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
+    return err[0]
+
+
 def test_sample_py_grid_png_on_cpu(digits_run):
     r = sample_py("--ckpt", digits_run, "--classes", "1,7,9", "--per-class", "3", "--cfg", "2", "--seed", "1")
     assert r.returncode == 0, r.stderr
@@ -328,22 +339,19 @@ def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):
     (["--grid", "8by8"], "--grid '8by8': expected HxW"),
     (["--cfg", "-2"], "--cfg-scale: expected a finite number >= 0"),
 ])
-def test_sample_py_bad_input_is_a_one_line_error(digits_run, tmp_path, args, msg):
+def test_sample_py_bad_input_is_a_one_line_error(digits_run, tmp_path, args, msg, capsys):
     args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(digits_run), *args])
-    text = str(e.value.code)
+    text = cli_error(sample_main(), ["--ckpt", str(digits_run), *args], capsys)
     assert text.startswith("error: ") and "\n" not in text and msg in text
 
 
-def test_sample_py_missing_checkpoint_or_tokenizer(tmp_path, digits_run):
-    with pytest.raises(SystemExit, match=r"^error: checkpoint .*nope.pt' does not exist$"):
-        sample_main()(["--ckpt", str(tmp_path / "nope.pt")])
+def test_sample_py_missing_checkpoint_or_tokenizer(tmp_path, digits_run, capsys):
+    assert re.match(r"^error: checkpoint .*nope.pt' does not exist$",
+                    cli_error(sample_main(), ["--ckpt", str(tmp_path / "nope.pt")], capsys))
     ckpt = checkpoint.load(checkpoint.checkpoint_path(digits_run, 3))
     ckpt["config"]["data"]["tokenizer"] = str(tmp_path / "missing_vq.pt")
     checkpoint.save_atomic(ckpt, tmp_path / "vq.pt")
-    with pytest.raises(SystemExit, match=r"^error: tokenizer of .*vq.pt: "):
-        sample_main()(["--ckpt", str(tmp_path / "vq.pt")])
+    assert re.match(r"^error: tokenizer of .*vq.pt: ", cli_error(sample_main(), ["--ckpt", str(tmp_path / "vq.pt")], capsys))
 
 
 def test_sample_py_uses_recorded_grid_and_ema_choice(digits_run, tmp_path):
