@@ -9,22 +9,35 @@ Class-balanced npz for evaluation (N / classes per class), sharded over processe
 same for any number of processes; rerunning an interrupted command finishes it.
 
 --ckpt takes a checkpoint file or a run folder (its newest valid checkpoint). Sampling defaults
-come from the checkpoint's ``sample`` config section. --temperature 0 is greedy decoding.
+come from the checkpoint's ``sample`` config section, decoding mode included (``sample.decode``; old
+checkpoints: plain); the flags below map onto its fields (``SAMPLE_FLAGS``), and --set sample.KEY=VALUE
+sets any field (a plugin mode's too; MUTOR2D_PLUGINS=module[,module] imports plugins). --temperature 0 is greedy
+decoding. Rows of a grid (and the samples of an npz) are the choices of the model's conditioning kind:
+its classes for class labels. --decode registers drafts with the offsets the checkpoint's objective
+trained, at most its useful draft length (the default).
 The token grid is the one the checkpoint records, else its dataset's; --grid HxW must equal it (a model
 sampled at another grid makes garbage) and is needed only when neither is known.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 
 import torch
 
-from mutor2d import checkpoint, generation
-from mutor2d.sampling.rules import check_sampling
-from mutor2d.generation import NpzJob, SampleFileError, balanced_labels, parse_classes
-from mutor2d.sampling import DECODERS, compile_decoder
+from mutor2d import checkpoint, config, generation
+from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
+from mutor2d.sampling import compile_decoder, decode_modes
 from mutor2d.plugins import load_plugins
+
+# sample-section field -> (flag, argparse dest): the one mapping of flags onto the checkpoint's sample
+# section; ``decode.*`` fields belong to the decoding mode (a flag for another mode's field is an error)
+SAMPLE_FLAGS = {"cfg_scale": ("--cfg-scale", "cfg"), "temperature": ("--temperature", "temperature"),
+                "top_k": ("--top-k", "top_k"), "top_p": ("--top-p", "top_p"), "decode.name": ("--decode", "decode"),
+                "decode.draft": ("--draft", "draft"), "decode.anchors": ("--draft-anchors", "draft_anchors"),
+                "decode.fill": ("--no-fill", "fill"), "decode.window": ("--window", "window")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,16 +59,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True,
                    help="use the EMA weights when the checkpoint has them")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
-    p.add_argument("--decode", default="plain", choices=sorted(DECODERS),
-                   help="plain; registers (exact speculative decoding with the checkpoint's register drafts, "
-                        "--draft K); jacobi (exact speculative Jacobi decoding, --window K)")
-    p.add_argument("--draft", type=int, default=4, help="--decode registers: draft tokens per forward")
-    p.add_argument("--draft-anchors", choices=("every", "last"), default="every",
+    p.add_argument("--decode", choices=decode_modes(),
+                   help="default: the checkpoint's sample.decode (plain); registers (exact speculative decoding "
+                        "with the checkpoint's register drafts, --draft K); jacobi (exact speculative Jacobi "
+                        "decoding, --window K); modes of MUTOR2D_PLUGINS modules too")
+    p.add_argument("--draft", type=int, help="--decode registers: draft tokens per forward (default and maximum: "
+                                             "the checkpoint's useful draft length)")
+    p.add_argument("--draft-anchors", choices=("every", "last"),
                    help="--decode registers: K registers after every verified token (a partial acceptance "
                         "keeps fresh drafts) or after the last one only (K extra tokens per row, not (K+1)K)")
-    p.add_argument("--no-fill", dest="fill", action="store_false",
+    p.add_argument("--no-fill", dest="fill", action="store_const", const=False,
                    help="--decode registers: no Jacobi guesses where a register cannot draft (row ends)")
-    p.add_argument("--window", type=int, default=4, help="--decode jacobi: window of guessed tokens")
+    p.add_argument("--window", type=int, help="--decode jacobi: window of guessed tokens (default 4)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="sample.KEY=VALUE",
+                   help="override a field of the checkpoint's sample section, e.g. sample.decode.draft=2 or a "
+                        "plugin mode's field (repeatable; the flags above apply after)")
     p.add_argument("--device", help="default: the accelerate process's device (cuda if present)")
     return p.parse_args(argv)
 
@@ -100,50 +118,64 @@ def check_args(args) -> None:
     if args.per_class is not None and args.per_class < 1:
         raise SampleFileError(f"--per-class {args.per_class}: expected >= 1")
     for flag, value in (("--draft", args.draft), ("--window", args.window)):
-        if value < 1:
+        if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
 
 
-def check_decode_limit(args, grid: tuple[int, int]) -> None:
-    """--draft / --window of the chosen mode at most the tokens a draft can still fill: the grid's token
-    count (the one place this bound lives)."""
-    flag, value = {"registers": ("--draft", args.draft),
-                   "jacobi": ("--window", args.window)}.get(args.decode, ("", 0))
-    limit = grid[0] * grid[1]
-    if value > limit:
-        raise SampleFileError(f"{flag} {value}: expected at most {limit}, the token count of the "
-                              f"{grid[0]}x{grid[1]} grid")
+def sample_section(args, src: generation.Loaded):
+    """The checkpoint's ``sample`` section with --set items, then the flags given, on top
+    (SAMPLE_FLAGS; --decode to another mode drops the old mode's fields), checked once, its decoding
+    mode fitted to the checkpoint's objective and grid. A bad value is a one-line error naming its flag."""
+    for item in args.overrides:
+        if not item.startswith("sample."):
+            raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
+    given = {f: flag for f, (flag, dest) in SAMPLE_FLAGS.items() if getattr(args, dest) is not None}
+    data = config.apply_overrides({"sample": config.section_dict(src.cfg.sample)}, args.overrides)
+    mode = args.decode or data["sample"].get("decode", {}).get("name", "plain")
+    known = {f.name for f in dataclasses.fields(config.variant_class("sample.decode", mode))}
+    for f, flag in given.items():
+        if f.startswith("decode.") and f != "decode.name" and f.split(".")[1] not in known:
+            options = [SAMPLE_FLAGS.get(f"decode.{k}", (f"--set sample.decode.{k}",))[0] for k in sorted(known)]
+            raise SampleFileError(f"{flag}: not an option of --decode {mode} (its options: "
+                                  f"{', '.join(options) or 'none'})")
+    data = config.apply_overrides(data, [f"sample.{f}={getattr(args, SAMPLE_FLAGS[f][1])}" for f in given])
+    s = config.build_plain("sample", data["sample"])
+    names = {f.removeprefix("decode."): flag for f, flag in given.items()}
+    s.check(names)
+    return dataclasses.replace(s, decode=s.decode.fit(src.cfg.objective, src.grid, names))
 
 
-def decode_options(args) -> dict:
-    """The options of the chosen decoding mode (sampling.DECODERS)."""
-    registers = {"draft": args.draft, "anchors": args.draft_anchors, "fill": args.fill}
-    return {"registers": registers, "jacobi": {"window": args.window}}.get(args.decode, {})
+def decode_options(mode) -> dict:
+    """The fields of a decoding mode, as a sample file's meta records them."""
+    return {k: v for k, v in config.section_dict(mode).items() if k != "name"}
 
 
-def write_png(args, src: generation.Loaded, sampler, path: Path, seed: int) -> None:
-    """The PNG grid: one row per class, --per-class columns."""
-    s, n_cls = src.cfg.sample, src.cfg.model.num_classes
-    classes = parse_classes(args.classes, n_cls) if args.classes else generation.grid_classes(s, n_cls)
+def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -> None:
+    """The PNG grid: one row per choice of the conditioning kind (class), --per-class columns."""
+    n = src.num_choices
+    classes = parse_classes(args.classes, n) if args.classes else generation.grid_classes(s, n)
     per_class = pick(args.per_class, s.per_class)
     if per_class < 1:
         raise SampleFileError(f"sample.per_class {per_class}: expected >= 1")
-    images = generation.sample_batches(sampler, balanced_labels(per_class * len(classes), classes),
-                                       args.batch_size, seed)
+    prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
+    images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    out = generation.save_grid(images, per_class, args.out or run_dir / "samples" / f"sample_step{src.step:08d}.png")
-    print(f"wrote {out} ({len(classes)} classes x {per_class}, step {src.step})")
+    rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
+    out = generation.save_grid(images, per_class, args.out or run_dir / "samples" / f"sample_step{src.step:08d}.png",
+                               rows)
+    print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 
-def write_npz(args, src: generation.Loaded, sampler, path: Path, settings: dict, seed: int, state) -> None:
-    """The class-balanced npz, its shards split over the processes."""
-    n_cls = src.cfg.model.num_classes
-    classes = parse_classes(args.classes, n_cls) if args.classes else list(range(n_cls))
-    labels = balanced_labels(args.num, classes)
-    meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(), settings=settings,
-                                  seed=seed, classes=classes, num=args.num, batch_size=args.batch_size,
-                                  ema=src.ema, grid=src.grid, decode=args.decode, decode_options=decode_options(args))
-    job = NpzJob(args.npz, labels, args.batch_size, seed, meta)
+def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, state) -> None:
+    """The balanced npz (N / choices per choice: per class), its shards split over the processes."""
+    n = src.num_choices
+    classes = parse_classes(args.classes, n) if args.classes else list(range(n))
+    prefixes = balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
+    meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
+                                  settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
+                                  batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
+                                  decode_options=decode_options(s.decode))
+    job = NpzJob(args.npz, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:
             print(f"{job.out} is already complete")
@@ -163,29 +195,26 @@ def run(argv=None) -> None:
     state, device = pick_device(args.device)
     path = checkpoint.resolve(args.ckpt).resolve()
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
-    check_decode_limit(args, src.grid)
-    s = src.cfg.sample
-    settings = generation.sampling_settings(s, cfg_scale=args.cfg, temperature=args.temperature,
-                                            top_k=args.top_k, top_p=args.top_p)
-    check_sampling(**settings, where="")      # flag or sample.* value, named by its field
+    s = sample_section(args, src)
     seed = pick(args.seed, s.seed)
     if args.compile:
         compile_decoder(src.model)
-    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, device=device, **settings,
-                                      decode=args.decode, decode_options=decode_options(args))
+    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
+                                      device=device)
     if args.npz is not None:
-        write_npz(args, src, sampler, path, settings, seed, state)
+        write_npz(args, src, s, sampler, path, seed, state)
     elif state.is_main_process:
-        write_png(args, src, sampler, path, seed)
+        write_png(args, src, s, sampler, path, seed)
 
 
 def main(argv=None) -> None:
-    """The command line: library errors become one-line messages."""
+    """The command line: library errors become one line ``error: ...`` on stderr and exit status 2."""
     try:
         load_plugins()
         run(argv)
     except (ValueError, FileNotFoundError) as e:   # SampleFileError, ConfigError, bad checkpoints
-        raise SystemExit(f"error: {e}") from None
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

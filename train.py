@@ -68,8 +68,11 @@ def load_config(data: dict, overrides: list[str]):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    load_plugins()
-    print(f"run folder: {run_entry(lambda: run(args))}")
+
+    def start() -> Path:
+        load_plugins()
+        return run(args)
+    print(f"run folder: {run_entry(start)}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from mutor2d import checkpoint, generation
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import grid_arg, regular_position_ids
+from mutor2d.config import make
 from mutor2d.sampling import compile_decoder, generate, sample_logits
 
 TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
@@ -101,15 +102,16 @@ def spec_modes(args) -> dict[str, tuple[str, dict]]:
 
 
 def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, device, *,
-               cfg_scale: float, temperature: float) -> dict:
-    """Plain vs speculative decoding on one model, round-robin: one row per mode."""
+               cfg_scale: float, temperature: float, objective) -> dict:
+    """Plain vs speculative decoding on one model (trained with ``objective``, whose registers give the
+    draft offsets), round-robin: one row per mode."""
     modes = spec_modes(args)
     stats = {name: {} for name in modes}
 
     def case(name: str, mode: str, options: dict):
         return lambda: generate(model, labels, grid, cfg_scale=cfg_scale, temperature=temperature,
                                 generator=torch.Generator(device=device).manual_seed(0), decode=mode,
-                                stats=stats[name], **options)
+                                objective=objective, stats=stats[name], **options)
     times = common.time_round_robin({n: case(n, *m) for n, m in modes.items()}, args.reps, 1, device)
     n, N, plain = labels.shape[0], grid[0] * grid[1], times["plain"]["median_s"]
     rows = {}
@@ -133,7 +135,8 @@ def checkpoint_tables(args, device) -> dict:
         common.log(f"speculative rows: {args.ckpt}, {n} images")
         labels = torch.arange(n, device=device) % n_cls
         out["tables"][str(n)] = spec_table(model, labels, src.grid, args, device,
-                                           cfg_scale=args.spec_cfg, temperature=args.spec_temperature)
+                                           cfg_scale=args.spec_cfg, temperature=args.spec_temperature,
+                                           objective=src.cfg.objective)
     return out
 
 
@@ -203,7 +206,8 @@ def main(argv=None) -> None:
     times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
 
     common.log("speculative rows, random weights")
-    speculative = spec_table(model, labels, grid, args, device, cfg_scale=1.0, temperature=1.0)
+    offsets = make("objective", name="mutor-2d", d_max=max(args.drafts + args.last) + 2)   # K <= D - 2
+    speculative = spec_table(model, labels, grid, args, device, cfg_scale=1.0, temperature=1.0, objective=offsets)
     compile_s = None
     if args.compile == "on":
         compile_decoder(model)

@@ -1,19 +1,25 @@
 """What a sample is conditioned on: the prefix kinds, in one registry.
 
-A conditioning kind (``CONDITIONING[cfg.conditioning]``) says how the prefix is embedded, how many
-prefix tokens it makes, which prefixes are valid, and which prefix is the "null" one for
-classifier-free guidance (CFG).
+A conditioning kind (``CONDITIONING[cfg.conditioning]``, a ``Conditioning``) says everything the
+code needs to know about its prefixes: how the prefix is embedded, how many prefix tokens it makes,
+which prefixes are valid, which prefix is the "null" one for classifier-free guidance (CFG), and for
+sampling: which prefixes a grid or sample file picks from (``choices``), how a balanced set is made
+(``balanced``) and cut into batches (``batch``), how a grid row is named (``row_label``) and how the
+prefixes are stored in an npz sample file (``npz_arrays``). Prefixes are one tensor whose first
+dimension is the sample.
 
 * ``class``: labels (B,) in 0..num_classes; label ``num_classes`` is the null class. One prefix
   token, embedded by ``GPT.cls_embedding`` (a LabelEmbedder; the name is LlamaGen's, so its
-  checkpoints load with strict keys).
+  checkpoints load with strict keys). Stored as ``labels`` int64 (N,) in npz files.
 * ``prompt``: tokens (B, P), P >= 1, from the body vocabulary, embedded by the token embedding.
-  No null prompt: CFG is refused.
+  No null prompt: CFG is refused; no fixed choices: sample.py cannot pick prompts.
+
+A new kind is one module: a ``Conditioning`` subclass registered with ``@register_conditioning``
+(docs/METHOD.md, "Datasets and conditioning"); a plugin module is imported through MUTOR2D_PLUGINS.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
+import numpy as np
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -36,25 +42,60 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels).unsqueeze(1)
 
 
-class Conditioning(Protocol):
-    name: str
-    guidable: bool      # has a null prefix (CFG possible)
-    per_class: bool     # prefixes are class labels: num_classes comes from the data, grids have a row per class
+class Conditioning:
+    """A conditioning kind; the defaults suit any prefix tensor indexed by sample first."""
+    name: str = ""
+    guidable: bool = False   # has a null prefix (CFG possible)
+    per_class: bool = False  # prefixes are class labels: num_classes comes from the data
 
     def build(self, model: nn.Module) -> None:
         """Add the prefix embedder (if any) to ``model`` under its state-dict name."""
 
     def embed(self, model: nn.Module, prefix: Tensor) -> Tensor:
         """prefix -> (B, P, dim) embeddings."""
+        raise NotImplementedError
 
     def prefix_len(self, prefix: Tensor) -> int:
         """P, the number of prefix tokens."""
+        raise NotImplementedError
 
     def check(self, cfg, prefix: Tensor) -> None:
         """Raise ValueError (one line) for a prefix this model cannot take."""
 
     def null_prefix(self, cfg, prefix: Tensor) -> Tensor:
         """The unconditional prefix of the same shape, for CFG (ValueError if there is none)."""
+        raise ValueError(f"classifier-free guidance needs a null prefix, this model's prefix is {self.name!r}")
+
+    def choices(self, cfg) -> Tensor:
+        """The prefixes (C, ...) that sample grids (one row each) and sample files pick from by index;
+        ValueError (one line) if the kind has no fixed set."""
+        raise ValueError(f"model.conditioning={self.name!r} has no fixed set of prefixes to sample grids "
+                         f"or sample files from")
+
+    def balanced(self, cfg, each: int, picks: list[int]) -> Tensor:
+        """``each`` copies of every choice in ``picks``, pick-major: (len(picks) * each, ...)."""
+        return self.choices(cfg)[torch.tensor(picks, dtype=torch.long)].repeat_interleave(each, dim=0)
+
+    def batch(self, prefixes: Tensor, start: int, stop: int) -> Tensor:
+        """Samples start..stop-1 of ``prefixes``."""
+        return prefixes[start:stop]
+
+    def row_label(self, cfg, pick: int) -> str:
+        """The name of choice ``pick`` as a grid row."""
+        return f"{self.name} {pick}"
+
+    def npz_arrays(self, prefixes: Tensor) -> dict[str, np.ndarray]:
+        """How a sample file stores ``prefixes`` (N, ...): name -> array with N rows."""
+        return {"prefixes": prefixes.cpu().numpy()}
+
+
+CONDITIONING: dict[str, Conditioning] = {}
+
+
+def register_conditioning(cls: type) -> type:
+    """Class decorator: add an instance of a ``Conditioning`` subclass under its ``name``."""
+    CONDITIONING[cls.name] = cls()
+    return cls
 
 
 def _check_integer(prefix: Tensor) -> None:
@@ -62,7 +103,8 @@ def _check_integer(prefix: Tensor) -> None:
         raise ValueError(f"prefix: expected integer tokens, got dtype {prefix.dtype}")
 
 
-class ClassLabel:
+@register_conditioning
+class ClassLabel(Conditioning):
     name, guidable, per_class = "class", True, True
 
     def build(self, model):
@@ -87,8 +129,21 @@ class ClassLabel:
     def null_prefix(self, cfg, prefix):
         return torch.full_like(prefix, cfg.num_classes)
 
+    def choices(self, cfg):
+        return torch.arange(cfg.num_classes)
 
-class Prompt:
+    def balanced(self, cfg, each, picks):        # no model config needed: the labels are the picks
+        return torch.tensor(picks, dtype=torch.long).repeat_interleave(each)
+
+    def row_label(self, cfg, pick):
+        return f"class {pick}"
+
+    def npz_arrays(self, prefixes):
+        return {"labels": prefixes.cpu().numpy().astype(np.int64)}
+
+
+@register_conditioning
+class Prompt(Conditioning):
     name, guidable, per_class = "prompt", False, False
 
     def build(self, model):
@@ -108,12 +163,6 @@ class Prompt:
         if prefix.min() < 0 or prefix.max() >= V:
             raise ValueError(f"prefix: prompt tokens must lie in 0..{V - 1}, "
                              f"got {prefix.min().item()}..{prefix.max().item()}")
-
-    def null_prefix(self, cfg, prefix):
-        raise ValueError(f"classifier-free guidance needs class labels, this model's prefix is {self.name!r}")
-
-
-CONDITIONING: dict[str, Conditioning] = {"class": ClassLabel(), "prompt": Prompt()}
 
 
 def conditioning(name: str) -> Conditioning:

@@ -3,10 +3,14 @@
 A run config has one section per part: model, data, objective, optim, train, sample. Each part's
 dataclass lives beside the code it configures and registers itself with one decorator:
 ``@register_section("model")`` for a plain section, ``@register_variant("objective", "mutor-2d")``
-for a variant of a *tagged* section (``name`` picks the variant; only its fields are accepted).
+for a variant of a *tagged* section (``name`` picks the variant; only its fields are accepted). A
+tagged sub-section nests in a plain one under a dotted name (``sample.decode``: a field of the sample
+dataclass whose default is ``make("sample.decode")``).
 This module holds only what every part shares: the registry, the run config, ``--set`` overrides,
 legacy upgrades and the YAML loader; the type and range checks are in mutor2d.checks. It imports the parts' modules itself
-(``PART_MODULES``) the first time a config is built, so no import order matters.
+(``PART_MODULES``), then the plugin modules named in ``MUTOR2D_PLUGINS`` (comma-separated; each
+registers its own sections, variants or kinds), the first time a config is built, so no import order
+matters.
 
 Every section has ``check()``; a bad value fails before a run starts, with a one-line
 :class:`ConfigError` naming the key.
@@ -28,14 +32,14 @@ from .checks import ConfigError, at_least, check_seed, check_type, fail, fractio
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SECTIONS = ("model", "data", "objective", "optim", "train", "sample")
 PART_MODULES = ("mutor2d.model", "mutor2d.data", "mutor2d.stargraph", "mutor2d.objectives",
-                "mutor2d.engine.optim", "mutor2d.engine.loop", "mutor2d.sampling.rules")
+                "mutor2d.engine.optim", "mutor2d.engine.loop", "mutor2d.sampling")
 
 
 # ----------------------------------------------------------------------------- the registry
 
 PLAIN: dict[str, type] = {}                                   # section -> dataclass
-VARIANTS: dict[str, dict[str, type]] = {"data": {}, "objective": {}}
-DEFAULT_VARIANT = {"data": "digits", "objective": "ntp"}
+VARIANTS: dict[str, dict[str, type]] = {"data": {}, "objective": {}, "sample.decode": {}}
+DEFAULT_VARIANT = {"data": "digits", "objective": "ntp", "sample.decode": "plain"}
 
 
 def register_section(section: str):
@@ -56,9 +60,11 @@ def register_variant(section: str, name: str):
 
 
 def import_parts() -> None:
-    """Import every part's module once, so their sections are registered."""
+    """Import every part's module and every plugin module once, so their sections are registered."""
+    from .plugins import load_plugins
     for module in PART_MODULES:
         importlib.import_module(module)
+    load_plugins()
 
 
 class Variant:
@@ -132,6 +138,7 @@ class RunConfig:
         """Rules that need the data: its body grid (H, W), prefix length and class count."""
         self.model.check_grid(grid)
         self.objective.check_grid(grid, prefix_len)
+        self.sample.decode.fit(self.objective, grid)
         if num_classes is not None and self.model.kind().per_class:
             self.sample.check_classes(num_classes)
 
@@ -139,8 +146,10 @@ class RunConfig:
 def section_dict(section) -> dict:
     """A section as plain YAML-safe data (tuples as lists); a variant leads with its ``name``."""
     def plain(v):
+        if dataclasses.is_dataclass(v):
+            return section_dict(v)
         return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
-    d = {k: plain(v) for k, v in dataclasses.asdict(section).items()}
+    d = {f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
     return {"name": section.name, **d} if isinstance(section, Variant) else d
 
 
@@ -157,7 +166,8 @@ def build_section(cls, data: Any, prefix: str, context: str = ""):
         if k not in fields:
             known = ", ".join((["name"] if context else []) + fields) or "none"
             raise ConfigError(f"unknown config key '{prefix}{k}'{context} (known: {known})")
-    return cls(**{k: check_type(prefix + k, v, hints[k]) for k, v in data.items()})
+    return cls(**{k: build_tagged(prefix + k, v) if prefix + k in VARIANTS else check_type(prefix + k, v, hints[k])
+                  for k, v in data.items()})
 
 
 def build_plain(section: str, data: Any):
@@ -172,7 +182,7 @@ def build_tagged(section: str, data: Any):
     name = data.get("name", DEFAULT_VARIANT[section])
     cls = variant_class(section, name)
     rest = {k: v for k, v in data.items() if k != "name"}
-    if LEGACY_KEYS[section] <= set(rest):
+    if section in LEGACY_KEYS and LEGACY_KEYS[section] <= set(rest):
         rest = cls.from_legacy(rest)
     return build_section(cls, rest, f"{section}.", context=f" for {section}.name={name}")
 
@@ -237,14 +247,15 @@ def apply_overrides(data: dict, overrides: list[str], sections=SECTIONS) -> dict
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item}: '{k}' is not a section")
-        if len(keys) == 2 and keys[0] in VARIANTS and keys[1] == "name" and value != node.get("name"):
-            _switch_variant(node, keys[0], value)
+        tagged = ".".join(keys[:-1])
+        if tagged in VARIANTS and keys[-1] == "name" and value != node.get("name"):
+            _switch_variant(node, tagged, value)
         node[keys[-1]] = value
     return data
 
 
 def _switch_variant(section: dict, name: str, new: Any) -> None:
-    """Drop the fields of ``section`` (a dict) that variant ``new`` does not have."""
+    """Drop the fields of ``section`` (a dict; ``name`` its dotted name) that variant ``new`` lacks."""
     import_parts()
     if isinstance(new, str) and new in VARIANTS[name]:
         keep = {f.name for f in dataclasses.fields(VARIANTS[name][new])}

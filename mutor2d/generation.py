@@ -1,13 +1,15 @@
-"""The one path from a model to images: labels and seeds, uint8 images, PNG grids, npz sample files.
+"""The one path from a model to images: prefixes and seeds, uint8 images, PNG grids, npz sample files.
 
 Every caller (sample.py, training sample grids, online evaluation, the digits study) goes through
-``make_sampler`` -> ``sample_batches``: the labels are cut into batches of ``batch_size`` consecutive
-labels (class-major order) and batch k is one ``sampling.generate`` call seeded with
-``shard_seed(seed, k)``. So a grid written during training equals ``sample.py`` on that checkpoint
-with the same settings, seed and batch size.
+``make_sampler`` -> ``sample_batches``: the prefixes (what the model's conditioning kind takes: class
+labels, ...) are cut into batches of ``batch_size`` consecutive prefixes (choice-major order: the
+kind's ``balanced``) and batch k is one decoding run seeded with ``shard_seed(seed, k)``. So a grid
+written during training equals ``sample.py`` on that checkpoint with the same settings, seed and
+batch size. The kind also names the grid's rows (``row_label``) and stores the prefixes in npz files.
 
-npz sample files (what the evaluator reads): ``images`` uint8 (N, H, W, 3), ``labels`` int64 (N,),
-``meta`` a 0-d string array holding JSON (``sample_meta``). ``NpzJob`` writes them as shards of
+npz sample files (what the evaluator reads): ``images`` uint8 (N, H, W, 3), the prefixes as the kind
+stores them (class labels: ``labels`` int64 (N,); ``npz_arrays``), ``meta`` a 0-d string array
+holding JSON (``sample_meta``). ``NpzJob`` writes them as shards of
 ``batch_size`` samples, seeded like the batches above, so the file is the same for any number of
 processes (it does depend on batch_size, which meta records). Finished shards wait in
 ``OUT_shards/`` beside the npz and are skipped on rerun; the npz is assembled from them at the end
@@ -28,10 +30,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .conditioning import Conditioning, conditioning
 from .io import write_atomic
-from .sampling import generate
+from .sampling import SamplingRules, decoding_mode, run_decoder, unwrap_model
 
-Sampler = Callable[[Tensor, int], np.ndarray]  # (labels (n,), seed) -> uint8 images (n, h, w, 3)
+Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
 GRID_MIN_SIDE = 64    # grid cells smaller than this are enlarged (nearest) by an integer factor
 GRID_PAD = 2          # pixels between and around grid cells (white)
@@ -79,12 +82,18 @@ def grid_classes(sample_cfg, num_classes: int) -> list[int]:
     return spread_classes(num_classes)
 
 
-def balanced_labels(num: int, classes: list[int]) -> Tensor:
-    """(num,) labels, num / len(classes) of each class, class-major (c0 c0 … c1 c1 …)."""
-    if num < 1 or num % len(classes):
+def balanced_prefixes(kind: Conditioning, model_cfg, num: int, picks: list[int]) -> Tensor:
+    """(num, ...) prefixes of ``kind``: num / len(picks) of each of its choices ``picks`` (class
+    labels: the classes), choice-major (c0 c0 … c1 c1 …)."""
+    if num < 1 or num % len(picks):
         raise SampleFileError(f"--num {num}: must be a positive multiple of the number of classes "
-                              f"({len(classes)}) so that every class gets the same count")
-    return torch.tensor(classes, dtype=torch.long).repeat_interleave(num // len(classes))
+                              f"({len(picks)}) so that every class gets the same count")
+    return kind.balanced(model_cfg, num // len(picks), list(picks))
+
+
+def balanced_labels(num: int, classes: list[int]) -> Tensor:
+    """(num,) class labels, num / len(classes) of each class, class-major (the class kind's prefixes)."""
+    return balanced_prefixes(conditioning("class"), None, num, classes)
 
 
 def shard_seed(seed: int, index: int) -> int:
@@ -94,10 +103,9 @@ def shard_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def sampling_settings(sample_cfg, **given) -> dict:
-    """{cfg_scale, temperature, top_k, top_p}: the ``given`` values that are not None, else the
-    config's ``sample`` section's."""
-    return {k: getattr(sample_cfg, k) if given.get(k) is None else given[k] for k in SETTINGS}
+def sampling_settings(sample_cfg) -> dict:
+    """{cfg_scale, temperature, top_k, top_p} of a ``sample`` section (what a sample file's meta records)."""
+    return {k: getattr(sample_cfg, k) for k in SETTINGS}
 
 
 def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
@@ -138,23 +146,22 @@ def tokenizer_to(tokenizer, device: torch.device):
     return tokenizer
 
 
-def make_sampler(model, tokenizer, grid: tuple[int, int], *, cfg_scale: float = 1.0,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 device: torch.device | str | None = None, decode: str = "plain",
-                 decode_options: dict | None = None) -> Sampler:
-    """(labels (n,), seed) -> uint8 images (n, h, w, 3): generate codes (B, H*W) on ``device``
-    (default: the model's) with decoding mode ``decode`` (sampling.DECODERS; ``decode_options`` such
-    as ``{"draft": 4}``), decode them with ``tokenizer`` on the tokenizer's device. The sampler's
-    ``last`` holds the latest call's decoding counts (sampling.generate's ``stats``) and seconds."""
+def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objective=None,
+                 device: torch.device | str | None = None) -> Sampler:
+    """(prefixes (n, ...), seed) -> uint8 images (n, h, w, 3): generate codes (B, H*W) on ``device``
+    (default: the model's) with the settings and decoding mode (``sample_cfg.decode``, fitted to
+    ``objective``, the checkpoint's objective section) of ``sample_cfg``, a checked ``sample``
+    section; decode them with ``tokenizer`` on the tokenizer's device. The sampler's ``last`` holds
+    the latest call's decoding counts (sampling.generate's ``stats``) and seconds."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    rules = SamplingRules.of(**sampling_settings(sample_cfg))
+    mode = decoding_mode(sample_cfg.decode, objective, grid)
 
-    def sample(labels: Tensor, seed: int) -> np.ndarray:
+    def sample(prefixes: Tensor, seed: int) -> np.ndarray:
         gen = torch.Generator(device).manual_seed(seed)
         stats, start = {}, time.perf_counter()
-        tokens = generate(model, labels.to(device), grid, cfg_scale=cfg_scale, temperature=temperature,
-                          top_k=top_k, top_p=top_p, generator=gen, decode=decode, stats=stats,
-                          **(decode_options or {}))
-        sample.last = {**stats, "images": len(labels), "seconds": time.perf_counter() - start}
+        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats)
+        sample.last = {**stats, "images": len(prefixes), "seconds": time.perf_counter() - start}
         tokens = tokens.view(-1, *grid)
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(tokenizer_device(tokenizer) or tokens.device))
@@ -186,27 +193,32 @@ def decode_summary(parts: list[dict], tokens_per_image: int) -> dict:
     return out
 
 
-def sample_batches(sampler: Sampler, labels: Tensor, batch_size: int, seed: int) -> np.ndarray:
-    """All ``labels`` in batches of ``batch_size``; batch k seeded with shard_seed(seed, k)."""
+def sample_batches(sampler: Sampler, prefixes: Tensor, batch_size: int, seed: int,
+                   kind: Conditioning | None = None) -> np.ndarray:
+    """All ``prefixes`` in batches of ``batch_size`` (cut by ``kind``, default class labels); batch k
+    seeded with shard_seed(seed, k)."""
     if batch_size < 1:
         raise SampleFileError(f"--batch-size {batch_size}: expected >= 1")
-    parts = [sampler(labels[i: i + batch_size], shard_seed(seed, k))
-             for k, i in enumerate(range(0, len(labels), batch_size))]
+    kind = kind or conditioning("class")
+    parts = [sampler(kind.batch(prefixes, i, i + batch_size), shard_seed(seed, k))
+             for k, i in enumerate(range(0, len(prefixes), batch_size))]
     return np.concatenate(parts)
 
 
-def sample_images(model, tokenizer, grid: tuple[int, int], settings: dict, labels: Tensor, seed: int,
-                  batch_size: int = 64) -> np.ndarray:
-    """uint8 images (len(labels), h, w, 3) of ``labels`` with sampling ``settings``
-    ({cfg_scale, temperature, top_k, top_p}), seeded per batch from ``seed``."""
-    return sample_batches(make_sampler(model, tokenizer, grid, **settings), labels, batch_size, seed)
+def sample_images(model, tokenizer, grid: tuple[int, int], sample_cfg, prefixes: Tensor, seed: int,
+                  batch_size: int = 64, objective=None) -> np.ndarray:
+    """uint8 images (len(prefixes), h, w, 3) of ``prefixes`` (the model's kind) sampled with the
+    ``sample`` section ``sample_cfg``, seeded per batch from ``seed``."""
+    sampler = make_sampler(model, tokenizer, grid, sample_cfg, objective=objective)
+    return sample_batches(sampler, prefixes, batch_size, seed, unwrap_model(model).conditioning)
 
 
-def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike) -> Path:
-    """uint8 images (B, h, w, 3) -> PNG grid with ``ncol`` columns on a white background.
+def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels: list[str] | None = None) -> Path:
+    """uint8 images (B, h, w, 3) -> PNG grid with ``ncol`` columns on a white background; the
+    ``row_labels`` (one per row) go into the PNG's text chunk ``rows`` (JSON), not the pixels.
     Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
     digits become visible). Size: (p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD."""
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
     B, h, w, _ = images.shape
     s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
     x = images.repeat(s, axis=1).repeat(s, axis=2)
@@ -218,19 +230,24 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike) -> Path:
         canvas[y0: y0 + h * s, x0: x0 + w * s] = x[i]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(canvas).save(path)
+    info = PngImagePlugin.PngInfo()
+    if row_labels is not None:
+        info.add_text("rows", json.dumps(row_labels))
+    Image.fromarray(canvas).save(path, pnginfo=info)
     return path
 
 
 def write_grid(model, tokenizer, grid: tuple[int, int], sample_cfg, classes: list[int], path: str | os.PathLike,
-               batch_size: int = 64) -> Path:
-    """PNG grid, one row per class of ``classes`` (see ``grid_classes``), ``sample_cfg.per_class``
-    columns, sampled with the ``sample`` section's settings and seed: the grid ``sample.py`` makes
-    from the same model. Leaves the global RNG alone; the model keeps its train/eval mode."""
-    labels = balanced_labels(sample_cfg.per_class * len(classes), list(classes))
-    images = sample_images(model, tokenizer, grid, sampling_settings(sample_cfg), labels, sample_cfg.seed,
-                           batch_size)
-    return save_grid(images, sample_cfg.per_class, path)
+               batch_size: int = 64, objective=None) -> Path:
+    """PNG grid, one row per choice of the model's conditioning kind in ``classes`` (class labels:
+    the classes; see ``grid_classes``), rows named by the kind, ``sample_cfg.per_class`` columns,
+    sampled with the ``sample`` section's settings, decoding mode and seed: the grid ``sample.py``
+    makes from the same model. Leaves the global RNG alone; the model keeps its train/eval mode."""
+    gpt = unwrap_model(model)
+    kind, model_cfg = gpt.conditioning, gpt.cfg
+    prefixes = balanced_prefixes(kind, model_cfg, sample_cfg.per_class * len(classes), list(classes))
+    images = sample_images(model, tokenizer, grid, sample_cfg, prefixes, sample_cfg.seed, batch_size, objective)
+    return save_grid(images, sample_cfg.per_class, path, [kind.row_label(model_cfg, c) for c in classes])
 
 
 # ----------------------------------------------------------------------------- a checkpoint to sample
@@ -245,6 +262,16 @@ class Loaded:
     tokenizer: object
     grid: tuple[int, int]
     ema: bool
+
+    @property
+    def kind(self) -> Conditioning:
+        """What the model is conditioned on (its prefixes, their choices, names and npz storage)."""
+        return self.model.conditioning
+
+    @property
+    def num_choices(self) -> int:
+        """How many prefixes a grid or sample file picks from (class labels: the class count)."""
+        return len(self.kind.choices(self.cfg.model))
 
 
 def pick_grid(text: str | None, known: tuple[int, int] | None) -> tuple[int, int]:
@@ -261,15 +288,17 @@ def pick_grid(text: str | None, known: tuple[int, int] | None) -> tuple[int, int
 
 
 def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str | None = None) -> Loaded:
-    """Load a class-conditional checkpoint for sampling: one metadata read, one weights read.
-    The model's grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
+    """Load a checkpoint for sampling: one metadata read, one weights read. Its conditioning kind must
+    have a set of prefixes to pick from (``choices``: class labels do, prompts do not). The model's
+    grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
     from . import checkpoint
     from .data import build_tokenizer
     model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)   # one read
     step = meta["step"]
-    if not cfg.model.kind().per_class:
-        raise SampleFileError(f"{path}: sample.py makes images from class-conditional models, this one has "
-                              f"model.conditioning={cfg.model.conditioning!r}")
+    try:
+        model.conditioning.choices(cfg.model)
+    except ValueError as e:
+        raise SampleFileError(f"{path}: {e}") from None
     try:
         tokenizer = tokenizer_to(build_tokenizer(cfg.data), torch.device(device))
     except (ValueError, OSError) as e:
@@ -294,10 +323,11 @@ def _write_npz_atomic(path: Path, **arrays) -> None:
     write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
-def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(images uint8 (N, H, W, 3), labels int64 (N,), meta dict) of a sample file."""
+def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """(images uint8 (N, H, W, 3), labels int64 (N,) or None for prefixes that are not class labels,
+    meta dict) of a sample file."""
     with np.load(path, allow_pickle=False) as f:
-        return f["images"], f["labels"], json.loads(str(f["meta"]))
+        return f["images"], f["labels"] if "labels" in f.files else None, json.loads(str(f["meta"]))
 
 
 def read_npz_meta(path: str | os.PathLike) -> dict:
@@ -321,18 +351,21 @@ def _meta_mismatch(found: dict, meta: dict) -> list[str]:
     keys = sorted(set(found) | set(meta))
     return [k for k in keys if _canon({"v": found.get(k)}) != _canon({"v": meta.get(k)})]
 class NpzJob:
-    """N class-balanced samples written as shards of ``batch_size`` (see module docstring)."""
+    """N balanced samples of ``prefixes`` (the model's conditioning ``kind``; default class labels)
+    written as shards of ``batch_size`` (see module docstring)."""
 
-    def __init__(self, out: str | os.PathLike, labels: Tensor, batch_size: int, seed: int, meta: dict):
+    def __init__(self, out: str | os.PathLike, prefixes: Tensor, batch_size: int, seed: int, meta: dict,
+                 kind: Conditioning | None = None):
         if batch_size < 1:
             raise SampleFileError(f"--batch-size {batch_size}: expected >= 1")
-        self.out, self.labels, self.batch_size, self.seed = Path(out), labels, batch_size, seed
+        self.out, self.prefixes, self.batch_size, self.seed = Path(out), prefixes, batch_size, seed
+        self.kind = kind or conditioning("class")
         self.meta = json.loads(_canon(meta))   # plain JSON types, as read back from a file
         self.dir = shard_dir(self.out)
 
     @property
     def num_shards(self) -> int:
-        return -(-len(self.labels) // self.batch_size)
+        return -(-len(self.prefixes) // self.batch_size)
 
     def shard_path(self, k: int) -> Path:
         return self.dir / f"shard_{k:06d}.npz"
@@ -367,9 +400,9 @@ class NpzJob:
         return [k for k in range(self.num_shards) if not self._shard_done(k)]
 
     def make_shard(self, sampler: Sampler, k: int) -> None:
-        labels = self.labels[k * self.batch_size: (k + 1) * self.batch_size]
-        images = sampler(labels, shard_seed(self.seed, k))
-        _write_npz_atomic(self.shard_path(k), images=images, labels=labels.numpy(),
+        prefixes = self.kind.batch(self.prefixes, k * self.batch_size, (k + 1) * self.batch_size)
+        images = sampler(prefixes, shard_seed(self.seed, k))
+        _write_npz_atomic(self.shard_path(k), images=images, **self.kind.npz_arrays(prefixes),
                           meta=np.array(_canon(self.meta)), stats=np.array(json.dumps(getattr(sampler, "last", {}))))
 
     def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
@@ -392,20 +425,23 @@ class NpzJob:
         if missing:
             raise SampleFileError(f"{self.dir}: {len(missing)} of {self.num_shards} shards are missing "
                                   f"(first: {missing[0]}); rerun to finish them")
-        images, labels, at, stats = None, np.empty(len(self.labels), np.int64), 0, []
+        n, images, prefixes, at, stats = len(self.prefixes), None, {}, 0, []
         for k in range(self.num_shards):        # fill one array: 50K 256px images are ~10 GB
             with np.load(self.shard_path(k), allow_pickle=False) as f:
                 part = f["images"]
                 stats.append(json.loads(str(f["stats"])) if "stats" in f.files else {})
                 if images is None:
-                    images = np.empty((len(self.labels), *part.shape[1:]), np.uint8)
+                    images = np.empty((n, *part.shape[1:]), np.uint8)
                 images[at: at + len(part)] = part
-                labels[at: at + len(part)] = f["labels"]
+                for key in f.files:
+                    if key not in ("images", "meta", "stats"):     # the prefixes, as the kind stores them
+                        prefixes.setdefault(key, []).append(f[key])
                 at += len(part)
-        if at != len(self.labels):
-            raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {len(self.labels)}")
+        if at != n:
+            raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {n}")
         grid = self.meta.get("grid") or [1, 1]
         meta = {**self.meta, "decode_stats": decode_summary(stats, int(np.prod(grid)))}
-        _write_npz_atomic(self.out, images=images, labels=labels, meta=np.array(_canon(meta)))
+        _write_npz_atomic(self.out, images=images, **{k: np.concatenate(v) for k, v in prefixes.items()},
+                          meta=np.array(_canon(meta)))
         shutil.rmtree(self.dir)
         return self.out

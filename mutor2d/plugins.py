@@ -5,17 +5,20 @@
 Each named module is imported once (it must be importable: installed, or on PYTHONPATH); importing
 it runs its registrations (``@register_variant``, ``@register_backend``, ``@register_tokenizer``, ...),
 so the configs, checkpoints and records that name its parts work in train.py, sample.py,
-tokenizers/extract_codes.py and the eval scripts alike.
+tokenizers/extract_codes.py and the eval scripts alike. Building any config imports them too
+(mutor2d.config.import_parts), so Python users need no call of their own.
 """
 from __future__ import annotations
 
 import importlib
 import os
 
+from .checks import ConfigError
+
 ENV_VAR = "MUTOR2D_PLUGINS"
 
 
-class PluginError(ValueError):
+class PluginError(ConfigError):
     """A module named in MUTOR2D_PLUGINS cannot be imported; the message is one line."""
 
 

@@ -24,6 +24,14 @@ def targets() -> list[tuple[str, str | None, str]]:
     return out
 
 
+def nest(section: str, body) -> dict:
+    """A config dict holding ``body`` as ``section``; a dotted name is a nested section (sample.decode)."""
+    top, *inner = section.split(".")
+    for key in reversed(inner):
+        body = {key: body}
+    return {top: body}
+
+
 WEIRD = st.sampled_from([0, -1, 1, 2, 3, 7, 2 ** 32, 2 ** 63, 10 ** 30, -10 ** 30, 0.5, -0.5, 1.5, 1e300,
                          "nan", "inf", "-inf", "1e-3", "", "x", "dense", "2d", [], [1, 2], {}, None, True])
 VALUES = st.one_of(
@@ -46,7 +54,7 @@ def test_any_value_loads_or_names_the_field(target, value):
         body["name"] = variant
     body[name] = value
     try:
-        cfg = C.from_dict({section: body})
+        cfg = C.from_dict(nest(section, body))
     except C.ConfigError as e:
         msg = str(e)
         assert "\n" not in msg
@@ -73,4 +81,4 @@ def test_sampling_values_pass_or_name_the_field(field, value):
 @pytest.mark.parametrize("section", list(C.PLAIN) + list(C.VARIANTS))
 def test_non_mapping_sections_are_named(section):
     with pytest.raises(C.ConfigError, match=f"^{section}: expected a mapping"):
-        C.from_dict({section: [1, 2]})
+        C.from_dict(nest(section, [1, 2]))

@@ -309,8 +309,8 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
     test = build_dataset(cfg.data, "test")
     tokenizer = build_tokenizer(cfg.data)
 
-    def real_digits(model, labels, grid, **kw):
-        assert grid == (8, 8) and kw["generator"] is not None
+    def real_digits(model, labels, grid, rules, mode, objective, generator, stats):
+        assert grid == (8, 8) and generator is not None
         picks = [torch.nonzero(test.labels == c).flatten() for c in range(10)]
         seen = [0] * 10
         rows = []
@@ -320,7 +320,7 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
         return test.codes[torch.stack(rows)].reshape(len(labels), -1)
 
     with monkeypatch.context() as m:
-        m.setattr(generation, "generate", real_digits)
+        m.setattr(generation, "run_decoder", real_digits)
         good = O.online_digits_eval(GPT(cfg.model), cfg.data, 10, cfg.sample, tokenizer, 0, cache_dir=cache)
     assert set(good) == {"fid", "is", "precision", "recall", "accuracy"}
     assert good["accuracy"] > 0.9 and good["is"] > 5

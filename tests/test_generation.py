@@ -1,6 +1,7 @@
 """mutor2d.generation, the one path from a model to images: labels and seeds, grids, sample-file
 metadata, a checkpoint opened for sampling; sample.py's one-line errors for a wrong grid, seed or
 device."""
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def sample_main():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main
+
+
+def cli_error(main, argv, capsys) -> str:
+    """The one stderr line of a command that fails with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
+    return err[0]
 
 
 def test_labels_classes_and_seeds():
@@ -89,14 +100,15 @@ def test_training_grid_equals_sample_py_grid(run, tmp_path):
 
 def test_npz_meta_is_built_in_one_place(run, tmp_path):
     src = generation.open_checkpoint(checkpoint.resolve(run))
-    settings = generation.sampling_settings(src.cfg.sample, cfg_scale=2.0)
+    sample_cfg = dataclasses.replace(src.cfg.sample, cfg_scale=2.0)
+    settings = generation.sampling_settings(sample_cfg)
     meta = generation.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
                                   seed=1, classes=[0, 1], num=4, batch_size=3, ema=src.ema, grid=src.grid)
     assert {k: meta[k] for k in ("step", "cfg_scale", "top_p", "per_class", "num", "classes", "grid", "ema")} == \
         {"step": 7, "cfg_scale": 2.0, "top_p": 1.0, "per_class": 2, "num": 4, "classes": [0, 1], "grid": [8, 8],
          "ema": False}
     job = generation.NpzJob(tmp_path / "s.npz", generation.balanced_labels(4, [0, 1]), 3, 1, meta)
-    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, **settings)
+    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg)
     images, labels, found = generation.read_npz(job.complete(sampler))
     assert images.shape == (4, 8, 8, 3) and labels.tolist() == [0, 0, 1, 1] and found["cfg_scale"] == 2.0
     assert np.array_equal(images, generation.sample_batches(sampler, torch.tensor([0, 0, 1, 1]), 3, 1))
@@ -108,26 +120,24 @@ def test_npz_meta_is_built_in_one_place(run, tmp_path):
     (["--per-class", "0"], "error: --per-class 0: expected >= 1"),
     (["--batch-size", "0"], "error: --batch-size 0: expected >= 1"),
 ])
-def test_sample_py_bad_flags_are_one_line_errors(run, tmp_path, args, msg):
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args])
-    assert str(e.value.code) == msg
+def test_sample_py_bad_flags_are_one_line_errors(run, tmp_path, args, msg, capsys):
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cpu", *args],
+                     capsys) == msg
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path):
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cuda"])
-    assert str(e.value.code) == "error: --device cuda: CUDA is not available on this machine"
+def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path, capsys):
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--out", str(tmp_path / "x.png"), "--device", "cuda"],
+                     capsys) == "error: --device cuda: CUDA is not available on this machine"
 
 
 @pytest.fixture(scope="module")
 def mutor_run(tmp_path_factory):
-    """A checkpoint of a tiny random MuToR-2D digits model (it has a register embedding)."""
+    """A checkpoint of a tiny random MuToR-2D (D = 4) digits model (it has a register embedding)."""
     from mutor2d.model import GPT
     folder = tmp_path_factory.mktemp("mutor")
     cfg = config.load(None, ["data.name=digits", "model.preset=tiny", f"model.vocab_size={V}",
-                             f"model.num_classes={C}", "objective.name=mutor-2d", "objective.d_max=3"])
+                             f"model.num_classes={C}", "objective.name=mutor-2d", "objective.d_max=4"])
     torch.manual_seed(1)
     model = GPT(cfg.model, register_token=True)
     with torch.no_grad():
@@ -138,7 +148,7 @@ def mutor_run(tmp_path_factory):
     return folder
 
 
-def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(run, mutor_run, tmp_path):
+def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(run, mutor_run, tmp_path, capsys):
     from mutor2d.evaluation.records import markdown_table
     common = ["--ckpt", str(mutor_run), "--num", "10", "--batch-size", "5", "--device", "cpu",
               "--temperature", "0"]
@@ -161,13 +171,43 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
            "sampling": out["registers"][2]}
     table = markdown_table([rec], paper=False)
     assert "decoding" in table.splitlines()[0] and "registers anchors=every draft=2 fill=True:" in table
-    with pytest.raises(SystemExit) as e:
-        sample_main()([*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"])
-    assert str(e.value.code) == "error: --draft 0: expected >= 1"
-    with pytest.raises(SystemExit) as e:                                  # a next-token checkpoint
-        sample_main()(["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"), "--device", "cpu",
-                       "--decode", "registers"])
-    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code)
+    assert cli_error(sample_main(), [*common, "--npz", str(tmp_path / "x.npz"), "--decode", "registers", "--draft", "0"],
+                     capsys) == "error: --draft 0: expected >= 1"
+    assert cli_error(sample_main(), ["--ckpt", str(run), "--num", "10", "--npz", str(tmp_path / "y.npz"),  # next-token
+                                     "--device", "cpu", "--decode", "registers"], capsys) == \
+        "error: --decode registers: this checkpoint has no registers to draft with (objective ntp); use jacobi or plain"
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--decode", "registers", "--draft", "5"],
+     "error: --draft 5: this checkpoint's registers draft at most 2 tokens (objective mutor-2d, d_max=4)"),
+    (["--decode", "jacobi", "--window", "64"],
+     "error: --window 64: a 8x8 grid has 64 tokens, so a window guesses at most 63 (the first comes from the prefix)"),
+    (["--decode", "jacobi", "--draft", "1"], "error: --draft: not an option of --decode jacobi (its options: --window)"),
+    (["--window", "2"], "error: --window: not an option of --decode plain (its options: none)"),
+])
+def test_sample_py_decode_flags_are_checked_against_the_checkpoint(mutor_run, tmp_path, args, msg, capsys):
+    """--draft is bounded by the register offsets the checkpoint's objective trained (D - 2 = 2 for
+    D = 4), --window by the grid's token count; a flag of another mode is refused, all in one line."""
+    assert cli_error(sample_main(), ["--ckpt", str(mutor_run), "--out", str(tmp_path / "x.png"), "--device", "cpu",
+                                     *args], capsys) == msg
+
+
+def test_decode_defaults_come_from_the_checkpoint(mutor_run, tmp_path):
+    """--decode registers without --draft drafts the checkpoint's useful length (2 for D = 4); the stored
+    sample.decode section is the default mode, and --decode to another mode drops its fields."""
+    ckpt = checkpoint.load(checkpoint.checkpoint_path(mutor_run, 3))
+    ckpt["config"]["sample"]["decode"] = {"name": "registers", "anchors": "last"}
+    checkpoint.save_atomic(ckpt, tmp_path / "reg.pt")
+    common = ["--num", "10", "--batch-size", "10", "--device", "cpu", "--temperature", "0"]
+    sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "a.npz")])
+    sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "b.npz"), "--decode", "jacobi"])
+    sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "c.npz"), "--decode", "plain"])
+    a, b, c = (generation.read_npz(tmp_path / f"{n}.npz") for n in "abc")
+    assert (a[2]["decode"], a[2]["decode_options"]) == ("registers", {"draft": 2, "anchors": "last", "fill": True})
+    assert (b[2]["decode"], b[2]["decode_options"]) == ("jacobi", {"window": 4})
+    assert (c[2]["decode"], c[2]["decode_options"]) == ("plain", {})
+    assert np.array_equal(a[0], c[0]) and np.array_equal(b[0], c[0])         # greedy: plain's tokens
 
 
 # ----------------------------------------------------------------------------- training hooks, npz reruns, codes
@@ -175,8 +215,8 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
 def fake_run(cfg, model, grid, device, run_dir):
     """What SampleGrids / OnlineEval read of a training Run, on one process."""
     from types import SimpleNamespace
-    return SimpleNamespace(cfg=cfg, sample_model=model, grid=grid, device=torch.device(device), run_dir=run_dir,
-                           main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None, log=lambda *a, **k: None))
+    return SimpleNamespace(cfg=cfg, sample_model=model, sampling_model=lambda: model, grid=grid,
+                           device=torch.device(device), run_dir=run_dir, main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None, log=lambda *a, **k: None))
 
 
 def tiny_vq_tokenizer():
@@ -196,7 +236,7 @@ def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
     from mutor2d.evaluation import online
     seen = {}
 
-    def grid(model, tokenizer, *args):
+    def grid(model, tokenizer, *args, **kwargs):
         seen["grid"] = generation.tokenizer_device(tokenizer)
 
     def evaluate(model, data_cfg, per_class, sample_cfg, tokenizer, *args, **kwargs):
@@ -235,7 +275,7 @@ def test_is_complete_reads_only_the_meta(run, tmp_path, monkeypatch):
                                       seed=seed, classes=[0, 1], num=4, batch_size=2, ema=src.ema, grid=src.grid)
         return generation.NpzJob(tmp_path / "s.npz", labels, 2, seed, meta)
 
-    job(1).complete(generation.make_sampler(src.model, src.tokenizer, src.grid, **settings))
+    job(1).complete(generation.make_sampler(src.model, src.tokenizer, src.grid, src.cfg.sample))
     read, get = [], np.lib.npyio.NpzFile.__getitem__
     monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda f, key: read.append(key) or get(f, key))
     assert job(1).is_complete() and not job(2).is_complete()

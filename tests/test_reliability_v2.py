@@ -38,10 +38,14 @@ def script(name: str):
 
 
 def exit_line(main, argv) -> tuple[object, str]:
-    """(exit code, its one-line message) of a script's ``main(argv)``."""
-    with pytest.raises(SystemExit) as e:
+    """(exit code, its one-line message on stderr) of a script's ``main(argv)``."""
+    import contextlib
+    import io as text_io
+    err = text_io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
         main(argv)
-    return e.value.code, str(e.value.code)
+    lines = err.getvalue().strip().splitlines()
+    return e.value.code, lines[-1] if lines else str(e.value.code)
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +265,7 @@ def test_disk_full_while_saving_exits_74_naming_the_folder_and_keeps_earlier_che
     monkeypatch.setattr(io.os, "fdopen", fdopen)
     run = tmp_path / "r"
     cfg = write_yaml(tmp_path / "t.yaml", "train.max_steps=4", "train.ckpt_every=1", *QUIET)
-    code, _ = exit_line(script("train"), ["--config", str(cfg), "--out", str(run)])
-    line = capsys.readouterr().err.strip().splitlines()[-1]
+    code, line = exit_line(script("train"), ["--config", str(cfg), "--out", str(run)])
     assert code == ckpt_lib.WRITE_FAILED_EXIT == 74
     assert line == (f"error: could not write checkpoint step_00000003.pt into {str(run / 'checkpoints')!r} (no space "
                     f"left on the device); the earlier checkpoints are kept: free space, then continue with "
@@ -284,10 +287,10 @@ def no_sampling(monkeypatch):
 
 
 @pytest.mark.parametrize("flags,msg", [
-    (["--decode", "registers", "--draft", "100000"], "error: --draft 100000: expected at most 64, the token count "
-                                                     "of the 8x8 grid"),
-    (["--decode", "jacobi", "--window", "100000"], "error: --window 100000: expected at most 64, the token count "
-                                                   "of the 8x8 grid"),
+    (["--decode", "registers", "--draft", "100000"], "error: --draft 100000: this checkpoint's registers draft "
+                                                     "at most 1 token (objective mutor-2d, d_max=3)"),
+    (["--decode", "jacobi", "--window", "100000"], "error: --window 100000: a 8x8 grid has 64 tokens, so a window "
+                                                   "guesses at most 63 (the first comes from the prefix)"),
 ])
 def test_sample_py_oversized_draft_or_window_is_one_line_before_sampling(tmp_path, trained, no_sampling, flags, msg):
     code, line = exit_line(script("sample"), ["--ckpt", str(trained), "--device", "cpu", *flags])

@@ -3,6 +3,7 @@ registers play no part; class-balanced, sharded, resumable npz files; sample.py 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from mutor2d.model import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.generation import (NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes,
                                   read_npz, sample_batches, save_grid, shard_dir, spread_classes)
-from mutor2d.sampling import Rules, filter_logits, generate, guide, sample_logits
+from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, sample_logits
 from mutor2d.sampling import plain as plain_decoding
 from mutor2d.sampling.plain import decode_plain
 
@@ -98,7 +99,7 @@ def test_cached_decoding_equals_recomputation(case, monkeypatch):
 def test_cfg_scale_one_equals_conditional_sampling():
     m, labels = tiny(), torch.tensor([2, 4, 6, 8, 0])
     plain = generate(m, labels, (4, 4), generator=gen(1))
-    batched = decode_plain(m, labels, (4, 4), Rules(guided=True), gen(1))   # [cond; uncond], u + 1·(c − u)
+    batched = decode_plain(m, labels, (4, 4), SamplingRules(guided=True), gen(1))   # [cond; uncond], u + 1·(c − u)
     m.clear_cache()
     assert torch.equal(plain, batched)
 
@@ -180,7 +181,7 @@ def test_bad_settings_raise_one_line_errors(kw, prefix, msg):
 
 
 def test_cfg_on_a_prompt_model_is_refused():
-    with pytest.raises(ValueError, match="classifier-free guidance needs class labels"):
+    with pytest.raises(ValueError, match="classifier-free guidance needs a null prefix"):
         generate(tiny(prefix="prompt", rope="1d"), torch.tensor([[1, 2]]), (1, 4), cfg_scale=2.0)
 
 
@@ -201,7 +202,7 @@ def test_class_balance_and_class_lists():
 
 
 def test_outputs_decode_to_images_of_the_right_size(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (8, 8), cfg_scale=1.5)
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (8, 8), config.make("sample", cfg_scale=1.5))
     images = sample_batches(sampler, balanced_labels(6, [0, 4, 9]), batch_size=4, seed=0)
     assert images.shape == (6, 8, 8, 3) and images.dtype == np.uint8
     assert (images[..., 0] == images[..., 2]).all()            # grey: three equal channels
@@ -222,7 +223,7 @@ def counting(sampler, calls):
 
 
 def test_sharded_and_resumed_npz_equal_the_one_shot_npz(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (4, 4), cfg_scale=2.0, top_k=8)
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (4, 4), config.make("sample", cfg_scale=2.0, top_k=8))
     labels = balanced_labels(20, list(range(10)))
     meta = {"cfg_scale": 2.0, "seed": 3, "num": 20}
 
@@ -257,7 +258,7 @@ def test_sharded_and_resumed_npz_equal_the_one_shot_npz(tmp_path):
 
 
 def test_shards_of_other_settings_are_refused(tmp_path):
-    sampler = make_sampler(tiny(), PixelTokenizer(V), (2, 2))
+    sampler = make_sampler(tiny(), PixelTokenizer(V), (2, 2), config.make("sample"))
     labels = balanced_labels(10, list(range(10)))
     job = NpzJob(tmp_path / "s.npz", labels, 5, 0, {"cfg_scale": 1.0})
     job.run(sampler, [0])
@@ -298,6 +299,16 @@ def sample_main():
     return lambda argv: module.main([*argv, "--device", "cpu"])
 
 
+def cli_error(main, argv, capsys) -> str:
+    """The one stderr line of a command that fails with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
+    return err[0]
+
+
 def test_sample_py_grid_png_on_cpu(digits_run):
     r = sample_py("--ckpt", digits_run, "--classes", "1,7,9", "--per-class", "3", "--cfg", "2", "--seed", "1")
     assert r.returncode == 0, r.stderr
@@ -326,24 +337,21 @@ def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):
     (["--num", "15", "--npz", "x.npz"], "multiple of the number of classes"),
     (["--num", "20"], "--num goes with --npz"),
     (["--grid", "8by8"], "--grid '8by8': expected HxW"),
-    (["--cfg", "-2"], "cfg_scale: expected a finite number >= 0"),
+    (["--cfg", "-2"], "--cfg-scale: expected a finite number >= 0"),
 ])
-def test_sample_py_bad_input_is_a_one_line_error(digits_run, tmp_path, args, msg):
+def test_sample_py_bad_input_is_a_one_line_error(digits_run, tmp_path, args, msg, capsys):
     args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]
-    with pytest.raises(SystemExit) as e:
-        sample_main()(["--ckpt", str(digits_run), *args])
-    text = str(e.value.code)
+    text = cli_error(sample_main(), ["--ckpt", str(digits_run), *args], capsys)
     assert text.startswith("error: ") and "\n" not in text and msg in text
 
 
-def test_sample_py_missing_checkpoint_or_tokenizer(tmp_path, digits_run):
-    with pytest.raises(SystemExit, match=r"^error: checkpoint .*nope.pt' does not exist$"):
-        sample_main()(["--ckpt", str(tmp_path / "nope.pt")])
+def test_sample_py_missing_checkpoint_or_tokenizer(tmp_path, digits_run, capsys):
+    assert re.match(r"^error: checkpoint .*nope.pt' does not exist$",
+                    cli_error(sample_main(), ["--ckpt", str(tmp_path / "nope.pt")], capsys))
     ckpt = checkpoint.load(checkpoint.checkpoint_path(digits_run, 3))
     ckpt["config"]["data"]["tokenizer"] = str(tmp_path / "missing_vq.pt")
     checkpoint.save_atomic(ckpt, tmp_path / "vq.pt")
-    with pytest.raises(SystemExit, match=r"^error: tokenizer of .*vq.pt: "):
-        sample_main()(["--ckpt", str(tmp_path / "vq.pt")])
+    assert re.match(r"^error: tokenizer of .*vq.pt: ", cli_error(sample_main(), ["--ckpt", str(tmp_path / "vq.pt")], capsys))
 
 
 def test_sample_py_uses_recorded_grid_and_ema_choice(digits_run, tmp_path):
@@ -359,3 +367,38 @@ def test_sample_py_uses_recorded_grid_and_ema_choice(digits_run, tmp_path):
         images, _, meta = out[flag]
         assert images.shape == (10, 4, 4, 3) and meta["grid"] == [4, 4] and meta["ema"] is used
     assert not np.array_equal(out["--ema"][0], out["--no-ema"][0])
+
+
+# ----------------------------------------------------------------------------- the sample.decode section
+
+def test_decode_is_a_tagged_section_nested_in_sample():
+    """Built from --set items, written back by to_dict, switched with its fields dropped, checked."""
+    cfg = config.load(None, ["sample.decode.name=registers", "sample.decode.draft=2", "sample.decode.fill=no"])
+    assert config.section_dict(cfg.sample.decode) == {"name": "registers", "draft": 2, "anchors": "every",
+                                                      "fill": False}
+    assert config.from_dict(cfg.to_dict()).sample.decode == cfg.sample.decode
+    switched = config.from_dict(config.apply_overrides(cfg.to_dict(), ["sample.decode.name=jacobi"]))
+    assert config.section_dict(switched.sample.decode) == {"name": "jacobi", "window": 4}
+    assert config.load(None).sample.decode.name == "plain"                  # and old configs have none
+    assert config.make("sample.decode", name="jacobi", window=2).window == 2
+    for items, msg in ((["sample.decode.window=2"], r"unknown config key 'sample.decode.window' for "
+                                                     r"sample.decode.name=plain \(known: name\)"),
+                       (["sample.decode.name=jacobi", "sample.decode.window=0"], r"^sample.decode.window: expected "
+                                                                                 r"an integer >= 1, got 0$"),
+                       (["sample.decode=registers"], r"^sample.decode: expected a mapping, got 'registers'$"),
+                       (["sample.decode.name=fast"], r"^sample.decode.name: expected one of \[.*\], got 'fast'$")):
+        with pytest.raises(config.ConfigError, match=msg):
+            config.load(None, items)
+
+
+def test_decode_mode_must_fit_the_run():
+    """A run config with register decoding (its training grids use it) needs registers and a draft
+    length its objective trained; checked with the data's grid before training starts."""
+    cfg = config.load(None, ["objective.name=mutor-2d", "objective.d_max=4", "sample.decode.name=registers"])
+    cfg.check_data((8, 8), 1, 10)
+    with pytest.raises(config.ConfigError, match=r"^sample.decode.draft=3: this checkpoint's registers draft "
+                                                 r"at most 2 tokens \(objective mutor-2d, d_max=4\)$"):
+        config.load(None, ["objective.name=mutor-2d", "objective.d_max=4", "sample.decode.name=registers",
+                           "sample.decode.draft=3"]).check_data((8, 8), 1, 10)
+    with pytest.raises(config.ConfigError, match=r"^sample.decode.name=registers: this checkpoint has no registers"):
+        config.load(None, ["sample.decode.name=registers"]).check_data((8, 8), 1, 10)

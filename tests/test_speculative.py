@@ -1,18 +1,31 @@
 """Speculative decoding (register drafts, Jacobi): whole sequences follow plain sampling's exact
 distribution (chi-square against the enumerated distribution of a tiny model), a wrong acceptance
 rule is caught, greedy decoding reproduces plain greedy's tokens, the KV cache holds what a plain
-run leaves, bad settings are one-line errors."""
+run leaves, bad settings are one-line errors; register drafts take their offsets, edge rule and
+length from the checkpoint's objective."""
 import itertools
 
 import pytest
 import torch
 
+from mutor2d.config import ConfigError, make
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
-from mutor2d.registers import regular_position_ids
-from mutor2d.sampling import Rules, generate, speculative
+from mutor2d.registers import RegisterSpec, regular_position_ids
+from mutor2d.sampling import SamplingRules as Rules, generate, speculative
 from mutor2d.sampling.plain import decode_plain
-from mutor2d.sampling.speculative import Drafts, decode_jacobi, decode_registers
+from mutor2d.sampling.speculative import Drafts, decode_jacobi, decode_registers, useful_draft
+
+SPEC_2D = RegisterSpec("mutor-2d", d_max=4)                          # draft offsets (0, 2), (0, 3)
+
+
+def spec_1d(K: int) -> RegisterSpec:
+    """MuToR-1D registers d = 1..K+1 ahead: K draft offsets, and anchors at the last prefix token."""
+    return RegisterSpec("mutor-1d", d_min=1, d_max=K + 1)
+
+
+OBJ_2D = make("objective", name="mutor-2d", d_max=5)                 # useful draft length 3
+OBJ_1D = make("objective", name="mutor-1d", d_min=1, d_max=4)        # useful draft length 3
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -69,15 +82,20 @@ def chi_square_p(samples: torch.Tensor, exact: dict) -> float:
 
 
 EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts need rows of 3+)
-    ("registers-cfg", decode_registers, dict(draft=2), (2, 3), 3, Rules(cfg_scale=2.0, guided=True)),
-    ("registers-1d-topk-temp", decode_registers, dict(draft=3), (1, 4), 4, Rules(temperature=1.6, top_k=2)),
-    ("registers-1d-topp", decode_registers, dict(draft=2), (1, 4), 3, Rules(temperature=0.8, top_p=0.8)),
+    ("registers-cfg", decode_registers, dict(draft=2, spec=SPEC_2D), (2, 3), 3, Rules(cfg_scale=2.0, guided=True)),
+    ("registers-1d-topk-temp", decode_registers, dict(draft=3, spec=spec_1d(3)), (1, 4), 4,
+     Rules(temperature=1.6, top_k=2)),
+    ("registers-1d-topp", decode_registers, dict(draft=2, spec=spec_1d(2)), (1, 4), 3,
+     Rules(temperature=0.8, top_p=0.8)),
     ("jacobi-cfg-topk-temp", decode_jacobi, dict(window=2), (2, 2), 4,
      Rules(cfg_scale=1.5, temperature=0.7, top_k=3, guided=True)),
-    ("registers-prompt-temp", decode_registers, dict(draft=2), (1, 4), 3, Rules(temperature=1.3)),
-    ("registers-last-cfg", decode_registers, dict(draft=2, anchors="last"), (2, 3), 3,
+    ("registers-prompt-temp", decode_registers, dict(draft=2, spec=spec_1d(2)), (1, 4), 3, Rules(temperature=1.3)),
+    ("registers-last-cfg", decode_registers, dict(draft=2, anchors="last", spec=SPEC_2D), (2, 3), 3,
      Rules(cfg_scale=2.0, guided=True)),
-    ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False), (2, 3), 3, Rules(temperature=1.2)),
+    ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False, spec=SPEC_2D), (2, 3), 3,
+     Rules(temperature=1.2)),
+    ("registers-raster-edge-temp", decode_registers, dict(draft=2, spec=RegisterSpec("mutor-2d", d_max=4, edge="raster")),
+     (2, 3), 3, Rules(temperature=1.1)),
 ]
 S = 6000
 
@@ -113,10 +131,10 @@ def test_a_wrong_acceptance_rule_fails_the_exactness_test(monkeypatch):
         assert chi_square_p(out, exact) < 1e-6, case[0]
 
 
-GREEDY_CASES = [  # id, model kwargs, prefix, grid, cfg_scale
-    ("class-2d", dict(), torch.tensor([0, 3, 7, 9, 1]), (4, 5), 1.0),
-    ("class-2d-cfg", dict(), torch.tensor([2, 5, 8]), (4, 4), 2.0),
-    ("prompt-1d", dict(prefix="prompt", rope="1d"), torch.tensor([[1, 2, 3], [4, 5, 6]]), (1, 12), 1.0),
+GREEDY_CASES = [  # id, model kwargs, prefix, grid, cfg_scale, objective
+    ("class-2d", dict(), torch.tensor([0, 3, 7, 9, 1]), (4, 5), 1.0, OBJ_2D),
+    ("class-2d-cfg", dict(), torch.tensor([2, 5, 8]), (4, 4), 2.0, OBJ_2D),
+    ("prompt-1d", dict(prefix="prompt", rope="1d"), torch.tensor([[1, 2, 3], [4, 5, 6]]), (1, 12), 1.0, OBJ_1D),
 ]
 
 
@@ -125,16 +143,18 @@ GREEDY_CASES = [  # id, model kwargs, prefix, grid, cfg_scale
                                           ("registers", dict(draft=2, fill=False))])
 @pytest.mark.parametrize("case", GREEDY_CASES, ids=[c[0] for c in GREEDY_CASES])
 def test_greedy_equals_plain_greedy(case, mode, option):
-    _, kw, prefix, grid, cfg_scale = case
+    _, kw, prefix, grid, cfg_scale, objective = case
     m = tiny(V=17, C=10, std=0.3, **kw)
     plain = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale)
     stats = {}
-    fast = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale, decode=mode, stats=stats, **option)
+    fast = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale, decode=mode, stats=stats,
+                    objective=objective, **option)
     assert torch.equal(fast, plain)
     assert stats["forwards"] >= 2 and stats["tokens_per_forward"] >= 1.0
 
 
-@pytest.mark.parametrize("decoder, option", [(decode_registers, dict(draft=3)), (decode_jacobi, dict(window=2))])
+@pytest.mark.parametrize("decoder, option", [(decode_registers, dict(draft=2, spec=SPEC_2D)),
+                                             (decode_jacobi, dict(window=2))])
 @torch.no_grad()
 def test_kv_cache_after_speculative_equals_plain(decoder, option):
     m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
@@ -152,24 +172,46 @@ def test_kv_cache_after_speculative_equals_plain(decoder, option):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(decode="registers", draft=0), "draft: expected an integer >= 1, got 0"),
-    (dict(decode="jacobi", window=-1), "window: expected an integer >= 1, got -1"),
-    (dict(decode="jacobi", window=True), "window: expected an integer >= 1"),
-    (dict(decode="bogus"), "decode='bogus': expected one of"),
-    (dict(decode="registers", anchors="first"), "anchors='first': expected one of"),
+    (dict(decode="registers", draft=0), "^sample.decode.draft: expected an integer >= 1 .*, got 0$"),
+    (dict(decode="jacobi", window=-1), "^sample.decode.window: expected an integer >= 1, got -1$"),
+    (dict(decode="jacobi", window=True), "^sample.decode.window: expected an integer, got True$"),
+    (dict(decode="jacobi", window=4), r"^sample.decode.window=4: a 2x2 grid has 4 tokens, so a window guesses at most 3"),
+    (dict(decode="bogus"), r"^sample.decode.name: expected one of \['plain', 'registers', 'jacobi'\], got 'bogus'$"),
+    (dict(decode="registers", anchors="first"), r"^sample.decode.anchors: expected one of \['every', 'last'\]"),
+    (dict(decode="registers", draft=3), r"^sample.decode.draft=3: this checkpoint's registers draft at most 2 tokens "
+                                        r"\(objective mutor-2d, d_max=4\)$"),
+    (dict(decode="registers", objective=None), r"^sample.decode.name=registers: this checkpoint has no registers"),
+    (dict(decode="plain", draft=2), r"^unknown config key 'sample.decode.draft' for sample.decode.name=plain"),
 ])
 def test_bad_settings_are_one_line_errors(kw, msg):
-    with pytest.raises(ValueError, match=msg) as e:
+    kw = {"objective": make("objective", name="mutor-2d", d_max=4), **kw}
+    with pytest.raises(ConfigError, match=msg) as e:
         generate(tiny(V=5), torch.tensor([1]), (2, 2), **kw)
     assert "\n" not in str(e.value)
 
 
+def test_useful_draft_length_comes_from_the_objective():
+    """D - 2 for MuToR-2D, d_max - 1 for MuToR-1D with d_min <= 2; none without registers."""
+    assert useful_draft(make("objective", name="mutor-2d", d_max=4), None) == 2
+    assert useful_draft(make("objective", name="mutor-2d", d_max=6), 3) == 3
+    assert useful_draft(make("objective", name="mutor-1d", d_min=2, d_max=5), None) == 4
+    with pytest.raises(ConfigError, match=r"^--draft 5: this checkpoint's registers draft at most 2 tokens "
+                                          r"\(objective mutor-2d, d_max=4\)$"):
+        useful_draft(make("objective", name="mutor-2d", d_max=4), 5, "--draft")
+    with pytest.raises(ConfigError, match=r"never learned offset \(0, 2\).*d_min=3, d_max=5"):
+        useful_draft(make("objective", name="mutor-1d", d_min=3, d_max=5), None)
+    for name in ("ntp", "multihead"):
+        with pytest.raises(ConfigError, match=rf"^--decode registers: .*no registers .*\(objective {name}\)"):
+            useful_draft(make("objective", name=name), None, "--draft", "--decode")
+
+
 def test_register_drafts_need_a_register_embedding():
     with pytest.raises(ValueError, match="no register embedding") as e:
-        generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="registers", draft=2)
+        generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="registers", draft=2,
+                 objective=make("objective", name="mutor-2d", d_max=4))
     assert "\n" not in str(e.value)
     # Jacobi works for any checkpoint
-    assert generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="jacobi").shape == (1, 4)
+    assert generate(tiny(V=5, register=False), torch.tensor([1]), (2, 2), decode="jacobi", window=3).shape == (1, 4)
 
 
 def test_fill_uses_jacobi_guesses_where_registers_leave_the_row():
@@ -178,8 +220,8 @@ def test_fill_uses_jacobi_guesses_where_registers_leave_the_row():
     register draft."""
     m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
     filled, bare = {}, {}
-    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, stats=filled)
-    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, fill=False, stats=bare)
+    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, stats=filled, objective=OBJ_2D)
+    generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, fill=False, stats=bare, objective=OBJ_2D)
     assert filled["forwards_per_image"] < bare["forwards_per_image"]
     assert bare["register_proposed"] == bare["proposed"]
     assert sum(filled["register_proposed"]) < sum(filled["proposed"])
@@ -197,7 +239,7 @@ def test_register_drafts_follow_the_training_rules():
     from mutor2d.sampling.speculative import RegisterDrafter
     grid, P, K = (3, 4), 2, 2
     table = regular_position_ids(grid, P, P + 12 + K)
-    drafter = RegisterDrafter(grid, P, K, table, Rules())
+    drafter = RegisterDrafter(grid, P, SPEC_2D, K, table, Rules())
     cur = torch.tensor([1, 5])                      # rows with 1 and 5 tokens emitted
     start = P + cur - 1
     positions, limit = drafter.extras(start, cur)
@@ -212,3 +254,24 @@ def test_register_drafts_follow_the_training_rules():
                 assert bool(drafter.valid[b, j, i]) == valid
                 if valid:
                     assert positions[b, e].tolist() == table[P - 1 + t + d].tolist()
+
+
+def test_register_drafts_follow_the_objectives_edge_rule_and_anchors():
+    """A raster-edge objective drafts across row ends (its registers trained so); 1D offsets also
+    anchor at the last prefix token, 2D offsets do not; K beyond the spec's draft offsets is refused."""
+    from mutor2d.sampling.speculative import RegisterDrafter
+    grid, P, K = (3, 4), 1, 2
+    table = regular_position_ids(grid, P, P + 12 + K)
+    start, cur = torch.tensor([P + 2]), torch.tensor([3])          # anchors t = 2, 3, 4: row ends at t = 3
+    valid = {}
+    for edge in ("geometric", "raster"):
+        drafter = RegisterDrafter(grid, P, RegisterSpec("mutor-2d", d_max=4, edge=edge), K, table, Rules())
+        drafter.extras(start, cur)
+        valid[edge] = drafter.valid[0].tolist()
+    assert valid["geometric"] == [[False, False], [False, False], [True, True]]
+    assert valid["raster"] == [[True, True], [True, True], [True, True]]
+    one_d = RegisterDrafter((1, 8), P, spec_1d(K), K, regular_position_ids((1, 8), P, P + 8 + K), Rules())
+    assert one_d.first_extras(1, "cpu")[0] is not None
+    assert RegisterDrafter(grid, P, SPEC_2D, K, table, Rules()).first_extras(1, "cpu") == (None, None)
+    with pytest.raises(ValueError, match="draft at most 2"):
+        RegisterDrafter(grid, P, SPEC_2D, 3, table, Rules())

@@ -22,8 +22,11 @@ def main(argv=None):
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config value (repeatable)")
     args = ap.parse_args(argv)
-    load_plugins()
-    metrics = run_entry(lambda: train(load_config(args.config, args.overrides)))
+
+    def start() -> dict:
+        load_plugins()
+        return train(load_config(args.config, args.overrides))
+    metrics = run_entry(start)
     print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
 

@@ -233,7 +233,7 @@ class SampleGrids:
             path = run.run_dir / "samples" / f"step_{tick.done:08d}.png"
             with preserved_rng(run.device):
                 write_grid(model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
-                           self.classes, path)
+                           self.classes, path, objective=run.cfg.objective)
         run.acc.wait_for_everyone()
 
 

@@ -8,11 +8,13 @@ sample count.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 
 from .. import generation
+from ..sampling import PlainDecode
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .metrics import compute_metrics
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, MetricsError, open_images
@@ -35,8 +37,8 @@ def online_digits_eval(model, data_cfg, per_class: int, sample_cfg, tokenizer, s
     grid = tuple(int(v) for v in (grid or tokenizer.grid))
     classes = list(range(model.cfg.num_classes))
     labels = generation.balanced_labels(per_class * len(classes), classes)
-    images = generation.sample_images(model, tokenizer, grid, generation.sampling_settings(sample_cfg), labels,
-                                      seed, batch_size=len(labels))
+    plain = dataclasses.replace(sample_cfg, decode=PlainDecode())    # exact modes sample the same distribution
+    images = generation.sample_images(model, tokenizer, grid, plain, labels, seed, batch_size=len(labels))
     samples = ImageSource("online", ArrayImages(images), labels.numpy())
     weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_cfg.data_seed), cache_dir)
     device = next(model.parameters()).device

@@ -144,12 +144,13 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
     out = []
     for s, name in zip(cfg_scales, names):
         npz = run_dir / "samples" / f"{name}.npz"
-        settings = dict(cfg_scale=s, temperature=1.0, top_k=0, top_p=1.0)
+        sample_cfg = config_lib.make("sample", cfg_scale=s)                   # plain decoding, temperature 1, no top-k/p
+        settings = generation.sampling_settings(sample_cfg)
         meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
                                       settings=settings, seed=seed, classes=classes, num=num,
                                       batch_size=batch_size, ema=src.ema, grid=src.grid)
         generation.NpzJob(npz, labels, batch_size, seed, meta).complete(
-            generation.make_sampler(src.model, src.tokenizer, src.grid, **settings))
+            generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg))
         samples = open_images(npz)
         res = score(samples, ref, weights, cache)
         res.metrics.update(nll)

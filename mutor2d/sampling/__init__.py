@@ -1,41 +1,45 @@
 """Autoregressive decoding with a KV cache.
 
-``generate`` fills a grid token by token in raster order from a prefix (class labels or a
-prompt). The per-token rules (CFG, temperature, top-k, top-p) live in ``rules``; how tokens are
-proposed and checked is a decoding mode from ``DECODERS``:
+``generate`` fills a grid token by token in raster order from a prefix (class labels, a prompt, or
+whatever the model's conditioning kind takes). The per-token rules (CFG, temperature, top-k, top-p)
+are ``SamplingRules`` (``rules``); how tokens are proposed and checked is a decoding mode, a variant
+of the ``sample.decode`` config section (``DecodeConfig``, registered beside its code):
 
 * ``plain``: one token per forward pass (``plain.py``);
-* ``registers``: speculative decoding with MuToR registers as drafters (``draft=K``);
+* ``registers``: speculative decoding with MuToR registers as drafters (``draft=K``; the offsets,
+  edge rule and default K come from the checkpoint's objective);
 * ``jacobi``: speculative Jacobi decoding, training-free (``window=K``).
 The speculative modes (``speculative.py``) are exact: their samples follow the distribution of
 plain sampling under the same settings, and greedy decoding gives plain greedy's tokens.
-A new mode is one function ``(model, prefix, grid, rules, generator, stats, **options) -> body``
-plus one line in ``DECODERS``.
+A new mode is one dataclass registered with ``@register_variant("sample.decode", NAME)``
+(docs/METHOD.md, "A decoding mode").
 """
 from __future__ import annotations
 
 import functools
 import types
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from .plain import decode_plain
-from .rules import Rules, check_settings, draw, filter_logits, guide, sample_logits
-from .speculative import decode_jacobi, decode_registers
+from ..config import VARIANTS, make
+from .plain import PlainDecode, decode_plain
+from .rules import DecodeConfig, SamplingRules, check_sampling, draw, filter_logits, guide, sample_logits
+from .speculative import JacobiDecode, RegisterDecode, decode_jacobi, decode_registers
 
-DECODERS: dict[str, Callable[..., Tensor]] = {
-    "plain": decode_plain,
-    "registers": decode_registers,
-    "jacobi": decode_jacobi,
-}
-
-__all__ = ["CPU_DECODE_INDUCTOR", "DECODERS", "Rules", "check_settings", "compile_decoder", "draw", "filter_logits",
-           "generate", "guide", "sample_logits"]
+__all__ = ["CPU_DECODE_INDUCTOR", "DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode",
+           "SamplingRules", "compile_decoder", "decode_jacobi", "decode_modes", "decode_plain",
+           "decode_registers", "decoding_mode", "draw", "filter_logits", "generate", "guide", "run_decoder",
+           "sample_logits", "unwrap_model"]
 
 
-def _unwrap(model):
+def decode_modes() -> list[str]:
+    """The registered decoding modes (``sample.decode`` variants), plugins included."""
+    make("sample.decode")                               # imports the parts and plugins once
+    return sorted(VARIANTS["sample.decode"])
+
+
+def unwrap_model(model):
     """The GPT inside DDP / torch.compile wrappers."""
     while True:
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
@@ -44,36 +48,54 @@ def _unwrap(model):
         model = inner
 
 
+def decoding_mode(decode: str | DecodeConfig, objective, grid: tuple[int, int], **options) -> DecodeConfig:
+    """A checked decoding mode fitted to a checkpoint of ``objective`` on ``grid``: ``decode`` a
+    DecodeConfig, or a mode's name with its fields as ``options`` (e.g. ``"registers", draft=2``)."""
+    if not isinstance(decode, DecodeConfig):
+        decode = make("sample.decode", name=decode, **options)
+    elif options:
+        raise ValueError(f"decode options {sorted(options)} go in the DecodeConfig, not beside it")
+    return decode.fit(objective, grid)
+
+
 @torch.no_grad()
 def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             generator: torch.Generator | None = None, decode: str = "plain",
-             stats: dict | None = None, **options) -> Tensor:
+             generator: torch.Generator | None = None, decode: str | DecodeConfig = "plain",
+             objective=None, stats: dict | None = None, **options) -> Tensor:
     """Sample bodies for ``prefix`` -> LongTensor (B, H*W) in raster order.
 
-    prefix: class labels (B,) (``num_classes`` = the null class, i.e. unconditional) or prompt
-    tokens (B, P). cfg_scale != 1 turns on classifier-free guidance (class prefixes only).
-    temperature 0 = greedy. ``decode`` names a mode in DECODERS; ``options`` go to it (e.g.
-    ``draft=4`` for registers, ``window=4`` for jacobi). ``stats``, if a dict, receives the
-    run's counts (forward passes, tokens per forward, acceptance by draft distance). The model
-    runs in eval mode (its training flag is restored after).
-    """
-    model = _unwrap(model)
-    check_settings(cfg_scale, temperature, top_k, top_p)
-    if decode not in DECODERS:
-        raise ValueError(f"decode={decode!r}: expected one of {sorted(DECODERS)}")
+    prefix: what the model's conditioning kind takes (class labels (B,), ``num_classes`` = the null
+    class; prompt tokens (B, P); ...). cfg_scale != 1 turns on classifier-free guidance (kinds with
+    a null prefix only). temperature 0 = greedy. ``decode``: a mode's name with its fields as
+    ``options`` (``draft=2`` for registers, ``window=4`` for jacobi), or a DecodeConfig.
+    ``objective``: the checkpoint's objective config section (register drafts take their offsets,
+    edge rule and default length from it). ``stats``, if a dict, receives the run's counts
+    (forward passes, tokens per forward, acceptance by draft distance)."""
+    check_sampling(cfg_scale, temperature, top_k, top_p, where="")
     H, W = grid
     if H < 1 or W < 1:
         raise ValueError(f"grid: expected H, W >= 1, got {H}x{W}")
+    mode = decoding_mode(decode, objective, grid, **options)
+    rules = SamplingRules.of(cfg_scale, temperature, top_k, top_p)
+    return run_decoder(model, prefix, grid, rules, mode, objective, generator, stats)
+
+
+@torch.no_grad()
+def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, mode: DecodeConfig,
+                objective=None, generator: torch.Generator | None = None, stats: dict | None = None) -> Tensor:
+    """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
+    a caller sampling many batches checks its settings once. The prefix is checked by the model's
+    conditioning kind; the model runs in eval mode (its training flag is restored after)."""
+    model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
-    if cfg_scale != 1.0 and not model.conditioning.guidable:
-        raise ValueError(f"cfg_scale={cfg_scale}: classifier-free guidance needs class labels, "
-                         f"this model is conditioned on {model.cfg.conditioning!r}")
-    rules = Rules(cfg_scale, temperature, top_k, top_p, guided=cfg_scale != 1.0)
+    if rules.guided and not model.conditioning.guidable:
+        raise ValueError(f"cfg_scale={rules.cfg_scale}: classifier-free guidance needs a null prefix (class "
+                         f"labels have one), this model is conditioned on {model.cfg.conditioning!r}")
     was_training = model.training
     model.eval()
     try:
-        return DECODERS[decode](model, prefix, grid, rules, generator, stats, **options)
+        return mode.run(model, prefix, grid, rules, generator, stats, objective)
     finally:
         model.clear_cache()
         model.train(was_training)
@@ -101,7 +123,7 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
     contiguous copies (a few integers each): callers pass slices such as
     ``pos[t:t + 1].expand(...)`` whose storage offset changes every step, and dynamo would guard
     on it and recompile until its recompile limit, then fall back to eager."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layers = [layer.attention for layer in model.layers]
     eager_decode = type(model).decode.__get__(model)     # the eager method, even if compiled before
     if inductor is None:

@@ -2,25 +2,38 @@
 
 Registers play no part: only the regular next-token pathway runs, so a MuToR checkpoint samples
 exactly like an NTP one. Position ids come from ``registers.regular_position_ids`` (the same ids
-training uses). The drawn token is fed to both CFG halves.
+training uses). The drawn token is fed to both CFG halves. ``sample.decode.name: plain`` (the
+default) has no other field.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..config import register_variant
 from ..registers import regular_position_ids
-from .rules import Rules, sample_logits
+from .rules import DecodeConfig, SamplingRules, sample_logits
 
 
-def with_null_prefix(model, prefix: Tensor, rules: Rules) -> Tensor:
+@register_variant("sample.decode", "plain")
+@dataclass
+class PlainDecode(DecodeConfig):
+    """One token per forward pass; no field."""
+
+    def run(self, model, prefix, grid, rules, generator, stats, objective):
+        return decode_plain(model, prefix, grid, rules, generator, stats)
+
+
+def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:
     """[prefix; null prefix] rows when guided, else ``prefix``."""
     if not rules.guided:
         return prefix
     return torch.cat([prefix, model.conditioning.null_prefix(model.cfg, prefix)])
 
 
-def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, generator,
+def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
                  stats: dict | None = None) -> Tensor:
     """Sample bodies (B, H*W) for ``prefix``: one decode call per token."""
     device = model.output.weight.device

@@ -7,17 +7,22 @@
   4. top-p: keep the smallest set of most likely tokens whose probability mass reaches p (1 = off);
   5. draw one token from the softmax with ``generator`` (the only source of randomness).
 Every decoding mode applies the same rules (speculative modes to draft and target alike).
+
+``SampleConfig`` is the ``sample`` config section: these settings, the grid and seed, and the decoding
+mode ``sample.decode``, a tagged sub-section whose variants (``DecodeConfig`` subclasses) register
+beside their decoders (plain.py, speculative.py).
 """
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, at_least, check_seed, fail, register_section
+from ..config import ConfigError, Variant, at_least, check_seed, fail, make, register_section
 
 
 def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,
@@ -42,16 +47,42 @@ def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: floa
         fail(key("top_p"), "a number in (0, 1] (1 = off)", top_p)
 
 
-def check_settings(cfg_scale: float, temperature: float, top_k: int, top_p: float) -> None:
-    """Raise ConfigError, a ValueError (one line), for impossible sampling settings."""
-    check_sampling(cfg_scale, temperature, top_k, top_p, where="")
+def setting(key: str, value) -> str:
+    """How a message names a setting: ``--draft 5`` for a flag, ``sample.decode.draft=5`` for a key."""
+    return f"{key} {value}" if key.startswith("-") else f"{key}={value}"
+
+
+class DecodeConfig(Variant):
+    """A decoding mode, the ``sample.decode`` section: its fields, rules and decoder. Adding one: a
+    dataclass subclass registered with ``@register_variant("sample.decode", NAME)`` beside its code,
+    implementing ``run``; ``sample.py --decode NAME`` and ``--set sample.decode.name=NAME`` pick it."""
+
+    def key(self, field_name: str, names: dict[str, str] | None = None) -> str:
+        """The name of a field in messages: ``names[field]`` (a flag) if given, else its config key."""
+        return (names or {}).get(field_name) or f"sample.decode.{field_name}"
+
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Raise ConfigError (one line, naming ``self.key(field, names)``) for a bad value."""
+
+    def fit(self, objective, grid: tuple[int, int], names: dict[str, str] | None = None) -> "DecodeConfig":
+        """These settings for a checkpoint trained with ``objective`` (its config section, whose
+        ``register_spec()`` gives the register rules; None = unknown) on ``grid`` (H, W): defaults
+        that depend on them filled in; ConfigError (one line) where they cannot work there."""
+        return self
+
+    def run(self, model, prefix: Tensor, grid: tuple[int, int], rules: "SamplingRules", generator,
+            stats: dict | None, objective) -> Tensor:
+        """Bodies (B, H*W) in raster order for ``prefix``; every token must follow the distribution
+        ``rules.probs`` gives for the tokens before it. ``stats``, if a dict, receives the counts."""
+        raise NotImplementedError
 
 
 @register_section("sample")
 @dataclass
 class SampleConfig:
     """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
-    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed."""
+    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed; the
+    decoding mode (``decode``, a DecodeConfig; its ``name`` picks the variant)."""
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
@@ -59,9 +90,12 @@ class SampleConfig:
     classes: list[int] = field(default_factory=list)  # empty = a spread of classes
     per_class: int = 4
     seed: int = 0
+    decode: Any = field(default_factory=lambda: make("sample.decode"))
 
-    def check(self) -> None:
-        check_sampling(self.cfg_scale, self.temperature, self.top_k, self.top_p, where="sample")
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Every rule of the section; ``names`` maps a field to the flag that set it (for messages)."""
+        check_sampling(self.cfg_scale, self.temperature, self.top_k, self.top_p, where="sample", names=names)
+        self.decode.check(names)
         for c in self.classes:
             at_least("sample.classes", c, 0)
         at_least("sample.per_class", self.per_class, 1)
@@ -119,13 +153,20 @@ def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
 
 
 @dataclass(frozen=True)
-class Rules:
-    """Sampling settings of one run. ``guided``: the model runs [cond; uncond] rows (CFG)."""
+class SamplingRules:
+    """The per-token rules of one run (checked settings). ``guided``: the model runs [cond; uncond]
+    rows (CFG)."""
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     guided: bool = False
+
+    @classmethod
+    def of(cls, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0) -> "SamplingRules":
+        """The rules of checked settings; guidance is on when the scale is not 1."""
+        return cls(cfg_scale, temperature, top_k, top_p, guided=cfg_scale != 1.0)
 
     def combine(self, logits: Tensor) -> Tensor:
         """Model logits (rows, ..., V) -> the logits the rules sample from (B, ..., V)."""
@@ -133,10 +174,6 @@ class Rules:
             return logits
         B = logits.shape[0] // 2
         return guide(logits[:B], logits[B:], self.cfg_scale)
-
-    def pick(self, logits: Tensor, generator) -> Tensor:
-        """Combined logits (B, V) -> tokens (B,)."""
-        return sample_logits(logits, self.temperature, self.top_k, self.top_p, generator)
 
     def probs(self, logits: Tensor) -> Tensor:
         """Combined logits (..., V) -> the distribution each token is drawn from (..., V);

@@ -8,16 +8,20 @@ One round, per row with n body tokens emitted (x_{n-1} not yet in the KV cache):
   normalise(max(p_i − q_i, 0)) and the round ends; if every draft is kept (or none is left),
   one more token is drawn from the next p. Each emitted token thus follows p given the tokens
   before it, so the samples follow plain sampling's distribution. p and q are both made by
-  ``Rules`` (CFG, temperature, top-k, top-p); greedy makes them one-hot, which reproduces plain
+  ``SamplingRules`` (CFG, temperature, top-k, top-p); greedy makes them one-hot, which reproduces plain
   greedy decoding. Rows advance at their own pace (one cache start per row).
 
 Drafters (who proposes d and q; any proposal is exact as long as d is drawn from the q used to
 verify it):
-* registers: after every regular input (anchor body token t) K registers with offsets (0, 2..K+1)
-  predict x_{t+2}..x_{t+K+1} (x_{t+1} is the regular output's job). They follow the training
-  rules: the position id of regular input P-1+target, they see regular inputs 0..P+t and
-  themselves, are never written to the cache and no regular token sees them. Targets past the
-  end of the anchor's row (the geometric edge rule) get no register. The next round's drafts come
+* registers: after every regular input (anchor body token t) K registers with the checkpoint's
+  draft offsets (``RegisterSpec.draft_offsets()``: (0, 2), (0, 3), ..., as many as its objective
+  trained) predict x_{t+2}..x_{t+K+1} (x_{t+1} is the regular output's job). They follow the
+  training rules: the position id of regular input P-1+target, they see regular inputs 0..P+t and
+  themselves, are never written to the cache and no regular token sees them. A target the
+  objective's edge rule makes invalid (past the end of the anchor's row under "geometric") gets no
+  register; so does the anchor at the last prefix token unless the objective anchors there (1D
+  offsets). K defaults to the checkpoint's useful draft length and may not exceed it
+  (``useful_draft``). The next round's drafts come
   from the registers of the last kept input, so a partial acceptance needs no extra pass.
   ``anchors="last"``: registers after the last regular input only (K instead of (K+1)·K extra
   tokens per row); they draft only when every draft was kept. ``fill`` (default on): a slot
@@ -26,17 +30,94 @@ verify it):
   of the next round (the last output stands in for positions it does not reach).
 When every row starts at the same cache index (one image, or rows in step) the model gets one
 int start, which takes its cheaper single-start path.
+
+Config: ``sample.decode.name: registers`` (fields draft, anchors, fill) and ``jacobi`` (window).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 from torch import Tensor
 
-from ..registers import offset_targets, regular_position_ids
+from ..config import ConfigError, fail, register_variant
+from ..registers import RegisterSpec, first_anchor, offset_targets, regular_position_ids
 from .plain import with_null_prefix
-from .rules import Rules, draw
+from .rules import DecodeConfig, SamplingRules, draw, setting
+
+
+# ----------------------------------------------------------------------------- the modes' settings
+
+@register_variant("sample.decode", "registers")
+@dataclass
+class RegisterDecode(DecodeConfig):
+    """Register drafts: ``draft`` K tokens per round (null = the checkpoint's useful draft length),
+    registers after ``anchors`` every regular input of a round or the last one only; ``fill``:
+    Jacobi guesses where no register drafts."""
+    draft: Optional[int] = None
+    anchors: Literal["every", "last"] = "every"
+    fill: bool = True
+
+    def check(self, names=None):
+        if self.draft is not None and self.draft < 1:
+            fail(self.key("draft", names), "an integer >= 1 (null = the checkpoint's useful draft length)",
+                 self.draft)
+
+    def fit(self, objective, grid, names=None):
+        draft = useful_draft(objective, self.draft, self.key("draft", names), self.key("name", names))
+        return dataclasses.replace(self, draft=draft)
+
+    def run(self, model, prefix, grid, rules, generator, stats, objective):
+        return decode_registers(model, prefix, grid, rules, generator, stats, spec=objective.register_spec(),
+                                draft=self.draft, anchors=self.anchors, fill=self.fill)
+
+
+@register_variant("sample.decode", "jacobi")
+@dataclass
+class JacobiDecode(DecodeConfig):
+    """Speculative Jacobi decoding (training-free) with a window of ``window`` guessed tokens."""
+    window: int = 4
+
+    def check(self, names=None):
+        if self.window < 1:
+            fail(self.key("window", names), "an integer >= 1", self.window)
+
+    def fit(self, objective, grid, names=None):
+        N = grid[0] * grid[1]
+        if self.window > N - 1:
+            raise ConfigError(f"{setting(self.key('window', names), self.window)}: a {grid[0]}x{grid[1]} grid "
+                              f"has {N} tokens, so a window guesses at most {N - 1} (the first comes from the prefix)")
+        return self
+
+    def run(self, model, prefix, grid, rules, generator, stats, objective):
+        return decode_jacobi(model, prefix, grid, rules, generator, stats, window=self.window)
+
+
+def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",
+                 mode_key: str = "sample.decode.name") -> int:
+    """The register draft length K for a checkpoint trained with ``objective`` (its config section):
+    ``draft``, or None for all its useful draft offsets (``RegisterSpec.draft_offsets()``: D - 2 for
+    mutor-2d, d_max - 1 for mutor-1d with d_min <= 2). A one-line ConfigError when the checkpoint
+    has no registers, or ``draft`` exceeds the useful length (``key`` names it in the message)."""
+    name = getattr(objective, "name", None)
+    if objective is None or not objective.uses_registers():
+        raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint has no registers to draft with "
+                          f"(objective {name or 'unknown'}); use jacobi or plain")
+    spec = objective.register_spec()
+    useful = len(spec.draft_offsets())
+    trained = f"objective {name}, " + (f"d_min={spec.d_min}, " if spec.kind == "mutor-1d" else "") + f"d_max={spec.d_max}"
+    if useful == 0:
+        raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint's registers never learned offset "
+                          f"(0, 2), so they cannot draft ({trained}); use jacobi or plain")
+    if draft is not None and draft > useful:
+        raise ConfigError(f"{setting(key, draft)}: this checkpoint's registers draft at most {useful} "
+                          f"token{'s' if useful != 1 else ''} ({trained})")
+    return useful if draft is None else draft
+
+
+# ----------------------------------------------------------------------------- the rounds
 
 
 @dataclass
@@ -94,21 +175,22 @@ def jacobi_drafts(p: Tensor, kept: Tensor, n_new: Tensor, N: int) -> tuple[Tenso
     return p.gather(1, j[..., None].expand(-1, -1, V)), (n_new[:, None] + i) < N
 
 
-ANCHORS = ("every", "last")      # where register drafts go: after every regular input, or the last
-
-
 class RegisterDrafter:
-    """K registers with offsets (0, 2..K+1) after every regular input of a round, or (``anchors``
-    "last") after the last one only (see module doc). With ``fill``, a draft slot that has no
-    register (its target leaves the row, or the kept input carries none) takes the Jacobi guess."""
+    """K registers with the first K draft offsets of ``spec`` (slot i: (0, 2 + i)) after every
+    regular input of a round, or (``anchors`` "last") after the last one only (see module doc).
+    With ``fill``, a draft slot that has no register (its target is invalid under the spec's edge
+    rule, or the kept input carries none) takes the Jacobi guess."""
 
-    def __init__(self, grid: tuple[int, int], prefix_len: int, K: int, table: Tensor, rules: Rules,
-                 fill: bool = True, anchors: str = "every"):
+    def __init__(self, grid: tuple[int, int], prefix_len: int, spec: RegisterSpec, K: int, table: Tensor,
+                 rules: SamplingRules, fill: bool = True, anchors: str = "every"):
         self.grid, self.P, self.K, self.rules, self.fill = grid, prefix_len, K, rules, fill
         self.N, dev = grid[0] * grid[1], table.device
-        offsets = torch.stack([torch.zeros(K, dtype=torch.long), torch.arange(2, K + 2)], -1)
+        offsets = torch.tensor(spec.draft_offsets()[:K], dtype=torch.long).reshape(-1, 2)
+        if len(offsets) < K:
+            raise ValueError(f"draft={K}: the objective's registers draft at most {len(offsets)} tokens")
+        self.prefix_anchor = first_anchor(spec.kind) < 0         # registers at the last prefix token
         anchor_t = torch.arange(-1, self.N + K)[:, None].expand(-1, K)     # row a: anchor t = a - 1
-        target, valid = offset_targets(grid, anchor_t, offsets, "geometric")
+        target, valid = offset_targets(grid, anchor_t, offsets, spec.edge)
         self.positions = table[prefix_len - 1 + target.to(dev)]             # (N+K+1, K, 2)
         self.valid_table = valid.to(dev)                                      # (N+K+1, K)
         self.inputs = torch.arange(0 if anchors == "every" else K, K + 1, device=dev)
@@ -127,8 +209,8 @@ class RegisterDrafter:
 
     def first_extras(self, B: int, device) -> tuple[Tensor | None, Tensor | None]:
         """Registers anchored at the last prefix token (t = -1, virtual cell (0, -1)), drafting
-        x_1..x_K during the prefill: 1D only, as training anchors there only in 1D."""
-        if self.grid[0] > 1:
+        x_1..x_K during the prefill: only where the objective anchors there (1D offsets)."""
+        if not self.prefix_anchor:
             return None, None
         self.valid = self.valid_table[:1].expand(B, 1, self.K)
         limit = torch.full((B, self.K), self.P - 1, device=device)
@@ -202,7 +284,7 @@ class Counts:
         return out
 
 
-def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: Rules, generator,
+def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
                 stats: dict | None, K: int, make_drafter) -> Tensor:
     """The round loop shared by the drafters (see module doc) -> bodies (B, H*W)."""
     device = model.output.weight.device
@@ -252,7 +334,7 @@ def _shared(start: Tensor, twice) -> int | Tensor:
     return first if bool((start == first).all()) else twice(start)
 
 
-def _prefill(model, prefix: Tensor, positions: Tensor, rules: Rules, drafter, twice, generator):
+def _prefill(model, prefix: Tensor, positions: Tensor, rules: SamplingRules, drafter, twice, generator):
     """Prefix step -> (x_0 (B,), drafts for x_1.. from registers anchored at the prefix, if any)."""
     rows, P = prefix.shape[0], positions.shape[0]
     B, K, V = (rows // 2 if rules.guided else rows), drafter.K, model.cfg.vocab_size
@@ -268,28 +350,19 @@ def _prefill(model, prefix: Tensor, positions: Tensor, rules: Rules, drafter, tw
     return first, Drafts(draw(q, generator), q, valid, valid)
 
 
-def _check_k(name: str, K) -> None:
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {K!r}")
-
-
-def decode_registers(model, prefix, grid, rules, generator, stats=None, *, draft: int = 4,
+def decode_registers(model, prefix, grid, rules, generator, stats=None, *, spec: RegisterSpec, draft: int,
                      anchors: str = "every", fill: bool = True) -> Tensor:
-    """Speculative decoding with ``draft`` = K register drafts per regular input (``anchors``
-    "every") or after the last regular input only ("last"); ``fill``: Jacobi guesses where no
-    register drafts."""
-    _check_k("draft", draft)
-    if anchors not in ANCHORS:
-        raise ValueError(f"anchors={anchors!r}: expected one of {list(ANCHORS)}")
+    """Speculative decoding with ``draft`` = K register drafts (the first K of ``spec.draft_offsets()``,
+    the rules of the checkpoint's objective) per regular input (``anchors`` "every") or after the last
+    regular input only ("last"); ``fill``: Jacobi guesses where no register drafts."""
     if not model.has_register_token:
         raise ValueError("decode='registers' needs a checkpoint trained with registers; this model "
                          "has no register embedding (use decode='jacobi' or 'plain')")
     return speculative(model, prefix, grid, rules, generator, stats, draft,
-                       lambda grid, P, table: RegisterDrafter(grid, P, draft, table, rules, fill, anchors))
+                       lambda grid, P, table: RegisterDrafter(grid, P, spec, draft, table, rules, fill, anchors))
 
 
-def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int = 4) -> Tensor:
+def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int) -> Tensor:
     """Speculative Jacobi decoding with a window of ``window`` = K draft tokens."""
-    _check_k("window", window)
     return speculative(model, prefix, grid, rules, generator, stats, window,
                        lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window))
