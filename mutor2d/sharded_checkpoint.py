@@ -11,9 +11,13 @@ Rules:
     process adds meta.pt and renames the folder: a reader never sees a half-written checkpoint.
   * DCP reshards on load: a checkpoint loads into any process count, sharded (FSDP2 DTensors) or not
     (DDP, one process), and into one process without a process group (export, sampling).
+  * Verified like every checkpoint: meta.pt holds the SHA-256 of each file DCP wrote
+    (``files_sha256``), checked before the tensors are read; a mismatch is "unreadable" (named and set
+    aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import warnings
@@ -66,7 +70,8 @@ def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
     dist.barrier()
     dcp.save(state, checkpoint_id=tmp)        # returns on the main process after every rank has written
     if main:
-        io.write_atomic(tmp / META, lambda f: torch.save(meta, f))
+        meta = {**meta, "files_sha256": files_sha256(tmp)}
+        io.write_atomic(tmp / META, lambda f: torch.save(io.with_checksum(meta), f))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -75,9 +80,34 @@ def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
     return final
 
 
+def files_sha256(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file DCP wrote into ``folder`` (meta.pt aside)."""
+    out = {}
+    for f in sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name != META):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+        out[f.name] = h.hexdigest()
+    return out
+
+
+def verify(path: Path) -> None:
+    """CheckpointError when a file differs from the SHA-256 meta.pt recorded at save (checkpoints written
+    before file checksums pass)."""
+    expected = read_meta(path).get("files_sha256")
+    if expected is None:
+        return
+    if files_sha256(path) != expected:
+        raise io.UnsafeFileError(f"checkpoint {str(path)!r}: its files do not match the checksum stored at save "
+                                 f"(corrupt or changed since)")
+
+
 def load(path: str | os.PathLike, state: dict) -> None:
-    """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint."""
+    """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint,
+    after checking its files' checksums."""
     import torch.distributed.checkpoint as dcp
+    verify(Path(path))
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=Path(path))

@@ -217,3 +217,17 @@ def test_llamagen_384_configs():
             assert (t.batch_size, cfg.optim.lr, t.mixed_precision) == (256, 1e-4, "bf16")
             assert (t.sharding, t.activation_checkpointing) == (("auto", False) if size == "xl" else ("fsdp", True))
             assert cfg.objective.name == {"ntp": "ntp", "mutor2d": "mutor-2d"}[objective]
+
+
+def test_a_flipped_byte_in_a_sharded_checkpoint_is_caught(two_process_runs, tmp_path):
+    """Sharded checkpoints are verified like the others: meta.pt holds each DCP file's SHA-256."""
+    src = ckpt_lib.checkpoint_path(two_process_runs / "sparse_fsdp", 3).with_suffix(".dcp")
+    run = tmp_path / "run"
+    shutil.copytree(src, ckpt_lib.checkpoint_path(run, 3).with_suffix(".dcp"))
+    ckpt_lib.load_weights(run)                                          # intact: loads
+    shard = max((p for p in ckpt_lib.list_checkpoints(run)[-1].glob("*.distcp")), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ckpt_lib.CheckpointError, match="do not match the checksum stored at save"):
+        ckpt_lib.load_weights(run)

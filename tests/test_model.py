@@ -328,3 +328,24 @@ def test_backend_registry_and_auto():
     assert resolve_backend("auto", torch.device("cuda")) == "flex"
     with pytest.raises(ValueError, match="attention backend 'nope'"):
         resolve_backend("nope", torch.device("cpu"))
+
+
+@torch.no_grad()
+def test_llamagen_384_checkpoint_layout_loads_and_matches(tmp_path):
+    """A shape-reduced fake of LlamaGen's 384-px GPT checkpoints (XXL / 3B are the same key layout at
+    other sizes): a 24x24 grid, with the precomputed ``freqs_cis`` table of 577 positions and the KV-cache
+    buffers their models hold, which load_llamagen drops; logits equal LlamaGen's forward on the grid."""
+    n_layer, dim, n_head, vocab, classes, gs = 2, 64, 4, 40, 7, 24
+    sd = llamagen_state_dict(n_layer, dim, n_head, vocab, classes, seed=1)
+    stored = {**sd, "freqs_cis": torch.zeros(gs * gs + 1, dim // n_head // 2, 2),
+              "layers.0.attention.kv_cache.k_cache": torch.zeros(1, n_head, gs * gs + 1, dim // n_head)}
+    torch.save({"model": stored, "args": argparse.Namespace(gpt_model="GPT-XXL", image_size=384)}, tmp_path / "c.pt")
+    cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=n_head, dim=dim, vocab_size=vocab,
+                      num_classes=classes, cls_rope="zeros", token_dropout=0, resid_dropout=0,
+                      ffn_dropout=0, class_dropout=0)
+    model = GPT(cfg).eval()
+    load_llamagen(model, tmp_path / "c.pt")
+    labels, idx = torch.tensor([2, 5]), torch.randint(0, vocab, (2, gs * gs - 1))
+    pos = regular_position_ids((gs, gs), 1).expand(2, -1, -1)
+    ref = llamagen_reference_logits(sd, n_layer, n_head, labels, idx, gs)
+    torch.testing.assert_close(model(idx, pos, labels), ref, rtol=1e-4, atol=1e-4)
