@@ -213,7 +213,7 @@ def test_decode_defaults_come_from_the_checkpoint(mutor_run, tmp_path):
 # ----------------------------------------------------------------------------- training hooks, npz reruns, codes
 
 def fake_run(cfg, model, grid, device, run_dir):
-    """What SampleGrids / OnlineEval read of a training Run, on one process."""
+    """What SampleGrids / OnlineEval read of a training run (RunState), on one process."""
     from types import SimpleNamespace
     return SimpleNamespace(cfg=cfg, sample_model=model, sampling_model=lambda: model, grid=grid,
                            device=torch.device(device), run_dir=run_dir, main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None, log=lambda *a, **k: None))
@@ -232,7 +232,7 @@ TINY_VQ = dict(codebook_size=V, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_
 def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
     """Sample grids and online evaluation get the tokenizer with its weights on the run's device (the
     model's), not where build_hooks made it (the CPU). "meta" stands in for a GPU here."""
-    from mutor2d.engine.hooks import JsonLog, OnlineEval, SampleGrids, Tick
+    from mutor2d.engine.hooks import JsonLog, OnlineEval, SampleGrids, StepStatus
     from mutor2d.evaluation import online
     seen = {}
 
@@ -249,17 +249,17 @@ def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
     run = fake_run(cfg, None, (4, 4), "meta", tmp_path)
     tokenizer = tiny_vq_tokenizer()
     assert tokenizer.device.type == "cpu"
-    SampleGrids(tokenizer, [0, 1])(run, Tick(done=1, last=True))
-    OnlineEval(tokenizer, JsonLog(tmp_path / "log.jsonl", 0, False))(run, Tick(done=1, last=True))
+    SampleGrids(tokenizer, [0, 1])(run, StepStatus(done=1, last=True))
+    OnlineEval(tokenizer, JsonLog(tmp_path / "log.jsonl", 0, False))(run, StepStatus(done=1, last=True))
     assert seen == {"grid": torch.device("meta"), "eval": torch.device("meta")}
 
 
 def test_sample_grid_hook_equals_sample_py(run, tmp_path):
     """The training hook's PNG (tokenizer moved to the run's device) is sample.py's PNG, byte for byte."""
-    from mutor2d.engine.hooks import SampleGrids, Tick
+    from mutor2d.engine.hooks import SampleGrids, StepStatus
     src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
     classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
-    SampleGrids(src.tokenizer, classes)(fake_run(src.cfg, src.model, src.grid, "cpu", tmp_path), Tick(7, True))
+    SampleGrids(src.tokenizer, classes)(fake_run(src.cfg, src.model, src.grid, "cpu", tmp_path), StepStatus(7, True))
     sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "cli.png"), "--device", "cpu"])
     assert (tmp_path / "samples" / "step_00000007.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
 

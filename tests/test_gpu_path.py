@@ -44,7 +44,7 @@ def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
     """A VQ tokenizer built on the CPU (as build_hooks does) decodes the training grid on the GPU, and
     the grid is sample.py's on the same checkpoint and device, byte for byte."""
     from mutor2d.data import build_tokenizer
-    from mutor2d.engine.hooks import SampleGrids, Tick
+    from mutor2d.engine.hooks import SampleGrids, StepStatus
     from mutor2d.model import GPT
     from mutor2d.tokenizer.vq import VQModel, vq_config
     torch.manual_seed(0)
@@ -62,7 +62,7 @@ def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
     assert tokenizer.device.type == "cpu"
     run = SimpleNamespace(cfg=src.cfg, sample_model=src.model, grid=src.grid, device=torch.device("cuda"),
                           run_dir=tmp_path, main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None))
-    SampleGrids(tokenizer, [1, 4])(run, Tick(5, True))
+    SampleGrids(tokenizer, [1, 4])(run, StepStatus(5, True))
     assert tokenizer.device.type == "cuda"
     spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
     cli = importlib.util.module_from_spec(spec)

@@ -1,8 +1,8 @@
 """Periodic jobs of the training loop: logging, checkpoints, sample grids, online evaluation.
 
-Each hook is called after every step with the run, the number of steps done and a ``Tick`` saying
+Each hook is called after every step with the run (``RunState``) and a ``StepStatus``: the steps done,
 whether this is the last step, whether the run is being stopped by a signal, and whether the last
-update was skipped as non-finite. Hooks run in list order: log, checkpoint, samples, evaluation.
+update was applied. Hooks run in order: logger, checkpointer, then the run kind's (samples, evaluation).
 """
 from __future__ import annotations
 
@@ -18,21 +18,21 @@ from .. import checkpoint as ckpt_lib
 from ..io import warn
 from .checkpointer import Retention
 from .rng import preserved_rng, rng_state
-from .setup import Run
+from .setup import RunState
 from .sharding import all_finite, is_sharded, save_sharded
 from .speed import peak_flops, train_flops
 
 
 @dataclass
-class Tick:
+class StepStatus:
     done: int                   # steps done
     last: bool                  # done == train.max_steps
     stopping: bool = False      # a stop signal arrived: save now, then exit
     healthy: bool = True        # the last update was applied (engine/health.py)
 
 
-def due(every: int, tick: Tick, at_end: bool = True) -> bool:
-    return bool(every and tick.done % every == 0) or (at_end and tick.last)
+def due(every: int, status: StepStatus, at_end: bool = True) -> bool:
+    return bool(every and status.done % every == 0) or (at_end and status.last)
 
 
 # ----------------------------------------------------------------------------- log.jsonl
@@ -81,7 +81,7 @@ class Logger:
     """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
     the tracker and the progress bar. Rates come from the run kind (``rates``)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: RunState):
         from tqdm.auto import tqdm
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
@@ -106,22 +106,22 @@ class Logger:
             self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.bar.update(1)
 
-    def __call__(self, run: Run, tick: Tick) -> None:
-        if not due(run.cfg.train.log_every, tick) and not tick.stopping:
+    def __call__(self, run: RunState, status: StepStatus) -> None:
+        if not due(run.cfg.train.log_every, status) and not status.stopping:
             return
         if self.steps == 0:
             return
-        rec = self.record(run, tick.done)
+        rec = self.record(run, status.done)
         self.log.write(rec)
         if self.tracker:
-            run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=tick.done)
+            run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=status.done)
         loss = rec.get("loss")
         rate = next((k for k in rec if k.endswith("_per_s")), None)
         self.bar.set_postfix({"loss": f"{loss:.4f}" if loss is not None else "skipped",
                               **({rate: f"{rec[rate]:.0f}"} if rate else {})}, refresh=False)
         self._reset()
 
-    def record(self, run: Run, done: int) -> dict:
+    def record(self, run: RunState, done: int) -> dict:
         dt = time.perf_counter() - self.t0
         rec = {"step": done, "lr": run.optimizer.param_groups[0]["lr"]}
         vals = {}
@@ -142,7 +142,7 @@ class Logger:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def image_rates(run: Run, steps: int, applied: int, dt: float, sums: dict) -> dict:
+def image_rates(run: RunState, steps: int, applied: int, dt: float, sums: dict) -> dict:
     """images/s and body tokens/s over the logged steps, and MFU on a known GPU."""
     world, B = run.acc.num_processes, run.cfg.train.batch_size
     images = B * steps
@@ -155,11 +155,11 @@ def image_rates(run: Run, steps: int, applied: int, dt: float, sums: dict) -> di
     return rec
 
 
-def params_finite(run: Run) -> bool:
+def params_finite(run: RunState) -> bool:
     return all_finite(run.model.parameters())
 
 
-def save_checkpoint(run: Run, step: int) -> Path | None:
+def save_checkpoint(run: RunState, step: int) -> Path | None:
     """Write RUN/checkpoints/step_N.pt (all processes take part; the main one writes), then rotate;
     a sharded run writes step_N.dcp/ (every process its shards)."""
     if is_sharded(run.module):
@@ -188,24 +188,24 @@ class CheckpointHook:
     """Writes a checkpoint when due and the last update was healthy; ``kept`` (main process) knows the
     last good checkpoint and rotates around it (engine/checkpointer.py)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: RunState):
         resumed = ckpt_lib.checkpoint_path(run.run_dir, run.start) if run.start else None
         self.kept = Retention(run.run_dir, run.cfg.train.keep_ckpts, resumed)
 
-    def __call__(self, run: Run, tick: Tick) -> None:
-        self.kept.observe(tick.healthy)
-        if not (due(run.cfg.train.ckpt_every, tick) or tick.stopping):
+    def __call__(self, run: RunState, status: StepStatus) -> None:
+        self.kept.observe(status.healthy)
+        if not (due(run.cfg.train.ckpt_every, status) or status.stopping):
             return
-        if not tick.healthy or not params_finite(run):
+        if not status.healthy or not params_finite(run):
             if run.main:
-                warn(f"step {tick.done}: no checkpoint written (skipped update or non-finite weights); "
+                warn(f"step {status.done}: no checkpoint written (skipped update or non-finite weights); "
                      f"{self.kept.kept_message()}")
             return
-        path = save_checkpoint(run, tick.done)
+        path = save_checkpoint(run, status.done)
         if run.main:
             self.kept.saved(path)
-        if tick.stopping and run.main:
-            print(f"stopped by signal at step {tick.done}: checkpoint {path}", flush=True)
+        if status.stopping and run.main:
+            print(f"stopped by signal at step {status.done}: checkpoint {path}", flush=True)
 
 
 # ----------------------------------------------------------------------------- samples, evaluation
@@ -224,13 +224,13 @@ class SampleGrids:
     tokenizer: object
     classes: list[int] = field(default_factory=list)
 
-    def __call__(self, run: Run, tick: Tick) -> None:
-        if tick.stopping or not due(run.cfg.train.sample_every, tick):
+    def __call__(self, run: RunState, status: StepStatus) -> None:
+        if status.stopping or not due(run.cfg.train.sample_every, status):
             return
         model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
             from ..generation import write_grid
-            path = run.run_dir / "samples" / f"step_{tick.done:08d}.png"
+            path = run.run_dir / "samples" / f"step_{status.done:08d}.png"
             with preserved_rng(run.device):
                 write_grid(model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
                            self.classes, path, objective=run.cfg.objective)
@@ -243,9 +243,9 @@ class OnlineEval:
     tokenizer: object
     log: JsonLog
 
-    def __call__(self, run: Run, tick: Tick) -> None:
+    def __call__(self, run: RunState, status: StepStatus) -> None:
         t = run.cfg.train
-        if tick.stopping or not due(t.eval_every, tick, at_end=False):
+        if status.stopping or not due(t.eval_every, status, at_end=False):
             return
         model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
@@ -253,14 +253,14 @@ class OnlineEval:
             with preserved_rng(run.device):
                 res = online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
                                          on_device(self.tokenizer, run.device), run.cfg.sample.seed, grid=run.grid)
-            rec = {"step": tick.done, **{f"eval_{k}": v for k, v in res.items()}}
+            rec = {"step": status.done, **{f"eval_{k}": v for k, v in res.items()}}
             self.log.write(rec)
             if t.tracker != "none":
-                run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=tick.done)
+                run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=status.done)
         run.acc.wait_for_everyone()
 
 
-def image_hooks(run: Run, log: JsonLog) -> list:
+def image_hooks(run: RunState, log: JsonLog) -> list:
     """Sample grids (and the online digits evaluation when train.eval_every) for class-conditional runs;
     ConfigError if the data's tokenizer cannot be built."""
     from ..config import ConfigError

@@ -24,9 +24,9 @@ from typing import Literal
 import torch
 
 from ..config import ConfigError, at_least, check_seed, fail, register_section
-from .hooks import CheckpointHook, Logger, Tick
+from .hooks import CheckpointHook, Logger, StepStatus
 from .lock import run_lock
-from .setup import Run, build_run
+from .setup import RunState, build_run
 from .sharding import global_tensor, is_sharded
 
 PREEMPTED_EXIT = 75
@@ -152,7 +152,7 @@ class StopSignals:
         return bool(self.acc.reduce(flag, reduction="sum").item())
 
 
-def train_step(run: Run, batches, step: int) -> tuple[dict, bool]:
+def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
     """One update (``train.grad_accum`` micro-batches) -> (summed statistics, update applied)."""
     t, acc, module = run.cfg.train, run.acc, run.module
     sharded = is_sharded(module)
@@ -196,7 +196,7 @@ class Hooks:
         yield from self.kind_hooks
 
 
-def build_hooks(run: Run) -> Hooks:
+def build_hooks(run: RunState) -> Hooks:
     """The run's hooks; ConfigError if one cannot run."""
     logger = Logger(run)
     return Hooks(logger, CheckpointHook(run), run.kind.hooks(run, logger.log))
@@ -232,7 +232,7 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
     return run.run_dir
 
 
-def _loop(run: Run, hooks: Hooks) -> None:
+def _loop(run: RunState, hooks: Hooks) -> None:
     t = run.cfg.train
     if run.start >= t.max_steps and run.main:
         print(f"nothing to do: the run is at step {run.start}, train.max_steps is {t.max_steps}", flush=True)
@@ -242,14 +242,14 @@ def _loop(run: Run, hooks: Hooks) -> None:
             sums, applied = train_step(run, batches, step)
             bad = 0 if applied else bad + 1
             hooks.logger.observe(sums, applied, run.health.last)
-            tick = Tick(step + 1, step + 1 == t.max_steps, signals.requested(), applied)
+            status = StepStatus(step + 1, step + 1 == t.max_steps, signals.requested(), applied)
             for hook in hooks:
-                hook(run, tick)
+                hook(run, status)
             if bad > t.max_nonfinite:
                 raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss or gradient (step "
                                f"{step + 1}, train.max_nonfinite={t.max_nonfinite}); "
                                f"{hooks.checkpointer.kept.after_divergence()}")
-            if tick.stopping:
+            if status.stopping:
                 hooks.logger.log.write({"event": "preempted", "step": step + 1, "signal": signals.signum})
                 signals.saved = True
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written

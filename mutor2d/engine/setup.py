@@ -61,7 +61,7 @@ class RunKind(Protocol):
 
 
 @dataclass
-class Run:
+class RunState:
     """Everything the loop and its hooks need."""
     cfg: object                 # the kind's run config (train and optim sections are shared)
     kind: RunKind
@@ -179,7 +179,7 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     return seed_process(seed + start, rank, acc.device)
 
 
-def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> Run:
+def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> RunState:
     """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start."""
     run_dir = Path(run_dir)
     acc = make_accelerator(cfg, run_dir)
@@ -225,7 +225,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     loader = build_loader(cfg, kind, dataset, acc, start)
     grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
     health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, saved.get("health") if saved else None)
-    return Run(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
+    return RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
                loader, start, health)
 
 

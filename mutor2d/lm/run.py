@@ -110,13 +110,13 @@ class LMRun:
     def hooks(self, run, log) -> list:
         return [self.snapshot]
 
-    def snapshot(self, run, tick) -> None:
+    def snapshot(self, run, status) -> None:
         """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
         eval/lm_accuracy.py --ckpt RUN/step_N); the last step's goes into the run folder (``finish``)."""
         from ..engine.hooks import due
-        if tick.last or tick.stopping or not tick.healthy or not due(run.cfg.train.ckpt_every, tick, at_end=False):
+        if status.last or status.stopping or not status.healthy or not due(run.cfg.train.ckpt_every, status, at_end=False):
             return
-        self.save_folder(run, run.run_dir / f"step_{tick.done}")
+        self.save_folder(run, run.run_dir / f"step_{status.done}")
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
         """Sequences/s and slots/s (regular + register slots, padding included)."""

@@ -350,12 +350,12 @@ class ReconstructionEval:
     images: torch.Tensor
     log: object                 # the run's JsonLog
 
-    def __call__(self, run, tick) -> None:
+    def __call__(self, run, status) -> None:
         from ..engine.hooks import due
-        if tick.stopping or not due(run.cfg.train.eval_every, tick):
+        if status.stopping or not due(run.cfg.train.eval_every, status):
             return
         if run.main:
-            self.log.write({"step": tick.done, "eval": reconstruction_metrics(run.sample_model, self.images)})
+            self.log.write({"step": status.done, "eval": reconstruction_metrics(run.sample_model, self.images)})
         run.acc.wait_for_everyone()
 
 
