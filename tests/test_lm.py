@@ -277,15 +277,15 @@ def test_length_grouped_step_batches_cover_each_sample_once_and_group_lengths():
     assert list(again) == list(grouped)[2:]                       # a resumed run reads the same batches
 
 
+@pytest.mark.usefixtures("one_thread")               # the in-process runs match the 1-thread subprocess
 def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A language-model run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the
-    losses and final weights of an uninterrupted run of the same steps; a plain rerun is refused."""
-    import subprocess
-
+    losses and final weights of an uninterrupted run of the same steps; a plain rerun is refused. Only
+    the stopped run is a process of its own (the others train in this one: no second model load)."""
     import yaml
     from safetensors.torch import load_file
 
-    from test_training import PY, ROOT, env, losses, losses_so_far, stop_after
+    from test_training import PY, losses, losses_so_far, stop_after
 
     _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "lora", "lora_targets": ["q_proj"]},
@@ -298,14 +298,11 @@ def test_lm_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     rc, err = stop_after([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run)], run, 2)
     assert rc == 75, err[-2000:]
     k = max(losses_so_far(run))
-    more = ["--max-steps", str(k + 2)]
-    again = subprocess.run([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(run), *more],
-                           cwd=ROOT, env=env(1), capture_output=True, text=True)
-    assert again.returncode == 2 and "already has checkpoints" in again.stderr     # nothing overwritten
-    for out, extra in ((run, ["--resume", "auto"]), (straight, [])):
-        r = subprocess.run([PY, "train.py", "--config", str(tmp_path / "lm.yaml"), "--out", str(out), *more, *extra],
-                           cwd=ROOT, env=env(1), capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
+    more = [f"train.max_steps={k + 2}"]
+    with pytest.raises(ConfigError, match="already has checkpoints"):               # nothing overwritten
+        lm_pkg.train(cfg, run, more)
+    lm_pkg.train(cfg, run, more, resume="auto")
+    lm_pkg.train(cfg, straight, more)
     assert losses(run) == losses(straight) and len(losses(run)) == k + 2
     for name in ("adapter_model.safetensors", "register_embedding.safetensors"):
         a, b = load_file(str(run / name)), load_file(str(straight / name))

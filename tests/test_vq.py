@@ -386,10 +386,10 @@ def test_train_vq_script_reports_bad_config_in_one_line(capsys):
 
 def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A VQ run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the losses and
-    final weights of an uninterrupted run of the same steps."""
-    import subprocess
+    final weights of an uninterrupted run of the same steps (the stopped run is a process of its own)."""
+    from mutor2d.tokenizer.vq_train import load_config, train
 
-    from test_training import PY, env, losses, losses_so_far, stop_after
+    from test_training import PY, losses, losses_so_far, stop_after
     sets = ["--set", "model.preset=tiny", "--set", "data.eval_images=4", "--set", "train.batch_size=4",
             "--set", "train.log_every=1", "--set", "train.ckpt_every=0", "--set", "train.eval_every=0"]
     run, straight = tmp_path / "run", tmp_path / "straight"
@@ -397,10 +397,9 @@ def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
                           *sets], run, 2)
     assert rc == 75, err[-2000:]
     k = max(losses_so_far(run))
-    for out, extra in ((run, ["--resume", "auto"]), (straight, [])):
-        r = subprocess.run([PY, "train.py", "--config", "vq_digits.yaml", "--out", str(out), "--max-steps", str(k + 2),
-                            *sets, *extra], cwd=ROOT, env=env(1), capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
+    cfg = load_config("vq_digits", [s for s in sets if s != "--set"] + [f"train.max_steps={k + 2}"])
+    train(cfg, run, resume="auto")
+    train(cfg, straight, resume=None)
     assert losses(run) == losses(straight) and len(losses(run)) == k + 2
     a, b = (torch.load(ckpt, weights_only=True)["model"] for ckpt in
             (run / "checkpoints" / f"step_{k + 2:08d}.pt", straight / "checkpoints" / f"step_{k + 2:08d}.pt"))
