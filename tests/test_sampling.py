@@ -20,6 +20,8 @@ from mutor2d.registers import regular_position_ids
 from mutor2d.generation import (NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes,
                                   read_npz, sample_batches, save_grid, shard_dir, spread_classes)
 from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, sample_logits
+
+from test_generation import cli_error
 from mutor2d.sampling import plain as plain_decoding
 from mutor2d.sampling.plain import decode_plain
 
@@ -297,16 +299,6 @@ def sample_main():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return lambda argv: module.main([*argv, "--device", "cpu"])
-
-
-def cli_error(main, argv, capsys) -> str:
-    """The one stderr line of a command that fails with exit status 2."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
-    return err[0]
 
 
 def test_sample_py_grid_png_on_cpu(digits_run):
