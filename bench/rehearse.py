@@ -11,8 +11,9 @@ Stages (one timing line each, then a JSON summary on the last line of stdout):
   extract   tokenizers/extract_codes.py over 2 processes -> codes with 16x16 grids
   train+stop  train.py --config llamagen_b_mutor2d.yaml over 2 processes, with --set only for batch
             size, steps, data paths, cadences, and what the 2-class data forces (model.num_classes,
-            sample.classes); --quick also shrinks widths (model.preset=custom). SIGTERM to the
-            training processes mid-run: each writes/joins the checkpoint and exits 75
+            sample.classes); --quick also shrinks widths (model.preset=custom); ``--sharding fsdp``
+            shards it with FSDP2 (sharded .dcp checkpoints). SIGTERM to the training processes
+            mid-run: each writes/joins the checkpoint and exits 75
   resume    the same command with --resume auto, to max_steps
   sample    sample.py --num N --npz over 2 processes
   fid       eval/fid.py against an ADM-style reference npz made from the ImageFolder, with stand-in
@@ -217,7 +218,7 @@ def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
             f"data.path={data / 'codes'}", f"data.tokenizer={data / 'vq_ds16_c2i.pt'}",
             f"train.ckpt_every={size.ckpt_every}", f"train.sample_every={size.max_steps}", "train.log_every=1",
             "model.num_classes=2", "sample.classes=[0,1]",     # the data has 2 classes, the config 1000
-            *size.model, *args.overrides]
+            f"train.sharding={args.sharding}", *size.model, *args.overrides]
     cmd = launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
     for s in sets:
         cmd += ["--set", s]
@@ -272,7 +273,14 @@ def worker_exit_codes(output: str) -> dict[int, int]:
 LAUNCHER_KILLED = (-15, 143)
 
 
-def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str) -> dict:
+def checkpoint_of(run_dir: Path, step: int, sharding: str) -> Path:
+    """The checkpoint a step leaves: a .pt file, or a .dcp folder when sharded."""
+    from mutor2d import checkpoint as ckpt_lib
+    path = ckpt_lib.checkpoint_path(run_dir, step)
+    return path.with_suffix(".dcp") if sharding == "fsdp" else path
+
+
+def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str, sharding: str = "ddp") -> dict:
     """The training processes took the stop path (exit 75, see LAUNCHER_KILLED) after writing a complete
     checkpoint of the step they stopped at. torchrun itself exits 1 and lists the ranks' codes; when
     the launcher was signalled it lists none (it died of the signal)."""
@@ -285,7 +293,7 @@ def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str) -> di
     if res["launcher_rc"] == 0 or "; continue with --resume auto" not in out or not expected:
         raise StageError(f"stop: launcher exit {res['launcher_rc']}, process exit codes {codes}, expected 75; "
                          f"last output:\n{out[-3000:]}")
-    path = ckpt_lib.checkpoint_path(run_dir, step)
+    path = checkpoint_of(run_dir, step, sharding)
     try:
         ckpt_lib.load(path, mmap=True)
     except (ValueError, OSError, RuntimeError) as e:
@@ -296,7 +304,7 @@ def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str) -> di
     return {"step": step, "launcher_rc": res["launcher_rc"], "process_rc": codes}
 
 
-def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int) -> dict:
+def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int, sharding: str = "ddp") -> dict:
     """The resumed run continued from the stop checkpoint: one resume marker at that step, then the
     steps stopped+1 .. max_steps once each, and the last checkpoint is step max_steps."""
     from mutor2d import checkpoint as ckpt_lib
@@ -307,7 +315,7 @@ def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int) -> dict:
         raise StageError(f"resume: did not resume from step {stopped}; last output:\n{out[-3000:]}")
     if after != list(range(stopped + 1, max_steps + 1)):
         raise StageError(f"resume: logged steps {after}, expected {stopped + 1}..{max_steps}")
-    if not ckpt_lib.checkpoint_path(run_dir, max_steps).is_file():
+    if not checkpoint_of(run_dir, max_steps, sharding).exists():
         raise StageError(f"resume: no final checkpoint of step {max_steps}")
     return {"from": stopped, "steps_logged": after}
 
@@ -384,12 +392,12 @@ def stage_jobs(args, size: RehearsalSize, w: Path, env: dict, state: dict) -> di
 
     def stop():
         res = stop_mid_run(train_command(args, size, w), env, run_dir, size.stop_at, logs / "train.log", args.signal)
-        state["stopped"] = check_stop(res, run_dir, size, args.signal)
+        state["stopped"] = check_stop(res, run_dir, size, args.signal, args.sharding)
         return state["stopped"]
 
     def resume():
         out = run("resume", train_command(args, size, w) + ["--resume", "auto"], env, logs / "resume.log")
-        found = check_resume(out, run_dir, state["stopped"]["step"], size.max_steps)
+        found = check_resume(out, run_dir, state["stopped"]["step"], size.max_steps, args.sharding)
         return {**found, "seconds_per_step": seconds_per_step(log_steps(run_dir), size.batch_size)}
 
     def evaluate():
@@ -447,6 +455,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="the real VQ-16 and GPT-B shapes (by hand: minutes per training step on 2 cores)")
     ap.add_argument("--workdir", default="runs/rehearsal", help="new or empty folder for everything made")
     ap.add_argument("--launcher", choices=("torchrun", "accelerate"), default="accelerate")
+    ap.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp",
+                    help="train.sharding of the training stages (fsdp: FSDP2, sharded checkpoints)")
     ap.add_argument("--signal", choices=("workers", "group", "nonmain"), default="workers",
                     help="SIGTERM the training processes (workers), the launcher's whole process group, or "
                          "only the ranks > 0 (WORKAROUND for large checkpoints, see the notes: torchrun then "

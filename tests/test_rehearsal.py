@@ -1,7 +1,8 @@
-"""The rehearsal at CI size: bench/rehearse.py --quick runs the user's commands (extract_codes.py,
-train.py with the shipped GPT-B MuToR-2D config at reduced width, a SIGTERM and --resume auto,
-sample.py --npz, eval/fid.py, eval/leaderboard.py) over 2 CPU processes; each stage's output is
-checked here again, from the files it left."""
+"""The rehearsal at CI size: bench/rehearse.py --quick --sharding fsdp runs the user's commands
+(extract_codes.py, train.py with the shipped GPT-B MuToR-2D config at reduced width sharded with FSDP2,
+a SIGTERM and --resume auto, sample.py --npz, eval/fid.py, eval/leaderboard.py) over 2 CPU processes;
+each stage's output is checked here again, from the files it left. (The DDP path over 2 processes is
+tested in test_training.py and test_fsdp.py.)"""
 import json
 import subprocess
 import sys
@@ -10,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mutor2d import checkpoint as ckpt_lib
 from mutor2d.engine import read_log
 from mutor2d.tokenizer.codes import open_store
 
@@ -26,8 +26,8 @@ def rehearsal(tmp_path_factory):
     """(summary dict, workdir) of one quick rehearsal."""
     work = tmp_path_factory.mktemp("rehearsal") / "w"
     out = work.parent / "summary.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench/rehearse.py"), "--quick", "--workdir", str(work),
-                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, str(ROOT / "bench/rehearse.py"), "--quick", "--sharding", "fsdp",
+                        "--workdir", str(work), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     timings = [line for line in r.stdout.splitlines() if line.startswith("[rehearse] ") and " s  " in line]
     assert len(timings) == len(rehearse.STAGES), r.stdout            # one timing line per stage
@@ -53,7 +53,7 @@ def test_sigterm_checkpoints_and_exits_75(rehearsal):
     assert set(codes.values()) <= {75, *rehearse.LAUNCHER_KILLED}   # see bench/rehearse.py LAUNCHER_KILLED
     assert QUICK.stop_at <= stop["step"] < QUICK.max_steps
     assert "stopped by signal" in (work / "logs/train.log").read_text()
-    assert ckpt_lib.checkpoint_path(work / "run", stop["step"]).is_file()
+    assert rehearse.checkpoint_of(work / "run", stop["step"], "fsdp").is_dir()       # sharded
 
 
 def test_resumed_log_continues(rehearsal):
@@ -64,7 +64,7 @@ def test_resumed_log_continues(rehearsal):
     assert marks == [{"event": "resume", "step": stopped}]
     assert [r["step"] for r in read_log(work / "run")] == list(range(1, QUICK.max_steps + 1))
     assert all(np.isfinite(r["loss"]) for r in read_log(work / "run"))
-    assert ckpt_lib.checkpoint_path(work / "run", QUICK.max_steps).is_file()
+    assert rehearse.checkpoint_of(work / "run", QUICK.max_steps, "fsdp").is_dir()
     assert f"resuming from step {stopped}" in (work / "logs/resume.log").read_text()
 
 
