@@ -231,3 +231,16 @@ def test_a_flipped_byte_in_a_sharded_checkpoint_is_caught(two_process_runs, tmp_
     shard.write_bytes(bytes(data))
     with pytest.raises(ckpt_lib.CheckpointError, match="do not match the checksum stored at save"):
         ckpt_lib.load_weights(run)
+
+
+def test_one_launched_process_shards_on_a_one_rank_mesh(tmp_path):
+    """torchrun with one process (as bench/gpu.sh runs it on one GPU): FSDP2 on a one-rank mesh, sharded
+    checkpoints, --resume auto from one; a plain single process trains unsharded (.pt)."""
+    cfg = write_yaml(tmp_path / "t.yaml", "train.max_steps=2", "train.ckpt_every=2", "train.sharding=fsdp")
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "1", "train.py", "--config", str(cfg),
+           "--out", str(tmp_path / "run")]
+    for extra in ([], ["--max-steps", "3", "--resume", "auto"]):
+        r = subprocess.run(cmd + extra, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert [p.name for p in ckpt_lib.list_checkpoints(tmp_path / "run")] == ["step_00000002.dcp", "step_00000003.dcp"]
+    assert sorted(losses(tmp_path / "run")) == [1, 2, 3]

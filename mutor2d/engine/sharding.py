@@ -31,12 +31,16 @@ from ..io import warn
 
 
 def wants_fsdp(train_cfg, num_processes: int, main: bool) -> bool:
-    """True when train.sharding asks for FSDP2 and there are processes to shard over."""
+    """True when train.sharding asks for FSDP2 and a process group exists: several processes, or one
+    launched by torchrun / accelerate (a one-rank mesh: the sharded code path on one GPU, as
+    bench/gpu.sh checks it). A plain single process trains unsharded, with a warning."""
+    import torch.distributed as dist
     if train_cfg.sharding != "fsdp":
         return False
-    if num_processes == 1:
+    if num_processes == 1 and not dist.is_initialized():
         if main:
-            warn("train.sharding=fsdp with one process: nothing to shard over, the model trains unsharded")
+            warn("train.sharding=fsdp in a single process without a launcher: nothing to shard over, the "
+                 "model trains unsharded")
         return False
     return True
 
