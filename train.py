@@ -1,7 +1,9 @@
 """Train a model: python train.py --config NAME [--out RUN_DIR] [--set section.key=value ...]
 [--max-steps N] [--resume auto|PATH]
 
-Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``.
+Runs on one CPU/GPU as is, and on many GPUs/nodes with ``accelerate launch train.py ...``. Resuming
+(``--resume``) continues with the run's saved config: only values given with --set / --max-steps
+change it (each change is named), and values of the config file that differ are named and not used.
 The run folder (default runs/<config name>, or train.out_dir) receives config.yaml, log.jsonl,
 checkpoints/ and samples/, and run.lock while a run holds it (one live run per folder). See
 mutor2d/engine/ for the rules.
@@ -14,7 +16,8 @@ checkpoint (continue with --resume auto).
 from __future__ import annotations
 
 import argparse
-import sys
+import copy
+import os
 from pathlib import Path
 
 from mutor2d import checkpoint as ckpt_lib
@@ -35,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=int, help="override train.max_steps")
     ap.add_argument("--resume", metavar="auto|PATH",
                     help="'auto': continue from the newest readable checkpoint of the run folder (fresh "
-                         "start if it has none); PATH: a checkpoint file or run folder to continue from")
+                         "start if it has none); PATH: a checkpoint file or run folder to continue from. "
+                         "A resumed run keeps its saved config except what --set / --max-steps change")
     return ap.parse_args(argv)
 
 
@@ -44,13 +48,51 @@ def run(args: argparse.Namespace) -> Path:
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.config:
-        cfg = load_config(config_lib.read_mapping(args.config), overrides)
+        data = config_lib.read_mapping(args.config)
+        cfg = load_config(copy.deepcopy(data), overrides)
+        saved = saved_config(args.resume, args.out or cfg.train.out_dir or default_run_dir(args.config))
+        if saved is not None:                  # resuming: the run's own config, plus what --set says
+            report_resume_changes(data, saved, overrides)
+            cfg = load_config(saved, overrides)
     elif args.resume and args.resume != "auto":
         cfg = load_config(ckpt_lib.read_meta(args.resume)["config"], overrides)
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
     return train(cfg, run_dir, resume=args.resume)
+
+
+def saved_config(resume: str | None, run_dir) -> dict | None:
+    """The stored config of the checkpoint ``--resume`` continues from (None: a fresh run, or none to
+    read here; the engine then says why)."""
+    try:
+        path = ckpt_lib.latest_valid(run_dir) if resume == "auto" else ckpt_lib.resolve(resume) if resume else None
+        return ckpt_lib.read_meta(path)["config"] if path is not None else None
+    except (ValueError, FileNotFoundError):
+        return None
+
+
+def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) -> None:
+    """On resume the saved config wins over the config file; say which values --set changes and which
+    values of the file are not used (main process only)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    old, given = flat(saved), {".".join(k): v for k, v in map(config_lib.parse_override, overrides)}
+    for key, value in given.items():
+        if key in old and old[key] != value:
+            print(f"note: {key} changed on resume: {old[key]!r} -> {value!r}", flush=True)
+    unused = sorted(k for k, v in flat(file_data).items() if k not in given and k in old and old[k] != v)
+    if unused:
+        print(f"note: resuming with the run's saved config; the config file's {', '.join(unused)} differ and are "
+              f"not used (--set them to change them)", flush=True)
+
+
+def flat(data: dict, prefix: str = "") -> dict:
+    """Nested sections -> {"section.key": value}."""
+    out = {}
+    for k, v in data.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def load_config(data: dict, overrides: list[str]):
@@ -72,7 +114,9 @@ def main(argv=None) -> None:
     def start() -> Path:
         load_plugins()
         return run(args)
-    print(f"run folder: {run_entry(start)}")
+    run_dir = run_entry(start)
+    if os.environ.get("RANK", "0") == "0":           # one line per run, not per process
+        print(f"run folder: {run_dir}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,14 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:08d}.pt"
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's name (``step_XXXXXXXX.pt`` or ``.dcp``)."""
+    m = _STEP.search(Path(path).name)
+    if m is None:
+        raise ValueError(f"{str(path)!r} is not named like a checkpoint (step_XXXXXXXX.pt or .dcp)")
+    return int(m.group(1))
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """Checkpoint files of a run, oldest first."""
     folder = Path(run_dir) / "checkpoints"

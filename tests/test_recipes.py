@@ -104,7 +104,7 @@ def run_commands(tmp_path, cache, sections: dict, ref: str = "digits:train", num
     run = tmp_path / "run"
     train = script("train.py")
     train.main(["--config", str(tmp_path / "run.yaml"), "--out", str(run), "--max-steps", "2"])
-    train.main(["--config", str(tmp_path / "run.yaml"), "--out", str(run), "--resume", "auto"])
+    train.main(["--config", str(tmp_path / "run.yaml"), "--out", str(run), "--resume", "auto", "--max-steps", "4"])
     steps = [r["step"] for r in read_log(run) if "loss" in r]
     assert steps == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) for r in read_log(run) if "loss" in r)
     npz = run / "samples.npz"

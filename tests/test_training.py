@@ -348,3 +348,28 @@ def test_shipped_configs_hold_the_paper_recipe():
     assert (a.objective.name, b.objective.name) == ("mutor-2d", "ntp")
     assert {k: v for k, v in a.to_dict().items() if k != "objective"} == \
         {k: v for k, v in b.to_dict().items() if k != "objective"}
+
+
+def test_keep_every_keeps_checkpoints_for_later_scoring(tmp_path):
+    """train.keep_every=2 with keep_ckpts=1: rotation keeps the newest and every even step."""
+    from mutor2d import checkpoint as ckpt_lib
+    train(tiny("train.max_steps=5", "train.ckpt_every=1", "train.keep_ckpts=1", "train.keep_every=2"), tmp_path)
+    assert [ckpt_lib.checkpoint_step(p) for p in ckpt_lib.list_checkpoints(tmp_path)] == [2, 4, 5]
+
+
+def test_resume_keeps_the_saved_config_and_names_what_changes(tmp_path, capsys):
+    """train.py --config X --resume auto: the run's saved config wins over the file; --set / --max-steps
+    change it, and both are named (a run started with --max-steps 2 is not extended to the file's 3)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    cfg, run = write_yaml(tmp_path / "t.yaml", "train.max_steps=3", "train.ckpt_every=1"), tmp_path / "run"
+    cli.main(["--config", str(cfg), "--out", str(run), "--max-steps", "2"])
+    capsys.readouterr()
+    cli.main(["--config", str(cfg), "--out", str(run), "--resume", "auto"])
+    out = capsys.readouterr().out
+    assert "the config file's train.max_steps differ and are not used" in out and sorted(losses(run)) == [1, 2]
+    cli.main(["--config", str(cfg), "--out", str(run), "--resume", "auto", "--max-steps", "3"])
+    assert "note: train.max_steps changed on resume: 2 -> 3" in capsys.readouterr().out
+    assert sorted(losses(run)) == [1, 2, 3]

@@ -5,7 +5,8 @@ Rules:
     unreadable one is named on stderr and renamed ``*.pt.unreadable`` (kept for inspection, never
     counted again). Checkpoints present but none readable is an error, not a fresh start.
     Unreadable includes a checksum mismatch (bit rot in the tensor data).
-  * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all) and deletes only
+  * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all), and every checkpoint
+    of a step that is a multiple of ``train.keep_every`` (for scoring later), and deletes only
     readable ones older than all of those: never a newer file, never the only readable one, never the
     last good one.
   * Good: the checkpoint of step N holds the weights after update N; it is good once update N+1 is
@@ -66,9 +67,9 @@ def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | N
     return None, None
 
 
-def rotate(run_dir: Path, keep: int, protect: Path | None = None) -> None:
+def rotate(run_dir: Path, keep: int, protect: Path | None = None, keep_every: int = 0) -> None:
     """Delete readable checkpoints older than the newest ``keep`` readable ones, except ``protect``
-    (the last good one; see module doc)."""
+    (the last good one; see module doc) and those of steps that are multiples of ``keep_every``."""
     if not keep:
         return
     kept = 0
@@ -78,16 +79,21 @@ def rotate(run_dir: Path, keep: int, protect: Path | None = None) -> None:
                 kept += 1
             else:
                 set_aside(path, "unreadable")
-        elif path != protect and ckpt_lib.is_readable(path):
+        elif path != protect and not kept_for_scoring(path, keep_every) and ckpt_lib.is_readable(path):
             ckpt_lib.remove(path)
+
+
+def kept_for_scoring(path: Path, keep_every: int) -> bool:
+    """A checkpoint of a step that is a multiple of ``train.keep_every`` (0 = none) is never rotated."""
+    return bool(keep_every) and ckpt_lib.checkpoint_step(path) % keep_every == 0
 
 
 class Retention:
     """The main process's record of the last good checkpoint and of the one written after it (not yet
     confirmed), and rotation around them (see module doc)."""
 
-    def __init__(self, run_dir: Path, keep: int, resumed: Path | None):
-        self.run_dir, self.keep = run_dir, keep
+    def __init__(self, run_dir: Path, keep: int, resumed: Path | None, keep_every: int = 0):
+        self.run_dir, self.keep, self.keep_every = run_dir, keep, keep_every
         self.good: Path | None = None
         self.pending = resumed if resumed is not None and resumed.exists() else None
 
@@ -98,7 +104,7 @@ class Retention:
 
     def saved(self, path: Path) -> None:
         self.pending = path
-        rotate(self.run_dir, self.keep, protect=self.good)
+        rotate(self.run_dir, self.keep, protect=self.good, keep_every=self.keep_every)
 
     def kept_message(self) -> str:
         if self.good is None:

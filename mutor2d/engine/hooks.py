@@ -190,7 +190,7 @@ class CheckpointHook:
 
     def __init__(self, run: RunState):
         resumed = ckpt_lib.checkpoint_path(run.run_dir, run.start) if run.start else None
-        self.kept = Retention(run.run_dir, run.cfg.train.keep_ckpts, resumed)
+        self.kept = Retention(run.run_dir, run.cfg.train.keep_ckpts, resumed, run.cfg.train.keep_every)
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
         self.kept.observe(status.healthy)

@@ -44,7 +44,8 @@ class TrainConfig:
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     log_every: int = 10
     ckpt_every: int = 500
-    keep_ckpts: int = 2
+    keep_ckpts: int = 2              # newest checkpoints kept by rotation (0 = all)
+    keep_every: int = 0              # also keep every checkpoint of a multiple of this step, to score later
     sample_every: int = 0            # 0 = only at the end
     eval_every: int = 0              # online embedded-metric evaluation (digits); 0 = off
     eval_per_class: int = 20         # samples per class for the online evaluation
@@ -68,7 +69,8 @@ class TrainConfig:
     def check(self) -> None:
         for k in ("batch_size", "grad_accum", "log_every", "eval_per_class", "blowup_window"):
             at_least(f"train.{k}", getattr(self, k), 1)
-        for k in ("max_steps", "ckpt_every", "keep_ckpts", "sample_every", "eval_every", "max_nonfinite"):
+        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "sample_every", "eval_every",
+                  "max_nonfinite"):
             at_least(f"train.{k}", getattr(self, k), 0)
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum: {self.grad_accum} does not divide "

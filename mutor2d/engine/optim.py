@@ -9,6 +9,7 @@ Rules:
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,8 +57,13 @@ def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
     from timm.scheduler import CosineLRScheduler, StepLRScheduler
     warm = optim_cfg.warmup_steps
     if optim_cfg.schedule == "cosine":
-        return CosineLRScheduler(optimizer, t_initial=max(1, max_steps - warm), lr_min=optim_cfg.min_lr,
-                                 warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+        quiet = logging.getLogger("timm.scheduler.cosine_lr")   # a run shorter than its warmup has no cosine
+        level, quiet.level = quiet.level, logging.ERROR       # part: timm's warning says only that
+        try:
+            return CosineLRScheduler(optimizer, t_initial=max(1, max_steps - warm), lr_min=optim_cfg.min_lr,
+                                     warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+        finally:
+            quiet.level = level
     return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, warmup_t=warm,
                            warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -101,8 +102,10 @@ def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], bas
     ``base_ref``: the base model reference the adapter config stores (default: ``lm.name_or_path``)."""
     from peft import LoraConfig, get_peft_model
     try:
-        model = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                              target_modules=list(targets), task_type="CAUSAL_LM"))
+        with warnings.catch_warnings():     # peft asks transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            model = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                                  target_modules=list(targets), task_type="CAUSAL_LM"))
     except ValueError as e:
         raise LMModelError(f"model.lora_targets={list(targets)}: {str(e).splitlines()[0]}") from None
     if base_ref:
@@ -117,7 +120,10 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
     name ``lm`` was loaded under)."""
     registers = objective_cfg.uses_registers()
     if model_cfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(lm, "activation_checkpointing_enable"):          # the transformers 5 name
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_cfg.finetune == "lora":
         lm = apply_lora(lm, model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout,
                         model_cfg.lora_targets, base_ref)
