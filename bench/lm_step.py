@@ -68,19 +68,22 @@ def make_step(model, opt, packs, device):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt", type=int, nargs=2, default=[60, 120], metavar=("MIN", "MAX"))
-    ap.add_argument("--answer", type=int, nargs=2, default=[80, 160], metavar=("MIN", "MAX"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size of the random Llama (default 512)")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    ap.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
+    ap.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
+    ap.add_argument("--prompt", type=int, nargs=2, default=[60, 120], metavar=("MIN", "MAX"),
+                    help="prompt lengths drawn uniformly in MIN..MAX (default 60 120)")
+    ap.add_argument("--answer", type=int, nargs=2, default=[80, 160], metavar=("MIN", "MAX"),
+                    help="answer lengths drawn uniformly in MIN..MAX (default 80 160)")
     ap.add_argument("--sparse", type=int, default=16, help="K registers of the sparse case")
-    ap.add_argument("--lora", action="store_true")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--lora", action="store_true", help="LoRA adapters instead of full fine-tuning")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a step's time measures")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cuda when available, else cpu")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
     args = ap.parse_args(argv)
     if args.quick:

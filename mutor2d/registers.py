@@ -385,14 +385,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--objective", default=None, choices=["mutor-1d", "mutor-2d"],
                     help="default: mutor-2d for H > 1, mutor-1d for H = 1")
     ap.add_argument("--dmax2d", type=int, default=3, help="D for 2D offsets")
-    ap.add_argument("--dmin", type=int, default=1)
-    ap.add_argument("--dmax", type=int, default=4)
+    ap.add_argument("--dmin", type=int, default=1, help="1D offsets: the nearest token ahead a register predicts")
+    ap.add_argument("--dmax", type=int, default=4, help="1D offsets: the farthest token ahead (d = dmin..dmax)")
     ap.add_argument("--sparse", type=int, default=0, help="K registers (0 = dense)")
-    ap.add_argument("--per-register-offsets", action="store_true")
-    ap.add_argument("--edge", choices=["geometric", "raster"], default="geometric")
-    ap.add_argument("--order", choices=["interleaved", "appended"], default="interleaved")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="mask.png")
+    ap.add_argument("--per-register-offsets", action="store_true",
+                    help="draw an offset per register (default: one offset per sequence, the paper's rule)")
+    ap.add_argument("--edge", choices=["geometric", "raster"], default="geometric",
+                    help="targets past the right edge: invalid (geometric) or wrapped to the next row (raster)")
+    ap.add_argument("--order", choices=["interleaved", "appended"], default="interleaved",
+                    help="draw each register after its anchor (interleaved) or in memory order (appended)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the offset / anchor draw")
+    ap.add_argument("--out", default="mask.png", help="PNG to write (default mask.png)")
     args = ap.parse_args(argv)
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
