@@ -321,6 +321,10 @@ def test_online_eval_is_logged_and_leaves_training_unchanged(tmp_path, monkeypat
     assert calls == [("GPT", 3, 2.0), ("GPT", 3, 2.0)]
     evals = [r for r in read_log(tmp_path / "a") if "eval_fid" in r]
     assert [(r["step"], r["eval_fid"], r["eval_accuracy"]) for r in evals] == [(1, 1.5, 0.9), (2, 1.5, 0.9)]
+    from mutor2d.evaluation.records import read_records
+    records, _ = read_records([tmp_path / "a"])                # the records the leaderboard reads
+    assert sorted((r["step"], r["metrics"]["fid"], r["reference"]) for r in records) == \
+        [(1, 1.5, "digits:train"), (2, 1.5, "digits:train")]
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     with pytest.raises(ConfigError, match="train.eval_every: the online evaluation needs data.name=digits"):
         tiny("train.eval_every=2", "model.conditioning=prompt")           # refused at load, before any training

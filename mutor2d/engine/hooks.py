@@ -239,7 +239,8 @@ class SampleGrids:
 
 @dataclass
 class OnlineEval:
-    """Every train.eval_every steps: the embedded digits metric on fresh samples, into log.jsonl."""
+    """Every train.eval_every steps: the embedded digits metric on fresh samples, into log.jsonl and as a
+    record in RUN/eval/ (the leaderboard's table and FID-vs-step plot read it like eval/fid.py's)."""
     tokenizer: object
     log: JsonLog
 
@@ -249,12 +250,14 @@ class OnlineEval:
             return
         model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
-            from ..evaluation.online import online_digits_eval
+            from ..evaluation import online
+            from ..evaluation.records import write_record
             with preserved_rng(run.device):
-                res = online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
-                                         on_device(self.tokenizer, run.device), run.cfg.sample.seed, grid=run.grid)
-            rec = {"step": status.done, **{f"eval_{k}": v for k, v in res.items()}}
-            self.log.write(rec)
+                res = online.online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
+                                                on_device(self.tokenizer, run.device), run.cfg.sample.seed,
+                                                grid=run.grid)
+            self.log.write({"step": status.done, **{f"eval_{k}": v for k, v in res.items()}})
+            write_record(online.online_record(run.cfg, status.done, res), run.run_dir / "eval")
             if t.tracker != "none":
                 run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=status.done)
         run.acc.wait_for_everyone()

@@ -47,6 +47,24 @@ def online_digits_eval(model, data_cfg, per_class: int, sample_cfg, tokenizer, s
     return {k: res.metrics[k] for k in ONLINE_METRICS if k in res.metrics}
 
 
+def online_record(cfg, step: int, metrics: dict) -> dict:
+    """The record of one online evaluation (the fields eval/fid.py's records hold): samples named
+    ``online_stepN``, plain decoding with the run's sample settings, the digits classifier's features
+    against digits:train."""
+    from ..config import section_dict
+    from .metrics import evaluator_info
+    from .records import make_record_fields
+    s = cfg.sample
+    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=cfg.data.data_seed))
+    sampling = {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                "seed": s.seed, "decode": "plain", "step": step, "source": "online (train.eval_every)"}
+    return make_record_fields(
+        metrics=metrics, evaluator=evaluator_info("digits", weights), reference="digits:train",
+        reference_detail={"n": None, "stored_stats": False}, n=cfg.train.eval_per_class * cfg.model.num_classes,
+        sampling=sampling, samples=f"online_step{step:08d}", config=cfg.to_dict(),
+        objective=section_dict(cfg.objective))
+
+
 def digits_floor(n: int | None = None, data_seed: int = DIGITS_DATA_SEED, cache_dir=None) -> dict:
     """The embedded metric of real held-out digits (test split, or its first ``n`` images after a
     fixed shuffle) against the train split."""

@@ -59,21 +59,22 @@ def make_record(result, *, samples, reference, method: str | None = None, sample
     meta = dict(samples.meta)
     config = meta.pop("config", None) or meta.pop("run_config", None) or {}
     objective = config.get("objective", {}) if isinstance(config, dict) else {}
+    return make_record_fields(
+        metrics=result.metrics, skipped=result.skipped, evaluator=result.evaluator, reference=reference.name,
+        reference_detail={"n": reference.n, "stored_stats": reference.mu is not None}, n=samples.n,
+        sampling=meta, samples=samples_path or samples.name, config=config, objective=objective, method=method,
+        checkpoint=meta.get("checkpoint") or meta.get("ckpt"))
+
+
+def make_record_fields(*, metrics: dict, evaluator: dict, reference: str, reference_detail: dict, n: int,
+                       sampling: dict, samples: str, config: dict, objective: dict, method: str | None = None,
+                       skipped: dict | None = None, checkpoint: str | None = None) -> dict:
+    """The one layout of an evaluation record (eval/fid.py's and the online evaluation's)."""
     return {
-        "method": method or objective.get("name") or "unknown",
-        "objective": objective,
-        "step": meta.get("step"),
-        "metrics": result.metrics,
-        "skipped": result.skipped,
-        "evaluator": result.evaluator,
-        "reference": reference.name,
-        "reference_detail": {"n": reference.n, "stored_stats": reference.mu is not None},
-        "n": samples.n,
-        "sampling": meta,
-        "seed": meta.get("seed"),
-        "samples": samples_path or samples.name,
-        "checkpoint": meta.get("checkpoint") or meta.get("ckpt"),
-        "run_config": config,
+        "method": method or objective.get("name") or "unknown", "objective": objective,
+        "step": sampling.get("step"), "metrics": metrics, "skipped": skipped or {}, "evaluator": evaluator,
+        "reference": reference, "reference_detail": reference_detail, "n": n, "sampling": sampling,
+        "seed": sampling.get("seed"), "samples": samples, "checkpoint": checkpoint, "run_config": config,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -233,9 +234,16 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     return "\n".join(lines)
 
 
+def run_name(rec: dict) -> str:
+    """The run folder a record lives in (RUN/eval/x.json), else its checkpoint's run, else "?"."""
+    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
+        return Path(rec["_file"]).parent.parent.name
+    return (run_dir_from_meta({"checkpoint": rec.get("checkpoint")}) or Path("?")).name
+
+
 def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = None) -> Path:
-    """PNG of FID against training step, one line per (method, objective settings, reference,
-    feature extractor); the paper's curves dashed when ``paper`` (default: any ImageNet record)."""
+    """PNG of FID against training step, one line per (run, decoding mode, reference, feature
+    extractor); the paper's curves dashed when ``paper`` (default: any ImageNet record)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
 
     series: dict[str, list[tuple[int, float]]] = {}
@@ -243,7 +251,8 @@ def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = N
         fid, step = rec["metrics"].get("fid"), rec.get("step")
         if fid is None or step is None:
             continue
-        label = " ".join(x for x in (rec.get("method", "?"), objective_summary(rec.get("objective") or {})) if x)
+        mode = (rec.get("sampling") or {}).get("decode", "plain")
+        label = f"{run_name(rec)}: {rec.get('method', '?')} {objective_summary(rec.get('objective') or {})}, {mode}"
         label += f" [{_reference_text(rec)}, {rec.get('evaluator', {}).get('feature_extractor', '?')}]"
         series.setdefault(label, []).append((int(step), float(fid)))
     if not series:
