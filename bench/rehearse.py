@@ -307,7 +307,6 @@ def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str, shard
 def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int, sharding: str = "ddp") -> dict:
     """The resumed run continued from the stop checkpoint: one resume marker at that step, then the
     steps stopped+1 .. max_steps once each, and the last checkpoint is step max_steps."""
-    from mutor2d import checkpoint as ckpt_lib
     recs = log_steps(run_dir)
     marks = [i for i, r in enumerate(recs) if r.get("event") == "resume"]
     after = [r["step"] for r in recs[marks[-1] + 1:]] if marks else []

@@ -25,8 +25,6 @@ import re
 import shutil
 from pathlib import Path
 
-import torch
-
 from . import config as config_lib
 from . import io
 from . import sharded_checkpoint

@@ -32,7 +32,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from . import tokenizer as tokenizer_lib
-from .config import Variant, at_least, check_seed, fail, register_variant
+from .checks import at_least, check_seed, fail
+from .config import Variant, register_variant
 from .io import warn
 from .tokenizer import Tokenizer
 from .tokenizer.codes import open_store

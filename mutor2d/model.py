@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .attention import BACKENDS, NEVER, Visibility, get_backend
 from .conditioning import CONDITIONING, conditioning
-from .config import ConfigError, at_least, fail, fraction, register_section
+from .checks import ConfigError, at_least, fail, fraction
+from .config import register_section
 from .io import read_torch_file
 
 PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..3B are LlamaGen's GPT sizes

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .config import ConfigError, at_least, check_seed, register_variant
+from .checks import ConfigError, at_least, check_seed
+from .config import register_variant
 from .data import DataConfig
 
 QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL

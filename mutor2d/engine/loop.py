@@ -23,7 +23,8 @@ from typing import Literal
 
 import torch
 
-from ..config import ConfigError, at_least, check_seed, fail, register_section
+from ..checks import ConfigError, at_least, check_seed, fail
+from ..config import register_section
 from .hooks import CheckpointHook, Logger, StepStatus
 from .lock import run_lock
 from .setup import RunState, build_run

@@ -16,7 +16,8 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from ..config import at_least, fail, register_section
+from ..checks import at_least, fail
+from ..config import register_section
 
 
 @register_section("optim")

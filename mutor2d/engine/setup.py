@@ -92,7 +92,7 @@ class RunState:
         """The weights samples and evaluations use: EMA when kept (unsharded runs)."""
         return self.ema.module if self.ema is not None else self.model
 
-    def sampling_model(self) -> GPT | None:
+    def sampling_model(self) -> nn.Module | None:
         """``sample_model`` on the main process, None on the others; under FSDP every process must
         call it (the shards are gathered into a plain GPT on the main process)."""
         if sharding.is_sharded(self.module):

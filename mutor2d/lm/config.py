@@ -25,8 +25,8 @@ from typing import Any, Literal
 import torch
 import yaml
 
-from ..config import (ConfigError, apply_overrides, at_least, build_section, build_tagged, check_seed, fail,
-                      read_mapping)
+from ..checks import ConfigError, at_least, fail
+from ..config import apply_overrides, build_section, build_tagged, read_mapping
 from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig

@@ -9,7 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import ConfigError, Variant, at_least, fraction
+from ..checks import ConfigError, at_least, fraction
+from ..config import Variant
 from ..registers import LayoutError, RegisterSpec
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, Variant, at_least, check_seed, fail, make, register_section
+from ..checks import ConfigError, at_least, check_seed, fail
+from ..config import Variant, make, register_section
 
 
 def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,

@@ -16,10 +16,9 @@ Configs written before the one engine (a flat ``train`` section holding the opti
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
