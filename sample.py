@@ -159,8 +159,9 @@ def pick_auto(args, src: generation.Loaded, device) -> None:
     total = args.num if args.npz else pick(args.per_class, s.per_class) * rows
     objective = src.cfg.objective
     drafts = objective.uses_registers() and bool(objective.register_spec().draft_offsets())
-    args.decode = auto_decode(min(args.batch_size, total), device, drafts)
-    print(f"--decode auto: {args.decode} ({min(args.batch_size, total)} images per batch on {device.type})")
+    images = min(args.batch_size, total)
+    args.decode = auto_decode(images, device, drafts)
+    print(f"--decode auto: {args.decode} (batches of {images} images on {device.type})")
 
 
 def decode_options(mode) -> dict:

@@ -194,7 +194,7 @@ def stats_table(st: dict, s, stats: dict, N: int, seconds: float, command: str) 
         rates = stats.get(f"{kind}acceptance_by_distance")
         if rates:
             rows.append((what, ", ".join(f"{d}: {'–' if r is None else f'{r:.2f}'}" for d, r in enumerate(rates, 1))))
-    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "", f"Same grid: `{command}`"])
+    return "\n".join(["| statistic | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "", f"Same grid: `{command}`"])
 
 
 class Demo:

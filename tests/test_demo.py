@@ -6,6 +6,7 @@ requests queued. The docs' screenshot:
     python tests/test_demo.py runs/digits_mutor2d docs/demo.png
 """
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from test_hub import tiny_run  # noqa: E402
 from mutor2d import generation  # noqa: E402
 from mutor2d import demo as demo_lib  # noqa: E402
 from mutor2d.sampling import SamplingRules, decoding_mode, run_decoder  # noqa: E402
+from mutor2d.sampling.auto import CROSSOVER, auto_decode  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -87,6 +89,23 @@ def test_the_grid_equals_sample_py(src, run, tmp_path):
     command = stats.split("`")[1].split()
     sample_py.main([*command[2:], "--device", "cpu", "--out", str(tmp_path / "cli.png")])
     assert Path(path).read_bytes() == (tmp_path / "cli.png").read_bytes()
+
+
+def test_auto_picks_the_measured_fastest(run, tmp_path, capsys):
+    table = {"devices": {"cpu": [{"images": 1, "fastest": "registers", "fastest_without_registers": "jacobi"},
+                                 {"images": 50, "fastest": "plain", "fastest_without_registers": "plain"}]}}
+    assert [auto_decode(n, "cpu", True, table) for n in (1, 6, 8, 50, 500)] == ["registers"] * 2 + ["plain"] * 3
+    assert auto_decode(1, "cpu", False, table) == "jacobi" and auto_decode(1, "cuda:0", True, table) == "plain"
+    shipped = json.loads(CROSSOVER.read_text())
+    for device, rows in shipped["devices"].items():
+        assert shipped["measured"][device]["command"].startswith("python bench/sample.py")
+        assert all(auto_decode(r["images"], device, False) in ("plain", "jacobi") for r in rows)
+    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
+    sample_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample_py)
+    sample_py.main(["--ckpt", str(run), "--classes", "1", "--per-class", "1", "--decode", "auto", "--device", "cpu",
+                    "--out", str(tmp_path / "auto.png")])
+    assert f"--decode auto: {auto_decode(1, 'cpu', True)} (batches of 1 images on cpu)" in capsys.readouterr().out
 
 
 def test_an_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
@@ -165,7 +184,9 @@ def shoot(url: str, out: Path) -> None:
     """A screenshot of the page after generating at ``url`` (docs/demo.png)."""
     driver = browser()
     try:
+        driver.set_window_size(1400, 1250)
         generate(driver, url, timeout=300)
+        driver.execute_script("window.scrollTo(0, 0)")
         time.sleep(1)
         driver.save_screenshot(str(out))
     finally:
@@ -215,7 +236,7 @@ if __name__ == "__main__":
     ckpt, out = sys.argv[1], Path(sys.argv[2])
     srv = Server(ckpt, Path(os.environ.get("TMPDIR", "/tmp")) / "mutor2d_demo_server.log")
     try:
-        shoot(f"{srv.url}?classes=0,1,2,3,4,5,6,7,8,9&per_class=8&decode=registers&seed=0", out)
+        shoot(f"{srv.url}?classes=0,1,2,3,4,5,6,7,8,9&per_class=4&decode=registers&seed=0", out)
     finally:
         srv.close()
     print(f"wrote {out}")
