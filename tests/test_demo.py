@@ -146,19 +146,24 @@ class Server:
         self.proc.wait(10)
 
 
+def skip_without_chromium():
+    if not CHROMIUM or not DRIVER:
+        reason = "no chromium/chromedriver installed (apt-get install -y chromium chromium-driver)"
+        print(f"skipped: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
-def server(run, tmp_path_factory):
-    s = Server(run, tmp_path_factory.mktemp("demo") / "server.log")
+def server(request, tmp_path_factory):
+    skip_without_chromium()                # before the run and the server: nothing made for nothing
+    s = Server(request.getfixturevalue("run"), tmp_path_factory.mktemp("demo") / "server.log")
     yield s
     s.close()
 
 
 def browser():
     """Headless Debian chromium through its chromedriver (no download); skip when absent."""
-    if not CHROMIUM or not DRIVER:
-        reason = "no chromium/chromedriver installed (apt-get install -y chromium chromium-driver)"
-        print(f"skipped: {reason}", file=sys.stderr)
-        pytest.skip(reason)
+    skip_without_chromium()
     webdriver = pytest.importorskip("selenium.webdriver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -208,6 +213,7 @@ def test_every_decoding_mode_in_a_browser(server, tmp_path):
             img = driver.find_element(By.CSS_SELECTOR, "#grid img")
             assert img.get_attribute("src") and driver.execute_script("return arguments[0].naturalWidth", img) > 0
             WebDriverWait(driver, 10).until(lambda d: "top_p=" in d.current_url)   # the full settings' link
+            assert driver.find_element(By.CSS_SELECTOR, "#download a").get_attribute("href").endswith(".png")
             assert f"decode={mode}" in driver.current_url and "classes=1%2C7" in driver.current_url
         driver.save_screenshot(str(tmp_path / "demo.png"))
         assert (tmp_path / "demo.png").stat().st_size > 10_000
@@ -221,8 +227,6 @@ def test_every_decoding_mode_in_a_browser(server, tmp_path):
 
 @pytest.mark.browser
 def test_concurrent_requests_are_queued_and_all_complete(server):
-    if not CHROMIUM:                                 # the same server fixture; skip with the browser tests
-        pytest.skip("no chromium installed (apt-get install -y chromium chromium-driver)")
     from gradio_client import Client
     client = Client(server.url, verbose=False)
     before = server.log.read_text().count("mutor2d.demo request ")
