@@ -236,10 +236,13 @@ class Demo:
             result, start = {}, time.perf_counter()
             worker = threading.Thread(target=_call, args=(sampler, prefixes, generation.shard_seed(s.seed, 0), result))
             worker.start()
-            while worker.is_alive():
-                worker.join(FRAME_S)
-                if worker.is_alive():
-                    yield self.save(partial_images(src, *watch.snapshot()), st, "partial"), None
+            try:
+                while worker.is_alive():
+                    worker.join(FRAME_S)
+                    if worker.is_alive():
+                        yield self.save(partial_images(src, *watch.snapshot()), st, "partial"), None
+            finally:
+                worker.join()          # a closed page frees the model only once its decoding is done
         if "error" in result:
             raise result["error"]
         stats = generation.decode_summary([sampler.last], N)
@@ -293,6 +296,9 @@ def handlers(demo: Demo):
             LOG.info("request %s -> error: %s", query_string(st or {}), e)
             yield None, f"**error:** {e}", None, gr.skip()
             return
+        except Exception as e:                          # a bug or the machine: gradio shows it in the page
+            LOG.info("request %s -> failed: %s: %s", query_string(st or {}), type(e).__name__, e)
+            raise gr.Error(f"{type(e).__name__}: {e}") from None
         LOG.info("request %s -> %d images, %d frames, %.2f s", query_string(st),
                  len(st["classes"]) * st["per_class"], frames, time.perf_counter() - start)
     return on_load, on_generate

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -38,8 +39,7 @@ def run_folder(path: Path) -> Path | None:
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
-class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-generation", "autoregressive"],
-                 repo_url="https://github.com/", docs_url=None):
+class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-generation", "autoregressive"]):
     """A checkpoint's GPT (eval mode) with its run config ``cfg``, ``meta`` (step, grid, has_ema,
     config: as ``checkpoint.read_meta``) and the run folder it came from (for the card)."""
 
@@ -141,8 +141,9 @@ token grid) trained with `{objective}` in mutor2d; weights: {'EMA' if meta['has_
 
 ## Sample
 
+With mutor2d installed (`pip install -e ".[demo]"` in its repository):
+
 ```bash
-pip install mutor2d
 python sample.py --ckpt THIS_FOLDER --classes 1,7 --per-class 8 --cfg {cfg.sample.cfg_scale}
 python app.py --ckpt THIS_FOLDER        # the interactive demo
 ```
@@ -171,7 +172,7 @@ def main(argv=None) -> None:
     try:
         model = MutorModel.from_checkpoint(args.ckpt, use_ema=not args.no_ema)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     model.save_pretrained(args.out)
     print(f"wrote {args.out}")
