@@ -14,7 +14,9 @@ checkpoints: plain); the flags below map onto its fields (``SAMPLE_FLAGS``), and
 sets any field (a plugin mode's too; MUTOR2D_PLUGINS=module[,module] imports plugins). --temperature 0 is greedy
 decoding. Rows of a grid (and the samples of an npz) are the choices of the model's conditioning kind:
 its classes for class labels. --decode registers drafts with the offsets the checkpoint's objective
-trained, at most its useful draft length (the default).
+trained, at most its useful draft length (the default); --decode auto picks the fastest exact mode for
+the batch size and device from the crossover bench/sample.py measured (mutor2d/sampling/crossover.json).
+--ckpt also takes a hub folder (mutor2d.hub: save_pretrained).
 The token grid is the one the checkpoint records, else its dataset's; --grid HxW must equal it (a model
 sampled at another grid makes garbage) and is needed only when neither is known.
 """
@@ -30,6 +32,7 @@ import torch
 from mutor2d import checkpoint, config, generation
 from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
 from mutor2d.sampling import compile_decoder, decode_modes
+from mutor2d.sampling.auto import auto_decode
 from mutor2d.plugins import load_plugins
 
 # sample-section field -> (flag, argparse dest): the one mapping of flags onto the checkpoint's sample
@@ -59,8 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True,
                    help="use the EMA weights when the checkpoint has them")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
-    p.add_argument("--decode", choices=decode_modes(),
-                   help="default: the checkpoint's sample.decode (plain); registers (exact speculative decoding "
+    p.add_argument("--decode", choices=[*decode_modes(), "auto"],
+                   help="default: the checkpoint's sample.decode (plain); auto (the fastest exact mode for the "
+                        "batch size and device, measured: mutor2d/sampling/crossover.json); registers (exact speculative decoding "
                         "with the checkpoint's register drafts, --draft K); jacobi (exact speculative Jacobi "
                         "decoding, --window K); modes of MUTOR2D_PLUGINS modules too")
     p.add_argument("--draft", type=int, help="--decode registers: draft tokens per forward (default and maximum: "
@@ -145,6 +149,21 @@ def sample_section(args, src: generation.Loaded):
     return dataclasses.replace(s, decode=s.decode.fit(src.cfg.objective, src.grid, names))
 
 
+def pick_auto(args, src: generation.Loaded, device) -> None:
+    """--decode auto -> the fastest exact mode (``auto_decode``) for the images of one batch on this
+    device; plain and jacobi only when the checkpoint's registers cannot draft."""
+    if args.decode != "auto":
+        return
+    s = src.cfg.sample
+    rows = len(args.classes.split(",")) if args.classes else len(generation.grid_classes(s, src.num_choices))
+    total = args.num if args.npz else pick(args.per_class, s.per_class) * rows
+    objective = src.cfg.objective
+    drafts = objective.uses_registers() and bool(objective.register_spec().draft_offsets())
+    images = min(args.batch_size, total)
+    args.decode = auto_decode(images, device, drafts)
+    print(f"--decode auto: {args.decode} (batches of {images} images on {device.type})")
+
+
 def decode_options(mode) -> dict:
     """The fields of a decoding mode, as a sample file's meta records them."""
     return {k: v for k, v in config.section_dict(mode).items() if k != "name"}
@@ -195,6 +214,7 @@ def run(argv=None) -> None:
     state, device = pick_device(args.device)
     path = checkpoint.resolve(args.ckpt).resolve()
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
+    pick_auto(args, src, device)
     s = sample_section(args, src)
     seed = pick(args.seed, s.seed)
     if args.compile:

@@ -13,7 +13,9 @@ on and off; and the GPT-B decode step against the machine's memory-bandwidth flo
   (the GPT-B-width model, no CFG) give near-uniform target and draft distributions, so their
   acceptance says nothing about a trained checkpoint: those rows measure the cost of a round.
   ``--ckpt`` adds the same table for a trained checkpoint (e.g. the digits MuToR-2D run) at
-  ``--spec-cfg`` / ``--spec-temperature``, once per batch size in ``--spec-images``.
+  ``--spec-cfg`` / ``--spec-temperature``, once per batch size in ``--spec-images``; with
+  ``--crossover JSON`` the modes at their defaults, and the fastest per batch size is written to JSON
+  (``mutor2d/sampling/crossover.json``: what ``--decode auto`` picks from).
 * decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
   positions, eager and (unless --compile off) compiled; mean time per step against the floor =
   bytes of the weights one step reads (every parameter but the embedding tables) / read bandwidth
@@ -24,6 +26,8 @@ Side by side in one process, round-robin, median of ``--reps``. The last stdout 
     python bench/sample.py                 # CPU: GPT-B width, 2 layers, 256 tokens; GPT-B step
     python bench/sample.py --quick         # seconds, for CI (no compile)
     python bench/sample.py --step-layers 0 --compile off --ckpt runs/digits_mutor2d --spec-images 1,50
+    python bench/sample.py --step-layers 0 --compile off --ckpt RUN --spec-images 1,2,4,8,16,50 \
+        --crossover mutor2d/sampling/crossover.json     # the table --decode auto reads
 """
 from __future__ import annotations
 
@@ -93,8 +97,10 @@ def int_list(text: str) -> list[int]:
 
 
 def spec_modes(args) -> dict[str, tuple[str, dict]]:
-    """Row name -> (decode mode, its options)."""
+    """Row name -> (decode mode, its options); with --crossover the three modes at their defaults."""
     modes = {"plain": ("plain", {})}
+    if args.crossover:
+        return {**modes, "registers": ("registers", {}), "jacobi": ("jacobi", {})}
     modes.update({f"registers_k{k}": ("registers", dict(draft=k)) for k in args.drafts})
     modes.update({f"registers_last_k{k}": ("registers", dict(draft=k, anchors="last")) for k in args.last})
     modes.update({f"jacobi_k{k}": ("jacobi", dict(window=k)) for k in args.windows})
@@ -140,6 +146,31 @@ def checkpoint_tables(args, device) -> dict:
     return out
 
 
+def write_crossover(path: str, tables: dict, device: torch.device, machine: dict) -> dict:
+    """The fastest mode at each batch size of ``checkpoint_tables`` (all three; plain and jacobi only)
+    into ``path`` (mutor2d/sampling/crossover.json, read by ``auto_decode``) for this device type;
+    other device types' rows are kept."""
+    import datetime
+    import json
+    import sys
+    from pathlib import Path
+    out = Path(path)
+    data = json.loads(out.read_text()) if out.is_file() else {"devices": {}, "measured": {}}
+    rows = []
+    for n, table in sorted(tables["tables"].items(), key=lambda kv: int(kv[0])):
+        times = {name: row["time_s"] for name, row in table["rows"].items()}
+        rows.append({"images": int(n), "fastest": min(times, key=times.get),
+                     "fastest_without_registers": min(("plain", "jacobi"), key=times.get),
+                     "time_s": {k: round(v, 4) for k, v in times.items()}})
+    data["devices"][device.type] = rows
+    data["measured"][device.type] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                     "command": "python bench/sample.py " + " ".join(sys.argv[1:]),
+                                     "checkpoint": tables["checkpoint"], "step": tables["step"],
+                                     "machine": machine}
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
 def weight_bytes(model: GPT) -> int:
     """Bytes of the parameters every decode step reads (embedding tables are only indexed)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
@@ -165,6 +196,8 @@ def parse(argv=None):
     ap.add_argument("--spec-images", type=int_list, default=[1, 50], help="--ckpt batch sizes")
     ap.add_argument("--spec-cfg", type=float, default=2.0, help="--ckpt CFG scale")
     ap.add_argument("--spec-temperature", type=float, default=1.0, help="--ckpt temperature")
+    ap.add_argument("--crossover", metavar="JSON", help="with --ckpt: time plain / registers / jacobi at their "
+                    "defaults per --spec-images and write the fastest into JSON (mutor2d/sampling/crossover.json)")
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -178,6 +211,8 @@ def parse(argv=None):
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     args.compile = args.compile or ("off" if args.quick else "on")
+    if args.crossover and not args.ckpt:
+        ap.error("--crossover needs --ckpt (a trained checkpoint: acceptance decides the crossover)")
     if args.dim % args.heads:
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if args.images < 1:
@@ -256,6 +291,9 @@ def main(argv=None) -> None:
     if step:
         best = min(step["step_vs_floor"], step.get("step_vs_floor_compiled", float("inf")))
         targets[f"step_vs_floor_le_{TARGETS['step_vs_floor_le']:g}"] = best <= TARGETS["step_vs_floor_le"]
+    tables = checkpoint_tables(args, device) if args.ckpt else None
+    if args.crossover:
+        write_crossover(args.crossover, tables, device, common.machine(device))
     common.emit({
         "bench": "sample", "machine": common.machine(device),
         "settings": {"dim": args.dim, "heads": args.heads, "layers": args.layers, "vocab": args.vocab,
@@ -264,7 +302,7 @@ def main(argv=None) -> None:
                      "threads": torch.get_num_threads(), "clock": args.clock},
         "throughput": throughput, "compile_s": compile_s, "ratios": ratios, "decode_step": step,
         "speculative": speculative,
-        "speculative_checkpoint": checkpoint_tables(args, device) if args.ckpt else None,
+        "speculative_checkpoint": tables,
         "targets": targets,
     })
 

@@ -14,7 +14,8 @@ Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` fo
 A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
 EX_IOERR) and leaves the earlier checkpoints as they were.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
-when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds.
+when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds, and
+hub folders (``mutor2d.hub``: save_pretrained / from_pretrained) whose weights are such an export.
 """
 from __future__ import annotations
 
@@ -122,11 +123,28 @@ def latest_valid(run_dir: str | os.PathLike) -> Path | None:
     return next((p for p in reversed(list_checkpoints(run_dir)) if is_readable(p)), None)
 
 
+HUB_WEIGHTS = "model.safetensors"      # the weights of a hub folder (mutor2d.hub)
+
+
+def is_hub_folder(path: str | os.PathLike) -> bool:
+    """A folder written by ``mutor2d.hub`` (save_pretrained): config.json with format mutor2d, and its weights."""
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / HUB_WEIGHTS).is_file():
+        return False
+    try:
+        return json.loads((p / "config.json").read_text()).get("format") == "mutor2d"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run folder (its newest readable checkpoint)."""
+    """A checkpoint file, a run folder (its newest readable checkpoint), or a hub folder written by
+    ``mutor2d.hub`` (``save_pretrained``: its model.safetensors, an export)."""
     p = Path(path)
     if sharded_checkpoint.is_sharded_checkpoint(p):
         return p
+    if is_hub_folder(p):
+        return p / HUB_WEIGHTS
     if p.is_dir():
         found = latest_valid(p)
         if found is None:

@@ -1,0 +1,11 @@
+"""The mutor2d demo page (pip install -e ".[demo]"):
+
+    python app.py --ckpt runs/digits_mutor2d [--port 7860] [--host 127.0.0.1]
+
+Choose classes, sampling settings and the decoding mode, watch the images form; the page's URL holds
+the settings. The logic lives in mutor2d/demo.py.
+"""
+from mutor2d.demo import main
+
+if __name__ == "__main__":
+    main()

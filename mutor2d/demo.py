@@ -1,0 +1,368 @@
+"""The interactive demo (``python app.py --ckpt RUN_OR_FOLDER``): a gradio page that samples a class grid
+from one checkpoint and shows the images forming while they are decoded.
+
+A request is a dict of settings (``DEFAULTS``: classes, images per class, CFG scale, temperature,
+top-k, top-p, seed, decoding mode and its draft / window), read from the page or from its URL's query
+parameters (``settings_from_query``), so a result is shared by its link. It runs through the one path
+from a model to images (``generation.make_sampler``) as one batch seeded with ``shard_seed(seed, 0)``,
+so the grid equals ``sample.py --classes C --per-class N --seed S --batch-size len(C)*N`` (the page
+shows that command). While the decoder runs in a worker thread, ``TokenWatch`` rebuilds the tokens
+emitted so far from the model's decode calls and the page shows them decoded by the checkpoint's
+tokenizer, the rest grey. Beside the grid: forward passes per image, tokens per forward, tokens/s
+and acceptance by draft distance (the decoders' own counts). Bad settings are a message in the page;
+requests are queued (one decoding at a time); the server logs one line per request.
+"""
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")     # nothing leaves the machine
+import gradio as gr  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from . import checkpoint, config, generation  # noqa: E402
+from .plugins import load_plugins  # noqa: E402
+from .sampling import decode_modes  # noqa: E402
+from .sampling.auto import auto_decode  # noqa: E402
+
+LOG = logging.getLogger("mutor2d.demo")
+MAX_IMAGES = 64              # images per request
+FRAME_S = 0.25               # seconds between partial grids
+IMAGENET_NAMES = Path(__file__).with_name("imagenet_classes.txt")
+DEFAULTS = {"classes": None, "per_class": 4, "cfg": None, "temperature": None, "top_k": None, "top_p": None,
+            "seed": 0, "decode": "auto", "draft": 0, "window": 4}
+# setting -> how a message names it (the page's labels)
+LABELS = {"cfg_scale": "CFG scale", "temperature": "temperature", "top_k": "top-k", "top_p": "top-p",
+          "draft": "draft tokens", "window": "Jacobi window", "name": "decoding mode"}
+
+
+class DemoError(ValueError):
+    """A setting the demo cannot run; the message (one line) is shown in the page."""
+
+
+def class_names(num_classes: int) -> list[str]:
+    """Names of the classes: ImageNet's 1000 (imagenet_classes.txt, in index order), else the indices
+    ("0".."9" for digits)."""
+    if num_classes == 1000:
+        return IMAGENET_NAMES.read_text().splitlines()
+    return [str(i) for i in range(num_classes)]
+
+
+def class_choices(names: list[str]) -> list[tuple[str, int]]:
+    """(label, index) pairs of a searchable dropdown: "207: golden retriever", or "7" for digits."""
+    return [(name if name == str(i) else f"{i}: {name}", i) for i, name in enumerate(names)]
+
+
+# ----------------------------------------------------------------------------- settings
+
+def _number(key: str, text, kind):
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise DemoError(f"{key}={text!r}: expected {'an integer' if kind is int else 'a number'}") from None
+
+
+def settings_from_query(query: dict, defaults: dict) -> dict:
+    """URL query parameters (strings) -> settings, missing ones from ``defaults``; one-line DemoError
+    for a value of the wrong type (ranges are checked by ``sample_config``)."""
+    out = dict(defaults)
+    for key, text in query.items():
+        if key not in DEFAULTS:
+            continue
+        if key == "classes":
+            out[key] = [_number("classes", c, int) for c in str(text).split(",") if c.strip()]
+        elif key == "decode":
+            out[key] = str(text)
+        else:
+            out[key] = _number(key, text, float if key in ("cfg", "temperature", "top_p") else int)
+    return out
+
+
+def query_string(settings: dict) -> str:
+    """The URL query that reproduces ``settings``."""
+    return urlencode({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in settings.items()})
+
+
+def sample_config(src: generation.Loaded, st: dict, device):
+    """The checkpoint's sample section with the settings on top, checked, its decoding mode fitted to
+    the checkpoint (``auto``: ``auto_decode`` for this batch and device). DemoError / ConfigError (one
+    line) for a bad value: a class out of range, too many images, --draft beyond the useful length."""
+    n = src.num_choices
+    if not st["classes"]:
+        raise DemoError("choose at least one class")
+    generation.check_classes(st["classes"], n, "classes")
+    total = len(st["classes"]) * st["per_class"]
+    if st["per_class"] < 1 or total > MAX_IMAGES:
+        raise DemoError(f"images per class {st['per_class']}: expected 1..{MAX_IMAGES // len(st['classes'])} "
+                        f"({MAX_IMAGES} images at most per request)")
+    mode = st["decode"]
+    if mode == "auto":
+        obj = src.cfg.objective
+        mode = auto_decode(total, device, obj.uses_registers() and bool(obj.register_spec().draft_offsets()))
+    if mode not in decode_modes():
+        raise DemoError(f"decode={mode!r}: expected one of {', '.join([*decode_modes(), 'auto'])}")
+    decode = {"name": mode, **({"draft": st["draft"] or None} if mode == "registers" else {}),
+              **({"window": st["window"]} if mode == "jacobi" else {})}
+    given = {"cfg_scale": st["cfg"], "temperature": st["temperature"], "top_k": st["top_k"], "top_p": st["top_p"]}
+    data = {**config.section_dict(src.cfg.sample), **{k: v for k, v in given.items() if v is not None},
+            "seed": st["seed"], "per_class": st["per_class"], "classes": list(st["classes"]), "decode": decode}
+    s = config.build_plain("sample", data)
+    s.check(LABELS)
+    return dataclasses.replace(s, decode=s.decode.fit(src.cfg.objective, src.grid, LABELS))
+
+
+# ----------------------------------------------------------------------------- images forming
+
+class TokenWatch:
+    """The tokens emitted so far (B, N) of a decoding run, rebuilt from the model's decode calls: a call
+    whose regular inputs start at body index i holds x_i (the newest emitted token) and, if the call
+    before started at j < i, its inputs 1..i-j-1 were drafts kept at j+1..i-1 (plain decoding: i = j+1)."""
+
+    def __init__(self, model, B: int, N: int):
+        self.model, self.B, self.N = model, B, N
+        self.tokens = torch.zeros(B, N, dtype=torch.long)
+        self.known = torch.zeros(B, N, dtype=torch.bool)
+        self.prev, self.P, self.lock = None, 0, threading.Lock()
+
+    def see(self, tokens, positions, start, prefix=None, *rest) -> None:
+        if tokens is None:                             # the prefill: prefix only
+            self.P = self.model.prefix_len(prefix)
+            return
+        first = (start if isinstance(start, int) else start[:self.B].cpu()) - self.P
+        first = torch.as_tensor(first).expand(self.B).clamp(max=self.N - 1)
+        tok, rows = tokens[:self.B].cpu(), torch.arange(self.B)
+        with self.lock:
+            if self.prev is not None:
+                prev_first, prev_tok = self.prev
+                for k in range(1, prev_tok.shape[1]):  # drafts kept between the two calls
+                    kept = prev_first + k < first
+                    self.set(rows[kept], prev_first[kept] + k, prev_tok[kept, k])
+            self.set(rows, first, tok[:, 0])
+        self.prev = (first, tok)
+
+    def set(self, rows, cols, values) -> None:
+        self.tokens[rows, cols], self.known[rows, cols] = values, True
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.lock:
+            return self.tokens.clone(), self.known.clone()
+
+    def __enter__(self):
+        eager, self.saved = self.model.decode, self.model.__dict__.get("decode")   # compiled: an attribute
+
+        def decode(*args, **kwargs):
+            self.see(*args, **kwargs)
+            return eager(*args, **kwargs)
+        self.model.decode = decode
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del self.model.decode                      # back to the class's method
+        else:
+            self.model.decode = self.saved
+
+
+def partial_images(src: generation.Loaded, tokens: torch.Tensor, known: torch.Tensor) -> np.ndarray:
+    """tokens, known (B, N) -> uint8 images (B, h, w, 3): the tokens decoded by the checkpoint's
+    tokenizer, the area of tokens not yet emitted grey."""
+    H, W = src.grid
+    with torch.no_grad():
+        device = generation.tokenizer_device(src.tokenizer) or torch.device("cpu")
+        images = src.tokenizer.decode(tokens.view(-1, H, W).to(device)).float().cpu()
+    mask = torch.nn.functional.interpolate(known.view(-1, 1, H, W).float(), size=images.shape[-2:], mode="nearest")
+    return generation.to_uint8(torch.where(mask > 0, images, torch.full_like(images, 0.5)))
+
+
+def stats_table(st: dict, s, stats: dict, N: int, seconds: float, command: str) -> str:
+    """Markdown beside the grid: the decoding mode, its counts and the sample.py command of the grid."""
+    mode = s.decode.name + "".join(f", {k} {v}" for k, v in config.section_dict(s.decode).items()
+                                   if k in ("draft", "window"))
+    rows = [("decoding", mode + (" (auto)" if st["decode"] == "auto" else "")),
+            ("forwards per image", f"{stats['forwards_per_image']:.1f} for {N} tokens"),
+            ("tokens per forward", f"{stats['tokens_per_forward']:.2f}"),
+            ("tokens/s", f"{stats['tokens_per_s']:.0f}"), ("seconds", f"{seconds:.2f}")]
+    for kind, what in (("", "acceptance by draft distance"), ("register_", "register drafts' acceptance")):
+        rates = stats.get(f"{kind}acceptance_by_distance")
+        if rates:
+            rows.append((what, ", ".join(f"{d}: {'–' if r is None else f'{r:.2f}'}" for d, r in enumerate(rates, 1))))
+    return "\n".join(["| statistic | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "", f"Same grid: `{command}`"])
+
+
+class Demo:
+    """One checkpoint opened for sampling (``src`` on ``device``) and the requests made to it."""
+
+    def __init__(self, src: generation.Loaded, device: torch.device, ckpt: str):
+        self.src, self.device, self.ckpt = src, device, ckpt
+        self.names = class_names(src.num_choices)
+        self.out = Path(tempfile.mkdtemp(prefix="mutor2d_demo_"))
+        self.lock, self.requests = threading.Lock(), 0
+
+    def defaults(self) -> dict:
+        """The page's first settings: the checkpoint's sample section (four of its grid classes)."""
+        s = self.src.cfg.sample
+        return {**DEFAULTS, "classes": generation.grid_classes(s, self.src.num_choices)[:4], "cfg": s.cfg_scale,
+                "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed}
+
+    def command(self, st: dict, s) -> str:
+        opts = "".join(f" --{k} {v}" for k, v in config.section_dict(s.decode).items() if k in ("draft", "window"))
+        return (f"python sample.py --ckpt {self.ckpt} --classes {','.join(map(str, st['classes']))} --per-class "
+                f"{st['per_class']} --seed {s.seed} --batch-size {len(st['classes']) * st['per_class']} --cfg "
+                f"{s.cfg_scale} --temperature {s.temperature} --top-k {s.top_k} --top-p {s.top_p} --decode "
+                f"{s.decode.name}{opts}")
+
+    def save(self, images: np.ndarray, st: dict, tag: str) -> str:
+        rows = [f"{c}: {self.names[c]}" if self.names[c] != str(c) else f"class {c}" for c in st["classes"]]
+        return str(generation.save_grid(images, st["per_class"], self.out / f"{self.requests:05d}_{tag}.png", rows))
+
+    def run(self, st: dict):
+        """Yield (grid PNG path, stats markdown or None) while decoding, then the final grid and its
+        stats. ValueError (one line) for settings the checkpoint cannot run."""
+        s = sample_config(self.src, st, self.device)
+        src, B, N = self.src, len(st["classes"]) * st["per_class"], self.src.grid[0] * self.src.grid[1]
+        sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
+                                          device=self.device)
+        prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, B, st["classes"])
+        with self.lock, TokenWatch(src.model, B, N) as watch:
+            self.requests += 1
+            result, start = {}, time.perf_counter()
+            worker = threading.Thread(target=_call, args=(sampler, prefixes, generation.shard_seed(s.seed, 0), result))
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(FRAME_S)
+                    if worker.is_alive():
+                        yield self.save(partial_images(src, *watch.snapshot()), st, "partial"), None
+            finally:
+                worker.join()          # a closed page frees the model only once its decoding is done
+        if "error" in result:
+            raise result["error"]
+        stats = generation.decode_summary([sampler.last], N)
+        yield self.save(result["images"], st, "grid"), stats_table(st, s, stats, N, time.perf_counter() - start,
+                                                                  self.command(st, s))
+
+
+def _call(sampler, prefixes, seed: int, result: dict) -> None:
+    """The worker thread: the sampler's images, or the exception it raised, into ``result``."""
+    try:
+        result["images"] = sampler(prefixes, seed)
+    except Exception as e:          # handed to the request's thread
+        result["error"] = e
+
+
+# ----------------------------------------------------------------------------- the page
+
+def settings_of(values) -> dict:
+    """The page's input values (in DEFAULTS' order) -> settings; DemoError for an empty number box."""
+    st = dict(zip(DEFAULTS, values))
+    for key in ("per_class", "seed", "draft", "window", "top_k"):
+        if st[key] is None:
+            raise DemoError(f"{key}: expected an integer")
+        st[key] = int(st[key])
+    st["classes"] = [int(c) for c in st["classes"] or []]
+    return st
+
+
+def handlers(demo: Demo):
+    """(on_load, on_generate) of the page: the settings from the URL (and their link); the images as
+    they form, then their statistics, PNG and link."""
+    def on_load(request: gr.Request):
+        defaults = demo.defaults()
+        try:
+            st = settings_from_query(dict(request.query_params), defaults)
+            generation.check_classes(st["classes"] or [], demo.src.num_choices, "classes")
+            note = ""
+        except ValueError as e:
+            st, note = defaults, f"**error:** {e} (the page shows the checkpoint's defaults)"
+        return [*(st[k] for k in DEFAULTS), note, query_string(st)]
+
+    def on_generate(*values):
+        start, st, frames = time.perf_counter(), None, 0
+        try:
+            st = settings_of(values)
+            for path, stats in demo.run(st):
+                frames += 1
+                yield path, stats or f"decoding… {time.perf_counter() - start:.1f} s", \
+                    (path if stats else None), (query_string(st) if stats else gr.skip())
+        except ValueError as e:
+            LOG.info("request %s -> error: %s", query_string(st or {}), e)
+            yield None, f"**error:** {e}", None, gr.skip()
+            return
+        except Exception as e:                          # a bug or the machine: gradio shows it in the page
+            LOG.info("request %s -> failed: %s: %s", query_string(st or {}), type(e).__name__, e)
+            raise gr.Error(f"{type(e).__name__}: {e}") from None
+        LOG.info("request %s -> %d images, %d frames, %.2f s", query_string(st),
+                 len(st["classes"]) * st["per_class"], frames, time.perf_counter() - start)
+    return on_load, on_generate
+
+
+SHARE_JS = "(q) => { if (q) { window.history.replaceState(null, '', '?' + q); } return []; }"
+
+
+def build_app(demo: Demo) -> gr.Blocks:
+    """The page: settings on the left; the grid forming, its statistics, PNG download and link on the right."""
+    d, cfg = demo.defaults(), demo.src.cfg
+    with gr.Blocks(title="mutor2d demo") as app:
+        gr.Markdown(f"## mutor2d · `{demo.ckpt}` · {cfg.objective.name}, step {demo.src.step}, "
+                    f"{demo.src.grid[0]}x{demo.src.grid[1]} tokens, {demo.src.num_choices} classes")
+        with gr.Row():
+            with gr.Column(scale=1):
+                boxes = [gr.Dropdown(class_choices(demo.names), value=d["classes"], multiselect=True, filterable=True,
+                                     label="classes (type to search)", elem_id="classes"),
+                         gr.Slider(1, 16, value=d["per_class"], step=1, label="images per class", elem_id="per_class"),
+                         gr.Number(d["cfg"], label="CFG scale (1 = off)", elem_id="cfg"),
+                         gr.Number(d["temperature"], label="temperature (0 = greedy)", elem_id="temperature"),
+                         gr.Number(d["top_k"], label="top-k (0 = off)", precision=0, elem_id="top_k"),
+                         gr.Number(d["top_p"], label="top-p (1 = off)", elem_id="top_p"),
+                         gr.Number(d["seed"], label="seed", precision=0, elem_id="seed"),
+                         gr.Radio(["auto", *decode_modes()], value=d["decode"], label="decoding", elem_id="decode"),
+                         gr.Number(d["draft"], label="draft tokens (registers; 0 = the checkpoint's useful length)",
+                                   precision=0, elem_id="draft"),
+                         gr.Number(d["window"], label="Jacobi window", precision=0, elem_id="window")]
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=2):
+                image = gr.Image(label="samples", type="filepath", interactive=False, elem_id="grid")
+                stats = gr.Markdown(elem_id="stats")
+                download = gr.File(label="download the grid (PNG)", elem_id="download")
+                link = gr.Textbox(label="share: this page's URL query", elem_id="link", interactive=False)
+        on_load, on_generate = handlers(demo)
+        app.load(on_load, None, [*boxes, stats, link])
+        button.click(on_generate, boxes, [image, stats, download, link]).then(None, link, None, js=SHARE_JS)
+    return app
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="The mutor2d demo page: sample a class grid from a checkpoint.")
+    p.add_argument("--ckpt", required=True, help="checkpoint file, run folder, safetensors export or hub folder")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-ema", dest="ema", action="store_false", help="the raw weights even when EMA exists")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    """Open the checkpoint (an unreadable one: ``error: ...`` and exit 2), then serve the page with
+    gradio's queue (one decoding at a time, the others wait)."""
+    args = parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    try:
+        load_plugins()
+        device = torch.device(args.device)
+        src = generation.open_checkpoint(checkpoint.resolve(args.ckpt), use_ema=args.ema, device=device)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    app = build_app(Demo(src, device, args.ckpt))
+    app.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, show_error=True)

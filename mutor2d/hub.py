@@ -1,0 +1,184 @@
+"""Hugging Face Hub-style folders: ``save_pretrained``, ``from_pretrained``, ``push_to_hub``.
+
+``MutorModel`` wraps the GPT of a checkpoint with ``huggingface_hub.ModelHubMixin``. A saved folder holds
+  model.safetensors  the weights (EMA when the checkpoint has them), with the step, grid, run config and
+                     weight kind as safetensors metadata (the layout of ``checkpoint.export_safetensors``);
+  config.json        {"format": "mutor2d", "step", "grid", "weights", "tokenizer", "run_config"};
+  README.md          the model card: the run's config, its FID records (RUN/eval/, as eval/leaderboard.py
+                     shows them), a sample grid and how to sample;
+  sample.png         that grid (the run's newest training grid, else one made with its sample settings).
+``mutor2d.checkpoint.resolve`` maps such a folder to its model.safetensors, so ``sample.py --ckpt``,
+``train.init_from`` and ``app.py`` take it like a run folder.
+
+    from mutor2d.hub import MutorModel
+    MutorModel.from_checkpoint("runs/digits_mutor2d").save_pretrained("digits_hub")
+    MutorModel.from_pretrained("digits_hub")          # or a hub id: "user/mutor2d-digits"
+    python -m mutor2d.hub save runs/digits_mutor2d digits_hub [--push user/mutor2d-digits]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+from huggingface_hub import ModelCard, ModelHubMixin, snapshot_download
+
+from . import checkpoint
+from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
+
+CARD_IMAGE = "sample.png"
+
+
+def run_folder(path: Path) -> Path | None:
+    """The run folder of a checkpoint file (RUN/checkpoints/step_*.pt), a run folder itself, else None."""
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-generation", "autoregressive"]):
+    """A checkpoint's GPT (eval mode) with its run config ``cfg``, ``meta`` (step, grid, has_ema,
+    config: as ``checkpoint.read_meta``) and the run folder it came from (for the card)."""
+
+    def __init__(self, model, cfg, meta: dict, run_dir: Path | None = None):
+        self.model, self.cfg, self.meta, self.run_dir = model, cfg, meta, run_dir
+
+    @classmethod
+    def from_checkpoint(cls, path, use_ema: bool = True, device="cpu") -> "MutorModel":
+        """A checkpoint file, run folder, safetensors export or hub folder."""
+        path = checkpoint.resolve(path)
+        model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)
+        meta = {**meta, "has_ema": bool(use_ema and meta["has_ema"])}
+        return cls(model, cfg, meta, run_folder(path))
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download, local_files_only, token,
+                         device="cpu", **kwargs) -> "MutorModel":
+        folder = Path(model_id)
+        if not folder.is_dir():
+            folder = Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, token=token,
+                                            force_download=force_download, local_files_only=local_files_only))
+        if not is_hub_folder(folder):
+            raise checkpoint.CheckpointError(f"{model_id!r} is not a mutor2d model folder "
+                                             f"(expected config.json with format mutor2d and {WEIGHTS})")
+        return cls.from_checkpoint(folder, device=device)
+
+    def hub_config(self) -> dict:
+        """What config.json holds."""
+        return {"format": "mutor2d", "step": self.meta["step"], "grid": self.meta["grid"],
+                "weights": "ema" if self.meta["has_ema"] else "model",
+                "tokenizer": tokenizer_reference(self.cfg), "run_config": self.meta["config"]}
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        from safetensors.torch import save_file
+        info = {"step": str(self.meta["step"]), "grid": json.dumps(self.meta["grid"]),
+                "config": json.dumps(self.meta["config"]), "format": "mutor2d",
+                "weights": "ema" if self.meta["has_ema"] else "model"}
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        save_file(state, str(save_directory / WEIGHTS), metadata=info)
+        (save_directory / "config.json").write_text(json.dumps(self.hub_config(), indent=2) + "\n")
+        self.write_card_image(save_directory / CARD_IMAGE)
+        (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights
+
+    def write_card_image(self, out: Path) -> None:
+        """The run's newest training grid, else a grid made now with the run's sample settings."""
+        grids = sorted((self.run_dir / "samples").glob("*.png")) if self.run_dir else []
+        if grids:
+            shutil.copyfile(grids[-1], out)
+            return
+        from . import generation
+        from .data import build_tokenizer
+        s, grid = self.cfg.sample, tuple(self.meta["grid"])
+        classes = generation.grid_classes(s, len(self.model.conditioning.choices(self.cfg.model)))
+        generation.write_grid(self.model, build_tokenizer(self.cfg.data), grid, s, classes, out,
+                              objective=self.cfg.objective)
+
+    def generate_model_card(self, *args, **kwargs) -> ModelCard:
+        return ModelCard(model_card(self.cfg, self.meta, self.run_dir))
+
+
+def tokenizer_reference(cfg) -> dict:
+    """What decodes the tokens: the data section's variant and tokenizer ("pixel" with its grey levels,
+    or a VQ checkpoint path, e.g. LlamaGen's vq_ds16_c2i.pt, to be found on the sampling machine)."""
+    ref = {"data": cfg.data.name, "tokenizer": cfg.data.tokenizer}
+    if cfg.data.tokenizer == "pixel" and hasattr(cfg.data, "levels"):
+        ref["levels"] = cfg.data.levels
+    return ref
+
+
+def fid_table(run_dir: Path | None) -> str:
+    """The run's evaluation records (RUN/eval/*.json) as eval/leaderboard.py's markdown table."""
+    from .evaluation import records
+    if run_dir is None or not list((run_dir / "eval").glob("*.json")):
+        return "No evaluation records yet (`python eval/fid.py SAMPLES.npz --ref ...` writes them to RUN/eval/)."
+    recs, _ = records.read_records([run_dir])
+    return records.markdown_table(recs)
+
+
+def model_card(cfg, meta: dict, run_dir: Path | None) -> str:
+    """The README.md of a saved folder (YAML front matter for the hub, then the card)."""
+    objective = cfg.objective.name
+    run_yaml = yaml.safe_dump(meta["config"], sort_keys=False)
+    return f"""---
+library_name: mutor2d
+tags: [mutor2d, image-generation, autoregressive, {objective}]
+---
+
+# mutor2d: {objective} GPT, step {meta['step']}
+
+A class-conditional autoregressive image model (LlamaGen-style decoder over a {meta['grid'][0]}x{meta['grid'][1]}
+token grid) trained with `{objective}` in mutor2d; weights: {'EMA' if meta['has_ema'] else 'raw'}
+(`model.safetensors`); tokenizer: `{json.dumps(tokenizer_reference(cfg))}`.
+
+![samples]({CARD_IMAGE})
+
+## Evaluation
+
+{fid_table(run_dir)}
+
+## Sample
+
+With mutor2d installed (`pip install -e ".[demo]"` in its repository):
+
+```bash
+python sample.py --ckpt THIS_FOLDER --classes 1,7 --per-class 8 --cfg {cfg.sample.cfg_scale}
+python app.py --ckpt THIS_FOLDER        # the interactive demo
+```
+
+```python
+from mutor2d.hub import MutorModel
+m = MutorModel.from_pretrained("THIS_FOLDER_OR_HUB_ID")    # m.model: the GPT, m.cfg: its run config
+```
+
+## Run config
+
+```yaml
+{run_yaml}```
+"""
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Save a checkpoint as a hub folder (and push it).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    save = sub.add_parser("save", help="CKPT (file, run folder, export) -> hub folder OUT")
+    save.add_argument("ckpt")
+    save.add_argument("out")
+    save.add_argument("--no-ema", action="store_true", help="the raw weights even when EMA exists")
+    save.add_argument("--push", metavar="REPO_ID", help="also push to this hub repository")
+    args = ap.parse_args(argv)
+    try:
+        model = MutorModel.from_checkpoint(args.ckpt, use_ema=not args.no_ema)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    model.save_pretrained(args.out)
+    print(f"wrote {args.out}")
+    if args.push:
+        print(model.push_to_hub(args.push))
+
+
+if __name__ == "__main__":
+    main()
