@@ -9,8 +9,8 @@ LlamaConfig (random init, one per seed) with a character-level tokenizer, traine
 fine-tuning) through train.py, once per method and seed. Accuracy: greedy answers to the test split
 scored by GSM8K exact match, by the online evaluation hook (eval.path; train.eval_every gives the
 accuracy-vs-step curve). Resumable: a finished run (its final record and saved model) is skipped, an
-unfinished one continues from its last checkpoint (--resume auto). Writes OUT/table.md (also printed)
-and the plot.
+unfinished one continues from its last checkpoint (--resume auto). Writes OUT/table.md (also printed:
+final accuracy per method and the mean accuracy at every evaluated step) and the plot.
 """
 from __future__ import annotations
 
@@ -135,9 +135,10 @@ def run_all(out: Path, size: Size, seeds: list[int]) -> dict[str, dict[int, Path
             config = out / "configs" / f"{run.name}.yaml"
             config.parent.mkdir(parents=True, exist_ok=True)
             config.write_text(yaml.safe_dump(run_config(base, train, test, objective, size, seed), sort_keys=False))
-            t0 = time.time()
+            t0, c0 = time.time(), time.process_time()
             entry.main(["--config", str(config), "--out", str(run), "--resume", "auto"])
-            print(f"{run.name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            print(f"{run.name}: {time.time() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU",
+                  file=sys.stderr, flush=True)
     return runs
 
 
@@ -158,6 +159,17 @@ def table(runs: dict[str, dict[int, Path]], max_steps: int) -> str:
         ce = f"{statistics.mean(loss):.3f}" if loss else "-"
         lines.append(f"| {method} | {len(acc)} | {statistics.mean(acc):.3f} ± {sd:.3f} | "
                      f"{', '.join(f'{a:.3f}' for a in acc)} | {ce} |")
+    return "\n".join(lines)
+
+
+def curve_table(runs: dict[str, dict[int, Path]]) -> str:
+    """Markdown: mean test accuracy over seeds at every evaluated step."""
+    curves = {m: [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
+              for m, by_seed in runs.items()}
+    steps = sorted(set.intersection(*(set(c) for cs in curves.values() for c in cs)))
+    lines = ["| method | " + " | ".join(f"step {s}" for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+    for method, cs in curves.items():
+        lines.append(f"| {method} | " + " | ".join(f"{statistics.mean(c[s] for c in cs):.3f}" for s in steps) + " |")
     return "\n".join(lines)
 
 
@@ -196,7 +208,7 @@ def main(argv=None) -> str:
     torch.set_num_threads(1)                 # the study machine is shared; 2 threads ran slower here
     out = Path(args.out)
     runs = run_all(out, size, args.seeds[:1] if args.quick else args.seeds)
-    text = table(runs, size.max_steps)
+    text = table(runs, size.max_steps) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs)
     (out / "table.md").write_text(text + "\n")
     print(text)
     print(f"plot: {plot(runs, Path(args.plot) if args.plot else out / 'lm_study.png')}", file=sys.stderr)

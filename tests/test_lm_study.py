@@ -47,11 +47,13 @@ def test_quick_study_table_has_every_method_and_a_rerun_skips_finished_runs(tmp_
     sys.modules["lm_study"] = study                     # its dataclasses look their module up
     spec.loader.exec_module(study)
     table = study.main(["--quick", "--out", str(tmp_path)])
-    rows = [line for line in table.splitlines()[2:]]
+    rows = table.split("\n\n")[0].splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == list(study.METHODS)
     for row in rows:
         acc = float(row.split("|")[3].split("±")[0])
         assert 0.0 <= acc <= 1.0
+    curve = table.split("\n\n")[-1].splitlines()
+    assert curve[0] == "| method | step 2 | step 4 |" and len(curve) == 2 + len(study.METHODS)
     assert (tmp_path / "lm_study.png").stat().st_size > 0
     test = [json.loads(line)["question"] for line in (tmp_path / "data" / "test.jsonl").read_text().splitlines()]
     train = {json.loads(line)["question"] for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()}
