@@ -112,8 +112,9 @@ def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], bas
 
 def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
     """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding for
-    mutor-1d, extra heads (fully trainable) for multihead, optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register
-    embedding require grad; ``base_ref`` is the base reference saved with the adapters (default: the
+    mutor-1d, extra heads for multihead (mutor2d.lm.model.head_layers; always fully trainable),
+    optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register embedding
+    (+ heads) require grad; ``base_ref`` is the base reference saved with the adapters (default: the
     name ``lm`` was loaded under)."""
     registers = objective_cfg.uses_registers()
     offsets = head_offsets(objective_cfg)

@@ -170,12 +170,13 @@ class OnlineAccuracy:
         e, acc = run.cfg.eval, run.acc
         out = run.run_dir / "eval" / f"predictions_{Path(e.path).stem}_step{tick.done}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        lm, was_training = run.model.lm, run.model.training
+        def answer(batch: list[dict]) -> list[str]:
+            return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens, e.stop)
+
+        was_training = run.model.training
         run.model.eval()
         with preserved_rng(run.device):
-            accuracy.predict(self.items, lambda batch: generate(lm, self.tokenizer, [it["prompt_ids"] for it in batch],
-                                                                e.max_new_tokens, e.stop),
-                             out, self.kind, acc.process_index, acc.num_processes, e.batch_size)
+            accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size)
         run.model.train(was_training)
         acc.wait_for_everyone()
         if run.main:
