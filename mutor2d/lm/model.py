@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from ..objectives.base import ObjectiveResult, masked_ce, mix
 from .packing import Packed
 
+LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: Llama/Gemma/Mistral/Qwen, GPT-2
+
 
 class MutorLM(nn.Module):
     """lm: a transformers causal LM, possibly wrapped by peft. reg_weight: a in
@@ -146,9 +148,6 @@ class MutorLM(nn.Module):
             losses.append(loss)
             count = count + n
         return torch.stack(losses).mean(), count
-
-
-LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # Llama/Gemma/Mistral/Qwen, GPT-2 names
 
 
 def decoder_part(lm: nn.Module, names: tuple[str, ...]) -> nn.Module:
