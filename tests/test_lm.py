@@ -236,7 +236,7 @@ def test_one_line_errors(tmp_path):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
     with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
-    with pytest.raises(ConfigError, match=r"objective.name: expected one of \['ntp', 'mutor-1d'\]"):
+    with pytest.raises(ConfigError, match=r"objective.name: expected one of \['ntp', 'mutor-1d', 'multihead'\]"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=mutor-2d"])
     assert lm_pkg.is_lm_config("sft_gsm8k_mutor.yaml") and not lm_pkg.is_lm_config("digits_ntp.yaml")
     assert load("sft_gsm8k_ntp.yaml").objective.name == "ntp"
@@ -336,3 +336,191 @@ def test_lm_rejects_a_pair_longer_than_the_model_positions_before_loading(tmp_pa
                                           r"model's 128 positions") as e:
         lm_pkg.train(cfg, tmp_path / "run")
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- multi-head baseline
+
+MULTIHEAD = {"name": "multihead", "d_max": 4, "reg_weight": 0.3}
+
+
+def _multihead(finetune="full", lm=None):
+    cfg = load({"model": {"hf": "x"}, "data": {"path": "d"}, "objective": MULTIHEAD})
+    return hf.build(lm or tiny_llama(), LMModelConfig(hf="x", finetune=finetune, lora_targets=["q_proj", "v_proj"]),
+                    cfg.objective)
+
+
+def test_multihead_regular_logits_equal_plain_model_and_heads_start_as_its_last_layer():
+    lm = tiny_llama()
+    plain = LlamaForCausalLM(lm.config).eval()
+    plain.load_state_dict(lm.state_dict())
+    model = _multihead(lm=lm).eval()
+    assert model.head_offsets == [2, 3, 4] and not model.has_registers
+    p = pack(ragged_batch(), RegisterSpec(), "left", pad_id=0)
+    trunk = {}
+    with torch.no_grad():
+        h = model.hidden(p, trunk)
+        ours = model.logits(h)
+        ref = plain(input_ids=p.input_ids, attention_mask=p.real.long(), position_ids=p.position_ids).logits
+        torch.testing.assert_close(ours[p.real], ref[p.real], atol=1e-5, rtol=1e-5)
+        for k in range(3):       # a copy of the last layer on the last layer's inputs: the next-token path
+            torch.testing.assert_close(model.logits(model.head_hidden(k, trunk))[p.real], ours[p.real])
+        model.heads[0].mlp.down_proj.weight.add_(0.1)          # the heads are their own weights
+        assert not torch.allclose(model.logits(model.head_hidden(0, trunk))[p.real], ours[p.real])
+        torch.testing.assert_close(model.logits(model.hidden(p))[p.real], ours[p.real])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_multihead_targets_at_answer_edges(side):
+    """Head at offset d on regular slot s predicts a_{t+d} (t = s - P; t = -1 the last prompt token)."""
+    from mutor2d.lm.model import head_targets
+    batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
+                    torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
+    p = pack(batch, RegisterSpec(), side, pad_id=0)
+    lead1 = 4 if side == "left" else 0
+    expect = {2: ([2, 3, 4], [21, 22, 23], [25]), 3: ([2, 3], [22, 23], []), 4: ([2], [23], []),
+              6: ([], [], [])}
+    for d, (slots0, targets0, targets1) in expect.items():
+        valid, targets = head_targets(p, d)
+        assert valid[0].nonzero().flatten().tolist() == slots0
+        assert targets[0][valid[0]].tolist() == targets0
+        assert targets[1][valid[1]].tolist() == targets1
+        assert valid[1].nonzero().flatten().tolist() == ([lead1] if targets1 else [])
+
+
+def test_multihead_under_lora_trains_heads_fully_and_trunk_by_adapters():
+    model = _multihead("lora").train()
+    trainable = {n for n, q in model.named_parameters() if q.requires_grad}
+    heads = {n for n, _ in model.heads.named_parameters()}
+    assert {f"heads.{n}" for n in heads} <= trainable and len(heads) > 0
+    assert all(n.startswith("heads.") or ".lora_" in n for n in trainable)
+    res = model(pack(ragged_batch(), RegisterSpec(), "right", pad_id=0))
+    assert set(res.logs) == {"loss_ntp", "loss_heads"} and int(res.counts["heads"]) > 0
+    torch.testing.assert_close(res.loss, 0.7 * res.logs["loss_ntp"] + 0.3 * res.logs["loss_heads"])
+    res.loss.backward()
+    assert {n for n, q in model.named_parameters() if q.grad is not None} == trainable
+
+
+def test_multihead_loss_decreases_and_the_saved_folder_is_the_plain_model(tmp_path):
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
+    cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "full"},
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "objective": MULTIHEAD,
+           "optim": {"lr": 3e-3}, "train": {"batch_size": 8, "max_steps": 15, "log_every": 1, "tracker": "none"}}
+    out = lm_pkg.train(cfg, tmp_path / "run")
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss_heads"] < 0.7 * rows[0]["loss_heads"] and rows[-1]["loss"] < 0.7 * rows[0]["loss"]
+    from safetensors.torch import load_file
+    assert not any("heads" in k for k in load_file(str(out / "model.safetensors")))
+    AutoModelForCausalLM.from_pretrained(out, local_files_only=True)        # plain transformers
+
+
+def test_multihead_run_resumes_with_its_heads(tmp_path):
+    from test_training import losses
+    from mutor2d import checkpoint as ckpt_lib
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
+    cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "lora", "lora_targets": ["q_proj"]},
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "objective": MULTIHEAD,
+           "optim": {"lr": 1e-2}, "train": {"batch_size": 4, "max_steps": 2, "log_every": 1, "ckpt_every": 2,
+                                           "tracker": "none"}}
+    lm_pkg.train(cfg, tmp_path / "run")
+    saved = ckpt_lib.load(ckpt_lib.checkpoint_path(tmp_path / "run", 2))["model"]
+    assert any(k.startswith("heads.") for k in saved) and any(".lora_" in k for k in saved)
+    lm_pkg.train(cfg, tmp_path / "run", ["train.max_steps=4"], resume="auto")
+    lm_pkg.train(cfg, tmp_path / "straight", ["train.max_steps=4"])
+    assert losses(tmp_path / "run") == losses(tmp_path / "straight") and len(losses(tmp_path / "run")) == 4
+
+
+def test_multihead_config_rules():
+    base = {"model": {"hf": "m"}, "data": {"path": "d"}}
+    cfg = load({**base, "objective": {"name": "multihead"}})
+    assert cfg.objective.layout == "1d" and load(cfg) == cfg
+    with pytest.raises(ConfigError, match="objective.layout: expected '1d' for task: lm .*got '2d'"):
+        load({**base, "objective": {"name": "multihead", "layout": "2d"}})
+    with pytest.raises(ConfigError, match="objective.d_max: the 1d heads predict d = 2..d_max, got 1"):
+        load({**base, "objective": {"name": "multihead", "d_max": 1}})
+
+
+# ----------------------------------------------------------------------------- online accuracy
+
+def _eval_cfg(tmp_path, **train):
+    _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
+    data = str(Path(__file__).parent / "data" / "lm_tiny.jsonl")
+    return {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "lora", "lora_targets": ["q_proj"]},
+            "data": {"path": data}, "objective": {"name": "mutor-1d"}, "optim": {"lr": 1e-2},
+            "train": {"batch_size": 4, "max_steps": 4, "log_every": 1, "ckpt_every": 2, "eval_every": 2,
+                      "tracker": "none", **train},
+            "eval": {"path": data, "limit": 5, "max_new_tokens": 4, "batch_size": 2, "stop": [], "kind": "gsm8k"}}
+
+
+def test_online_accuracy_every_n_steps_is_the_evaluator_and_leaves_training_alone(tmp_path):
+    from mutor2d.evaluation import records
+    from test_lm_accuracy import _script
+    from test_training import losses
+    cfg = _eval_cfg(tmp_path)
+    out = lm_pkg.train(cfg, tmp_path / "run")
+    recs, _ = records.read_records([out])
+    assert sorted(r["step"] for r in recs) == [2, 4] and all(r["n"] == 5 for r in recs)
+    assert " accuracy " in records.markdown_table(recs).splitlines()[0]           # eval/leaderboard.py's table
+    logged = [r for r in (json.loads(line) for line in (out / "log.jsonl").read_text().splitlines())
+              if "eval_accuracy" in r]
+    assert [(r["step"], r["eval_accuracy"]) for r in logged] == \
+        sorted((r["step"], r["metrics"]["accuracy"]) for r in recs)
+    # the generation of eval/lm_accuracy.py (hf.generate on the saved step-2 folder) and its scoring
+    tok = hf.load_tokenizer(out / "step_2")
+    items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
+    texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
+    online = [json.loads(line) for line in (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in online] == texts
+    scored = _script("lm_accuracy").main(["--score", str(out / "eval" / "predictions_lm_tiny_step2.jsonl"),
+                                          "--kind", "gsm8k"])
+    assert scored["accuracy"] == next(r for r in recs if r["step"] == 2)["metrics"]["accuracy"]
+    plain = {**cfg, "train": {**cfg["train"], "eval_every": 0}, "eval": {}}
+    lm_pkg.train(plain, tmp_path / "plain")
+    assert losses(out) == losses(tmp_path / "plain")                 # evaluation does not move training
+
+
+def test_online_accuracy_config_rules(tmp_path):
+    base = {"model": {"hf": "m"}, "data": {"path": "d"}}
+    with pytest.raises(ConfigError, match="train.eval_every: expected 0 unless eval.path names an evaluation file"):
+        load(base, ["train.eval_every=5"])
+    with pytest.raises(ConfigError, match="eval.max_new_tokens: expected >= 1"):
+        load(base, ["eval.max_new_tokens=0"])
+    cfg = _eval_cfg(tmp_path)
+    cfg["eval"]["path"] = str(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="missing.jsonl'?: no such file"):
+        lm_pkg.train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_online_accuracy_under_two_processes(tmp_path):
+    """Each process answers its share, one barrier, the main one scores: no deadlock, every item once."""
+    import subprocess
+
+    import yaml
+
+    from test_training import PY, ROOT, env
+    cfg = _eval_cfg(tmp_path, max_steps=2, eval_every=1, ckpt_every=0)
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        str(ROOT / "train.py"), "--config", str(tmp_path / "lm.yaml"), "--out", str(tmp_path / "run")],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for step in (1, 2):
+        pred = tmp_path / "run" / "eval" / f"predictions_lm_tiny_step{step}.jsonl"
+        assert [json.loads(line)["index"] for line in pred.read_text().splitlines()] == list(range(5))
+    assert not list((tmp_path / "run" / "eval").glob("*.part*"))
+
+
+def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
+    from mutor2d.config import CONFIG_DIR
+    names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if lm_pkg.is_lm_config(p.name))
+    assert len(names) >= 12
+    for name in names:
+        cfg = load(name)
+        assert load(cfg.to_dict()) == cfg, name
+        if not name.startswith(("sft_gsm8k_gemma2b_", "sft_gsm8k_llama3_8b_")):
+            continue
+        assert cfg.optim.lr == (5e-5 if "gemma2b" in name else 2e-5), name
+        assert cfg.optim.warmup_steps == round(0.1 * cfg.train.max_steps), name
+        if cfg.objective.name != "ntp":
+            assert (cfg.objective.d_max, cfg.objective.reg_weight) == (4, 0.3), name

@@ -6,11 +6,15 @@ optimiser section. Only the LM-specific sections live here:
 
 * model: a local transformers causal LM (``hf``), LoRA or full fine-tuning;
 * data: ``jsonl`` (prompt/answer, prompt/completion or chat lines), ``gsm8k`` or ``math``;
-* objective: the shared variant ``ntp`` or ``mutor-1d`` (same fields and ``check()`` as an image
-  run; an answer is a 1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
+* objective: the shared variant ``ntp``, ``mutor-1d`` or ``multihead`` (layout 1d; extra decoder
+  layers, mutor2d.lm.model) with the same fields and ``check()`` as an image run (an answer is a
+  1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
 * optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
 * train: the engine's shared TrainConfig (global batch, steps, checkpoints, resume, guards); EMA,
-  sample grids, online image evaluation, init_from and compile are image-run settings and refused.
+  sample grids, init_from and compile are image-run settings and refused. ``train.eval_every``
+  needs ``eval.path``;
+* eval: online accuracy while training (greedy generation on an evaluation file, scored like
+  eval/lm_accuracy.py) every ``train.eval_every`` steps and after the last step.
 Configs written before the one engine (``train.save_every``, ``train.padding_side``,
 ``train.group_by_length``) are upgraded on read.
 """
@@ -32,9 +36,9 @@ from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig
 
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
-OBJECTIVES = ("ntp", "mutor-1d")              # objective variants that work on a 1D answer line
+OBJECTIVES = ("ntp", "mutor-1d", "multihead")  # objective variants that work on a 1D answer line
 DEFAULT_OBJECTIVE = "mutor-1d"
-SECTIONS = ("model", "data", "objective", "optim", "train")
+SECTIONS = ("model", "data", "objective", "optim", "train", "eval")
 
 
 @dataclass
@@ -81,6 +85,29 @@ class LMDataConfig:
 
 
 @dataclass
+class LMEvalConfig:
+    """Online accuracy (mutor2d.lm.run.OnlineAccuracy): the first ``limit`` (0 = all) items of
+    ``path`` (a file of the formats of ``name``, as data.name; each needs a gold answer) answered
+    greedily, ``batch_size`` prompts per generate call, stopping at EOS, a ``stop`` string or after
+    ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file). Runs every
+    ``train.eval_every`` steps and after the last step when ``path`` is set ("" = off)."""
+    path: str = ""
+    name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
+    kind: Literal["", "gsm8k", "math"] = ""
+    limit: int = 0
+    max_new_tokens: int = 256
+    batch_size: int = 16
+    stop: list[str] = field(default_factory=lambda: ["\nQuestion:", "\nProblem:"])
+
+    def check(self) -> None:
+        at_least("eval.limit", self.limit, 0)
+        at_least("eval.max_new_tokens", self.max_new_tokens, 1)
+        at_least("eval.batch_size", self.batch_size, 1)
+        if any(not s for s in self.stop):
+            fail("eval.stop", "non-empty stop strings", self.stop)
+
+
+@dataclass
 class LMOptimConfig(OptimConfig):
     """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` for the register
     embedding (None: optim.lr)."""
@@ -105,7 +132,7 @@ class LMOptimConfig(OptimConfig):
         return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
 
 
-IMAGE_ONLY = {"ema": False, "sample_every": 0, "eval_every": 0, "init_from": "", "compile": False}
+IMAGE_ONLY = {"ema": False, "sample_every": 0, "init_from": "", "compile": False}
 
 
 def lm_train_config(**fields) -> TrainConfig:
@@ -121,6 +148,7 @@ class LMRunConfig:
     objective: ObjectiveConfig = field(default_factory=lambda: _objective({}))
     optim: LMOptimConfig = field(default_factory=LMOptimConfig)
     train: TrainConfig = field(default_factory=lm_train_config)
+    eval: LMEvalConfig = field(default_factory=LMEvalConfig)
 
     def check(self) -> "LMRunConfig":
         for s in SECTIONS:
@@ -128,6 +156,8 @@ class LMRunConfig:
         for key, off in IMAGE_ONLY.items():
             if getattr(self.train, key) != off:
                 fail(f"train.{key}", f"{off!r} for task: {TASK} (an image-run setting)", getattr(self.train, key))
+        if self.train.eval_every and not self.eval.path:
+            fail("train.eval_every", "0 unless eval.path names an evaluation file", self.train.eval_every)
         return self
 
     def run_kind(self):
@@ -144,17 +174,22 @@ class LMRunConfig:
 
 
 SECTION_TYPES = {"model": LMModelConfig, "data": LMDataConfig, "optim": LMOptimConfig,
-                 "train": TrainConfig}
+                 "train": TrainConfig, "eval": LMEvalConfig}
 MOVED_TO_DATA = ("padding_side", "group_by_length")     # train.* keys of configs before the one engine
 
 
 def _objective(data: Any) -> ObjectiveConfig:
-    """The shared objective variant of ``data`` (default mutor-1d); only the 1D ones are allowed."""
+    """The shared objective variant of ``data`` (default mutor-1d); only the 1D ones are allowed
+    (multihead: layout 1d, its default here)."""
     if isinstance(data, dict):
         data = {"name": DEFAULT_OBJECTIVE, **data}
+        if data["name"] == "multihead":
+            data = {"layout": "1d", **data}
     section = build_tagged("objective", data)
     if section.name not in OBJECTIVES:
         fail("objective.name", f"one of {list(OBJECTIVES)} for task: {TASK}", section.name)
+    if getattr(section, "layout", "1d") != "1d":
+        fail("objective.layout", f"'1d' for task: {TASK} (an answer is a line)", section.layout)
     return section
 
 

@@ -17,7 +17,7 @@ a bad one is a one-line DataError naming file, line and the problem):
 gold = the ``#### N`` number (:func:`gsm8k_record`). ``math``: MATH's {"problem", "solution"} lines
 -> prompt "Problem: {p}\\nSolution:", answer " {solution}", gold = its last ``\\boxed{}`` (else an
 ``answer`` field) (:func:`math_record`). Over-long prompts keep their last tokens, over-long answers
-their first. ``python -m mutor2d.lm.data --help`` lists the converters (gsm8k, math, stargraph) and
+their first. ``python -m mutor2d.lm.data --help`` lists the converters (gsm8k, math, stargraph, arith) and
 ``check``.
 """
 from __future__ import annotations
@@ -266,7 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m mutor2d.lm.data",
         description="Write and check jsonl files for LM fine-tuning and evaluation. Converters write "
                     '{"prompt", "answer", "gold"} lines (data.name: jsonl); "check" validates a file.')
-    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,stargraph,check}")
+    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,stargraph,arith,check}")
     for name, what in (("gsm8k", 'GSM8K {"question", "answer"} lines (gold: the "#### N" number)'),
                        ("math", 'MATH {"problem", "solution"} lines (gold: the last \\boxed{} answer)')):
         p = sub.add_parser(name, help=f"convert {what}", description=f"Convert {what}.")
@@ -279,6 +279,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 ("--num-nodes", 50, "node ids to draw from"), ("--count", 1000, "pairs"),
                                 ("--seed", 0, "random seed")):
         s.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    a = sub.add_parser("arith", help="write synthetic arithmetic word problems (GSM8K lines; mutor2d.lm.arith)",
+                       description='Write multi-step arithmetic word problems as GSM8K {"question", "answer"} '
+                                   "lines (read them with data.name: gsm8k).")
+    a.add_argument("dst", help="output jsonl file (overwritten)")
+    a.add_argument("--steps", type=int, nargs="+", default=[2], help="changes per problem, cycled (default 2)")
+    for flag, default, what in (("--count", 1000, "problems"), ("--seed", 0, "random seed"),
+                                ("--max-value", 20, "largest count"), ("--max-change", 9, "largest change")):
+        a.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     c = sub.add_parser("check", help="validate every line of a file (and, with --tokenizer, tokenize it)",
                        description="Validate every line; exit 2 with a one-line error naming the first bad line.")
     c.add_argument("src", help="jsonl file")
@@ -292,6 +300,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> str:
     if args.kind == "stargraph":
         records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed)
+    elif args.kind == "arith":
+        from .arith import arith_records
+        records = arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)
     elif args.kind == "check":
         located = load_located(args.name, args.src)
         if args.tokenizer:

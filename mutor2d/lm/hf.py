@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .model import MutorLM
+from .model import MutorLM, head_layers
 
 REGISTER_FILE = "register_embedding.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -115,10 +115,13 @@ def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], bas
 
 def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
     """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding for
-    mutor-1d, optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register
-    embedding require grad; ``base_ref`` is the base reference saved with the adapters (default: the
+    mutor-1d, extra heads for multihead (mutor2d.lm.model.head_layers; always fully trainable),
+    optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register embedding
+    (+ heads) require grad; ``base_ref`` is the base reference saved with the adapters (default: the
     name ``lm`` was loaded under)."""
     registers = objective_cfg.uses_registers()
+    offsets = head_offsets(objective_cfg)
+    heads = head_layers(lm, offsets) if offsets else None      # copied before LoRA adapts the last layer
     if model_cfg.gradient_checkpointing:
         if hasattr(lm, "activation_checkpointing_enable"):          # the transformers 5 name
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -129,8 +132,15 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
                         model_cfg.lora_targets, base_ref)
     else:
         lm.requires_grad_(True)
-    reg_weight = objective_cfg.reg_weight if registers else 0.0     # ntp has no reg_weight field
-    return MutorLM(lm, reg_weight, registers=registers)  # register embedding: float32
+    reg_weight = getattr(objective_cfg, "reg_weight", 0.0)          # ntp has no reg_weight field
+    return MutorLM(lm, reg_weight, registers=registers, heads=heads, head_offsets=offsets)  # registers: float32
+
+
+def head_offsets(objective_cfg) -> list[int]:
+    """The multi-head baseline's offsets d >= 2 (objective ``multihead``, layout 1d); [] otherwise."""
+    if objective_cfg.name != "multihead":
+        return []
+    return objective_cfg.register_spec().offsets()[:objective_cfg.num_heads or None, 1].tolist()
 
 
 def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None = None) -> Path:

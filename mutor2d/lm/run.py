@@ -8,18 +8,25 @@ embedding (mutor2d.lm.hf.build); a step packs a padded batch with the register l
 and RNG streams, so ``--resume auto`` continues exactly; the frozen base is reloaded from
 ``model.hf``. At each checkpoint step ``RUN/step_N/``, and after the last step the run folder, get
 the adapters (or the full model), the register embedding and the tokenizer, ready for plain
-transformers and eval/lm_accuracy.py (mutor2d.lm.hf.save).
+transformers and eval/lm_accuracy.py (mutor2d.lm.hf.save). With ``eval.path`` set, the online
+accuracy hook (:class:`OnlineAccuracy`) answers the evaluation file greedily every
+``train.eval_every`` steps and after the last step.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, fail
+from ..registers import RegisterSpec
+from . import accuracy
 from .config import LMRunConfig, from_dict
-from .data import collate, load_located, tokenize
-from .hf import build, load_causal_lm, load_model_config, load_tokenizer, position_limit, save, with_pad_token
+from .data import collate, eval_prompts, load_located, tokenize
+from .hf import (build, generate, load_causal_lm, load_model_config, load_tokenizer, position_limit, save,
+                 with_pad_token)
 from .model import MutorLM
 from .packing import pack
 
@@ -43,7 +50,8 @@ class LMTrainModule(nn.Module):
 
     def __init__(self, model: MutorLM, cfg: LMRunConfig, pad_id: int):
         super().__init__()
-        self.model, self.spec, self.pad_id = model, cfg.objective.register_spec(), pad_id
+        spec = cfg.objective.register_spec() if cfg.objective.uses_registers() else RegisterSpec()
+        self.model, self.spec, self.pad_id = model, spec, pad_id      # multihead packs no registers
         self.padding_side = cfg.data.padding_side
 
     def forward(self, batch, generator=None):
@@ -60,6 +68,7 @@ class LMRun:
 
     def __init__(self, model=None, tokenizer=None):
         self.given_model, self.tokenizer, self.trainable = model, tokenizer, set()
+        self.eval_items, self.eval_kind = [], ""
 
     def load_config(self, data: dict) -> LMRunConfig:
         return from_dict(data)
@@ -78,6 +87,8 @@ class LMRun:
                 more = tokenize([rec], self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos, [where])
                 check_positions(more, limit, where)
                 pairs += more
+            if cfg.eval.path:
+                self.eval_items, self.eval_kind = read_eval_items(cfg, self.tokenizer)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         return Examples(pairs), cfg
@@ -108,7 +119,8 @@ class LMRun:
         return {k: v for k, v in state.items() if k in self.trainable}
 
     def hooks(self, run, log) -> list:
-        return [self.snapshot]
+        online = [OnlineAccuracy(self.eval_items, self.eval_kind, self.tokenizer, log)] if self.eval_items else []
+        return [self.snapshot, *online]
 
     def snapshot(self, run, status) -> None:
         """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
@@ -141,6 +153,62 @@ class LMRun:
         run.acc.wait_for_everyone()
         if run.main:
             save(run.model, folder, self.tokenizer, state)
+
+
+def read_eval_items(cfg: LMRunConfig, tokenizer) -> tuple[list[dict], str]:
+    """(items, answer kind) of the online evaluation: the first eval.limit records of eval.path as
+    {"prompt", "prompt_ids", "gold"} (every line checked before the model loads)."""
+    e = cfg.eval
+    located = load_located(e.name, e.path)
+    items = eval_prompts(located[:e.limit or None], tokenizer)
+    kind = e.kind or (e.name if e.name in accuracy.KINDS else accuracy.guess_kind([it["gold"] for it in items]))
+    return items, kind
+
+
+class OnlineAccuracy:
+    """Every train.eval_every steps and after the last step: greedy answers to the evaluation items
+    (mutor2d.lm.hf.generate, as eval/lm_accuracy.py), exact-match accuracy (mutor2d.lm.accuracy).
+    Writes RUN/eval/predictions_<file>_stepN.jsonl, an evaluation record in RUN/eval/ (shown by
+    eval/leaderboard.py) and ``eval_accuracy`` into log.jsonl. Collective: every process answers its
+    share of the items, then one barrier, then the main process scores and writes."""
+
+    def __init__(self, items: list[dict], kind: str, tokenizer, log):
+        self.items, self.kind, self.tokenizer, self.log = items, kind, tokenizer, log
+
+    def __call__(self, run, tick) -> None:
+        from ..engine.hooks import due
+        from ..engine.rng import preserved_rng
+        if tick.stopping or not due(run.cfg.train.eval_every, tick):
+            return
+        e, acc = run.cfg.eval, run.acc
+        out = run.run_dir / "eval" / f"predictions_{Path(e.path).stem}_step{tick.done}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        def answer(batch: list[dict]) -> list[str]:
+            return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens, e.stop)
+
+        was_training = run.model.training
+        run.model.eval()
+        with preserved_rng(run.device):
+            accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size)
+        run.model.train(was_training)
+        acc.wait_for_everyone()
+        if run.main:
+            self.record(run, tick.done, out)
+
+    def record(self, run, step: int, out: Path) -> None:
+        """Merge the part files, score, write the evaluation record and the log line."""
+        from ..evaluation import records
+        e = run.cfg.eval
+        accuracy.merge_parts(out)
+        result = accuracy.score(accuracy.collect(out, len(self.items)), self.kind)
+        sampling = {"temperature": 0.0, "max_new_tokens": e.max_new_tokens, "stop": e.stop,
+                    "batch_size": e.batch_size}
+        records.write_record(accuracy.make_record(result, run_config=run.cfg.to_dict(), step=step, data=e.path,
+                                                  predictions=str(out), checkpoint=str(run.run_dir),
+                                                  sampling=sampling), run.run_dir / "eval")
+        self.log.write({"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]})
+        if run.cfg.train.tracker != "none":
+            run.acc.log({"eval/accuracy": result["accuracy"]}, step=step)
 
 
 def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
