@@ -372,3 +372,14 @@ def test_generate_left_padded_batch_equals_one_by_one(base):
     cut = hf.generate(lm, tok, prompts, 10, [stop])
     assert cut[0] == batched[0][:batched[0].index(stop)]
     assert all(c == b[:len(c)] and stop not in c for c, b in zip(cut, batched))
+
+
+def test_generate_with_stop_strings_a_narrow_character_tokenizer_cannot_map():
+    """transformers cannot build its stop-string criteria for a character vocabulary without the
+    letters it probes with: generation still runs, and the text is cut at the stop string."""
+    tok = data.char_tokenizer("0123456789+=\n")
+    lm = tiny_lm(tok).eval()
+    prompts = [tok("1+2=")["input_ids"], tok("3=")["input_ids"]]
+    plain = hf.generate(lm, tok, prompts, 8)
+    stopped = hf.generate(lm, tok, prompts, 8, ["\nQuestion:", "3"])
+    assert [p.split("3")[0] for p in plain] == stopped

@@ -202,8 +202,11 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     -> the decoded new text of each prompt (special tokens skipped)."""
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
-    out = lm.generate(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                      do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                      stop_strings=list(stop) or None, tokenizer=tokenizer)
+    settings = dict(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                    do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    try:                                       # stop strings end generation early...
+        out = lm.generate(**settings, stop_strings=list(stop) or None, tokenizer=tokenizer)
+    except ValueError:                         # ...where transformers can map them onto the vocabulary (not
+        out = lm.generate(**settings)          # character-level ones): the cut below gives the same text
     texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return [cut_at_stop(t, list(stop)) for t in texts]
