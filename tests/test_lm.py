@@ -524,3 +524,9 @@ def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
         assert cfg.optim.warmup_steps == round(0.1 * cfg.train.max_steps), name
         if cfg.objective.name != "ntp":
             assert (cfg.objective.d_max, cfg.objective.reg_weight) == (4, 0.3), name
+
+
+def test_online_evaluation_of_a_sharded_run_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^eval.path: expected empty under train.sharding=fsdp"):
+        load("sft_gsm8k_gemma2b_mutor.yaml", ["train.sharding=fsdp"])
+    assert load("sft_gsm8k_llama3_8b_mutor.yaml").train.sharding == "fsdp"
