@@ -32,7 +32,7 @@ import torch
 from mutor2d import checkpoint, config, generation
 from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
 from mutor2d.sampling import compile_decoder, decode_modes
-from mutor2d.sampling.auto import auto_decode
+from mutor2d.sampling.auto import auto_decode, can_draft
 from mutor2d.plugins import load_plugins
 
 # sample-section field -> (flag, argparse dest): the one mapping of flags onto the checkpoint's sample
@@ -157,10 +157,8 @@ def pick_auto(args, src: generation.Loaded, device) -> None:
     s = src.cfg.sample
     rows = len(args.classes.split(",")) if args.classes else len(generation.grid_classes(s, src.num_choices))
     total = args.num if args.npz else pick(args.per_class, s.per_class) * rows
-    objective = src.cfg.objective
-    drafts = objective.uses_registers() and bool(objective.register_spec().draft_offsets())
     images = min(args.batch_size, total)
-    args.decode = auto_decode(images, device, drafts)
+    args.decode = auto_decode(images, device, can_draft(src.cfg.objective))
     print(f"--decode auto: {args.decode} (batches of {images} images on {device.type})")
 
 

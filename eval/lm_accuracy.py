@@ -97,7 +97,6 @@ def generate_all(args, located, kind: str, out: Path):
 
 
 def evaluate(args) -> dict | None:
-    from mutor2d.evaluation import records
     from mutor2d.lm import data
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
@@ -110,13 +109,9 @@ def evaluate(args) -> dict | None:
     state = generate_all(args, located, kind, out)
     if not state.is_main_process:
         return None
-    accuracy.merge_parts(out)
-    result = accuracy.score(accuracy.collect(out, len(located)), kind)
-    sampling = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens,
-                "stop": args.stop, "batch_size": args.batch_size}
-    record = accuracy.make_record(result, run_config=cfg, step=step, data=str(args.data), predictions=str(out),
-                                  checkpoint=str(ckpt), sampling=sampling)
-    path = records.write_record(record, run_dir / "eval")
+    generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size}
+    result, path = accuracy.write_scores(out, len(located), kind, run_dir / "eval", run_config=cfg, step=step,
+                                         data=str(args.data), checkpoint=str(ckpt), generation=generation)
     return {**result, "predictions": str(out), "record": str(path)}
 
 

@@ -202,13 +202,19 @@ def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
 
 def export_safetensors(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> Path:
     """Write a checkpoint's weights (EMA when present and ``use_ema``) as safetensors, config in the metadata."""
-    from safetensors.torch import save_file
     state, meta = load_weights(path, use_ema)
+    return save_safetensors(state, meta, "ema" if use_ema and meta["has_ema"] else "model", out)
+
+
+def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLike) -> Path:
+    """``state`` as a safetensors file whose metadata ``read_meta`` reads back: step, grid and config of
+    ``meta`` (as ``read_meta`` gives them) and which weights they are (``weights``: "ema" or "model")."""
+    from safetensors.torch import save_file
     info = {"step": str(meta["step"]), "grid": json.dumps(meta["grid"]), "config": json.dumps(meta["config"]),
-            "weights": "ema" if use_ema and meta["has_ema"] else "model", "format": "mutor2d"}
+            "weights": weights, "format": "mutor2d"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out), metadata=info)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out), metadata=info)
     return out
 
 

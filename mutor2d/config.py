@@ -7,13 +7,10 @@ for a variant of a *tagged* section (``name`` picks the variant; only its fields
 tagged sub-section nests in a plain one under a dotted name (``sample.decode``: a field of the sample
 dataclass whose default is ``make("sample.decode")``).
 This module holds only what every part shares: the registry, the run config, ``--set`` overrides,
-legacy upgrades and the YAML loader; the type and range checks are in mutor2d.checks. It imports the parts' modules itself
-(``PART_MODULES``), then the plugin modules named in ``MUTOR2D_PLUGINS`` (comma-separated; each
-registers its own sections, variants or kinds), the first time a config is built, so no import order
-matters.
-
-Every section has ``check()``; a bad value fails before a run starts, with a one-line
-:class:`ConfigError` naming the key.
+legacy upgrades and the YAML loader (type and range checks: mutor2d.checks). The first time a config
+is built it imports the parts' modules (``PART_MODULES``) and the plugins named in ``MUTOR2D_PLUGINS``,
+so no import order matters. Every section has ``check()``; a bad value fails before a run starts,
+with a one-line :class:`ConfigError` naming the key.
 """
 from __future__ import annotations
 
@@ -168,6 +165,13 @@ def build_section(cls, data: Any, prefix: str, context: str = ""):
             raise ConfigError(f"unknown config key '{prefix}{k}'{context} (known: {known})")
     return cls(**{k: build_tagged(prefix + k, v) if prefix + k in VARIANTS else check_type(prefix + k, v, hints[k])
                   for k, v in data.items()})
+
+
+def build_over(default, data: Any, prefix: str):
+    """A section of ``default``'s type: ``data``'s fields over ``default``'s values (a run kind's defaults)."""
+    if data is not None and not isinstance(data, dict):
+        fail(prefix.rstrip("."), "a mapping", data)
+    return build_section(type(default), {**section_dict(default), **(data or {})}, prefix)
 
 
 def build_plain(section: str, data: Any):

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from . import checkpoint, config, generation  # noqa: E402
 from .plugins import load_plugins  # noqa: E402
 from .sampling import decode_modes  # noqa: E402
-from .sampling.auto import auto_decode  # noqa: E402
+from .sampling.auto import auto_decode, can_draft  # noqa: E402
 
 LOG = logging.getLogger("mutor2d.demo")
 MAX_IMAGES = 64              # images per request
@@ -105,8 +105,7 @@ def sample_config(src: generation.Loaded, st: dict, device):
                         f"({MAX_IMAGES} images at most per request)")
     mode = st["decode"]
     if mode == "auto":
-        obj = src.cfg.objective
-        mode = auto_decode(total, device, obj.uses_registers() and bool(obj.register_spec().draft_offsets()))
+        mode = auto_decode(total, device, can_draft(src.cfg.objective))
     if mode not in decode_modes():
         raise DemoError(f"decode={mode!r}: expected one of {', '.join([*decode_modes(), 'auto'])}")
     decode = {"name": mode, **({"draft": st["draft"] or None} if mode == "registers" else {}),

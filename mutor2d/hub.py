@@ -73,12 +73,8 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
                 "tokenizer": tokenizer_reference(self.cfg), "run_config": self.meta["config"]}
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        from safetensors.torch import save_file
-        info = {"step": str(self.meta["step"]), "grid": json.dumps(self.meta["grid"]),
-                "config": json.dumps(self.meta["config"]), "format": "mutor2d",
-                "weights": "ema" if self.meta["has_ema"] else "model"}
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        save_file(state, str(save_directory / WEIGHTS), metadata=info)
+        checkpoint.save_safetensors(self.model.state_dict(), self.meta, "ema" if self.meta["has_ema"] else "model",
+                                    save_directory / WEIGHTS)
         (save_directory / "config.json").write_text(json.dumps(self.hub_config(), indent=2) + "\n")
         self.write_card_image(save_directory / CARD_IMAGE)
         (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights

@@ -84,6 +84,13 @@ class TrainConfig:
         if self.fsdp_offload and self.sharding != "fsdp":
             fail("train.fsdp_offload", "false unless train.sharding=fsdp", self.fsdp_offload)
 
+    def refuse(self, settings: dict, run_kind: str) -> None:
+        """ConfigError for a field not at its value in ``settings`` (field -> the only value a
+        ``run_kind`` run takes: image-run settings such as sample grids in a VQ or LM run)."""
+        for key, off in settings.items():
+            if getattr(self, key) != off:
+                fail(f"train.{key}", f"{off!r} for {run_kind} (an image-run setting)", getattr(self, key))
+
 
 class Preempted(Exception):
     """A stop signal ended the run after a checkpoint; train.py exits with PREEMPTED_EXIT."""

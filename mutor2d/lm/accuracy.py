@@ -331,3 +331,15 @@ def make_record(result: dict, *, run_config: dict, step: int | None, data: str, 
         "run_config": run_config,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def write_scores(out: str | Path, n: int, kind: str, eval_dir: str | Path, *, run_config: dict, step: int | None,
+                 data: str, checkpoint: str, generation: dict) -> tuple[dict, Path]:
+    """Merge the processes' part files of ``out``, score its ``n`` items and write the evaluation
+    record into ``eval_dir`` (greedy decoding with the ``generation`` settings) -> (result, record path)."""
+    from ..evaluation.records import write_record
+    merge_parts(out)
+    result = score(collect(out, n), kind)
+    record = make_record(result, run_config=run_config, step=step, data=data, predictions=str(out),
+                         checkpoint=checkpoint, sampling={"temperature": 0.0, **generation})
+    return result, write_record(record, eval_dir)

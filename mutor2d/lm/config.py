@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from ..checks import ConfigError, at_least, fail
-from ..config import apply_overrides, build_section, build_tagged, read_mapping
+from ..config import apply_overrides, build_over, build_section, build_tagged, read_mapping
 from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig
@@ -153,9 +153,7 @@ class LMRunConfig:
     def check(self) -> "LMRunConfig":
         for s in SECTIONS:
             getattr(self, s).check()
-        for key, off in IMAGE_ONLY.items():
-            if getattr(self.train, key) != off:
-                fail(f"train.{key}", f"{off!r} for task: {TASK} (an image-run setting)", getattr(self.train, key))
+        self.train.refuse(IMAGE_ONLY, f"task: {TASK}")
         if self.train.eval_every and not self.eval.path:
             fail("train.eval_every", "0 unless eval.path names an evaluation file", self.train.eval_every)
         if self.eval.path and self.train.sharding == "fsdp":   # generation would need every rank in step
@@ -225,16 +223,12 @@ def from_dict(data: Any) -> LMRunConfig:
         elif s == "objective":
             kwargs[s] = _objective(value)
         elif s == "train":
-            kwargs[s] = build_section(TrainConfig, {**_defaults(lm_train_config()), **(value or {})}, "train.")
+            kwargs[s] = build_over(lm_train_config(), value, "train.")
         elif s in SECTION_TYPES:
             kwargs[s] = build_section(SECTION_TYPES[s], value, f"{s}.")
         else:
             raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(SECTIONS)})")
     return LMRunConfig(**kwargs).check()
-
-
-def _defaults(section) -> dict:
-    return dataclasses.asdict(section)
 
 
 def is_lm_config(name: str | os.PathLike) -> bool:

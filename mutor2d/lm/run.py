@@ -175,14 +175,15 @@ class OnlineAccuracy:
     def __init__(self, items: list[dict], kind: str, tokenizer, log):
         self.items, self.kind, self.tokenizer, self.log = items, kind, tokenizer, log
 
-    def __call__(self, run, tick) -> None:
+    def __call__(self, run, status) -> None:
         from ..engine.hooks import due
         from ..engine.rng import preserved_rng
-        if tick.stopping or not due(run.cfg.train.eval_every, tick):
+        if status.stopping or not due(run.cfg.train.eval_every, status):
             return
         e, acc = run.cfg.eval, run.acc
-        out = run.run_dir / "eval" / f"predictions_{Path(e.path).stem}_step{tick.done}.jsonl"
+        out = run.run_dir / "eval" / f"predictions_{Path(e.path).stem}_step{status.done}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
+
         def answer(batch: list[dict]) -> list[str]:
             return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens, e.stop)
 
@@ -193,19 +194,15 @@ class OnlineAccuracy:
         run.model.train(was_training)
         acc.wait_for_everyone()
         if run.main:
-            self.record(run, tick.done, out)
+            self.record(run, status.done, out)
 
     def record(self, run, step: int, out: Path) -> None:
-        """Merge the part files, score, write the evaluation record and the log line."""
-        from ..evaluation import records
+        """Score the merged predictions, write the evaluation record and the log line."""
         e = run.cfg.eval
-        accuracy.merge_parts(out)
-        result = accuracy.score(accuracy.collect(out, len(self.items)), self.kind)
-        sampling = {"temperature": 0.0, "max_new_tokens": e.max_new_tokens, "stop": e.stop,
-                    "batch_size": e.batch_size}
-        records.write_record(accuracy.make_record(result, run_config=run.cfg.to_dict(), step=step, data=e.path,
-                                                  predictions=str(out), checkpoint=str(run.run_dir),
-                                                  sampling=sampling), run.run_dir / "eval")
+        generation = {"max_new_tokens": e.max_new_tokens, "stop": e.stop, "batch_size": e.batch_size}
+        result, _ = accuracy.write_scores(out, len(self.items), self.kind, run.run_dir / "eval",
+                                          run_config=run.cfg.to_dict(), step=step, data=e.path,
+                                          checkpoint=str(run.run_dir), generation=generation)
         self.log.write({"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]})
         if run.cfg.train.tracker != "none":
             run.acc.log({"eval/accuracy": result["accuracy"]}, step=step)

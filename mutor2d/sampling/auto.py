@@ -22,3 +22,8 @@ def auto_decode(images: int, device, has_registers: bool, table: dict | None = N
         return "plain"
     row = min(rows, key=lambda r: abs(math.log(r["images"]) - math.log(max(images, 1))))
     return row["fastest"] if has_registers else row["fastest_without_registers"]
+
+
+def can_draft(objective) -> bool:
+    """Whether a checkpoint's objective config gives register drafts (registers with offset (0, 2))."""
+    return objective.uses_registers() and bool(objective.register_spec().draft_offsets())

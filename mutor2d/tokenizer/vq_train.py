@@ -111,9 +111,7 @@ class VQRunConfig:
     def check(self) -> "VQRunConfig":
         for s in SECTIONS[1:]:
             getattr(self, s).check()
-        for key, off in IMAGE_ONLY.items():
-            if getattr(self.train, key) != off:
-                fail(f"train.{key}", f"{off!r} for a VQ run (an image-run setting)", getattr(self.train, key))
+        self.train.refuse(IMAGE_ONLY, "a VQ run")
         return self
 
     def run_kind(self):
@@ -152,13 +150,9 @@ def from_dict(data: dict) -> VQRunConfig:
         _vq_model(data.get("model") or {}),
         config_lib.build_section(VQDataConfig, data.get("data") or {}, "data."),
         config_lib.build_section(VQLossConfig, data.get("objective") or {}, "objective."),
-        config_lib.build_section(OptimConfig, {**_plain(vq_optim()), **(data.get("optim") or {})}, "optim."),
-        config_lib.build_section(TrainConfig, {**_plain(vq_train()), **(data.get("train") or {})}, "train."),
+        config_lib.build_over(vq_optim(), data.get("optim"), "optim."),
+        config_lib.build_over(vq_train(), data.get("train"), "train."),
     ).check()
-
-
-def _plain(section) -> dict:
-    return config_lib.section_dict(section)
 
 
 def _vq_model(model) -> VQConfig:
