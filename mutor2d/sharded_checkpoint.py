@@ -103,11 +103,12 @@ def verify(path: Path) -> None:
                                  f"(corrupt or changed since)")
 
 
-def load(path: str | os.PathLike, state: dict) -> None:
+def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
     """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint,
-    after checking its files' checksums."""
+    after checking its files' checksums unless the caller has (``verified``)."""
     import torch.distributed.checkpoint as dcp
-    verify(Path(path))
+    if not verified:
+        verify(Path(path))
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=Path(path))

@@ -213,16 +213,18 @@ def save_sharded(run, step: int):
 
 def load_sharded(path, module: nn.Module, optimizer) -> None:
     """A sharded checkpoint's weights and optimizer state into ``module`` / ``optimizer`` as they are
-    (FSDP2-sharded, DDP-wrapped or plain; any process count): DCP reads each process's part."""
+    (FSDP2-sharded, DDP-wrapped or plain; any process count): DCP reads each process's part. The files'
+    checksums were checked when the resume point was read (engine.checkpointer.find_resume)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from .. import sharded_checkpoint
     model_state, optim_state = get_state_dict(module, optimizer)
-    sharded_checkpoint.load(path, {"model": model_state, "optim": optim_state})
+    sharded_checkpoint.load(path, {"model": model_state, "optim": optim_state}, verified=True)
     set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
 def load_sharded_ema(path, ema) -> None:
-    """The checkpoint's EMA (if it kept one) into ``ema`` (ShardedEma or ModelEmaV3), in place."""
+    """The checkpoint's EMA (if it kept one) into ``ema`` (ShardedEma or ModelEmaV3), in place (checked
+    by find_resume, as ``load_sharded``)."""
     from .. import sharded_checkpoint
     if sharded_checkpoint.read_meta(path)["has_ema"]:
-        sharded_checkpoint.load(path, {"ema": ema_state(ema)})
+        sharded_checkpoint.load(path, {"ema": ema_state(ema)}, verified=True)
