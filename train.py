@@ -25,6 +25,7 @@ from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
 from mutor2d.config import ConfigError
 from mutor2d.engine import default_run_dir, run_entry, train
+from mutor2d.engine.loop import flat
 from mutor2d.plugins import load_plugins
 
 
@@ -85,14 +86,6 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
     if unused:
         print(f"note: resuming with the run's saved config; the config file's {', '.join(unused)} differ and are "
               f"not used (--set them to change them)", flush=True)
-
-
-def flat(data: dict, prefix: str = "") -> dict:
-    """Nested sections -> {"section.key": value}."""
-    out = {}
-    for k, v in data.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def load_config(data: dict, overrides: list[str]):

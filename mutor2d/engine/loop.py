@@ -231,7 +231,9 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
         from .. import config as config_lib
         (run.run_dir / "config.yaml").write_text(config_lib.dump(run.cfg))
     if run.cfg.train.tracker != "none":
-        run.acc.init_trackers("tb", config=_flat(run.cfg.to_dict()))
+        scalars = {k: v if isinstance(v, (int, float, str, bool)) else str(v)     # tracker hyper-parameters
+                   for k, v in flat(run.cfg.to_dict()).items()}
+        run.acc.init_trackers("tb", config=scalars)
     run.module.train()
     try:
         _loop(run, hooks)
@@ -267,12 +269,9 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                                 f"continue with --resume auto")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    """Nested config -> {"section.key": scalar} for tracker hyper-parameters."""
+def flat(d: dict, prefix: str = "") -> dict:
+    """Nested config sections -> {"section.key": value}."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
     return out
