@@ -1,5 +1,6 @@
 """MuToR-1D through transformers causal LMs (mutor2d.lm): tiny models built offline."""
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -514,16 +515,21 @@ def test_online_accuracy_under_two_processes(tmp_path):
 def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
     from mutor2d.config import CONFIG_DIR
     names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if lm_pkg.is_lm_config(p.name))
-    assert len(names) >= 12
+    assert len(names) >= 17
     for name in names:
         cfg = load(name)
         assert load(cfg.to_dict()) == cfg, name
-        if not name.startswith(("sft_gsm8k_gemma2b_", "sft_gsm8k_llama3_8b_")):
+        paper = {"sft_gsm8k_gemma2b": (3735, 4, 0.3), "sft_gsm8k_llama3_8b": (3735, 4, 0.3),   # steps, d_max, a
+                 "sft_math_gemma2b": (83525, 3, 0.2), "sft_math_llama3_8b": (83525, 4, 0.1)}
+        stem = next((k for k in paper if name.startswith(k + "_")), None)
+        if stem is None:
             continue
+        steps, d_max, a = paper[stem]
         assert cfg.optim.lr == (5e-5 if "gemma2b" in name else 2e-5), name
-        assert cfg.optim.warmup_steps == round(0.1 * cfg.train.max_steps), name
+        assert (cfg.train.batch_size, cfg.train.max_steps, cfg.optim.schedule) == (10, steps, "linear"), name
+        assert cfg.optim.warmup_steps == math.ceil(0.1 * cfg.train.max_steps), name   # the authors round up
         if cfg.objective.name != "ntp":
-            assert (cfg.objective.d_max, cfg.objective.reg_weight) == (4, 0.3), name
+            assert (cfg.objective.d_max, cfg.objective.reg_weight) == (d_max, a), name
 
 
 def test_online_evaluation_of_a_sharded_run_is_refused_in_one_line():

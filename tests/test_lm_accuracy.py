@@ -272,13 +272,34 @@ def test_converters_and_check_cli(tmp_path, capsys):
     data.main(["math", str(math), str(tmp_path / "m.jsonl")])
     assert json.loads((tmp_path / "g.jsonl").read_text())["gold"] == "2"
     assert json.loads((tmp_path / "m.jsonl").read_text()) == {
-        "prompt": "Problem: Half?\nSolution:", "answer": r" It is $\boxed{\frac12}$.", "gold": r"\frac12"}
+        "prompt": "Question: Half?\n\nAnswer:", "answer": r" It is $\boxed{\frac12}$.", "gold": r"\frac12"}
     data.main(["check", str(tmp_path / "m.jsonl")])
     assert capsys.readouterr().out.strip().endswith("m.jsonl: 1 valid lines")
     with pytest.raises(SystemExit) as e:
         data.main(["math", str(gsm), str(tmp_path / "x.jsonl")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "gsm.jsonl:1: expected string fields ['problem', 'solution']" in err
+
+
+
+def test_openmath_split_keeps_one_problem_source_and_its_expected_answer(tmp_path, capsys):
+    """The paper's 1M-MATH / 1M-GSM: OpenMathInstruct-2 lines filtered by problem_source; the gold is the
+    line's expected_answer even where the solution boxes another form of it."""
+    rows = [{"problem": "Half of 1?", "generated_solution": r"So $\boxed{0.5}$.", "expected_answer": r"\frac{1}{2}",
+             "problem_source": "augmented_math"},
+            {"problem": "2+2?", "generated_solution": r"$\boxed{4}$", "expected_answer": "4", "problem_source": "gsm8k"},
+            {"problem": "x?", "generated_solution": r"$\boxed{1}$", "expected_answer": "1", "problem_source": "math"}]
+    src = _write_lines(tmp_path / "omi.jsonl", rows)
+    data.main(["openmath", str(src), str(tmp_path / "m.jsonl")])
+    got = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [g["gold"] for g in got] == [r"\frac{1}{2}", "1"]
+    assert got[0] == {"prompt": "Question: Half of 1?\n\nAnswer:", "answer": r" So $\boxed{0.5}$.", "gold": r"\frac{1}{2}"}
+    data.main(["openmath", str(src), str(tmp_path / "g.jsonl"), "--split", "gsm"])
+    assert [json.loads(x)["gold"] for x in (tmp_path / "g.jsonl").read_text().splitlines()] == ["4"]
+    gsm = _write_lines(tmp_path / "gsm.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    with pytest.raises(SystemExit) as e:
+        data.main(["openmath", str(gsm), str(tmp_path / "x.jsonl")])
+    assert e.value.code == 2 and "no line has problem_source in ['math', 'augmented_math']" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- train, then evaluate

@@ -116,6 +116,21 @@ def test_weight_decay_groups_follow_llamagen():
     assert len(decay) + len(no_decay) == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("warmup,min_lr", [(3, 0.0), (0, 1e-3)])
+def test_linear_schedule_equals_the_hugging_face_formula(warmup, min_lr):
+    """optim.schedule=linear: lr*n/W during warm-up, then a straight line from lr to min_lr at max_steps
+    (Hugging Face's "linear" schedule when min_lr = 0); update n is scheduled by step_update(n)."""
+    from mutor2d.engine.optim import OptimConfig, build_scheduler
+    lr, total = 0.1, 13
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = build_scheduler(opt, OptimConfig(lr=lr, schedule="linear", warmup_steps=warmup, min_lr=min_lr), total)
+    for n in range(total + 2):
+        sched.step_update(n)
+        want = lr * n / warmup if n < warmup else \
+            min_lr + (lr - min_lr) * max(0.0, (total - n) / (total - warmup))
+        assert opt.param_groups[0]["lr"] == pytest.approx(want, abs=1e-12), n
+
+
 # ----------------------------------------------------------------------------- objectives
 
 @pytest.mark.parametrize("overrides", [

@@ -4,7 +4,7 @@ Rules:
   * Weight decay follows LlamaGen: tensors with 2 or more dims decay; 1-D tensors (norm weights, the
     register embedding) do not.
   * The learning rate is a pure function of the update count and the config (timm scheduler driven
-    per update; warmup lr*n/W, then constant or cosine to ``min_lr`` at ``max_steps``): a resumed run
+    per update; warmup lr*n/W, then constant, cosine or linear to ``min_lr`` at ``max_steps``): a resumed run
     rebuilds it, so a changed step budget is honoured.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ class OptimConfig:
     lr: float = 4e-4
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.05
-    schedule: Literal["constant", "cosine"] = "constant"
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = 0
     min_lr: float = 0.0
     grad_clip: float = 1.0           # 0 = no clipping
@@ -55,8 +55,11 @@ def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
     """timm scheduler driven per update (``step_update(n)`` before update n-1)."""
-    from timm.scheduler import CosineLRScheduler, StepLRScheduler
+    from timm.scheduler import CosineLRScheduler, PolyLRScheduler, StepLRScheduler
     warm = optim_cfg.warmup_steps
+    if optim_cfg.schedule == "linear":                  # decay as Hugging Face's "linear" schedule
+        return PolyLRScheduler(optimizer, t_initial=max(1, max_steps - warm), power=1.0, lr_min=optim_cfg.min_lr,
+                               warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
     if optim_cfg.schedule == "cosine":
         quiet = logging.getLogger("timm.scheduler.cosine_lr")   # a run shorter than its warmup has no cosine
         level, quiet.level = quiet.level, logging.ERROR       # part: timm's warning says only that

@@ -13,12 +13,12 @@ a bad one is a one-line DataError naming file, line and the problem):
   is added). The template must render each earlier part as a prefix of the whole;
 * any line may carry ``"gold"``: the final answer that eval/lm_accuracy.py compares with.
 
-``gsm8k``: GSM8K's {"question", "answer"} lines -> prompt "Question: {q}\\nAnswer:", answer " {a}",
-gold = the ``#### N`` number (:func:`gsm8k_record`). ``math``: MATH's {"problem", "solution"} lines
--> prompt "Problem: {p}\\nSolution:", answer " {solution}", gold = its last ``\\boxed{}`` (else an
-``answer`` field) (:func:`math_record`). Over-long prompts keep their last tokens, over-long answers
-their first. ``python -m mutor2d.lm.data --help`` lists the converters (gsm8k, math, stargraph, arith) and
-``check``.
+``gsm8k``: GSM8K's {"question", "answer"} lines -> prompt "Question: {q}\\n\\nAnswer:", answer " {a}",
+gold = the ``#### N`` number (:func:`gsm8k_record`). ``math``: MATH's {"problem", "solution"} lines (or
+OpenMathInstruct-2's {"problem", "generated_solution", "expected_answer"}) -> the same prompt form,
+answer " {solution}", gold = the answer field, else the last ``\\boxed{}`` (:func:`math_record`).
+Over-long prompts keep their last tokens, over-long answers their first. ``python -m mutor2d.lm.data
+--help`` lists the converters (gsm8k, math, openmath, stargraph, arith) and ``check``.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from .packing import LMBatch
 ROLES = ("system", "user", "assistant", "tool")
 LINE_FORMATS = '{"prompt","answer"}, {"prompt","completion"} or {"messages": [...]}'
 RAW_KEYS = {"question": "gsm8k", "problem": "math"}        # a key of a raw dataset line -> its data.name
+QA_PROMPT = "Question: {}\n\nAnswer:"                      # the paper's fine-tuning and evaluation prompt
 
 
 class DataError(ValueError):
@@ -111,21 +112,35 @@ def gsm8k_record(rec: dict, where: str = "gsm8k record") -> dict:
     _strings(rec, ("question", "answer"), where)
     if "####" not in rec["answer"] or gsm8k_answer(rec["answer"]) is None:
         raise DataError(f"{where}: the GSM8K answer has no '#### N' final-answer line")
-    return {"prompt": f"Question: {rec['question'].strip()}\nAnswer:", "answer": " " + rec["answer"].strip(),
+    return {"prompt": QA_PROMPT.format(rec["question"].strip()), "answer": " " + rec["answer"].strip(),
             "gold": gsm8k_answer(rec["answer"])}
 
 
 def math_record(rec: dict, where: str = "MATH record") -> dict:
-    """MATH {"problem", "solution"} -> {"prompt", "answer", "gold"} (gold: the last boxed answer of the
-    solution, else a string ``answer`` field)."""
-    _strings(rec, ("problem", "solution"), where)
-    gold = boxed_answer(rec["solution"])
-    if gold is None and isinstance(rec.get("answer"), str):
-        gold = rec["answer"]
+    """MATH {"problem", "solution"} or OpenMathInstruct-2 {"problem", "generated_solution"} -> {"prompt",
+    "answer", "gold"}; gold: the line's ``expected_answer`` or ``answer`` string, else the solution's
+    last boxed answer. The prompt is GSM8K's (``QA_PROMPT``), as the paper formats both."""
+    solution_key = "generated_solution" if "generated_solution" in rec else "solution"
+    _strings(rec, ("problem", solution_key), where)
+    given = [rec[k] for k in ("expected_answer", "answer") if isinstance(rec.get(k), str) and rec[k].strip()]
+    gold = given[0] if given else boxed_answer(rec[solution_key])
     if gold is None:
         raise DataError(f"{where}: the MATH solution has no \\boxed{{...}} answer and no 'answer' field")
-    return {"prompt": f"Problem: {rec['problem'].strip()}\nSolution:", "answer": " " + rec["solution"].strip(),
+    return {"prompt": QA_PROMPT.format(rec["problem"].strip()), "answer": " " + rec[solution_key].strip(),
             "gold": gold}
+
+
+OPENMATH_SOURCES = {"math": ("math", "augmented_math"), "gsm": ("gsm8k", "augmented_gsm8k")}
+
+
+def openmath_records(src: str | Path, split: str) -> list[dict]:
+    """The paper's 1M-MATH / 1M-GSM splits: OpenMathInstruct-2 lines whose ``problem_source`` is one of
+    ``OPENMATH_SOURCES[split]``, converted by :func:`math_record`."""
+    keep = OPENMATH_SOURCES[split]
+    located = [(w, r) for w, r in read_jsonl(src) if r.get("problem_source") in keep]
+    if not located:
+        raise DataError(f"{src}: no line has problem_source in {list(keep)} (OpenMathInstruct-2 lines expected)")
+    return [math_record(rec, where) for where, rec in located]
 
 
 LOADERS = {"jsonl": jsonl_record, "gsm8k": gsm8k_record, "math": math_record}
@@ -266,12 +281,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m mutor2d.lm.data",
         description="Write and check jsonl files for LM fine-tuning and evaluation. Converters write "
                     '{"prompt", "answer", "gold"} lines (data.name: jsonl); "check" validates a file.')
-    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,stargraph,arith,check}")
+    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,openmath,stargraph,arith,check}")
     for name, what in (("gsm8k", 'GSM8K {"question", "answer"} lines (gold: the "#### N" number)'),
-                       ("math", 'MATH {"problem", "solution"} lines (gold: the last \\boxed{} answer)')):
+                       ("math", 'MATH {"problem", "solution"} lines (gold: "answer", else the last \\boxed{})')):
         p = sub.add_parser(name, help=f"convert {what}", description=f"Convert {what}.")
         p.add_argument("src", help="input jsonl file")
         p.add_argument("dst", help="output jsonl file (overwritten)")
+    o = sub.add_parser("openmath", help="the paper's 1M-MATH or 1M-GSM split of OpenMathInstruct-2",
+                       description="Keep the OpenMathInstruct-2 lines of one problem source (math: math and "
+                                   "augmented_math; gsm: gsm8k and augmented_gsm8k) and convert them as 'math' does.")
+    o.add_argument("src", help="OpenMathInstruct-2 jsonl (e.g. its train_1M split saved as jsonl)")
+    o.add_argument("dst", help="output jsonl file (overwritten)")
+    o.add_argument("--split", choices=sorted(OPENMATH_SOURCES), default="math",
+                   help="which problems to keep (default math)")
     s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
                        description="Write path-star graph prompt/answer pairs.")
     s.add_argument("dst", help="output jsonl file (overwritten)")
@@ -303,6 +325,8 @@ def run(args: argparse.Namespace) -> str:
     elif args.kind == "arith":
         from .arith import arith_records
         records = arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)
+    elif args.kind == "openmath":
+        records = openmath_records(args.src, args.split)
     elif args.kind == "check":
         located = load_located(args.name, args.src)
         if args.tokenizer:
