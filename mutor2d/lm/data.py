@@ -273,6 +273,7 @@ def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, se
 
 
 def write_jsonl(records: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 

@@ -1,0 +1,52 @@
+"""A small randomly initialised Llama with a character tokenizer, written as a local model folder: the
+language path's offline starting point (nothing downloads), used by the README's first run and the
+CPU studies.
+
+    python -m mutor2d.lm.tiny models/tiny-llama [--hidden 64] [--layers 2] [--heads 4] [--seed 0]
+
+The tokenizer has one id per character of the synthetic arithmetic problems (``mutor2d.lm.arith``) after
+<pad>=0, <bos>=1, <eos>=2, <unk>=3; the model is ``LlamaForCausalLM`` with an MLP 4x the width.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def write_tiny_llama(folder: str | Path, chars: str | None = None, hidden: int = 64, layers: int = 2,
+                     heads: int = 4, seed: int = 0, max_positions: int = 256) -> Path:
+    """Write the model and tokenizer to ``folder`` (an existing model folder is kept as it is)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from .arith import arith_alphabet
+    from .data import char_tokenizer
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    tok = char_tokenizer(arith_alphabet() if chars is None else chars)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.lm.tiny", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="model folder to write (kept if it already holds a model)")
+    for flag, default, what in (("--hidden", 64, "width"), ("--layers", 2, "decoder layers"),
+                                ("--heads", 4, "attention heads"), ("--seed", 0, "initialisation seed"),
+                                ("--max-positions", 256, "longest prompt + answer in tokens")):
+        ap.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    args = ap.parse_args(argv)
+    if args.hidden % args.heads:
+        raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")
+    folder = write_tiny_llama(args.out, None, args.hidden, args.layers, args.heads, args.seed, args.max_positions)
+    print(f"wrote {folder} (Llama, {args.layers} layers x {args.hidden}, character tokenizer)")
+
+
+if __name__ == "__main__":
+    main()
