@@ -221,6 +221,8 @@ def test_data_gsm8k_and_tokenize(tmp_path):
     assert recs == [gsm8k_record({"question": "1+1?", "answer": "2\n#### 2"})]
     assert recs[0]["prompt"].startswith("Question: 1+1?") and recs[0]["answer"].startswith(" 2")
     tok = char_tokenizer("0123456789+?#: \nQuestionAnswer")
+    text = recs[0]["prompt"] + recs[0]["answer"]                      # one id per character, newlines too
+    assert tok.unk_token_id not in tok(text)["input_ids"] and tok.decode(tok(text)["input_ids"][1:]) == text
     [(prompt, answer)] = tokenize(recs, tok, 8, 100)
     assert len(prompt) == 8 and answer[-1] == tok.eos_token_id      # prompt keeps its last 8 tokens
     batch = collate([(prompt, answer), ([1, 4], [5, 6])], pad_id=0)

@@ -253,7 +253,7 @@ def char_tokenizer(chars: str, model_max_length: int = 4096):
     specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
     vocab = {tok: i for i, tok in enumerate(specials + sorted(set(chars)))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")   # every character, newlines too
     tk.decoder = decoders.Fuse()
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>",
