@@ -1,0 +1,116 @@
+"""The README's commands, in order, on a fresh copy of the project, as a newcomer runs them (so the
+README cannot drift from the code).
+
+Rules (the README states them): every ```bash and ```python block runs in order in one fresh folder
+holding the project's tracked files; install steps (venv, activate, pip) and the test-suite command are
+left out (this environment is the installed one); a block whose first line is ``# needs: ...`` is not
+run; every training command gets ``--set train.max_steps=20`` (the README's one override); ``app.py``
+is started, must serve its page, and is stopped.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = "--set train.max_steps=20"
+SKIPPED = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install|python -m pytest)")
+TRAINING = re.compile(r"^python (train\.py|tokenizers/train_vq\.py) ")
+
+
+def readme_blocks(text: str) -> list[tuple[str, str]]:
+    """[(language, body)] of the README's bash and python blocks, in order."""
+    return re.findall(r"^```(bash|python)\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def commands(text: str) -> list[tuple[str, str]]:
+    """[(kind, command)]: kind "python" (a script), "app" (a server) or "shell"; the rules above."""
+    out = []
+    for lang, body in readme_blocks(text):
+        if body.startswith("# needs:"):
+            continue
+        if lang == "python":
+            out.append(("python", body))
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            steps = [s.strip() for s in line.split(" && ") if s.strip() and not SKIPPED.match(s.strip())]
+            for step in steps:
+                step = " ".join(re.sub(r"\s+#.*$", "", step).split())      # no trailing comment
+                if TRAINING.match(step):
+                    step = f"{step} {QUICK}"
+                out.append(("app" if step.startswith("python app.py") else "shell", step))
+    return out
+
+
+def test_readme_rules_pick_the_commands():
+    text = ("```bash\npython3 -m venv .venv && . .venv/bin/activate && pip install -e . && python train.py "
+            "--config a.yaml\n```\n```bash\n# needs: GPUs\npython train.py --config big.yaml\n```\n"
+            "```bash\npython sample.py --ckpt r \\\n    --cfg 2.0      # a grid\npython app.py --ckpt r\n```\n"
+            "```python\nprint(1)\n```\n```text\npython nothing.py\n```\n")
+    assert commands(text) == [("shell", f"python train.py --config a.yaml {QUICK}"),
+                              ("shell", "python sample.py --ckpt r --cfg 2.0"),
+                              ("app", "python app.py --ckpt r"), ("python", "print(1)\n")]
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The project's tracked files (a fresh clone's content) under ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_once(command: str, cwd: Path, env: dict) -> None:
+    """Start the demo, wait until its page answers 200, stop it."""
+    port = free_port()
+    proc = subprocess.Popen(shlex.split(command) + ["--port", str(port)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+                    assert page.status == 200
+                    return
+            except OSError:
+                time.sleep(1)
+        raise AssertionError(f"{command}: no page on port {port}\n{proc.stdout.read() if proc.poll() else ''}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (git ls-files)")
+def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
+    pytest.importorskip("gradio")
+    work = fresh_copy(tmp_path / "clone")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(work)}
+    steps = commands((ROOT / "README.md").read_text())
+    assert len(steps) >= 20 and sum(kind == "app" for kind, _ in steps) == 1
+    for kind, command in steps:
+        if kind == "app":
+            serve_once(command, work, env)
+            continue
+        argv = [sys.executable, "-c", command] if kind == "python" else ["bash", "-c", command]
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"README command failed: {command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert (work / "runs/digits_mutor2d/eval").is_dir() and (work / "runs/lm_tiny_arith/eval").is_dir()
