@@ -1,6 +1,7 @@
 """Sharded fine-tuning of a Hugging Face causal LM (train.sharding=fsdp, FSDP2 over 2 gloo CPU processes):
-a tiny Llama built from a config, fully fine-tuned with MuToR-1D registers, gives DDP's losses and final
-weights on the same processes' random streams. The 2-process runs happen in one launch of this file."""
+a tiny Llama built from a config, fully fine-tuned or with LoRA, with MuToR-1D registers, gives DDP's
+losses and final weights on the same processes' random streams, and DDP's online accuracy (evaluated
+after every step, so steps 2 and 3 train after an evaluation). The 2-process runs happen in one launch of this file."""
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,10 @@ def lm_config(base: Path, sharding: str, finetune: str) -> dict:
             "objective": {"name": "mutor-1d", "d_min": 1, "d_max": 3},
             "optim": {"lr": 3e-3, "grad_clip": 1.0},
             "train": {"batch_size": 4, "grad_accum": 2, "max_steps": 3, "log_every": 1, "ckpt_every": 3,
-                      "tracker": "none", "sharding": sharding}}
+                      "eval_every": 1, "tracker": "none", "sharding": sharding},
+            # 5 items in batches of 2: one process answers 2 batches, the other 1 (+ 1 padding batch)
+            "eval": {"path": str(ROOT / "tests" / "data" / "lm_tiny.jsonl"), "limit": 5, "max_new_tokens": 4,
+                     "batch_size": 2, "stop": [";"], "kind": "gsm8k"}}
 
 
 def worker(out: Path) -> None:
@@ -69,6 +73,36 @@ def test_sharded_lm_matches_ddp(two_process_runs, finetune):
     else:
         assert sorted(wb) and all("lora" in k for k in wb)
 
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_sharded_online_accuracy_matches_ddp(two_process_runs, finetune, tmp_path):
+    """Every process generates its share in step with the others: the per-item greedy outputs, the
+    records and the logged accuracy are DDP's at every step, and the last step's outputs are those of
+    a one-process evaluation of the saved run folder on the same batches."""
+    from mutor2d.evaluation import records
+    from mutor2d.lm import accuracy, hf
+    from mutor2d.lm import data as lm_data
+    runs = {s: two_process_runs / f"{finetune}_{s}" for s in ("ddp", "fsdp")}
+
+    def outputs(run, step):
+        lines = (run / "eval" / f"predictions_lm_tiny_step{step}.jsonl").read_text().splitlines()
+        return [(r["index"], r["output"]) for r in map(json.loads, lines)]
+    seen = {s: [outputs(d, step) for step in (1, 2, 3)] for s, d in runs.items()}
+    assert seen["fsdp"] == seen["ddp"] and all([i for i, _ in o] == list(range(5)) for o in seen["fsdp"])
+    assert len({text for o in seen["fsdp"] for _, text in o}) > 1          # outputs that can differ
+    recs = {s: sorted((r["step"], r["n"], r["metrics"]["accuracy"], r["detail"]["no_answer"])
+                      for r in records.read_records([d])[0]) for s, d in runs.items()}
+    assert [r[:2] for r in recs["fsdp"]] == [(1, 5), (2, 5), (3, 5)] and recs["fsdp"] == recs["ddp"]
+    logged = {s: [(r["step"], r["eval_accuracy"]) for r in map(json.loads, (d / "log.jsonl").read_text().splitlines())
+                  if "eval_accuracy" in r] for s, d in runs.items()}
+    assert logged["fsdp"] == logged["ddp"] == [(step, acc) for step, _, acc, _ in recs["ddp"]]
+    assert not list((runs["fsdp"] / "eval").glob("*.part*"))
+    tok, model = hf.load_tokenizer(runs["fsdp"]), hf.load_for_inference(runs["fsdp"])
+    items = lm_data.eval_prompts(lm_data.load_located("jsonl", str(ROOT / "tests" / "data" / "lm_tiny.jsonl"))[:5], tok)
+    for rank in (0, 1):                                   # the processes' batches, one after the other
+        accuracy.predict(items, lambda b: hf.generate(model, tok, [it["prompt_ids"] for it in b], 4, [";"]),
+                         tmp_path / "p.jsonl", "gsm8k", rank, 2, 2)
+    assert [(r["index"], r["output"]) for r in accuracy.merge_parts(tmp_path / "p.jsonl")] == seen["fsdp"][-1]
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -173,6 +173,24 @@ def test_shards_merge_and_resume(tmp_path):
         accuracy.collect(one, 9)
 
 
+def test_a_shorter_share_is_padded_to_the_agreed_batch_count_and_the_padding_dropped(tmp_path):
+    """Sharded generation: 5 items in batches of 2 are 2 batches on process 0 and 1 on process 1,
+    which runs one more (item 0) whose output is not written; ``agree`` gets each own count."""
+    items, plain, padded = _fake_items(5), tmp_path / "plain.jsonl", tmp_path / "padded.jsonl"
+    for rank in (0, 1):
+        accuracy.predict(items, _fake_generate([]), plain, "gsm8k", rank, 2, 2)
+    asked, calls = [], {0: [], 1: []}
+
+    def agree(batches):
+        asked.append(batches)
+        return 2                                      # the largest count of the two processes
+    for rank in (0, 1):
+        assert accuracy.predict(items, _fake_generate(calls[rank]), padded, "gsm8k", rank, 2, 2, agree) == 3 - rank
+    assert asked == [2, 1] and [len(c) for c in calls.values()] == [2, 2] and calls[1][-1] == ["Q0"]
+    assert len(accuracy.part_path(padded, 1, 2).read_text().splitlines()) == 2
+    assert accuracy.merge_parts(padded) == accuracy.merge_parts(plain)
+
+
 # ----------------------------------------------------------------------------- data formats
 
 pytest.importorskip("transformers")

@@ -14,7 +14,8 @@ Rules:
   * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
     foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update).
   * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
-    into a plain GPT on the main process.
+    into a plain GPT on the main process. The LM's online accuracy generates on the sharded model
+    itself, every process in step (mutor2d.lm.run.OnlineAccuracy).
 """
 from __future__ import annotations
 

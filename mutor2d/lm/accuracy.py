@@ -284,13 +284,15 @@ def _keep_whole_lines(path: Path) -> None:
 
 
 def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int = 0, world: int = 1,
-            batch_size: int = 8) -> int:
+            batch_size: int = 8, agree=None) -> int:
     """Generate and score this process's share of ``items`` not yet in ``out`` or its part files,
     appending each finished batch to its part file (so a killed run resumes where it stopped).
 
     items: [{"prompt": text, "prompt_ids": ids, "gold": str}] (index = position); generate: list of
     items -> list of output texts. Batches hold prompts of similar length (longest first), a
-    deterministic order. Returns how many items were generated."""
+    deterministic order. ``agree``: a collective, this process's batch count -> the count every
+    process runs (the largest); a process with fewer pads with batches of item 0 whose outputs are
+    dropped (a sharded model's forward needs every process). Returns how many items were generated."""
     done = done_items(out)
     for i, item in done.items():
         if i < len(items) and item.get("prompt") != items[i]["prompt"]:
@@ -300,12 +302,15 @@ def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int =
                   key=lambda i: (-len(items[i]["prompt_ids"]), i))
     part = part_path(out, rank, world)
     _keep_whole_lines(part)
+    batches = [todo[start:start + batch_size] for start in range(0, len(todo), batch_size)]
+    padding = agree(len(batches)) - len(batches) if agree else 0
     with open(part, "a") as f:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start:start + batch_size]
+        for batch in batches:
             for i, text in zip(batch, generate([items[i] for i in batch])):
                 f.write(json.dumps(scored_item(i, items[i]["prompt"], text, items[i]["gold"], kind)) + "\n")
             f.flush()
+    for _ in range(padding):
+        generate(items[:1])
     return len(todo)
 
 

@@ -156,9 +156,6 @@ class LMRunConfig:
         self.train.refuse(IMAGE_ONLY, f"task: {TASK}")
         if self.train.eval_every and not self.eval.path:
             fail("train.eval_every", "0 unless eval.path names an evaluation file", self.train.eval_every)
-        if self.eval.path and self.train.sharding == "fsdp":   # generation would need every rank in step
-            fail("eval.path", "empty under train.sharding=fsdp (online evaluation of a sharded model is not "
-                 "built yet; score RUN/step_N/ with eval/lm_accuracy.py)", self.eval.path)
         return self
 
     def run_kind(self):

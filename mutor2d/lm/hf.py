@@ -196,14 +196,17 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 @torch.no_grad()
 def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             stop: list[str] = ()) -> list[str]:
+             stop: list[str] = (), synced: bool = False) -> list[str]:
     """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
     each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
-    -> the decoded new text of each prompt (special tokens skipped)."""
+    ``synced``: collective (transformers' ``synced_gpus``): every process keeps stepping until all
+    are done, as a sharded (FSDP2) forward needs. -> the decoded new text of each prompt (special
+    tokens skipped)."""
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
     settings = dict(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                    do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+                    do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                    synced_gpus=synced)
     try:                                       # stop strings end generation early...
         out = lm.generate(**settings, stop_strings=list(stop) or None, tokenizer=tokenizer)
     except ValueError:                         # ...where transformers can map them onto the vocabulary (not

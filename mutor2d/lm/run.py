@@ -14,6 +14,7 @@ accuracy hook (:class:`OnlineAccuracy`) answers the evaluation file greedily eve
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -170,7 +171,9 @@ class OnlineAccuracy:
     (mutor2d.lm.hf.generate, as eval/lm_accuracy.py), exact-match accuracy (mutor2d.lm.accuracy).
     Writes RUN/eval/predictions_<file>_stepN.jsonl, an evaluation record in RUN/eval/ (shown by
     eval/leaderboard.py) and ``eval_accuracy`` into log.jsonl. Collective: every process answers its
-    share of the items, then one barrier, then the main process scores and writes."""
+    share of the items, then one barrier, then the main process scores and writes. Sharded (FSDP2):
+    every process runs as many generate calls (:func:`accuracy.predict`'s ``agree``) and forwards
+    (``synced``) as the busiest one, so the per-item outputs are those of an unsharded run."""
 
     def __init__(self, items: list[dict], kind: str, tokenizer, log):
         self.items, self.kind, self.tokenizer, self.log = items, kind, tokenizer, log
@@ -178,20 +181,23 @@ class OnlineAccuracy:
     def __call__(self, run, status) -> None:
         from ..engine.hooks import due
         from ..engine.rng import preserved_rng
+        from ..engine.sharding import is_sharded
         if status.stopping or not due(run.cfg.train.eval_every, status):
             return
-        e, acc = run.cfg.eval, run.acc
+        e, acc, sharded = run.cfg.eval, run.acc, is_sharded(run.module)
         out = run.run_dir / "eval" / f"predictions_{Path(e.path).stem}_step{status.done}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
 
         def answer(batch: list[dict]) -> list[str]:
-            return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens, e.stop)
+            return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens,
+                            e.stop, synced=sharded)
 
-        was_training = run.model.training
-        run.model.eval()
-        with preserved_rng(run.device):
-            accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size)
-        run.model.train(was_training)
+        def agree(batches: int) -> int:
+            return int(acc.gather(torch.tensor([batches], device=run.device)).max())
+
+        with preserved_rng(run.device), generating(run, sharded):
+            accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size,
+                             agree if sharded else None)
         acc.wait_for_everyone()
         if run.main:
             self.record(run, status.done, out)
@@ -206,6 +212,23 @@ class OnlineAccuracy:
         self.log.write({"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]})
         if run.cfg.train.tracker != "none":
             run.acc.log({"eval/accuracy": result["accuracy"]}, step=step)
+
+
+@contextmanager
+def generating(run, sharded: bool):
+    """The model in eval mode (no LoRA dropout) and, when ``sharded``, the FSDP2 root's own parameters
+    (embeddings, final norm, head, register embedding) gathered, as the root's forward would, since
+    generation calls the causal LM inside it (each decoder layer gathers its own); both undone after."""
+    was_training = run.model.training
+    run.model.eval()
+    if sharded:
+        run.module.unshard()
+    try:
+        yield
+    finally:
+        if sharded:
+            run.module.reshard()
+        run.model.train(was_training)
 
 
 def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
