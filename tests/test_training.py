@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -152,10 +153,13 @@ def test_each_objective_trains_and_checkpoints(tmp_path, overrides):
 
 def test_sample_grid_rows_are_classes(tmp_path):
     from PIL import Image
-    train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path)
-    img = Image.open(tmp_path / "samples" / "step_00000001.png")
-    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2
-    assert img.size == (3 * 66 + 2, 2 * 66 + 2)
+    train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path / "a")
+    train(tiny("train.max_steps=1", "sample.per_class=3", "sample.labels=false"), tmp_path / "b")
+    img, bare = (Image.open(tmp_path / run / "samples" / "step_00000001.png") for run in "ab")
+    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2; the rows named in a left margin
+    assert bare.size == (3 * 66 + 2, 2 * 66 + 2) and img.height == bare.height and img.width > bare.width
+    assert np.array_equal(np.asarray(img)[:, img.width - bare.width:], np.asarray(bare))
+    assert json.loads(img.text["rows"]) == json.loads(bare.text["rows"]) == ["0", "7"]
 
 
 # ----------------------------------------------------------------------------- resume
