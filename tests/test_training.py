@@ -381,3 +381,24 @@ def test_resume_keeps_the_saved_config_and_names_what_changes(tmp_path, capsys):
     cli.main(["--config", str(cfg), "--out", str(run), "--resume", "auto", "--max-steps", "3"])
     assert "note: train.max_steps changed on resume: 2 -> 3" in capsys.readouterr().out
     assert sorted(losses(run)) == [1, 2, 3]
+
+
+def test_an_input_error_of_a_launch_is_printed_once(monkeypatch, capsys):
+    """Bad config or input is the same in every process of a launch: the main process (RANK 0) prints
+    the one line, the others exit 2 silently; other run-ending errors are printed by every process."""
+    from mutor2d.config import ConfigError
+    from mutor2d.engine import run_entry
+    from mutor2d.engine.loop import Diverged
+
+    def fail(error):
+        def main():
+            raise error
+        return main
+    for rank, error, code, printed in (("0", ConfigError("run folder 'x' already has checkpoints"), 2, True),
+                                       ("1", ConfigError("run folder 'x' already has checkpoints"), 2, False),
+                                       ("1", Diverged("too many skipped updates"), 1, True)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            run_entry(fail(error))
+        err = capsys.readouterr().err
+        assert e.value.code == code and (err == f"error: {error}\n" if printed else err == "")

@@ -110,7 +110,8 @@ def exit_code(error: BaseException) -> int | None:
 
 def run_entry(main):
     """Run an entry script's ``main()`` -> its result; an error that ends a run (``exit_code``) becomes
-    one line on stderr and that exit code."""
+    one line on stderr and that exit code. Bad config or input (2) is the same in every process of a
+    launch: only the main one (RANK 0 or unset) prints it."""
     import sys
     try:
         return main()
@@ -118,7 +119,8 @@ def run_entry(main):
         code = exit_code(e)
         if code is None:
             raise
-        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
+        if code != 2 or os.environ.get("RANK", "0") == "0":
+            print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
         raise SystemExit(code) from None
 
 
