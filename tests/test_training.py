@@ -383,22 +383,24 @@ def test_resume_keeps_the_saved_config_and_names_what_changes(tmp_path, capsys):
     assert sorted(losses(run)) == [1, 2, 3]
 
 
-def test_an_input_error_of_a_launch_is_printed_once(monkeypatch, capsys):
-    """Bad config or input is the same in every process of a launch: the main process (RANK 0) prints
-    the one line, the others exit 2 silently; other run-ending errors are printed by every process."""
+def test_an_input_error_of_a_launch_is_printed_by_the_main_process_first(monkeypatch, capsys):
+    """Bad config or input: the main process (RANK 0) prints its line at once; another process waits
+    ECHO_DELAY_S first (a launcher stops it when the main one exits, so a shared error shows once) and
+    prints it only if still running; other run-ending errors are printed at once by every process."""
     from mutor2d.config import ConfigError
-    from mutor2d.engine import run_entry
-    from mutor2d.engine.loop import Diverged
+    from mutor2d.engine import loop, run_entry
 
     def fail(error):
         def main():
             raise error
         return main
-    for rank, error, code, printed in (("0", ConfigError("run folder 'x' already has checkpoints"), 2, True),
-                                       ("1", ConfigError("run folder 'x' already has checkpoints"), 2, False),
-                                       ("1", Diverged("too many skipped updates"), 1, True)):
+    for rank, error, code, waited in (("0", ConfigError("run folder 'x' already has checkpoints"), 2, []),
+                                      ("1", ConfigError("run folder 'x' already has checkpoints"), 2, [loop.ECHO_DELAY_S]),
+                                      ("1", loop.Diverged("too many skipped updates"), 1, [])):
         monkeypatch.setenv("RANK", rank)
+        slept = []
+        monkeypatch.setattr(loop.time, "sleep", lambda s: slept.append((s, capsys.readouterr().err)))
         with pytest.raises(SystemExit) as e:
             run_entry(fail(error))
-        err = capsys.readouterr().err
-        assert e.value.code == code and (err == f"error: {error}\n" if printed else err == "")
+        assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+        assert [s for s, _ in slept] == waited and all(err == "" for _, err in slept)   # nothing printed before
