@@ -217,8 +217,8 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
     prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
     images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
     rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
-    out = generation.save_grid(images, per_class, args.out or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".png"),
-                               rows, labels=s.labels)
+    out = args.out or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".png")
+    out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 

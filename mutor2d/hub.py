@@ -162,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mutor2d.hub", formatter_class=HelpFormatter,
                                  description="Save a checkpoint as a hub folder (and push it).")
     sub = ap.add_subparsers(dest="cmd", required=True, help="what to do (save: a hub folder, --push: also upload)")
-    save = sub.add_parser("save", help="CKPT (file, run folder, export) -> hub folder OUT", formatter_class=HelpFormatter,
+    save = sub.add_parser("save", help="CKPT (file, run folder, export) -> hub folder OUT",
+                          formatter_class=HelpFormatter,
                           description="Write a hub folder (config.json, model.safetensors, a model card) that "
                                       "sample.py, app.py and MutorModel.from_pretrained read.")
     save.add_argument("ckpt", help="checkpoint file, run folder (its newest checkpoint) or safetensors export")

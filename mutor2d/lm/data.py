@@ -276,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "No options: the input file is read as is.")
         p.add_argument("src", help="input jsonl file")
         p.add_argument("dst", help="output jsonl file (overwritten)")
-    s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)", formatter_class=HelpFormatter,
+    s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
+                       formatter_class=HelpFormatter,
                        description="Write path-star graph prompt/answer pairs.")
     s.add_argument("dst", help="output jsonl file (overwritten)")
     for flag, default, what in (("--degree", 2, "arms per graph"), ("--path-len", 5, "nodes per arm"),

@@ -83,7 +83,8 @@ class DecodeConfig(Variant):
 class SampleConfig:
     """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
     (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed, whether a
-    grid PNG names its rows in a left margin (``labels``); the decoding mode (``decode``, a DecodeConfig; its ``name`` picks the variant)."""
+    grid PNG names its rows in a left margin (``labels``); the decoding mode (``decode``, a
+    DecodeConfig; its ``name`` picks the variant)."""
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
