@@ -6,7 +6,15 @@ Class-balanced npz for evaluation (N / classes per class), sharded over processe
     accelerate launch sample.py --ckpt RUN --num 50000 --npz samples.npz --cfg 2.0 --batch-size 125
 (on CPUs: accelerate launch --multi_gpu --num_processes 2 sample.py ..., or torchrun --nproc_per_node 2
 --no-python -- python sample.py ...). The npz is the
-same for any number of processes; rerunning an interrupted command finishes it.
+same for any number of processes; rerunning an interrupted command finishes it. accelerate's notice
+"--num_processes was set to a value of 0" (no accelerate config) is harmless: docs/SCALING.md.
+
+Outputs go beside their checkpoint unless --out / --npz PATH say otherwise: RUN/samples/ for a
+checkpoint of a run folder, DIR/STEM_samples/ for any other file (a safetensors export, a hub folder's
+model.safetensors, a copied .pt), named step first like the training grids (RUN/samples/step_XXXXXXXX.png)
+but never their name: step_XXXXXXXX_cfgC_seedS_DECODE[_tT][_kK][_pP][_raw].png (or .npz with --npz alone).
+Grid rows are named in a left margin ("7"; "207: golden retriever" for ImageNet's 1000 classes; the
+names also sit in the PNG's text chunk "rows"); --no-labels leaves the margin out.
 
 --ckpt takes a checkpoint file or a run folder (its newest valid checkpoint). Sampling defaults
 come from the checkpoint's ``sample`` config section, decoding mode included (``sample.decode``; old
@@ -30,6 +38,7 @@ from pathlib import Path
 import torch
 
 from mutor2d import checkpoint, config, generation
+from mutor2d.cli import HelpFormatter
 from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
 from mutor2d.sampling import compile_decoder, decode_modes
 from mutor2d.sampling.auto import auto_decode, can_draft
@@ -40,28 +49,37 @@ from mutor2d.plugins import load_plugins
 SAMPLE_FLAGS = {"cfg_scale": ("--cfg-scale", "cfg"), "temperature": ("--temperature", "temperature"),
                 "top_k": ("--top-k", "top_k"), "top_p": ("--top-p", "top_p"), "decode.name": ("--decode", "decode"),
                 "decode.draft": ("--draft", "draft"), "decode.anchors": ("--draft-anchors", "draft_anchors"),
-                "decode.fill": ("--no-fill", "fill"), "decode.window": ("--window", "window")}
+                "decode.fill": ("--no-fill", "fill"), "decode.window": ("--window", "window"),
+                "labels": ("--no-labels", "labels")}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint file or run folder")
-    p.add_argument("--out", help="PNG grid path (default RUN/samples/sample_stepXXXXXXXX.png)")
-    p.add_argument("--classes", help="comma-separated class indices (default: config, else a spread)")
-    p.add_argument("--per-class", type=int, help="grid columns: samples per class")
-    p.add_argument("--num", type=int, help="with --npz: number of samples, a multiple of the class count")
-    p.add_argument("--npz", help="write a class-balanced sample file instead of a grid")
-    p.add_argument("--cfg-scale", "--cfg", dest="cfg", type=float, help="classifier-free guidance scale (1 = off)")
-    p.add_argument("--temperature", type=float, help="0 = greedy")
-    p.add_argument("--top-k", type=int, help="0 = off")
-    p.add_argument("--top-p", type=float, help="1 = off")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--out", help="PNG grid path (default: RUN/samples/step_XXXXXXXX_cfgC_seedS_DECODE.png for a "
+                                 "checkpoint of a run folder, else DIR/STEM_samples/ beside the checkpoint file; "
+                                 "the training grids are RUN/samples/step_XXXXXXXX.png)")
+    p.add_argument("--classes", help="comma-separated class indices (default: the checkpoint's sample.classes, "
+                                     "else 10 spread over the classes; npz: all classes)")
+    p.add_argument("--per-class", type=int, help="grid columns: samples per class (default: sample.per_class)")
+    p.add_argument("--num", type=int, help="with --npz (required there): number of samples, a multiple of the "
+                                           "class count")
+    p.add_argument("--npz", nargs="?", const="", metavar="PATH",
+                   help="write a class-balanced sample file instead of a grid, at PATH (default, --npz alone: "
+                        "the folder of --out's default, step_XXXXXXXX_cfgC_seedS_DECODE.npz)")
+    p.add_argument("--cfg-scale", "--cfg", dest="cfg", type=float,
+                   help="classifier-free guidance scale, 1 = off (default: sample.cfg_scale)")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: sample.temperature)")
+    p.add_argument("--top-k", type=int, help="0 = off (default: sample.top_k)")
+    p.add_argument("--top-p", type=float, help="1 = off (default: sample.top_p)")
+    p.add_argument("--seed", type=int, help="seed of the first batch; batch k uses shard_seed(seed, k) "
+                                            "(default: sample.seed)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="samples per forward; npz: per shard (the file depends on it, not on the process count)")
     p.add_argument("--grid", help="token grid HxW (default: the model's; must equal it when known)")
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True,
                    help="use the EMA weights when the checkpoint has them")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoding step (default: eager)")
     p.add_argument("--decode", choices=[*decode_modes(), "auto"],
                    help="default: the checkpoint's sample.decode (plain); auto (the fastest exact mode for the "
                         "batch size and device, measured: mutor2d/sampling/crossover.json); registers (exact speculative decoding "
@@ -71,15 +89,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                                              "the checkpoint's useful draft length)")
     p.add_argument("--draft-anchors", choices=("every", "last"),
                    help="--decode registers: K registers after every verified token (a partial acceptance "
-                        "keeps fresh drafts) or after the last one only (K extra tokens per row, not (K+1)K)")
+                        "keeps fresh drafts) or after the last one only (K extra tokens per row, not (K+1)K; "
+                        "default: sample.decode.anchors, every)")
     p.add_argument("--no-fill", dest="fill", action="store_const", const=False,
-                   help="--decode registers: no Jacobi guesses where a register cannot draft (row ends)")
-    p.add_argument("--window", type=int, help="--decode jacobi: window of guessed tokens (default 4)")
+                   help="--decode registers: no Jacobi guesses where a register cannot draft (row ends; "
+                        "default: fill them)")
+    p.add_argument("--no-labels", dest="labels", action="store_const", const=False,
+                   help="grid PNG without the left margin naming each row's class (default: the checkpoint's "
+                        "sample.labels, true; the names stay in the PNG's text chunk 'rows')")
+    p.add_argument("--window", type=int, help="--decode jacobi: window of guessed tokens (default: "
+                                              "sample.decode.window, 4)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="sample.KEY=VALUE",
                    help="override a field of the checkpoint's sample section, e.g. sample.decode.draft=2 or a "
                         "plugin mode's field (repeatable; the flags above apply after)")
     p.add_argument("--device", help="default: the accelerate process's device (cuda if present)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def pick(value, default):
@@ -117,7 +145,7 @@ def check_args(args) -> None:
         raise SampleFileError("--num goes with --npz (a grid takes --per-class)")
     if args.npz is not None and (args.num is None or args.per_class is not None or args.out is not None):
         raise SampleFileError("--npz takes --num N (N / classes per class), not --per-class or --out")
-    if args.npz is not None and Path(args.npz).is_dir():
+    if args.npz and Path(args.npz).is_dir():
         raise SampleFileError(f"--npz {args.npz}: is a directory; expected the path of a .npz file")
     if args.per_class is not None and args.per_class < 1:
         raise SampleFileError(f"--per-class {args.per_class}: expected >= 1")
@@ -167,8 +195,20 @@ def decode_options(mode) -> dict:
     return {k: v for k, v in config.section_dict(mode).items() if k != "name"}
 
 
+def output_name(src: generation.Loaded, s, seed: int, ema: bool, suffix: str) -> str:
+    """The default file name of sample.py's output: the training step first, then what makes it differ
+    from the training grid RUN/samples/step_XXXXXXXX.png (never that name): CFG scale, seed and
+    decoding mode always; temperature / top-k / top-p when they are on, ``raw`` for --no-ema, e.g.
+    step_00001000_cfg2_seed0_plain.png, step_00001000_cfg1_seed3_registers_t0.9_k100_raw.npz. Other
+    classes or --per-class write the same name (pass --out to keep both)."""
+    parts = [f"step_{src.step:08d}", f"cfg{s.cfg_scale:g}", f"seed{seed}", s.decode.name]
+    parts += [f"{k}{v:g}" for k, v, off in (("t", s.temperature, 1), ("k", s.top_k, 0), ("p", s.top_p, 1)) if v != off]
+    return "_".join(parts + ([] if ema else ["raw"])) + suffix
+
+
 def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -> None:
-    """The PNG grid: one row per choice of the conditioning kind (class), --per-class columns."""
+    """The PNG grid: one row per choice of the conditioning kind (class), --per-class columns, named in a
+    left margin (unless --no-labels); --out, else OUT_DIR/output_name (``checkpoint.output_dir``)."""
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else generation.grid_classes(s, n)
     per_class = pick(args.per_class, s.per_class)
@@ -176,10 +216,9 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
         raise SampleFileError(f"sample.per_class {per_class}: expected >= 1")
     prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
     images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
-    out = generation.save_grid(images, per_class, args.out or run_dir / "samples" / f"sample_step{src.step:08d}.png",
-                               rows)
+    out = args.out or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".png")
+    out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 
@@ -192,7 +231,8 @@ def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, s
                                   settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
                                   batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
                                   decode_options=decode_options(s.decode))
-    job = NpzJob(args.npz, prefixes, args.batch_size, seed, meta, kind=src.kind)
+    out = args.npz or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".npz")
+    job = NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:
             print(f"{job.out} is already complete")

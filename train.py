@@ -23,25 +23,32 @@ from pathlib import Path
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as config_lib
 from mutor2d import lm as lm_lib
+from mutor2d.cli import HelpFormatter
 from mutor2d.config import ConfigError
 from mutor2d.engine import default_run_dir, run_entry, train
 from mutor2d.engine.loop import flat
 from mutor2d.plugins import load_plugins
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a class-conditional AR model (NTP / MuToR / multi-head).")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Train a class-conditional AR model (NTP / MuToR / multi-head).",
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--config", help="YAML path or name under configs/ (e.g. digits_mutor2d.yaml); "
                                      "optional with --resume PATH (the checkpoint's config is used)")
     ap.add_argument("--out", help="run folder (default: train.out_dir, else runs/<config name>)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config value (repeatable)")
-    ap.add_argument("--max-steps", type=int, help="override train.max_steps")
+    ap.add_argument("--max-steps", type=int, help="override train.max_steps (default: the config's)")
     ap.add_argument("--resume", metavar="auto|PATH",
                     help="'auto': continue from the newest readable checkpoint of the run folder (fresh "
                          "start if it has none); PATH: a checkpoint file or run folder to continue from. "
-                         "A resumed run keeps its saved config except what --set / --max-steps change")
-    return ap.parse_args(argv)
+                         "A resumed run keeps its saved config except what --set / --max-steps change "
+                         "(default: a fresh run; a run folder with checkpoints is refused)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> Path:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import common  # noqa: E402
+from mutor2d.cli import HelpFormatter  # noqa: E402
 
 MiB = 1024 ** 2
 
@@ -90,16 +91,20 @@ def theory(args, params: float) -> dict:
     return {"ddp_MiB": ddp / MiB, "fsdp_MiB": fsdp / MiB, "ratio": fsdp / ddp, "states_ratio": 1 / args.processes}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dim", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--processes", type=int, default=2)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--dim", type=int, default=1024, help="model width")
+    ap.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    ap.add_argument("--heads", type=int, default=8, help="attention heads")
+    ap.add_argument("--steps", type=int, default=3, help="training steps per measured run")
+    ap.add_argument("--processes", type=int, default=2, help="CPU processes (gloo) of each run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sharding", default="fsdp", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.worker:
         return worker(args)
     rows = {sharding: measure(args, sharding) for sharding in ("ddp", "fsdp")}

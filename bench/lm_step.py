@@ -21,6 +21,7 @@ import argparse
 import torch
 
 import common
+from mutor2d.cli import HelpFormatter
 from mutor2d.lm.model import MutorLM
 from mutor2d.lm.packing import LMBatch, pack
 from mutor2d.registers import RegisterSpec
@@ -36,8 +37,8 @@ def build_model(args, device):
                                       num_key_value_heads=args.hidden // 64, max_position_embeddings=2048,
                                       attn_implementation="sdpa")).to(device)
     if args.lora:
-        from peft import LoraConfig, get_peft_model
-        lm = get_peft_model(lm, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        from mutor2d.lm.hf import apply_lora    # the runs' LoRA path (it keeps peft's deprecation notice quiet)
+        lm = apply_lora(lm, r=16, alpha=32, dropout=0.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
     return MutorLM(lm).to(device)
 
 
@@ -67,8 +68,8 @@ def make_step(model, opt, packs, device):
     return step
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--hidden", type=int, default=512, help="hidden size of the random Llama (default 512)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     ap.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
@@ -83,9 +84,13 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a step's time measures")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="cuda when available, else cpu")
+                    help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
     device = torch.device(args.device)

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mutor2d.cli import HelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CONFIG = "llamagen_b_mutor2d.yaml"
@@ -446,14 +448,15 @@ def rehearse(args) -> dict:
     return summary
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     size = ap.add_mutually_exclusive_group(required=True)
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="CI size")
     size.add_argument("--full", dest="size", action="store_const", const="full",
                       help="the real VQ-16 and GPT-B shapes (by hand: minutes per training step on 2 cores)")
     ap.add_argument("--workdir", default="runs/rehearsal", help="new or empty folder for everything made")
-    ap.add_argument("--launcher", choices=("torchrun", "accelerate"), default="accelerate")
+    ap.add_argument("--launcher", choices=("torchrun", "accelerate"), default="accelerate",
+                    help="how the multi-process stages are started")
     ap.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp",
                     help="train.sharding of the training stages (fsdp: FSDP2, sharded checkpoints)")
     ap.add_argument("--signal", choices=("workers", "group", "nonmain"), default="workers",
@@ -461,15 +464,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "only the ranks > 0 (WORKAROUND for large checkpoints, see the notes: torchrun then "
                          "sends rank 0 its first SIGTERM, so rank 0 finishes writing before it exits)")
     ap.add_argument("--until", choices=STAGES[:-1],
-                    help="stop after this stage (e.g. to time the full size's first stages)")
+                    help="stop after this stage, e.g. to time the full size's first stages (default: run all)")
     ap.add_argument("--reuse", metavar="DIR", help="take images, VQ file and codes from an earlier --workdir "
-                    "of the same size (skips those stages)")
-    ap.add_argument("--max-steps", type=int, help="override the size's train.max_steps")
-    ap.add_argument("--stop-at", type=int, help="override the step the SIGTERM follows")
+                    "of the same size (skips those stages; default: make them)")
+    ap.add_argument("--max-steps", type=int, help="override the size's train.max_steps (default: the size's)")
+    ap.add_argument("--stop-at", type=int, help="override the step the SIGTERM follows (default: the size's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="one more train.py --set item (experiments, e.g. data.num_workers=0)")
-    ap.add_argument("--json", help="also write the summary here")
-    return ap.parse_args(argv)
+    ap.add_argument("--json", help="also write the summary here (default: stdout only)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> dict:

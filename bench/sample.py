@@ -38,6 +38,7 @@ import torch
 
 import common
 from mutor2d import checkpoint, generation
+from mutor2d.cli import HelpFormatter
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import grid_arg, regular_position_ids
@@ -177,33 +178,39 @@ def weight_bytes(model: GPT) -> int:
                if not n.startswith(("tok_embeddings", "cls_embedding")))
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile (CI)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dim", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--dim", type=int, default=768, help="model width (GPT-B: 768)")
+    ap.add_argument("--heads", type=int, default=12, help="attention heads")
+    ap.add_argument("--vocab", type=int, default=16384, help="image-token vocabulary (VQ-16: 16384)")
     ap.add_argument("--layers", type=int, default=None, help="depth of the throughput runs (default: 2 on CPU, 12 on GPU)")
     ap.add_argument("--step-layers", type=int, default=12, help="depth of the decode-step run (0 = skip)")
-    ap.add_argument("--images", type=int, default=2)
-    ap.add_argument("--grid", type=grid_arg, default=(16, 16))
-    ap.add_argument("--cfg-scale", type=float, default=2.0)
+    ap.add_argument("--images", type=int, default=2, help="images per throughput run")
+    ap.add_argument("--grid", type=grid_arg, default=(16, 16), help="token grid HxW")
+    ap.add_argument("--cfg-scale", type=float, default=2.0, help="CFG scale of the throughput runs")
     ap.add_argument("--drafts", type=int_list, default=[1, 2, 3], help="register drafts K (after every input)")
     ap.add_argument("--last", type=int_list, default=[4], help="register drafts K after the last input only")
     ap.add_argument("--windows", type=int_list, default=[2, 4], help="Jacobi windows K")
-    ap.add_argument("--ckpt", default=None, help="also time the speculative rows on this checkpoint")
+    ap.add_argument("--ckpt", default=None, help="also time the speculative rows on this checkpoint (default: none)")
     ap.add_argument("--spec-images", type=int_list, default=[1, 50], help="--ckpt batch sizes")
     ap.add_argument("--spec-cfg", type=float, default=2.0, help="--ckpt CFG scale")
     ap.add_argument("--spec-temperature", type=float, default=1.0, help="--ckpt temperature")
     ap.add_argument("--crossover", metavar="JSON", help="with --ckpt: time plain / registers / jacobi at their "
-                    "defaults per --spec-images and write the fastest into JSON (mutor2d/sampling/crossover.json)")
+                    "defaults per --spec-images and write the fastest into JSON (mutor2d/sampling/crossover.json; "
+                    "default: no crossover)")
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu = process CPU time, for a shared machine (with --threads 1)")
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args(argv)
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
+    return ap
+
+
+def parse(argv=None):
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)

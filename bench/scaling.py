@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mutor2d.cli import HelpFormatter                 # noqa: E402
 from mutor2d.model import ModelConfig             # noqa: E402
 from mutor2d.engine.speed import PEAK_BF16_FLOPS, train_flops  # noqa: E402
 from mutor2d.model import GPT                      # noqa: E402
@@ -76,11 +77,12 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def lm_rows(args) -> list[dict]:
     """Llama-3-8B at ``--lm-tokens`` tokens per sequence and ``--lm-batch`` sequences per GPU."""
-    from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mutor2d.lm.hf import apply_lora
     config = LlamaConfig(**LLAMA3_8B)
     with torch.device("meta"):
-        lm = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=16, target_modules=LORA_TARGETS))
+        lm = apply_lora(LlamaForCausalLM(config), r=16, alpha=8, dropout=0.0, targets=LORA_TARGETS)
     total = sum(p.numel() for p in lm.parameters())
     adapters = sum(p.numel() for p in lm.parameters() if p.requires_grad)
     tokens = args.lm_batch * args.lm_tokens
@@ -99,18 +101,22 @@ def table(rows: list[dict]) -> str:
                      ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows])
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, default=8)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs of the estimated run")
     ap.add_argument("--batch", type=int, default=1024, help="global batch")
-    ap.add_argument("--gpu", choices=sorted(PEAK_BF16_FLOPS), default="H100")
+    ap.add_argument("--gpu", choices=sorted(PEAK_BF16_FLOPS), default="H100", help="GPU model (its bf16 peak)")
     ap.add_argument("--mfu", type=float, default=0.40, help="assumed model FLOPs utilisation")
     ap.add_argument("--presets", default="B,L,XL", help="comma-separated GPT presets (XXL, 3B: LlamaGen's largest)")
     ap.add_argument("--grid", type=int, default=16, help="token grid side (16: 256 px, 24: 384 px with VQ-16)")
     ap.add_argument("--lm", action="store_true", help="Llama-3-8B fine-tuning memory instead of the GPT table")
     ap.add_argument("--lm-tokens", type=int, default=1024, help="--lm: tokens per sequence (prompt + answer)")
     ap.add_argument("--lm-batch", type=int, default=4, help="--lm: sequences per GPU")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.lm:
         rows = lm_rows(args)
     else:

@@ -31,6 +31,7 @@ import torch
 import common
 from mutor2d.attention import Visibility
 from mutor2d import config as config_lib
+from mutor2d.cli import HelpFormatter
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT, model_shape
 from mutor2d.engine.speed import train_flops
@@ -189,32 +190,38 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (CI)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
     ap.add_argument("--dim", type=int, default=768, help="width (GPT-B: 768)")
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=12, help="attention heads")
+    ap.add_argument("--vocab", type=int, default=16384, help="image-token vocabulary (VQ-16: 16384)")
     ap.add_argument("--layers", type=int, default=None, help="depth of the ratio runs (default: 2 on CPU, 12 on GPU)")
     ap.add_argument("--mfu-layers", type=int, default=12, help="depth of the MFU run (0 = skip)")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--grid", type=grid_arg, default=(16, 16))
+    ap.add_argument("--batch", type=int, default=4, help="images per training step")
+    ap.add_argument("--grid", type=grid_arg, default=(16, 16), help="token grid HxW")
     ap.add_argument("--registers", type=int, default=80, help="K of the sparse case")
     ap.add_argument("--dmax2d", type=int, default=4, help="D of the 2D offsets")
-    ap.add_argument("--backends", default="sdpa,flex,sdpa-mask")
+    ap.add_argument("--backends", default="sdpa,flex,sdpa-mask", help="comma-separated attention backends to time")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu = process CPU time, for a shared machine (with --threads 1)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per case; the median is reported")
     ap.add_argument("--compile", choices=["off", "mfu", "all"], default="off",
                     help="torch.compile each transformer block (as train.compile) in the MFU run / all runs")
     ap.add_argument("--peak-tflops", type=float, default=None,
-                    help="the device's nominal peak (e.g. 989 for H100/H200 bf16 dense): MFU against it too")
+                    help="the device's nominal peak (e.g. 989 for H100/H200 bf16 dense): MFU against it too "
+                         "(default: MFU against the measured matmul peak only)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def parse(argv=None):
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)

@@ -40,6 +40,7 @@ import json
 import sys
 from pathlib import Path
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import study
 from mutor2d.evaluation.digits import DEFAULT_CACHE
 from mutor2d.plugins import load_plugins
@@ -60,14 +61,13 @@ def parse_list(text: str, kind, name: str) -> list:
         raise study.StudyError(f"--{name} {text!r}: expected comma-separated {kind.__name__} values") from None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--out", required=True, help="study folder (runs go to OUT/METHOD/seedS)")
     ap.add_argument("--config", default=study.BASE_CONFIG, help="base config, YAML path or name under configs/")
     ap.add_argument("--methods", default="next-token,mutor-2d-D4,mutor-2d-sparse",
                     help=f"comma-separated, of {','.join(study.METHODS)}")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds of every method")
     ap.add_argument("--steps", type=int, default=500, help="training steps of every run")
     ap.add_argument("--eval-steps", default="250,500", help="checkpoints to evaluate (each divides --steps)")
     ap.add_argument("--num", type=int, default=1000, help="class-balanced samples per evaluation")
@@ -96,7 +96,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="only rebuild the table and plot from the records already in OUT")
     ap.add_argument("--quick", action="store_true", help="CI: 2 methods (+ a data fraction), 1 seed, 4 steps, "
                     "20 samples, validation split and selection")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def settings(args: argparse.Namespace) -> study.Study:

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import digits, records
 from mutor2d.io import read_safetensors
 from mutor2d.evaluation import metrics as M
@@ -24,9 +25,8 @@ from mutor2d.evaluation.sources import DIGITS_DATA_SEED, MetricsError, open_imag
 from mutor2d.plugins import load_plugins
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__)
     ap.add_argument("samples", help="sample npz or image folder")
     ap.add_argument("--ref", required=True, help="reference: folder, npz (images and/or mu/sigma), digits:SPLIT")
     ap.add_argument("--features", choices=sorted(M.FEATURES), default=None,
@@ -35,15 +35,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="torch-fidelity Inception weights file (pt_inception-2015-12-05); default: download")
     ap.add_argument("--metrics", default=",".join(M.METRICS),
                     help=f"comma-separated subset of {','.join(M.METRICS)} (prc = precision/recall)")
-    ap.add_argument("--json", default=None, help="write the record here (a .json file or a folder)")
+    ap.add_argument("--json", default=None, help="write the record here, a .json file or a folder (default: RUN/eval/ "
+                                                 "of the run the samples' metadata names, else stdout)")
     ap.add_argument("--method", default=None, help="method name for the record (default: the run's objective)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=64, help="images per feature-extractor forward")
     ap.add_argument("--cache-dir", default=str(digits.DEFAULT_CACHE),
                     help="digits classifier and reference-feature cache (default: %(default)s)")
     ap.add_argument("--no-cache", action="store_true", help="do not cache reference features")
     ap.add_argument("--quiet", action="store_true", help="no torch-fidelity progress output")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def score(args) -> tuple:

@@ -10,18 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
 
 
-def main(argv=None) -> str:
-    load_plugins()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("runs", nargs="+", help="run folders (their eval/*.json) or record files")
-    ap.add_argument("--plot", default=None, help="write a PNG of FID against training step here")
+    ap.add_argument("--plot", default=None, help="write a PNG of FID against training step here (default: no plot)")
     ap.add_argument("--paper", action=argparse.BooleanOptionalAction, default=None,
                     help="show the paper's ImageNet rows (default: when a record's reference is ImageNet)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> str:
+    load_plugins()
+    args = build_parser().parse_args(argv)
     recs, notes = records.read_records(args.runs)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

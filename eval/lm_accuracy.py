@@ -22,20 +22,20 @@ from pathlib import Path
 
 import yaml
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.lm import accuracy
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:5]))
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--ckpt", help="run folder or its step_N/ folder of an LM fine-tuning (train.py, task: lm)")
     mode.add_argument("--score", metavar="PRED.jsonl", help="score saved outputs (lines with output and gold)")
     ap.add_argument("--data", help="jsonl file to evaluate on (lines as in training, with a gold answer: "
-                                   "'gold', else the answer / last assistant turn)")
+                                   "'gold', else the answer / last assistant turn; required with --ckpt)")
     ap.add_argument("--data-name", choices=["jsonl", "gsm8k", "math"], default="jsonl",
                     help="format of --data, as the config's data.name (gsm8k / math: the raw files)")
     ap.add_argument("--kind", choices=accuracy.KINDS,
@@ -48,7 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="weights dtype for generation (default float32)")
     ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
     if args.score and not args.kind:
         ap.error("--score needs --kind gsm8k|math")

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from mutor2d.cli import HelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 A = 0.3                                     # the paper's loss weight of the auxiliary term
 METHODS = {                                 # method -> objective section
@@ -193,14 +195,18 @@ def plot(runs: dict[str, dict[int, Path]], path: Path) -> Path:
     return path
 
 
-def main(argv=None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     ap.add_argument("--out", default="runs/lm_study", help="study folder (data, models, runs, table.md)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
     ap.add_argument("--max-steps", type=int, default=None, help="training steps per run (default: the study's)")
     ap.add_argument("--plot", default=None, help="plot file (default OUT/lm_study.png)")
     ap.add_argument("--quick", action="store_true", help="a tiny version for CI (one seed, a few steps)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> str:
+    args = build_parser().parse_args(argv)
     size = QUICK if args.quick else Size()
     if args.max_steps:
         size = dataclasses.replace(size, max_steps=args.max_steps)

@@ -3,7 +3,8 @@ of a checkpoint on the fixed held-out graphs of its config.
 
     python eval/stargraph.py --ckpt RUN_DIR_OR_FILE [--num 2000] [--json OUT.json]
 
-Writes a JSON record (default RUN_DIR/eval/stargraph_stepXXXXXXXX.json) that eval/leaderboard.py reads.
+Writes a JSON record (default RUN_DIR/eval/stargraph_stepXXXXXXXX.json; DIR/STEM_eval/ beside a checkpoint
+file outside a run folder) that eval/leaderboard.py reads.
 """
 from __future__ import annotations
 
@@ -16,21 +17,27 @@ from pathlib import Path
 import torch
 
 from mutor2d import checkpoint
+from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
 from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     ap.add_argument("--ckpt", required=True, help="checkpoint file or run folder (newest checkpoint)")
     ap.add_argument("--num", type=int, default=0, help="evaluate the first NUM test graphs (0 = all)")
     ap.add_argument("--offsets", default=None,
                     help="register offsets d to probe, e.g. 2,3,4 (default 2..path_len-1; register models only)")
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=256, help="test graphs per forward")
     ap.add_argument("--no-ema", action="store_true", help="use the raw weights even if EMA exists")
-    ap.add_argument("--json", default=None, help="output JSON path")
-    return ap.parse_args(argv)
+    ap.add_argument("--json", default=None, help="record path (default: RUN/eval/stargraph_stepXXXXXXXX.json, or "
+                                                 "DIR/STEM_eval/ beside a checkpoint file outside a run folder)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def probe_offsets(text: str | None, path_len: int) -> list[int]:
@@ -72,9 +79,8 @@ def main(argv=None) -> dict:
     rates = solve_rates(model, test, args.batch_size)
     tf = teacher_forced_accuracy(model, test, offsets, args.batch_size)
     record = make_record(cfg, step, path, rates, tf)
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     out = records.write_record(record, Path(args.json) if args.json else
-                               run_dir / "eval" / f"stargraph_step{step:08d}.json")
+                               checkpoint.output_dir(path, "eval") / f"stargraph_step{step:08d}.json")
     print(f"step {step}: solve rate {rates['solve_rate']:.3f}, first-step accuracy "
           f"{rates['first_step_acc']:.3f} on {rates['n']} graphs -> {out}")
     for d, accs in tf["reg"].items():

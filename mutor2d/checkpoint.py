@@ -29,6 +29,7 @@ from pathlib import Path
 from . import config as config_lib
 from . import io
 from . import sharded_checkpoint
+from .cli import HelpFormatter
 
 _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
@@ -155,6 +156,16 @@ def resolve(path: str | os.PathLike) -> Path:
     return p
 
 
+def output_dir(path: str | os.PathLike, what: str = "samples") -> Path:
+    """Where outputs made from checkpoint ``path`` (a resolved file or sharded folder) go by default:
+    RUN/<what>/ for a checkpoint of a run folder (RUN/checkpoints/...), else <dir>/<stem>_<what>/
+    beside it (an export, a hub folder's weights, a copied .pt), never the current folder."""
+    p = Path(path)
+    if p.parent.name == "checkpoints":
+        return p.parent.parent / what
+    return p.parent / f"{p.stem}_{what}"
+
+
 def read_meta(path: str | os.PathLike) -> dict:
     """{"step", "grid", "has_ema", "config"} of a checkpoint or safetensors export, without reading weights."""
     path = resolve(path)
@@ -218,14 +229,21 @@ def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLi
     return out
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Export a checkpoint's weights as safetensors for sharing.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="CKPT (file or run folder) -> OUT.safetensors")
-    ex.add_argument("ckpt")
-    ex.add_argument("out")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.checkpoint", formatter_class=HelpFormatter,
+                                 description="Export a checkpoint's weights as safetensors for sharing.")
+    sub = ap.add_subparsers(dest="cmd", required=True, help="what to do (export: one safetensors file)")
+    ex = sub.add_parser("export", help="CKPT (file or run folder) -> OUT.safetensors", formatter_class=HelpFormatter,
+                        description="Write a checkpoint's weights (EMA when it has them), config, step and grid as "
+                                    "one safetensors file.")
+    ex.add_argument("ckpt", help="checkpoint file, sharded checkpoint folder or run folder (its newest checkpoint)")
+    ex.add_argument("out", help="the .safetensors file to write")
     ex.add_argument("--no-ema", action="store_true", help="export the raw weights even when EMA exists")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     try:
         out = export_safetensors(args.ckpt, args.out, use_ema=not args.no_ema)
     except (ValueError, FileNotFoundError) as e:

@@ -19,10 +19,23 @@ A new kind is one module: a ``Conditioning`` subclass registered with ``@registe
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn as nn
 from torch import Tensor
+
+
+IMAGENET_NAMES = Path(__file__).with_name("imagenet_classes.txt")
+
+
+def class_names(num_classes: int) -> list[str]:
+    """Names of the classes: ImageNet's 1000 (imagenet_classes.txt, in index order), else the indices
+    ("0".."9" for digits)."""
+    if num_classes == 1000:
+        return IMAGENET_NAMES.read_text().splitlines()
+    return [str(i) for i in range(num_classes)]
 
 
 class LabelEmbedder(nn.Module):
@@ -135,8 +148,9 @@ class ClassLabel(Conditioning):
     def balanced(self, cfg, each, picks):        # no model config needed: the labels are the picks
         return torch.tensor(picks, dtype=torch.long).repeat_interleave(each)
 
-    def row_label(self, cfg, pick):
-        return f"class {pick}"
+    def row_label(self, cfg, pick):            # "7" (digits), "207: golden retriever" (ImageNet)
+        name = class_names(cfg.num_classes)[pick]
+        return name if name == str(pick) else f"{pick}: {name}"
 
     def npz_arrays(self, prefixes):
         return {"labels": prefixes.cpu().numpy().astype(np.int64)}

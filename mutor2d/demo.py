@@ -29,6 +29,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from . import checkpoint, config, generation  # noqa: E402
+from .cli import HelpFormatter  # noqa: E402
+from .conditioning import class_names  # noqa: E402
 from .plugins import load_plugins  # noqa: E402
 from .sampling import decode_modes  # noqa: E402
 from .sampling.auto import auto_decode, can_draft  # noqa: E402
@@ -36,7 +38,6 @@ from .sampling.auto import auto_decode, can_draft  # noqa: E402
 LOG = logging.getLogger("mutor2d.demo")
 MAX_IMAGES = 64              # images per request
 FRAME_S = 0.25               # seconds between partial grids
-IMAGENET_NAMES = Path(__file__).with_name("imagenet_classes.txt")
 DEFAULTS = {"classes": None, "per_class": 4, "cfg": None, "temperature": None, "top_k": None, "top_p": None,
             "seed": 0, "decode": "auto", "draft": 0, "window": 4}
 # setting -> how a message names it (the page's labels)
@@ -46,14 +47,6 @@ LABELS = {"cfg_scale": "CFG scale", "temperature": "temperature", "top_k": "top-
 
 class DemoError(ValueError):
     """A setting the demo cannot run; the message (one line) is shown in the page."""
-
-
-def class_names(num_classes: int) -> list[str]:
-    """Names of the classes: ImageNet's 1000 (imagenet_classes.txt, in index order), else the indices
-    ("0".."9" for digits)."""
-    if num_classes == 1000:
-        return IMAGENET_NAMES.read_text().splitlines()
-    return [str(i) for i in range(num_classes)]
 
 
 def class_choices(names: list[str]) -> list[tuple[str, int]]:
@@ -219,8 +212,9 @@ class Demo:
                 f"{s.decode.name}{opts}")
 
     def save(self, images: np.ndarray, st: dict, tag: str) -> str:
-        rows = [f"{c}: {self.names[c]}" if self.names[c] != str(c) else f"class {c}" for c in st["classes"]]
-        return str(generation.save_grid(images, st["per_class"], self.out / f"{self.requests:05d}_{tag}.png", rows))
+        rows = [self.src.kind.row_label(self.src.cfg.model, c) for c in st["classes"]]
+        return str(generation.save_grid(images, st["per_class"], self.out / f"{self.requests:05d}_{tag}.png", rows,
+                                        labels=self.src.cfg.sample.labels))
 
     def run(self, st: dict):
         """Yield (grid PNG path, stats markdown or None) while decoding, then the final grid and its
@@ -338,14 +332,20 @@ def build_app(demo: Demo) -> gr.Blocks:
     return app
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="The mutor2d demo page: sample a class grid from a checkpoint.")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python app.py", formatter_class=HelpFormatter,
+                                description="The mutor2d demo page: sample a class grid from a checkpoint.")
     p.add_argument("--ckpt", required=True, help="checkpoint file, run folder, safetensors export or hub folder")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--port", type=int, default=7860, help="port of the page")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--no-ema", dest="ema", action="store_false", help="the raw weights even when EMA exists")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> None:

@@ -39,6 +39,8 @@ SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
 GRID_MIN_SIDE = 64    # grid cells smaller than this are enlarged (nearest) by an integer factor
 GRID_PAD = 2          # pixels between and around grid cells (white)
 SPREAD = 10           # classes in a grid when none are named
+LABEL_CHARS = 28      # row labels longer than this are cut ("...") in a grid's margin
+LABEL_PAD = 4         # pixels left and right of the row labels
 
 
 class SampleFileError(ValueError):
@@ -213,11 +215,14 @@ def sample_images(model, tokenizer, grid: tuple[int, int], sample_cfg, prefixes:
     return sample_batches(sampler, prefixes, batch_size, seed, unwrap_model(model).conditioning)
 
 
-def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels: list[str] | None = None) -> Path:
+def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels: list[str] | None = None, *,
+              labels: bool = True) -> Path:
     """uint8 images (B, h, w, 3) -> PNG grid with ``ncol`` columns on a white background; the
-    ``row_labels`` (one per row) go into the PNG's text chunk ``rows`` (JSON), not the pixels.
+    ``row_labels`` (one per row) go into the PNG's text chunk ``rows`` (JSON) and, with ``labels``,
+    into a left margin (PIL's default font, at most LABEL_CHARS characters) as wide as the widest.
     Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
-    digits become visible). Size: (p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD."""
+    digits become visible). Size: (m + p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD,
+    m the margin (0 without labels); the cells are the same pixels either way."""
     from PIL import Image, PngImagePlugin
     B, h, w, _ = images.shape
     s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
@@ -228,13 +233,32 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
         r, c = divmod(i, ncol)
         y0, x0 = pad + r * (h * s + pad), pad + c * (w * s + pad)
         canvas[y0: y0 + h * s, x0: x0 + w * s] = x[i]
+    image = Image.fromarray(canvas)
+    if labels and row_labels:
+        image = label_rows(image, row_labels, [pad + r * (h * s + pad) + h * s / 2 for r in range(rows)])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     info = PngImagePlugin.PngInfo()
     if row_labels is not None:
         info.add_text("rows", json.dumps(row_labels))
-    Image.fromarray(canvas).save(path, pnginfo=info)
+    image.save(path, pnginfo=info)
     return path
+
+
+def label_rows(image, row_labels: list[str], centres: list[float]):
+    """``image`` (PIL) with a white left margin holding ``row_labels[r]`` (cut to LABEL_CHARS), black,
+    vertically centred on ``centres[r]`` (pixels from the top)."""
+    from PIL import Image, ImageDraw, ImageFont
+    font = ImageFont.load_default()
+    texts = [t if len(t) <= LABEL_CHARS else t[:LABEL_CHARS - 3] + "..." for t in row_labels]
+    boxes = [font.getbbox(t) for t in texts]
+    margin = LABEL_PAD + max(math.ceil(b[2]) for b in boxes) + LABEL_PAD
+    out = Image.new("RGB", (margin + image.width, image.height), "white")
+    out.paste(image, (margin, 0))
+    draw = ImageDraw.Draw(out)
+    for text, box, y in zip(texts, boxes, centres):
+        draw.text((LABEL_PAD, round(y - (box[1] + box[3]) / 2)), text, fill="black", font=font)
+    return out
 
 
 def write_grid(model, tokenizer, grid: tuple[int, int], sample_cfg, classes: list[int], path: str | os.PathLike,
@@ -247,7 +271,8 @@ def write_grid(model, tokenizer, grid: tuple[int, int], sample_cfg, classes: lis
     kind, model_cfg = gpt.conditioning, gpt.cfg
     prefixes = balanced_prefixes(kind, model_cfg, sample_cfg.per_class * len(classes), list(classes))
     images = sample_images(model, tokenizer, grid, sample_cfg, prefixes, sample_cfg.seed, batch_size, objective)
-    return save_grid(images, sample_cfg.per_class, path, [kind.row_label(model_cfg, c) for c in classes])
+    return save_grid(images, sample_cfg.per_class, path, [kind.row_label(model_cfg, c) for c in classes],
+                     labels=sample_cfg.labels)
 
 
 # ----------------------------------------------------------------------------- a checkpoint to sample

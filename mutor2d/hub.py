@@ -28,6 +28,7 @@ from huggingface_hub import ModelCard, ModelHubMixin, snapshot_download
 
 from . import checkpoint
 from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
+from .cli import HelpFormatter
 
 CARD_IMAGE = "sample.png"
 
@@ -80,8 +81,9 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
         (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights
 
     def write_card_image(self, out: Path) -> None:
-        """The run's newest training grid, else a grid made now with the run's sample settings."""
-        grids = sorted((self.run_dir / "samples").glob("*.png")) if self.run_dir else []
+        """The run's newest training grid (RUN/samples/step_XXXXXXXX.png, not sample.py's step_..._cfg*.png),
+        else a grid made now with the run's sample settings."""
+        grids = sorted((self.run_dir / "samples").glob(f"step_{'[0-9]' * 8}.png")) if self.run_dir else []
         if grids:
             shutil.copyfile(grids[-1], out)
             return
@@ -156,15 +158,23 @@ m = MutorModel.from_pretrained("THIS_FOLDER_OR_HUB_ID")    # m.model: the GPT, m
 """
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Save a checkpoint as a hub folder (and push it).")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    save = sub.add_parser("save", help="CKPT (file, run folder, export) -> hub folder OUT")
-    save.add_argument("ckpt")
-    save.add_argument("out")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.hub", formatter_class=HelpFormatter,
+                                 description="Save a checkpoint as a hub folder (and push it).")
+    sub = ap.add_subparsers(dest="cmd", required=True, help="what to do (save: a hub folder, --push: also upload)")
+    save = sub.add_parser("save", help="CKPT (file, run folder, export) -> hub folder OUT",
+                          formatter_class=HelpFormatter,
+                          description="Write a hub folder (config.json, model.safetensors, a model card) that "
+                                      "sample.py, app.py and MutorModel.from_pretrained read.")
+    save.add_argument("ckpt", help="checkpoint file, run folder (its newest checkpoint) or safetensors export")
+    save.add_argument("out", help="the hub folder to write")
     save.add_argument("--no-ema", action="store_true", help="the raw weights even when EMA exists")
-    save.add_argument("--push", metavar="REPO_ID", help="also push to this hub repository")
-    args = ap.parse_args(argv)
+    save.add_argument("--push", metavar="REPO_ID", help="also push to this hub repository (default: local only)")
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     try:
         model = MutorModel.from_checkpoint(args.ckpt, use_ema=not args.no_ema)
     except (ValueError, FileNotFoundError) as e:

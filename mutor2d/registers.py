@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .attention import NEVER, Visibility
+from .cli import HelpFormatter
 
 RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.kind may be
 
@@ -378,16 +379,20 @@ def grid_arg(text: str) -> tuple[int, int]:
     return h, w
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Draw the MuToR attention mask of one sample.")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.registers", formatter_class=HelpFormatter,
+                                 description="Draw the MuToR attention mask of one sample (rows attend to "
+                                             "columns) as a PNG, and print its registers' offsets.")
     ap.add_argument("--grid", type=grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
-    ap.add_argument("--prefix", type=int, default=1, help="prefix length P")
+    ap.add_argument("--prefix", type=int, default=1, help="prefix length P (1: a class label)")
     ap.add_argument("--objective", default=None, choices=["mutor-1d", "mutor-2d"],
                     help="default: mutor-2d for H > 1, mutor-1d for H = 1")
-    ap.add_argument("--dmax2d", type=int, default=3, help="D for 2D offsets")
+    ap.add_argument("--dmax2d", type=int, default=3,
+                    help="D of the 2D offsets (objective.d_max): (dr, dc) in {0..D-1}^2 minus (0, 0)")
     ap.add_argument("--dmin", type=int, default=1, help="1D offsets: the nearest token ahead a register predicts")
     ap.add_argument("--dmax", type=int, default=4, help="1D offsets: the farthest token ahead (d = dmin..dmax)")
-    ap.add_argument("--sparse", type=int, default=0, help="K registers (0 = dense)")
+    ap.add_argument("--sparse", type=int, default=0,
+                    help="K registers at random anchors (objective.placement=sparse); 0 = dense, one per token")
     ap.add_argument("--per-register-offsets", action="store_true",
                     help="draw an offset per register (default: one offset per sequence, the paper's rule)")
     ap.add_argument("--edge", choices=["geometric", "raster"], default="geometric",
@@ -396,7 +401,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="draw each register after its anchor (interleaved) or in memory order (appended)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the offset / anchor draw")
     ap.add_argument("--out", default="mask.png", help="PNG to write (default mask.png)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
     spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),

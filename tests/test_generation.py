@@ -2,6 +2,7 @@
 metadata, a checkpoint opened for sampling; sample.py's one-line errors for a wrong grid, seed or
 device."""
 import dataclasses
+import json
 import importlib.util
 from pathlib import Path
 
@@ -95,7 +96,12 @@ def test_training_grid_equals_sample_py_grid(run, tmp_path):
     sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "cli.png"), "--device", "cpu"])
     assert ours.read_bytes() == (tmp_path / "cli.png").read_bytes()
     from PIL import Image
-    assert Image.open(ours).size == (2 + 3 * 66, 2 + 2 * 66)        # 3 per class, classes 2 and 5
+    sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "bare.png"), "--device", "cpu", "--no-labels"])
+    png, bare = Image.open(ours), np.asarray(Image.open(tmp_path / "bare.png"))
+    assert bare.shape == (2 + 2 * 66, 2 + 3 * 66, 3)            # 3 per class, classes 2 and 5, no margin
+    margin = png.width - bare.shape[1]                            # the labels' margin: the cells unchanged
+    assert margin > 0 and np.array_equal(np.asarray(png)[:, margin:], bare)
+    assert json.loads(png.text["rows"]) == ["2", "5"] and (np.asarray(png)[:, :margin] < 128).any()
 
 
 def test_npz_meta_is_built_in_one_place(run, tmp_path):

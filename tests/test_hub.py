@@ -40,6 +40,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def saved(run, tmp_path_factory):
     out = tmp_path_factory.mktemp("hub") / "digits_hub"
+    (run / "samples" / "step_99999999_cfg2_seed0_plain.png").write_bytes(b"not the training grid")   # sample.py's
     MutorModel.from_checkpoint(run).save_pretrained(out)
     return out
 
@@ -52,7 +53,8 @@ def test_saved_folder_layout_and_card(saved, run):
     card = (saved / "README.md").read_text()
     assert "library_name: mutor2d" in card and "43.21" in card and "](sample.png)" in card
     assert "python sample.py --ckpt THIS_FOLDER" in card and "d_max: 3" in card
-    assert (saved / "sample.png").stat().st_size > 0
+    newest = sorted((run / "samples").glob("step_????????.png"))[-1]         # the newest training grid
+    assert (saved / "sample.png").read_bytes() == newest.read_bytes()
     assert checkpoint.resolve(saved) == saved / "model.safetensors"
 
 

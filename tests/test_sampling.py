@@ -305,9 +305,55 @@ def test_sample_py_grid_png_on_cpu(digits_run):
     r = sample_py("--ckpt", digits_run, "--classes", "1,7,9", "--per-class", "3", "--cfg", "2", "--seed", "1")
     assert r.returncode == 0, r.stderr
     from PIL import Image
-    png = digits_run / "samples" / "sample_step00000003.png"
+    png = digits_run / "samples" / "step_00000003_cfg2_seed1_plain.png"    # beside the training grids' step_N.png
     assert png.is_file() and str(png) in r.stdout
-    assert Image.open(png).size == (2 + 3 * 66, 2 + 3 * 66)
+    assert Image.open(png).height == 2 + 3 * 66 and Image.open(png).width > 2 + 3 * 66      # + the labels' margin
+    assert json.loads(Image.open(png).text["rows"]) == ["1", "7", "9"]
+
+
+def test_sample_py_writes_beside_the_checkpoint_it_samples(digits_run, tmp_path, monkeypatch):
+    """Default outputs go next to their checkpoint, never into the current folder: DIR/STEM_samples/ for
+    a safetensors export or a .pt outside a run folder (RUN/samples/ for a run's: the test above), grids
+    and npz files alike, named step first as the training grids are."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    checkpoint.main(["export", str(digits_run), str(tmp_path / "model.safetensors")])
+    checkpoint.save_atomic(checkpoint.load(checkpoint.checkpoint_path(digits_run, 3)), tmp_path / "ck.pt")
+    run = sample_main()
+    run(["--ckpt", str(tmp_path / "model.safetensors"), "--classes", "1,2", "--per-class", "1", "--seed", "4"])
+    run(["--ckpt", str(tmp_path / "ck.pt"), "--classes", "1,2", "--per-class", "1", "--temperature", "0.5"])
+    run(["--ckpt", str(tmp_path / "ck.pt"), "--npz", "--num", "10", "--batch-size", "5", "--no-ema"])
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("step_*")) == [
+        "ck_samples/step_00000003_cfg1_seed0_plain_raw.npz", "ck_samples/step_00000003_cfg1_seed0_plain_t0.5.png",
+        "model_samples/step_00000003_cfg1_seed4_plain.png"]
+    assert read_npz(tmp_path / "ck_samples" / "step_00000003_cfg1_seed0_plain_raw.npz")[0].shape == (10, 8, 8, 3)
+    assert list(cwd.iterdir()) == []
+
+
+def test_grid_labels_sit_in_a_left_margin_beside_unchanged_cells(tmp_path):
+    from PIL import Image
+    images = np.random.default_rng(0).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
+    rows = ["0", "4", "207: golden retriever"]
+    bare = np.asarray(Image.open(save_grid(images, 2, tmp_path / "a.png", rows, labels=False)))
+    png = Image.open(save_grid(images, 2, tmp_path / "b.png", rows))
+    short = Image.open(save_grid(images, 2, tmp_path / "c.png", ["0", "4", "9"]))
+    margin = png.width - bare.shape[1]
+    assert bare.shape[:2] == (2 + 3 * 66, 2 + 2 * 66) and png.height == bare.shape[0]
+    assert np.array_equal(np.asarray(png)[:, margin:], bare) and 0 < short.width - bare.shape[1] < margin
+    ink = (np.asarray(png)[:, :margin] < 128).any(axis=(1, 2))          # margin lines holding text
+    bands = [list(range(2 + r * 66, 2 + r * 66 + 64)) for r in range(3)]
+    assert all(ink[b].any() for b in bands) and ink.sum() == sum(ink[b].sum() for b in bands)
+    assert json.loads(png.text["rows"]) == rows
+
+
+def test_class_rows_are_named_by_the_class_names():
+    from types import SimpleNamespace
+
+    from mutor2d.conditioning import conditioning
+    kind = conditioning("class")
+    assert kind.row_label(SimpleNamespace(num_classes=10), 7) == "7"
+    assert kind.row_label(SimpleNamespace(num_classes=1000), 207) == "207: golden retriever"
 
 
 def test_sample_py_npz_is_class_balanced_with_meta(digits_run, tmp_path):

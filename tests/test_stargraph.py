@@ -64,6 +64,7 @@ def test_bad_shape_is_one_line_error():
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 from mutor2d import sampling
@@ -189,3 +190,6 @@ def test_train_and_evaluate_tiny_run(tmp_path):
     assert "solve_rate" in table.splitlines()[0] and "first_step_acc" in table.splitlines()[0]
     with pytest.raises(ValueError, match="--offsets 7"):
         ev.main(["--ckpt", str(run), "--offsets", "7"])
+    shutil.copyfile(run / "checkpoints" / "step_00000004.pt", tmp_path / "copy.pt")   # outside a run folder:
+    ev.main(["--ckpt", str(tmp_path / "copy.pt"), "--num", "8", "--batch-size", "8"])  # the record goes beside it
+    assert json.loads((tmp_path / "copy_eval" / "stargraph_step00000004.json").read_text())["n"] == 8

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -167,10 +168,13 @@ def test_each_objective_trains_and_checkpoints(tmp_path, overrides):
 
 def test_sample_grid_rows_are_classes(tmp_path):
     from PIL import Image
-    train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path)
-    img = Image.open(tmp_path / "samples" / "step_00000001.png")
-    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2
-    assert img.size == (3 * 66 + 2, 2 * 66 + 2)
+    train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path / "a")
+    train(tiny("train.max_steps=1", "sample.per_class=3", "sample.labels=false"), tmp_path / "b")
+    img, bare = (Image.open(tmp_path / run / "samples" / "step_00000001.png") for run in "ab")
+    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2; the rows named in a left margin
+    assert bare.size == (3 * 66 + 2, 2 * 66 + 2) and img.height == bare.height and img.width > bare.width
+    assert np.array_equal(np.asarray(img)[:, img.width - bare.width:], np.asarray(bare))
+    assert json.loads(img.text["rows"]) == json.loads(bare.text["rows"]) == ["0", "7"]
 
 
 # ----------------------------------------------------------------------------- resume
@@ -392,3 +396,26 @@ def test_resume_keeps_the_saved_config_and_names_what_changes(tmp_path, capsys):
     cli.main(["--config", str(cfg), "--out", str(run), "--resume", "auto", "--max-steps", "3"])
     assert "note: train.max_steps changed on resume: 2 -> 3" in capsys.readouterr().out
     assert sorted(losses(run)) == [1, 2, 3]
+
+
+def test_an_input_error_of_a_launch_is_printed_by_the_main_process_first(monkeypatch, capsys):
+    """Bad config or input: the main process (RANK 0) prints its line at once; another process waits
+    ECHO_DELAY_S first (a launcher stops it when the main one exits, so a shared error shows once) and
+    prints it only if still running; other run-ending errors are printed at once by every process."""
+    from mutor2d.config import ConfigError
+    from mutor2d.engine import loop, run_entry
+
+    def fail(error):
+        def main():
+            raise error
+        return main
+    for rank, error, code, waited in (("0", ConfigError("run folder 'x' already has checkpoints"), 2, []),
+                                      ("1", ConfigError("run folder 'x' already has checkpoints"), 2, [loop.ECHO_DELAY_S]),
+                                      ("1", loop.Diverged("too many skipped updates"), 1, [])):
+        monkeypatch.setenv("RANK", rank)
+        slept = []
+        monkeypatch.setattr(loop.time, "sleep", lambda s: slept.append((s, capsys.readouterr().err)))
+        with pytest.raises(SystemExit) as e:
+            run_entry(fail(error))
+        assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+        assert [s for s, _ in slept] == waited and all(err == "" for _, err in slept)   # nothing printed before

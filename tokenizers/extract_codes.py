@@ -15,12 +15,13 @@ image could be read. Train on the result with ``data.name: codes``, ``data.path:
 import argparse
 import sys
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.codes import extract
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--images", required=True, help="ImageFolder root: one subfolder per class")
     ap.add_argument("--tokenizer", required=True,
                     help="KIND[:ARG] of a registered tokenizer, or a VQ checkpoint path (LlamaGen vq_ds16_c2i.pt "
@@ -35,9 +36,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--shard-size", type=int, default=1024, help="images per resumable shard")
     ap.add_argument("--batch-size", type=int, default=64, help="views per tokenizer call")
     ap.add_argument("--workers", type=int, default=4, help="image decoding processes per rank")
-    ap.add_argument("--max-shards", type=int, default=None, help="stop each process after this many new shards")
+    ap.add_argument("--max-shards", type=int, default=None,
+                    help="stop each process after this many new shards (default: all)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -11,17 +11,22 @@ codes as train.py's (75: stopped by a signal after a checkpoint). Use the result
 """
 import argparse
 
+from mutor2d.cli import HelpFormatter
 from mutor2d.engine import run_entry
 from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.vq_train import load_config, train
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("config", nargs="?", default="vq_digits", help="YAML path or name under configs/")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config value (repeatable)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     def start() -> dict:
         load_plugins()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +32,7 @@ from .setup import RunState, build_run
 from .sharding import global_tensor, is_sharded
 
 PREEMPTED_EXIT = 75
+ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before printing an input error
 
 
 @register_section("train")
@@ -110,7 +112,10 @@ def exit_code(error: BaseException) -> int | None:
 
 def run_entry(main):
     """Run an entry script's ``main()`` -> its result; an error that ends a run (``exit_code``) becomes
-    one line on stderr and that exit code."""
+    one line on stderr and that exit code. Bad config or input (2) is mostly the same in every process
+    of a launch: the main one (RANK 0 or unset) prints it at once, another only if it is still running
+    ECHO_DELAY_S later (a launcher stops the others when the main one exits, so a shared error is
+    printed once and an error of that process alone is still shown)."""
     import sys
     try:
         return main()
@@ -118,6 +123,8 @@ def run_entry(main):
         code = exit_code(e)
         if code is None:
             raise
+        if code == 2 and os.environ.get("RANK", "0") != "0":
+            time.sleep(ECHO_DELAY_S)
         print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
         raise SystemExit(code) from None
 

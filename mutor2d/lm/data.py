@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli import HelpFormatter
 from .accuracy import boxed_answer, gsm8k_answer
 from .packing import LMBatch
 
@@ -277,18 +278,22 @@ def write_jsonl(records: list[dict], path: str | Path) -> None:
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m mutor2d.lm.data",
+        prog="python -m mutor2d.lm.data", formatter_class=HelpFormatter,
         description="Write and check jsonl files for LM fine-tuning and evaluation. Converters write "
                     '{"prompt", "answer", "gold"} lines (data.name: jsonl); "check" validates a file.')
-    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,openmath,stargraph,arith,check}")
+    sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,openmath,stargraph,arith,check}",
+                            help="what to write or check (each takes --help)")
     for name, what in (("gsm8k", 'GSM8K {"question", "answer"} lines (gold: the "#### N" number)'),
                        ("math", 'MATH {"problem", "solution"} lines (gold: "answer", else the last \\boxed{})')):
-        p = sub.add_parser(name, help=f"convert {what}", description=f"Convert {what}.")
+        p = sub.add_parser(name, help=f"convert {what}", formatter_class=HelpFormatter,
+                           description=f"Convert {what} into prompt/answer/gold lines (data.name: jsonl). "
+                                       "No options: the input file is read as is.")
         p.add_argument("src", help="input jsonl file")
         p.add_argument("dst", help="output jsonl file (overwritten)")
     o = sub.add_parser("openmath", help="the paper's 1M-MATH or 1M-GSM split of OpenMathInstruct-2",
+                       formatter_class=HelpFormatter,
                        description="Keep the OpenMathInstruct-2 lines of one problem source (math: math and "
                                    "augmented_math; gsm: gsm8k and augmented_gsm8k) and convert them as 'math' does.")
     o.add_argument("src", help="OpenMathInstruct-2 jsonl (e.g. its train_1M split saved as jsonl)")
@@ -296,6 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.add_argument("--split", choices=sorted(OPENMATH_SOURCES), default="math",
                    help="which problems to keep (default math)")
     s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
+                       formatter_class=HelpFormatter,
                        description="Write path-star graph prompt/answer pairs.")
     s.add_argument("dst", help="output jsonl file (overwritten)")
     for flag, default, what in (("--degree", 2, "arms per graph"), ("--path-len", 5, "nodes per arm"),
@@ -303,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 ("--seed", 0, "random seed")):
         s.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     a = sub.add_parser("arith", help="write synthetic arithmetic word problems (GSM8K lines; mutor2d.lm.arith)",
+                       formatter_class=HelpFormatter,
                        description='Write multi-step arithmetic word problems as GSM8K {"question", "answer"} '
                                    "lines (read them with data.name: gsm8k).")
     a.add_argument("dst", help="output jsonl file (overwritten)")
@@ -311,13 +318,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 ("--max-value", 20, "largest count"), ("--max-change", 9, "largest change")):
         a.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     c = sub.add_parser("check", help="validate every line of a file (and, with --tokenizer, tokenize it)",
+                       formatter_class=HelpFormatter,
                        description="Validate every line; exit 2 with a one-line error naming the first bad line.")
     c.add_argument("src", help="jsonl file")
     c.add_argument("--name", choices=list(LOADERS), default="jsonl",
                    help="the file's format (data.name; default jsonl)")
     c.add_argument("--tokenizer", default=None,
-                   help="local tokenizer folder: also render chat lines and tokenize (as training does)")
-    return ap.parse_args(argv)
+                   help="local tokenizer folder: also render chat lines and tokenize, as training does "
+                        "(default: check the lines only)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> str:

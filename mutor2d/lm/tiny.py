@@ -33,14 +33,19 @@ def write_tiny_llama(folder: str | Path, chars: str | None = None, hidden: int =
     return folder
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m mutor2d.lm.tiny", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli import HelpFormatter
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.lm.tiny", description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("out", help="model folder to write (kept if it already holds a model)")
     for flag, default, what in (("--hidden", 64, "width"), ("--layers", 2, "decoder layers"),
                                 ("--heads", 4, "attention heads"), ("--seed", 0, "initialisation seed"),
                                 ("--max-positions", 256, "longest prompt + answer in tokens")):
-        ap.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+        ap.add_argument(flag, type=int, default=default, help=what)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.hidden % args.heads:
         raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")

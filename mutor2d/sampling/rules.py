@@ -82,8 +82,9 @@ class DecodeConfig(Variant):
 @dataclass
 class SampleConfig:
     """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
-    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed; the
-    decoding mode (``decode``, a DecodeConfig; its ``name`` picks the variant)."""
+    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed, whether a
+    grid PNG names its rows in a left margin (``labels``); the decoding mode (``decode``, a
+    DecodeConfig; its ``name`` picks the variant)."""
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
@@ -91,6 +92,7 @@ class SampleConfig:
     classes: list[int] = field(default_factory=list)  # empty = a spread of classes
     per_class: int = 4
     seed: int = 0
+    labels: bool = True
     decode: Any = field(default_factory=lambda: make("sample.decode"))
 
     def check(self, names: dict[str, str] | None = None) -> None:

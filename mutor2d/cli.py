@@ -1,0 +1,24 @@
+"""The --help of every entry point (train.py, sample.py, eval/, bench/, tokenizers/, ``python -m``
+modules): one formatter, so that every option shows its default the same way."""
+from __future__ import annotations
+
+import argparse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written (line breaks kept); each option's help ends with "(default: X)" unless
+    the help already names its default or the default is None / False / empty (the help then says
+    what happens without the option)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default is argparse.SUPPRESS or default == []:
+            return text
+        return super()._get_help_string(action)
+
+    def _fill_text(self, text, width, indent):
+        """A one-paragraph description is wrapped; text with line breaks is kept as written."""
+        if "\n" in text.strip():
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
