@@ -1,9 +1,9 @@
-"""Exact-match accuracy (GSM8K / MATH answers) of a fine-tuned language model, or of saved outputs.
+"""Exact-match accuracy (GSM8K / MATH answers, word paths) of a fine-tuned language model, or of saved outputs.
 
-    python eval/lm_accuracy.py --ckpt RUN [--data FILE.jsonl] [--kind gsm8k|math] [--limit N]
+    python eval/lm_accuracy.py --ckpt RUN [--data FILE.jsonl] [--kind gsm8k|math|path] [--limit N]
         [--max-new-tokens N] [--batch-size B] [--stop TEXT ...] [--out PRED.jsonl]
     accelerate launch eval/lm_accuracy.py --ckpt RUN --data FILE.jsonl        # each process a share
-    python eval/lm_accuracy.py --score PRED.jsonl --kind gsm8k|math            # no model
+    python eval/lm_accuracy.py --score PRED.jsonl --kind gsm8k|math|path       # no model
 
 Generation is greedy through the model's own ``generate`` (mutor2d.lm.hf.load_for_inference: LoRA
 merged), left-padded batches, stopping at EOS, at a stop string or after --max-new-tokens. Each item
@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
     if args.score and not args.kind:
-        ap.error("--score needs --kind gsm8k|math")
+        ap.error("--score needs --kind gsm8k|math|path")
     if args.ckpt and not args.data:
         ap.error("--ckpt needs --data FILE.jsonl")
     for flag in ("limit", "max_new_tokens", "batch_size"):

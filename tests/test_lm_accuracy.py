@@ -91,6 +91,22 @@ MATH_CASES = [
     (r"\boxed{\frac{1}{0}}", "0", False),
 ]
 
+# star-graph answers: the whole output, word for word (gold written as the converter writes it)
+PATH_CASES = [
+    ("3 17 8 41 5", " 3 17 8 41 5", True),
+    (" 3 17 8 41 5", "3 17 8 41 5", True),
+    ("3  17\n8 41 5 ", " 3 17 8 41 5", True),              # spacing is not a word
+    ("3 17 8 41", " 3 17 8 41 5", False),                   # one node short
+    ("3 17 8 41 5 5", " 3 17 8 41 5", False),               # one node too many
+    ("3 17 8 41 5 =", " 3 17 8 41 5", False),               # a trailing non-node word
+    ("3 22 9 40 5", " 3 17 8 41 5", False),                 # the other arm (shortcut's wrong guess)
+    ("3 8 17 41 5", " 3 17 8 41 5", False),                 # right nodes, wrong order
+    ("3 17 8 4 15", " 3 17 8 41 5", False),                 # same characters, other words
+    ("31 7 8 41 5", " 3 17 8 41 5", False),
+    ("", " 3 17 8 41 5", False),
+    ("  \n", " 3 17 8 41 5", False),
+]
+
 
 @pytest.mark.parametrize("output,gold,expected", GSM8K_CASES)
 def test_gsm8k_table(output, gold, expected):
@@ -102,6 +118,19 @@ def test_math_table(output, gold, expected):
     assert is_correct(output, gold, "math") is expected
 
 
+@pytest.mark.parametrize("output,gold,expected", PATH_CASES)
+def test_path_table(output, gold, expected):
+    assert is_correct(output, gold, "path") is expected
+
+
+def test_path_extraction():
+    assert accuracy.extract(" 3 17\n 8 ", "path") == "3 17 8" and accuracy.extract(" \n ", "path") is None
+    assert accuracy.extract("#### 5", "path") == "#### 5"          # no other kind's rules
+    items = [{"output": o, "gold": g} for o, g, _ in PATH_CASES]
+    assert accuracy.score(items, "path") == {"accuracy": 3 / len(items), "n": len(items), "correct": 3,
+                                             "no_answer": 2, "kind": "path"}
+
+
 def test_extraction_rules():
     assert gsm8k_answer("The answer is $1,200.00.") == "1200" and gsm8k_answer("none") is None
     assert boxed_answer(r"\boxed{\frac{a}{\sqrt{b}}} and \fbox{x}") == "x"
@@ -110,7 +139,7 @@ def test_extraction_rules():
     assert normalize_math(r"\frac12") == normalize_math(r"\dfrac{1}{2}") == r"\frac{1}{2}"
     assert accuracy.score([{"output": "#### 3", "gold": "3"}, {"output": "none", "gold": "3"}], "gsm8k") == \
         {"accuracy": 0.5, "n": 2, "correct": 1, "no_answer": 1, "kind": "gsm8k"}
-    with pytest.raises(ValueError, match="--kind 'mmlu': expected one of gsm8k, math"):
+    with pytest.raises(ValueError, match="--kind 'mmlu': expected one of gsm8k, math, path"):
         accuracy.extract("x", "mmlu")
 
 

@@ -41,24 +41,74 @@ def test_arith_converter_writes_lines_the_gsm8k_reader_takes(tmp_path):
         [gsm8k_answer(r["answer"]) for r in arith_records(5, [2], seed=3)]
 
 
-def test_quick_study_table_has_every_method_and_a_rerun_skips_finished_runs(tmp_path):
+def load_study():
     spec = importlib.util.spec_from_file_location("lm_study", ROOT / "eval" / "lm_study.py")
     study = importlib.util.module_from_spec(spec)
     sys.modules["lm_study"] = study                     # its dataclasses look their module up
     spec.loader.exec_module(study)
-    table = study.main(["--quick", "--out", str(tmp_path)])
+    return study
+
+
+def check_table(table: str, methods: dict) -> list[float]:
+    """The final-accuracy rows name every method in order, the curve has steps 2 and 4 -> accuracies."""
     rows = table.split("\n\n")[0].splitlines()[2:]
-    assert [row.split("|")[1].strip() for row in rows] == list(study.METHODS)
-    for row in rows:
-        acc = float(row.split("|")[3].split("±")[0])
-        assert 0.0 <= acc <= 1.0
+    assert [row.split("|")[1].strip() for row in rows] == list(methods)
+    accs = [float(row.split("|")[3].split("±")[0]) for row in rows]
+    assert all(0.0 <= acc <= 1.0 for acc in accs)
     curve = table.split("\n\n")[-1].splitlines()
-    assert curve[0] == "| method | step 2 | step 4 |" and len(curve) == 2 + len(study.METHODS)
+    assert curve[0] == "| method | step 2 | step 4 |" and len(curve) == 2 + len(methods)
+    return accs
+
+
+def test_quick_study_table_has_every_method_and_a_rerun_skips_finished_runs(tmp_path):
+    study = load_study()
+    methods = study.TASKS["arith"].methods
+    table = study.main(["--quick", "--out", str(tmp_path)])
+    check_table(table, methods)
     assert (tmp_path / "lm_study.png").stat().st_size > 0
     test = [json.loads(line)["question"] for line in (tmp_path / "data" / "test.jsonl").read_text().splitlines()]
     train = {json.loads(line)["question"] for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()}
     assert test and not set(test) & train                                   # held out
     logs = {p: p.stat().st_mtime for p in tmp_path.glob("runs/*/log.jsonl")}
-    assert len(logs) == len(study.METHODS)
+    assert len(logs) == len(methods)
     assert study.main(["--quick", "--out", str(tmp_path)]) == table
     assert {p: p.stat().st_mtime for p in tmp_path.glob("runs/*/log.jsonl")} == logs      # nothing retrained
+
+
+def test_stargraph_words_round_trip_and_graph_keys_ignore_edge_order():
+    study = load_study()
+    size = study.TASKS["stargraph"].size
+    tok = study.stargraph_tokenizer(size)
+    line = study.stargraph_records(size, 1, 0)[0]
+    ids = tok(line["prompt"])["input_ids"]
+    assert tok.unk_token_id not in ids and len(ids) == 1 + 3 * 8 + 4          # BOS, "u v |" x 8, "/ s g ="
+    answer = tok(line["answer"], add_special_tokens=False)["input_ids"]
+    assert len(answer) == 5 and tok.decode(answer + [tok.eos_token_id], skip_special_tokens=True) == line["answer"][1:]
+    edges, query = line["prompt"].split("/")
+    pairs = [e.strip() for e in edges.split("|") if e.strip()]
+    shuffled = {"prompt": " ".join(e + " |" for e in reversed(pairs)) + " /" + query}
+    assert shuffled["prompt"] != line["prompt"] and sorted(shuffled["prompt"]) == sorted(line["prompt"])
+    assert study.graph_key(shuffled) == study.graph_key(line)
+    assert study.graph_key({"prompt": edges + "/ 1 2 ="}) != study.graph_key(line)
+
+
+def test_quick_stargraph_study_scores_whole_paths_on_held_out_graphs(tmp_path):
+    study = load_study()
+    task = study.TASKS["stargraph"]
+    table = study.main(["--task", "stargraph", "--quick", "--out", str(tmp_path)])
+    accs = check_table(table, task.methods)
+    assert (tmp_path / "lm_stargraph.png").stat().st_size > 0
+    lines = {s: [json.loads(x) for x in (tmp_path / "data" / f"{s}.jsonl").read_text().splitlines()]
+             for s in ("train", "test")}
+    assert len(lines["test"]) == task.quick.test
+    assert not {study.graph_key(r) for r in lines["test"]} & {study.graph_key(r) for r in lines["train"]}
+    for acc, objective in zip(accs, task.methods.values()):
+        run = next(tmp_path.glob(f"runs/{objective['name']}_d*_s0"))
+        record = study.records_of(run)[task.quick.max_steps]
+        assert record["evaluator"] == "path exact match" and record["n"] == task.quick.test
+        assert record["run_config"]["objective"]["name"] == objective["name"]
+        preds = [json.loads(x) for x in (run / "eval" / "predictions_test_step4.jsonl").read_text().splitlines()]
+        assert [p["gold"] for p in preds] == [r["answer"] for r in lines["test"]]
+        assert acc == pytest.approx(sum(p["correct"] for p in preds) / len(preds), abs=5e-4)
+    log = next(tmp_path.glob("runs/mutor-1d_*_s0/log.jsonl")).read_text().splitlines()
+    assert any("loss_reg" in json.loads(x) for x in log)                  # the registers trained

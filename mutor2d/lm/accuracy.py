@@ -1,4 +1,4 @@
-"""Final-answer extraction and exact-match accuracy for GSM8K- and MATH-style outputs (pure Python).
+"""Final-answer extraction and exact-match accuracy for GSM8K- and MATH-style outputs and word paths (pure Python).
 
 GSM8K (``kind="gsm8k"``): the answer is the number on the last ``#### N`` line, else the last number
 of the text. A number is read with an optional sign and ``$``, thousands separators (``1,234``) and
@@ -14,6 +14,10 @@ strings are, or when both read as exact rationals (``0.5``, ``1/2``, ``\\frac{1}
 of equal value. A gold answer goes through the same rules (a full solution text gives its own
 ``#### N`` / boxed answer).
 
+Path (``kind="path"``): the answer is the whole output as a sequence of words (whitespace-separated,
+so a star-graph path ``3 17 8 41 5``); it matches when the gold's words are the same words in the
+same order: a missing, extra or changed word is wrong. An output with no word has no answer.
+
 Prediction files (eval/lm_accuracy.py): one JSON object per line with ``index``, ``prompt``,
 ``output``, ``extracted``, ``gold``, ``correct``. Several processes each write a part file of their
 share (index % world == rank); :func:`merge_parts` joins them into the output file.
@@ -28,7 +32,7 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
-KINDS = ("gsm8k", "math")
+KINDS = ("gsm8k", "math", "path")
 
 # ----------------------------------------------------------------------------- GSM8K
 
@@ -169,7 +173,14 @@ def math_equal(a: str, b: str) -> bool:
     return ra is not None and ra == rb
 
 
-# ----------------------------------------------------------------------------- both kinds
+# ----------------------------------------------------------------------------- path
+
+def path_answer(text: str) -> str | None:
+    """The words of the whole text joined by single spaces (" 3 17\n 8 " -> "3 17 8"); None if none."""
+    return " ".join(text.split()) or None
+
+
+# ----------------------------------------------------------------------------- every kind
 
 def check_kind(kind: str) -> str:
     if kind not in KINDS:
@@ -179,13 +190,15 @@ def check_kind(kind: str) -> str:
 
 def extract(text: str, kind: str) -> str | None:
     """The final answer of a model output (None if it has none)."""
-    return gsm8k_answer(text) if check_kind(kind) == "gsm8k" else boxed_answer(text)
+    return {"gsm8k": gsm8k_answer, "math": boxed_answer, "path": path_answer}[check_kind(kind)](text)
 
 
 def gold_answer(gold: str, kind: str) -> str:
     """A gold answer as given, or the final answer of a gold solution text."""
     if check_kind(kind) == "gsm8k":
         return gsm8k_answer(gold) or gold.strip()
+    if kind == "path":
+        return path_answer(gold) or ""
     boxed = boxed_answer(gold)
     return gold.strip() if boxed is None else boxed
 
@@ -195,7 +208,7 @@ def is_correct(output: str, gold: str, kind: str) -> bool:
     pred, ref = extract(output, kind), gold_answer(gold, kind)
     if pred is None:
         return False
-    return pred == ref if kind == "gsm8k" else math_equal(pred, ref)
+    return math_equal(pred, ref) if kind == "math" else pred == ref
 
 
 def guess_kind(golds: list[str]) -> str:

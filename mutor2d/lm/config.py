@@ -89,11 +89,12 @@ class LMEvalConfig:
     """Online accuracy (mutor2d.lm.run.OnlineAccuracy): the first ``limit`` (0 = all) items of
     ``path`` (a file of the formats of ``name``, as data.name; each needs a gold answer) answered
     greedily, ``batch_size`` prompts per generate call, stopping at EOS, a ``stop`` string or after
-    ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file). Runs every
-    ``train.eval_every`` steps and after the last step when ``path`` is set ("" = off)."""
+    ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file; path: the whole answer
+    word for word, e.g. a star-graph path). Runs every ``train.eval_every`` steps and after the last
+    step when ``path`` is set ("" = off)."""
     path: str = ""
     name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
-    kind: Literal["", "gsm8k", "math"] = ""
+    kind: Literal["", "gsm8k", "math", "path"] = ""
     limit: int = 0
     max_new_tokens: int = 256
     batch_size: int = 16
