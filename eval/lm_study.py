@@ -143,19 +143,9 @@ def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
 
 def write_base(folder: Path, task: Task, size: Size, seed: int) -> Path:
     """A randomly initialised small Llama (seeded) and the task's tokenizer, as a model folder."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    if (folder / "config.json").is_file():
-        return folder
-    tok = task.tokenizer(size)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=size.hidden, intermediate_size=4 * size.hidden,
-                                 num_hidden_layers=size.layers, num_attention_heads=size.heads,
-                                 num_key_value_heads=size.heads, max_position_embeddings=256, pad_token_id=0,
-                                 bos_token_id=1, eos_token_id=2,
-                                 initializer_range=size.init_std)).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    from mutor2d.lm.tiny import write_tiny_llama
+    return write_tiny_llama(folder, task.tokenizer(size), size.hidden, size.layers, size.heads, seed,
+                            init_std=size.init_std)
 
 
 def run_config(base: Path, train: Path, test: Path, objective: dict, size: Size, seed: int,

@@ -13,9 +13,11 @@ import argparse
 from pathlib import Path
 
 
-def write_tiny_llama(folder: str | Path, chars: str | None = None, hidden: int = 64, layers: int = 2,
-                     heads: int = 4, seed: int = 0, max_positions: int = 256) -> Path:
-    """Write the model and tokenizer to ``folder`` (an existing model folder is kept as it is)."""
+def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     seed: int = 0, max_positions: int = 256, init_std: float = 0.02) -> Path:
+    """Write the model (initialised from ``seed``, weights drawn with std ``init_std``) and ``tokenizer``
+    (default: the arithmetic problems' character tokenizer) to ``folder``; an existing model folder is
+    kept as it is."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from .arith import arith_alphabet
@@ -23,11 +25,12 @@ def write_tiny_llama(folder: str | Path, chars: str | None = None, hidden: int =
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
-    tok = char_tokenizer(arith_alphabet() if chars is None else chars)
+    tok = char_tokenizer(arith_alphabet()) if tokenizer is None else tokenizer
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                         max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                         initializer_range=init_std)
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
