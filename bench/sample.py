@@ -179,7 +179,7 @@ def weight_bytes(model: GPT) -> int:
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile, one thread (CI)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
@@ -208,6 +208,7 @@ def parse(argv=None):
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)
         args.drafts, args.last, args.windows, args.spec_images = [2], [2], [2], [2]
+        args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     args.compile = args.compile or ("off" if args.quick else "on")

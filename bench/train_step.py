@@ -191,7 +191,7 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions, one thread (CI)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
     ap.add_argument("--dim", type=int, default=768, help="width (GPT-B: 768)")
@@ -218,6 +218,7 @@ def parse(argv=None):
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)
+        args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     for b in args.backends.split(","):
