@@ -33,7 +33,6 @@ from mutor2d.attention import Visibility
 from mutor2d import config as config_lib
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT, model_shape
-from mutor2d.engine.speed import train_flops
 from mutor2d.objectives import Batch, RegisterObjective
 from mutor2d.registers import Layout, LayoutError, grid_arg
 
@@ -120,6 +119,7 @@ def register_slots(case: str, args, device) -> tuple[int, float]:
 
 def step_flops(model: GPT, batch: int, T: int) -> float:
     """Model FLOPs of one training step: the training log's formula (mutor2d.engine.speed)."""
+    from mutor2d.engine.speed import train_flops      # the engine's imports: not in the memory children
     return train_flops(model.shape, model.cfg.vocab_size, batch, T)
 
 
