@@ -11,7 +11,8 @@ Stages (one timing line each, then a JSON summary on the last line of stdout):
   extract   tokenizers/extract_codes.py over 2 processes -> codes with 16x16 grids
   train+stop  train.py --config llamagen_b_mutor2d.yaml over 2 processes, with --set only for batch
             size, steps, data paths, cadences, and what the 2-class data forces (model.num_classes,
-            sample.classes); --quick also shrinks widths (model.preset=custom); ``--sharding fsdp``
+            sample.classes); --quick also shrinks widths (model.preset=custom), the global batch and the
+            sample grid (sample.per_class=1); ``--sharding fsdp``
             shards it with FSDP2 (sharded .dcp checkpoints). SIGTERM to the training processes
             mid-run: each writes/joins the checkpoint and exits 75
   resume    the same command with --resume auto, to max_steps
