@@ -11,7 +11,8 @@ Stages (one timing line each, then a JSON summary on the last line of stdout):
   extract   tokenizers/extract_codes.py over 2 processes -> codes with 16x16 grids
   train+stop  train.py --config llamagen_b_mutor2d.yaml over 2 processes, with --set only for batch
             size, steps, data paths, cadences, and what the 2-class data forces (model.num_classes,
-            sample.classes); --quick also shrinks widths (model.preset=custom); ``--sharding fsdp``
+            sample.classes); --quick also shrinks widths (model.preset=custom), the global batch and the
+            sample grid (sample.per_class=1); ``--sharding fsdp``
             shards it with FSDP2 (sharded .dcp checkpoints). SIGTERM to the training processes
             mid-run: each writes/joins the checkpoint and exits 75
   resume    the same command with --resume auto, to max_steps
@@ -50,7 +51,8 @@ STAGES = ("images", "vq", "extract", "train+stop", "resume", "sample", "fid", "b
 
 @dataclass
 class RehearsalSize:
-    """Sizes of one rehearsal. ``model`` holds extra --set items (empty: the config's GPT-B)."""
+    """Sizes of one rehearsal. ``sets``: extra train.py --set items (empty: the config's GPT-B and
+    sample grid)."""
     per_class: int            # images per class folder
     vq_ch: int                # VQ base channels (LlamaGen VQ-16: 128)
     crops: int                # extract_codes.py --crops (x2 with the default --flip)
@@ -60,13 +62,14 @@ class RehearsalSize:
     ckpt_every: int
     num_samples: int          # sample.py --num
     sample_batch: int         # sample.py --batch-size (one npz shard each)
-    model: list[str] = field(default_factory=list)
+    sets: list[str] = field(default_factory=list)
 
 
 SIZES = {
-    "quick": RehearsalSize(per_class=4, vq_ch=32, crops=1, batch_size=4, max_steps=4, stop_at=1, ckpt_every=2,
+    "quick": RehearsalSize(per_class=4, vq_ch=32, crops=1, batch_size=2, max_steps=4, stop_at=1, ckpt_every=2,
                      num_samples=4, sample_batch=2,
-                     model=["model.preset=custom", "model.n_layer=2", "model.n_head=2", "model.dim=64"]),
+                     sets=["model.preset=custom", "model.n_layer=2", "model.n_head=2", "model.dim=64",
+                           "sample.per_class=1"]),
     "full": RehearsalSize(per_class=4, vq_ch=128, crops=5, batch_size=8, max_steps=4, stop_at=1, ckpt_every=2,
                     num_samples=4, sample_batch=2),
 }
@@ -220,7 +223,7 @@ def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
             f"data.path={data / 'codes'}", f"data.tokenizer={data / 'vq_ds16_c2i.pt'}",
             f"train.ckpt_every={size.ckpt_every}", f"train.sample_every={size.max_steps}", "train.log_every=1",
             "model.num_classes=2", "sample.classes=[0,1]",     # the data has 2 classes, the config 1000
-            f"train.sharding={args.sharding}", *size.model, *args.overrides]
+            f"train.sharding={args.sharding}", *size.sets, *args.overrides]
     cmd = launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
     for s in sets:
         cmd += ["--set", s]

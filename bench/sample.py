@@ -180,7 +180,7 @@ def weight_bytes(model: GPT) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile, one thread (CI)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--dim", type=int, default=768, help="model width (GPT-B: 768)")
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "defaults per --spec-images and write the fastest into JSON (mutor2d/sampling/crossover.json; "
                     "default: no crossover)")
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: 1 with --quick, else torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu = process CPU time, for a shared machine (with --threads 1)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
@@ -215,6 +215,7 @@ def parse(argv=None):
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)
         args.drafts, args.last, args.windows, args.spec_images = [2], [2], [2], [2]
+        args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     args.compile = args.compile or ("off" if args.quick else "on")

@@ -34,7 +34,6 @@ from mutor2d import config as config_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.model import ModelConfig
 from mutor2d.model import GPT, model_shape
-from mutor2d.engine.speed import train_flops
 from mutor2d.objectives import Batch, RegisterObjective
 from mutor2d.registers import Layout, LayoutError, grid_arg
 
@@ -121,6 +120,7 @@ def register_slots(case: str, args, device) -> tuple[int, float]:
 
 def step_flops(model: GPT, batch: int, T: int) -> float:
     """Model FLOPs of one training step: the training log's formula (mutor2d.engine.speed)."""
+    from mutor2d.engine.speed import train_flops      # the engine's imports: not in the memory children
     return train_flops(model.shape, model.cfg.vocab_size, batch, T)
 
 
@@ -192,7 +192,7 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions, one thread (CI)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--registers", type=int, default=80, help="K of the sparse case")
     ap.add_argument("--dmax2d", type=int, default=4, help="D of the 2D offsets")
     ap.add_argument("--backends", default="sdpa,flex,sdpa-mask", help="comma-separated attention backends to time")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: 1 with --quick, else torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu = process CPU time, for a shared machine (with --threads 1)")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per case; the median is reported")
@@ -225,6 +225,7 @@ def parse(argv=None):
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)
+        args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     for b in args.backends.split(","):

@@ -18,6 +18,8 @@ from mutor2d.model import GPT
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 CASES = {
     "ntp": make("objective", name="ntp"),
     "mutor-2d-dense": make("objective", name="mutor-2d", d_max=3, reg_weight=0.5, placement="dense"),
