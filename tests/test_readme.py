@@ -5,7 +5,9 @@ Rules (the README states them): every ```bash and ```python block runs in order 
 holding the project's tracked files; install steps (venv, activate, pip) and the test-suite command are
 left out (this environment is the installed one); a block whose first line is ``# needs: ...`` is not
 run; every training command gets ``--set train.max_steps=20`` (the README's one override); ``app.py``
-is started, must serve its page, and is stopped.
+is started, must serve its page, and is stopped. The commands of the language-model and tokenizer
+sections share no file with the image ones: each of the three chains runs in README order, the chains
+side by side (the suite's time).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = "--set train.max_steps=20"
 SKIPPED = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install|python -m pytest)")
 TRAINING = re.compile(r"^python (train\.py|tokenizers/train_vq\.py) ")
+CHAINS = {"language": re.compile(r"mutor2d\.lm|lm_tiny_arith|tiny-llama|arith_"), "tokenizer": re.compile(r"vq_digits")}
 
 
 def readme_blocks(text: str) -> list[tuple[str, str]]:
@@ -98,6 +102,21 @@ def serve_once(command: str, cwd: Path, env: dict) -> None:
         proc.wait(timeout=30)
 
 
+def chain_of(command: str) -> str:
+    return next((name for name, pattern in CHAINS.items() if pattern.search(command)), "image")
+
+
+def run_chain(steps: list[tuple[str, str]], work: Path, env: dict) -> None:
+    """Run ``steps`` in order in ``work``; the first failure raises, naming its command."""
+    for kind, command in steps:
+        if kind == "app":
+            serve_once(command, work, env)
+            continue
+        argv = [sys.executable, "-c", command] if kind == "python" else ["bash", "-c", command]
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"README command failed: {command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (git ls-files)")
 def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
     pytest.importorskip("gradio")
@@ -106,11 +125,10 @@ def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(work)}
     steps = commands((ROOT / "README.md").read_text())
     assert len(steps) >= 20 and sum(kind == "app" for kind, _ in steps) == 1
-    for kind, command in steps:
-        if kind == "app":
-            serve_once(command, work, env)
-            continue
-        argv = [sys.executable, "-c", command] if kind == "python" else ["bash", "-c", command]
-        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"README command failed: {command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    chains = {name: [s for s in steps if chain_of(s[1]) == name] for name in ("image", *CHAINS)}
+    assert all(len(chain) >= 2 for chain in chains.values()), {k: len(v) for k, v in chains.items()}
+    with ThreadPoolExecutor(len(chains)) as pool:
+        for done in [pool.submit(run_chain, chain, work, env) for chain in chains.values()]:
+            done.result()
     assert (work / "runs/digits_mutor2d/eval").is_dir() and (work / "runs/lm_tiny_arith/eval").is_dir()
+    assert (work / "runs/digits_vq_mutor2d/checkpoints").is_dir()
