@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None):
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     if args.quick:
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)

@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None):
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
     if args.score and not args.kind:
         ap.error("--score needs --kind gsm8k|math|path")

@@ -90,6 +90,11 @@ def test_bench_bad_argument_is_one_line(capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2
     assert "--grid '16': expected HxW" in err and "Traceback" not in err
+    for name, argv, message in (("train_step", ["--backends", "bogus"], "unknown backend 'bogus'"),
+                                ("sample", ["--dim", "10", "--heads", "3"], "--dim 10 is not divisible by --heads 3")):
+        with pytest.raises(SystemExit) as stop:                      # the checks after parsing: one line too
+            _load_bench(name).parse(argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_recompute_sampler_draws_what_kv_cache_draws():
@@ -207,7 +212,7 @@ def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):
 
 @cuda
 def test_cuda_bf16_training_step_and_kv_decoding():
-    from mutor2d.config import ObjectiveConfig
+    from mutor2d.config import make
     from mutor2d.objectives import Batch
     from mutor2d.registers import regular_position_ids
     model = _cuda_model()

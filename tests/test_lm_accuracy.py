@@ -155,6 +155,15 @@ def _write_lines(path, rows):
     return path
 
 
+def test_argument_errors_are_one_line(capsys):
+    for argv, message in ((["--score", "p.jsonl"], "--score needs --kind"), (["--ckpt", "run"], "--ckpt needs --data"),
+                          (["--score", "p.jsonl", "--kind", "gsm8k", "--batch-size", "0"], "--batch-size 0: expected >= 1")):
+        with pytest.raises(SystemExit) as stop:
+            _script("lm_accuracy").parse_args(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and "Traceback" not in err
+
+
 def test_score_mode_prints_accuracy_last(tmp_path, capsys):
     rows = [{"output": out, "gold": gold} for out, gold, _ in MATH_CASES]
     result = _script("lm_accuracy").main(["--score", str(_write_lines(tmp_path / "p.jsonl", rows)), "--kind", "math"])
