@@ -14,6 +14,10 @@ Rules:
   * Verified like every checkpoint: meta.pt holds the SHA-256 of each file DCP wrote
     (``files_sha256``), checked before the tensors are read; a mismatch is "unreadable" (named and set
     aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
+  * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; DCP's ``.metadata``
+    (a pickle) is read and checked by mutor2d.safe_dcp before anything else is, and DCP loads through
+    safe_dcp's reader and planner. The checksums guard against corruption, not against a stranger, who
+    writes meta.pt too: a crafted folder is refused by those readers, named like an unreadable one.
 """
 from __future__ import annotations
 
@@ -49,9 +53,9 @@ def remove_stale_temps(folder: Path) -> list[Path]:
 
 def read_meta(path: str | os.PathLike) -> dict:
     """meta.pt of a sharded checkpoint (with ``"dcp": path``); CheckpointError when it is not one."""
+    from . import safe_dcp             # imports DCP (about a second): only when a sharded checkpoint is read
     path = Path(path)
-    if not (path / ".metadata").is_file():
-        raise io.UnsafeFileError(f"checkpoint {str(path)!r} is not a finished sharded checkpoint (no .metadata)")
+    safe_dcp.read_metadata(path)
     meta = io.read_torch_file(path / META, "checkpoint")
     if not isinstance(meta, dict) or "config" not in meta or "step" not in meta:
         raise io.UnsafeFileError(f"checkpoint {str(path)!r}: {META} is not a mutor2d checkpoint's")
@@ -94,34 +98,36 @@ def files_sha256(folder: Path) -> dict[str, str]:
 
 def verify(path: Path) -> None:
     """CheckpointError when a file differs from the SHA-256 meta.pt recorded at save (checkpoints written
-    before file checksums pass)."""
+    before file checksums skip this), or when a stored value is not plain data (mutor2d.safe_dcp)."""
+    from . import safe_dcp
     expected = read_meta(path).get("files_sha256")
-    if expected is None:
-        return
-    if files_sha256(path) != expected:
+    if expected is not None and files_sha256(path) != expected:
         raise io.UnsafeFileError(f"checkpoint {str(path)!r}: its files do not match the checksum stored at save "
                                  f"(corrupt or changed since)")
+    safe_dcp.check_entries(path, safe_dcp.read_metadata(path))
 
 
 def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
     """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint,
-    after checking its files' checksums unless the caller has (``verified``)."""
-    import torch.distributed.checkpoint as dcp
+    after checking its files (checksums, plain stored values) unless the caller has (``verified``); DCP
+    reads through mutor2d.safe_dcp either way."""
+    from . import safe_dcp
     if not verified:
         verify(Path(path))
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=Path(path))
+        safe_dcp.load(Path(path), state)
 
 
 def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
     """(full GPT state dict on the CPU, meta) of a sharded checkpoint, in this process alone: the EMA
     weights when kept and ``use_ema``, else the model's."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from . import safe_dcp
     meta = read_meta(path)
     part, prefix = ("ema", "ema.") if use_ema and meta["has_ema"] else ("model", "model.model.")
-    stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    stored = safe_dcp.read_metadata(path).state_dict_metadata
     weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in stored.items()
                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     nested = {f"{prefix[len(part) + 1:]}{k}": v for k, v in weights.items()}

@@ -1,7 +1,8 @@
 """Sharded training (train.sharding=fsdp, FSDP2 over 2 gloo CPU processes): the same losses and weights
 as DDP on the same processes' random streams, the same losses as one process on the same global batch,
 sharded checkpoints that resume bit-exactly and load into DDP, one process and a safetensors export,
-and train.py under accelerate launch stopping with exit 75 on every process.
+train.py under accelerate launch stopping with exit 75 on every process, and crafted sharded
+checkpoints (tests/hostile.py) that run no code through any reader, on one process or two.
 
 The 2-process runs happen in one launch of this file as a script (``worker``): starting processes is
 the expensive part on 2 CPU cores."""
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hostile  # noqa: E402
 from test_training import ROOT, env, losses, losses_so_far, tiny, write_yaml  # noqa: E402
 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
@@ -61,6 +63,29 @@ def worker(out: Path) -> None:
     for name, over in worker_runs(out).items():
         resume = next((o[len("@resume="):] for o in over if o.startswith("@resume=")), None)
         train(tiny(*[o for o in over if not o.startswith("@")]), out / name, resume=resume)
+    for kind in HOSTILE_2P:
+        resume_past_crafted(out, kind)
+
+
+HOSTILE_2P = ("nested", "bytes_entry")       # crafted checkpoints resumed past on 2 processes
+
+
+def crafted_run(src: Path, run: Path, kind: str, marker: Path) -> Path:
+    """A copy of run folder ``src`` (checkpoints of steps 2 and 3, no log) whose step-3 checkpoint is
+    crafted as ``kind`` (tests/hostile.py); -> that checkpoint."""
+    shutil.copytree(src, run)
+    (run / "log.jsonl").unlink()
+    return hostile.craft(ckpt_lib.checkpoint_path(run, 3).with_suffix(".dcp"), kind, marker)
+
+
+def resume_past_crafted(out: Path, kind: str) -> None:
+    """Every process: --resume auto on a copy of sparse_fsdp whose newest checkpoint is crafted."""
+    import torch.distributed as dist
+    run = out / f"hostile_{kind}"
+    if dist.get_rank() == 0:
+        crafted_run(out / "sparse_fsdp", run, kind, out / f"ran_{kind}")
+    dist.barrier()
+    train(tiny(*OBJECTIVES["sparse"], *COMMON, "train.sharding=fsdp"), run, resume="auto")
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +256,96 @@ def test_a_flipped_byte_in_a_sharded_checkpoint_is_caught(two_process_runs, tmp_
     shard.write_bytes(bytes(data))
     with pytest.raises(ckpt_lib.CheckpointError, match="do not match the checksum stored at save"):
         ckpt_lib.load_weights(run)
+
+
+@pytest.mark.parametrize("kind", HOSTILE_2P)
+def test_two_processes_resume_past_a_crafted_checkpoint(two_process_runs, kind):
+    """FSDP on 2 processes, --resume auto: the crafted step-3 folder is set aside (kept, renamed) on
+    every process alike, the run continues bit-exactly from step 2, and the payload never ran."""
+    run = two_process_runs / f"hostile_{kind}"
+    assert not (two_process_runs / f"ran_{kind}").exists()
+    assert (run / "checkpoints" / "step_00000003.dcp.unreadable" / ".metadata").is_file()
+    assert losses(run) == {3: losses(two_process_runs / "sparse_fsdp")[3]}
+
+
+def _sample_py():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _one_line_error(call, capsys) -> str:
+    """The message of ``call``'s one-line failure (SystemExit or ConfigError), from it or stderr."""
+    from mutor2d.config import ConfigError
+    with pytest.raises((SystemExit, ConfigError)) as e:
+        call()
+    printed = isinstance(e.value, SystemExit) and isinstance(e.value.code, int)     # printed, then exit 2
+    text = capsys.readouterr().err if printed else str(e.value)
+    assert len(text.strip().splitlines()) == 1, text
+    return text
+
+
+@pytest.mark.parametrize("kind", hostile.KINDS)
+def test_a_crafted_sharded_checkpoint_runs_no_code_through_any_reader(two_process_runs, tmp_path, kind, capsys):
+    """export, hub save, sample.py, train.init_from: one line naming the folder and what was refused;
+    --resume auto: the folder set aside and named, the run continued from step 2; the payload
+    (``os.system("touch MARKER")``) never ran. Fails on DCP's own reader (plain pickle.load)."""
+    from mutor2d import hub
+    marker = tmp_path / "ran"
+    crafted = crafted_run(two_process_runs / "sparse_fsdp", tmp_path / "run", kind, marker)
+    readers = {"export": lambda: ckpt_lib.main(["export", str(crafted), str(tmp_path / "w.safetensors")]),
+               "hub save": lambda: hub.main(["save", str(crafted), str(tmp_path / "hub")]),
+               "sample.py": lambda: _sample_py().main(["--ckpt", str(crafted), "--classes", "1", "--per-class", "1",
+                                                       "--device", "cpu", "--out", str(tmp_path / "s.png")]),
+               "init_from": lambda: train(tiny(f"train.init_from={crafted}"), tmp_path / "init")}
+    for name, read in readers.items():
+        text = _one_line_error(read, capsys)
+        assert str(crafted) in text and re.search(r"refused|not a DCP metadata file|unreadable", text), (name, text)
+    assert not list(tmp_path.glob("w.safetensors*")) and not (tmp_path / "hub").exists()
+    capsys.readouterr()
+    train(tiny(*OBJECTIVES["sparse"], *COMMON), tmp_path / "run", resume="auto")
+    assert f"skipped {crafted}" in capsys.readouterr().err
+    assert crafted.with_name(crafted.name + ".unreadable").is_dir() and sorted(losses(tmp_path / "run")) == [3]
+    assert not marker.exists()
+
+
+def test_sample_py_and_app_py_refuse_a_crafted_checkpoint_in_one_line(two_process_runs, tmp_path):
+    """The command lines themselves (their own processes): exit 2, one line, the payload never ran."""
+    pytest.importorskip("gradio", reason="app.py needs the demo extra: pip install -e '.[demo]'")
+    marker = tmp_path / "ran"
+    crafted = crafted_run(two_process_runs / "sparse_fsdp", tmp_path / "run", "nested", marker)
+    for command in (["sample.py", "--ckpt", str(crafted), "--classes", "1", "--per-class", "1", "--device", "cpu"],
+                    ["app.py", "--ckpt", str(crafted), "--device", "cpu"]):
+        r = subprocess.run([PY, *command], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "refused" in lines[0] and str(crafted) in lines[0], r.stderr
+    assert not marker.exists()
+
+
+def test_every_class_torch_writes_for_our_states_is_allowed(two_process_runs):
+    """The allow-list against what DCP wrote for the image states of this project (the model with each
+    objective, EMA, optimizer, sharded by FSDP2 over 2 processes; the LM ones: test_fsdp_lm.py): each
+    name their pickles hold is allowed, their stored values pass, and nothing is allowed that torch
+    does not write (beyond the other dtypes and path classes)."""
+    import pickle
+    from mutor2d import safe_dcp
+    seen = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module, name):
+            seen.add((module, name))
+            return super().find_class(module, name)
+    folders = sorted(two_process_runs.glob("*/checkpoints/step_*.dcp"))
+    assert len(folders) >= 10
+    for folder in folders:
+        with open(folder / ".metadata", "rb") as f:       # our own files, written by torch in this test
+            Recorder(f).load()
+        safe_dcp.check_entries(folder, safe_dcp.read_metadata(folder))
+    assert all(n in safe_dcp.ALLOWED or safe_dcp._is_torch_dtype(*n) for n in seen), seen - safe_dcp.ALLOWED
+    optional = {("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath")}
+    assert safe_dcp.ALLOWED - seen <= optional, safe_dcp.ALLOWED - seen
 
 
 def test_one_launched_process_shards_on_a_one_rank_mesh(tmp_path):

@@ -61,6 +61,8 @@ def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | N
         except ckpt_lib.CheckpointError as e:
             if main:
                 set_aside(path, str(e))
+        except FileNotFoundError:    # another process of the launch set it aside while this one read it
+            continue
     if found:
         raise ConfigError(f"--resume auto: none of the {len(found)} checkpoints of {str(run_dir)!r} is readable "
                           f"(renamed *.unreadable); refusing to start over: pass --out for a fresh run")

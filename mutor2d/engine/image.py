@@ -118,10 +118,11 @@ def init_weights(model: GPT, source: str) -> None:
     """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
     GPT checkpoint; optimizer, step and data order start fresh."""
     from .. import checkpoint as ckpt_lib
+    from .. import sharded_checkpoint
     from ..model import load_llamagen
     try:
         path = ckpt_lib.resolve(source)
-        if path.suffix == ".safetensors" or _is_mutor2d(path):
+        if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):
             obj = ckpt_lib.load_weights(path, use_ema=False)[0]
         else:
             obj = path                                   # load_llamagen reads it with weights_only
