@@ -142,8 +142,8 @@ class CodeDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         if self._codes is None:
-            self._codes = np.load(self.path / "codes.npy", mmap_mode="r")
-            self._labels = np.load(self.path / "labels.npy", mmap_mode="r")
+            self._codes = np.load(self.path / "codes.npy", mmap_mode="r", allow_pickle=False)
+            self._labels = np.load(self.path / "labels.npy", mmap_mode="r", allow_pickle=False)
         row = int(self.rows[i])
         aug = int(torch.randint(self.num_augs, ())) if self.random_aug else 0
         body = torch.from_numpy(self._codes[row, aug].astype(np.int64)).reshape(-1)

@@ -104,3 +104,25 @@ def crafted_copy(src: Path, dst: Path, kind: str, marker: Path) -> Path:
     """A copy of the sharded checkpoint ``src`` at ``dst``, crafted as ``kind``."""
     shutil.copytree(src, dst)
     return craft(dst, kind, marker)
+
+
+def names_torch_wrote(folder: Path) -> set[tuple[str, str]]:
+    """(module, name) of every callable the ``.metadata`` of our own, real, sharded checkpoint names (read
+    with a plain unpickler: the file was written by torch in the test); its stored values checked too."""
+    from mutor2d import safe_dcp
+    seen = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module, name):
+            seen.add((module, name))
+            return super().find_class(module, name)
+    with open(Path(folder) / ".metadata", "rb") as f:
+        Recorder(f).load()
+    safe_dcp.check_entries(folder, safe_dcp.read_metadata(folder))
+    return seen
+
+
+def refused_names(names) -> set[tuple[str, str]]:
+    """Those of ``names`` that mutor2d.safe_dcp's unpickler would refuse."""
+    from mutor2d import safe_dcp
+    return {n for n in names if n not in safe_dcp.ALLOWED and not safe_dcp._is_torch_dtype(*n)}

@@ -1,8 +1,10 @@
 """Sharded fine-tuning of a Hugging Face causal LM (train.sharding=fsdp, FSDP2 over 2 gloo CPU processes):
 a tiny Llama built from a config, fully fine-tuned or with LoRA, with MuToR-1D registers, gives DDP's
 losses and final weights on the same processes' random streams, and DDP's online accuracy (evaluated
-after every step, so steps 2 and 3 train after an evaluation). The 2-process runs happen in one launch of this file."""
+after every step, so steps 2 and 3 train after an evaluation). Its sharded checkpoints resume on 2 processes
+and on one; crafted ones (tests/hostile.py) run no code. The 2-process runs happen in one launch of this file."""
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hostile  # noqa: E402
 from test_training import ROOT, env, losses  # noqa: E402
 
 pytest.importorskip("transformers")
@@ -38,6 +41,17 @@ def worker(out: Path) -> None:
     for finetune in ("full", "lora"):
         for sharding in ("ddp", "fsdp"):
             lm_pkg.train(lm_config(out / "base", sharding, finetune), out / f"{finetune}_{sharding}")
+    import torch.distributed as dist
+    for finetune in ("full", "lora"):                 # one more step from the sharded checkpoint, sharded
+        run = out / f"{finetune}_fsdp_resumed"
+        if dist.get_rank() == 0:
+            shutil.copytree(out / f"{finetune}_fsdp", run)
+        dist.barrier()
+        lm_pkg.train(one_more_step(lm_config(out / "base", "fsdp", finetune)), run, resume="auto")
+
+
+def one_more_step(cfg: dict) -> dict:
+    return {**cfg, "train": {**cfg["train"], "max_steps": 4, "eval_every": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +117,45 @@ def test_sharded_online_accuracy_matches_ddp(two_process_runs, finetune, tmp_pat
         accuracy.predict(items, lambda b: hf.generate(model, tok, [it["prompt_ids"] for it in b], 4, [";"]),
                          tmp_path / "p.jsonl", "gsm8k", rank, 2, 2)
     assert [(r["index"], r["output"]) for r in accuracy.merge_parts(tmp_path / "p.jsonl")] == seen["fsdp"][-1]
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_sharded_lm_checkpoints_resume_on_two_processes_and_on_one(two_process_runs, finetune, tmp_path):
+    """Step 3's sharded checkpoint continues on 2 processes (FSDP) and on one process (unsharded)."""
+    assert sorted(losses(two_process_runs / f"{finetune}_fsdp_resumed")) == [1, 2, 3, 4]
+    assert (two_process_runs / f"{finetune}_fsdp_resumed" / "checkpoints" / "step_00000004.dcp").is_dir()
+    import mutor2d.lm as lm_pkg
+    run = tmp_path / "run"
+    shutil.copytree(two_process_runs / f"{finetune}_fsdp", run)
+    cfg = one_more_step(lm_config(two_process_runs / "base", "ddp", finetune))
+    lm_pkg.train(cfg, run, resume="auto")
+    assert sorted(losses(run)) == [1, 2, 3, 4] and (run / "checkpoints" / "step_00000004.pt").is_file()
+
+
+@pytest.mark.parametrize("kind", ["nested", "bytes_entry", "tensor_entry"])
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_crafted_lm_checkpoint_runs_no_code(two_process_runs, finetune, kind, tmp_path, capsys):
+    """--resume auto on a language-model run whose only checkpoint is crafted: it is set aside (kept,
+    renamed) and named, the run refuses to start over in one line, and the payload never ran."""
+    import mutor2d.lm as lm_pkg
+    from mutor2d.config import ConfigError
+    run, marker = tmp_path / "run", tmp_path / "ran"
+    shutil.copytree(two_process_runs / f"{finetune}_fsdp", run)
+    crafted = hostile.craft(run / "checkpoints" / "step_00000003.dcp", kind, marker)
+    with pytest.raises(ConfigError, match="none of the 1 checkpoints .* is readable"):
+        lm_pkg.train(one_more_step(lm_config(two_process_runs / "base", "ddp", finetune)), run, resume="auto")
+    err = capsys.readouterr().err
+    assert f"skipped {crafted}" in err and "refused" in err, err
+    assert crafted.with_name(crafted.name + ".unreadable").is_dir() and not marker.exists()
+
+
+def test_every_class_torch_writes_for_our_lm_states_is_allowed(two_process_runs):
+    """The allow-list of mutor2d.safe_dcp against the LM states' DCP files (full and LoRA, sharded)."""
+    folders = sorted(two_process_runs.glob("*/checkpoints/step_*.dcp"))
+    assert len(folders) == 6
+    seen = set().union(*map(hostile.names_torch_wrote, folders))
+    assert not hostile.refused_names(seen), hostile.refused_names(seen)
+
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -20,6 +20,7 @@ import json
 import pickle
 import re
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -51,10 +52,8 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
         raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder or a cached hub "
                            "name; nothing is downloaded)")
     try:
-        return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
-    except pickle.UnpicklingError:            # torch.load(weights_only=True) refused a payload
-        raise LMModelError(f"{key}={str(ref)!r}: its weights file holds pickled Python objects beyond tensors "
-                           "and is refused (it could run code); use a safetensors copy") from None
+        with refusing_pickles(key, ref):
+            return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
     except (OSError, ValueError) as e:        # transformers' own messages are many lines
         if not local and isinstance(e, OSError):
             raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
@@ -62,6 +61,17 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
         source = folder.resolve() if local else "the local Hugging Face cache"
         raise LMModelError(f"{key}={str(ref)!r}: cannot load the {what} from {source}: "
                            f"{str(e).splitlines()[0].strip()}") from None
+
+
+@contextmanager
+def refusing_pickles(key: str, ref):
+    """A weights file that ``torch.load(weights_only=True)`` refuses (transformers' and peft's loaders of
+    ``.bin`` files use it) becomes one LMModelError line naming ``key=ref``; nothing of it ran."""
+    try:
+        yield
+    except pickle.UnpicklingError:
+        raise LMModelError(f"{key}={str(ref)!r}: its weights file holds pickled Python objects beyond tensors "
+                           "and is refused (it could run code); use a safetensors copy") from None
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
@@ -185,7 +195,8 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     from peft import PeftModel
     base_ref = json.loads(adapter.read_text()).get("base_model_name_or_path") or ""
     base = load_causal_lm(base_ref, dtype, attn_implementation, key=f"{adapter}: base_model_name_or_path")
-    model = PeftModel.from_pretrained(base, folder, is_trainable=False)
+    with refusing_pickles("adapter", folder):
+        model = PeftModel.from_pretrained(base, folder, is_trainable=False)
     return (model.merge_and_unload() if merge else model).eval()
 
 

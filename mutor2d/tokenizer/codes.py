@@ -3,7 +3,7 @@
 Store layout (one folder):
   header.json   grid, codebook_size, num_images, num_augs, augmentations, classes, source folder,
                 image_size, tokenizer identity + sha256, shards, skipped images, complete flag
-  codes.npy     uint16 (num_images, num_augs, H, W), memory-mapped (np.load(mmap_mode="r"))
+  codes.npy     uint16 (num_images, num_augs, H, W), memory-mapped (np.load(mmap_mode="r", allow_pickle=False))
   labels.npy    int64 (num_images,); -1 = unreadable image (skipped), or not filled yet
   files.txt     image paths relative to the source folder, one per row of codes.npy
   shards/       one JSON marker per finished shard (rows it wrote, the images it skipped)
@@ -183,7 +183,7 @@ def _check_header(file: Path, header: dict) -> None:
 def _open_array(file: Path, dtype, shape: tuple) -> np.ndarray:
     """Memory-map a .npy file and check its dtype and shape against the header."""
     try:
-        arr = np.load(file, mmap_mode="r")
+        arr = np.load(file, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:
         raise CodesError(f"{str(file)!r} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if arr.dtype != dtype or arr.shape != tuple(shape):
@@ -302,8 +302,8 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, *,
     state.wait_for_everyone()
     if not state.is_main_process:
         _prepare(out, plan, files, labels)  # checks only: the main process created it
-    store = CodeStore(out, np.load(out / "codes.npy", mmap_mode="r+"),
-                      np.load(out / "labels.npy", mmap_mode="r+"), plan)
+    store = CodeStore(out, np.load(out / "codes.npy", mmap_mode="r+", allow_pickle=False),
+                      np.load(out / "labels.npy", mmap_mode="r+", allow_pickle=False), plan)
     batches = _my_batches(out, plan, state, max_shards, batch_size, log)
     loader = torch.utils.data.DataLoader(
         _Images(folder, files, plan["image_size"], names, crop_range),
