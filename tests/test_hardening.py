@@ -220,3 +220,59 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def app_py(*args, block_gradio: bool = False, **popen) -> subprocess.Popen:
+    """app.py in a subprocess (gradio made unimportable with ``block_gradio``, as without the demo extra)."""
+    code = ("import runpy, sys; " + ("sys.modules['gradio'] = None; " if block_gradio else "")
+            + f"sys.argv = ['app.py', *{list(map(str, args))!r}]; runpy.run_path('app.py', run_name='__main__')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True, **popen)
+
+
+@pytest.mark.parametrize("argv", [["--help"], []], ids=["help", "bare"])
+def test_app_without_the_demo_extra_names_it_in_one_line(argv):
+    proc = app_py(*argv, block_gradio=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and out == "" and len(lines) == 1 and 'pip install -e ".[demo]"' in lines[0], err
+
+
+def test_app_port_out_of_range_or_busy_is_one_line(saved, capsys):
+    from mutor2d import demo
+    pytest.importorskip("gradio")
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--ckpt", str(saved), "--port", "99999"])
+    assert e.value.code == 2 and "--port 99999: expected a port in 1..65535" in one_error_line(capsys)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as e:
+            demo.main(["--ckpt", str(saved), "--port", str(port), "--device", "cpu"])
+    line = one_error_line(capsys)
+    assert e.value.code == 2 and f"127.0.0.1:{port}" in line and "in use" in line
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_app_exits_within_seconds_of_ctrl_c_or_sigterm_with_queued_requests(saved, tmp_path, sig):
+    pytest.importorskip("gradio_client")
+    port, log = free_port(), tmp_path / "app.log"
+    with log.open("w") as f:
+        proc = app_py("--ckpt", saved, "--port", port, "--device", "cpu", stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + TIMEOUT
+        while "Running on" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+            time.sleep(0.3)
+        from gradio_client import Client
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        jobs = [client.submit([0, 1, 2, 3], 16, 2.0, 1.0, 0, 1.0, seed, "plain", 0, 4, api_name="/on_generate")
+                for seed in range(6)]                  # 64 images each: one decoding, five queued
+        time.sleep(1)
+        proc.send_signal(sig)
+        start = time.time()
+        assert proc.wait(15) == 128 + sig and time.time() - start < 10, log.read_text()[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
