@@ -235,7 +235,13 @@ def main(argv=None) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    write_folder(model, out)
+    try:
+        write_folder(model, out)
+    except OSError as e:
+        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
+        print(f"error: could not write hub folder {str(out)!r} ({why}); the temp folder beside it is removed",
+              file=sys.stderr)
+        raise SystemExit(checkpoint.WRITE_FAILED_EXIT if io.is_disk_full(e) else 2) from None
     print(f"wrote {args.out}")
     if args.push:
         print(model.push_to_hub(args.push))

@@ -2,6 +2,7 @@
 converters), hub folders verified like checkpoints (a checksum of their weights, a config that does not
 match them named in one line), app.py's clean exits and one-line errors, sample outputs that never
 collide and never land inside a hub folder."""
+import errno
 import importlib.util
 import json
 import os
@@ -102,6 +103,22 @@ def test_hub_save_over_its_own_folder_and_onto_a_file(run, saved, tmp_path, caps
     with pytest.raises(SystemExit):
         hub.main(["save", str(run), str(tmp_path / "file")])
     assert "is a file" in one_error_line(capsys) and (tmp_path / "file").read_text() == "x"
+    with pytest.raises(SystemExit) as e:                        # a folder that cannot be made
+        hub.main(["save", str(run), str(tmp_path / "file" / "sub")])
+    assert e.value.code == 2 and "could not write hub folder" in one_error_line(capsys)
+
+
+def test_hub_save_on_a_full_disk_leaves_the_folder_as_it_was(run, saved, tmp_path, capsys, monkeypatch):
+    out = copy_folder(saved, tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(hub.checkpoint, "save_safetensors", full)
+    with pytest.raises(SystemExit) as e:
+        hub.main(["save", str(run), str(out)])
+    assert e.value.code == checkpoint.WRITE_FAILED_EXIT and "no space left" in one_error_line(capsys)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(tmp_path.iterdir()) == [out]
 
 
 # ----------------------------------------------------------------------------- lm.data: DST is not SRC
