@@ -137,8 +137,21 @@ def test_lm_data_converter_refuses_its_input_as_output(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lm_data.main(["arith", str(tmp_path)])
     assert "is a folder" in one_error_line(capsys)
+    with pytest.raises(SystemExit) as e:                        # a file where its folder should be
+        lm_data.main(["arith", str(raw / "out.jsonl")])
+    assert e.value.code == 2 and "could not write" in one_error_line(capsys)
     lm_data.main(["gsm8k", str(raw), str(tmp_path / "out.jsonl")])
     assert json.loads((tmp_path / "out.jsonl").read_text())["gold"] == "2"
+
+
+def test_lm_data_on_a_full_disk_is_one_line_exit_74_and_no_file(tmp_path, capsys, monkeypatch):
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real = io.write_atomic
+    monkeypatch.setattr(io, "write_atomic", lambda path, write_fn: real(path, full))    # the disk refuses the data
+    with pytest.raises(SystemExit) as e:
+        lm_data.main(["arith", str(tmp_path / "a.jsonl"), "--count", "3"])
+    assert e.value.code == 74 and "no space left" in one_error_line(capsys) and list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- hub folders verified

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .. import io
 from ..cli import HelpFormatter
 from .accuracy import boxed_answer, gsm8k_answer
 from .packing import LMBatch
@@ -300,8 +301,8 @@ def check_output(dst: str, src: str | None = None) -> None:
 
 
 def write_jsonl(records: list[dict], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    """One JSON line per record, written atomically (a failed write leaves no partial file)."""
+    io.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,7 +380,12 @@ def run(args: argparse.Namespace) -> str:
         return f"{args.src}: {len(located)} valid lines"
     else:
         records = load_records(args.kind, args.src)
-    write_jsonl(records, args.dst)
+    try:
+        write_jsonl(records, args.dst)
+    except OSError as e:             # disk full, read-only folder, a file where a folder should be
+        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
+        print(f"error: could not write {args.dst} ({why}); no partial file is left", file=sys.stderr)
+        raise SystemExit(74 if io.is_disk_full(e) else 2) from None
     return f"wrote {len(records)} records to {args.dst}"
 
 
