@@ -223,7 +223,8 @@ def output_name(src: generation.Loaded, s, seed: int, ema: bool, suffix: str, cl
     (``class_part``) and ``count`` (``x8`` per class, ``n1000`` samples); last the ``settings_hash`` of
     every setting that shapes the output (the sample section as used, seed, classes, count, batch size,
     grid, weights, file kind), so outputs of different settings never share a name, e.g.
-    step_00001000_cfg2_seed0_plain_cls1-7-9_x8_HASH.png, step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
+    step_00001000_cfg2_seed0_plain_cls1-7-9_x8_HASH.png,
+    step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
     parts = [f"step_{src.step:08d}", f"cfg{s.cfg_scale:g}", f"seed{seed}", s.decode.name]
     parts += [f"{k}{v:g}" for k, v, off in (("t", s.temperature, 1), ("k", s.top_k, 0), ("p", s.top_p, 1)) if v != off]
     parts += [] if ema else ["raw"]
