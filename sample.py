@@ -10,9 +10,11 @@ same for any number of processes; rerunning an interrupted command finishes it. 
 "--num_processes was set to a value of 0" (no accelerate config) is harmless: docs/SCALING.md.
 
 Outputs go beside their checkpoint unless --out / --npz PATH say otherwise: RUN/samples/ for a
-checkpoint of a run folder, DIR/STEM_samples/ for any other file (a safetensors export, a hub folder's
-model.safetensors, a copied .pt), named step first like the training grids (RUN/samples/step_XXXXXXXX.png)
-but never their name: step_XXXXXXXX_cfgC_seedS_DECODE[_tT][_kK][_pP][_raw].png (or .npz with --npz alone).
+checkpoint of a run folder, HUB_samples/ beside a hub folder, DIR/STEM_samples/ for any other file (a
+safetensors export, a copied .pt), named step first like the training grids (RUN/samples/step_XXXXXXXX.png)
+but never their name: step_XXXXXXXX_cfgC_seedS_DECODE[_tT][_kK][_pP][_raw]_CLASSES_xN_HASH.png (or
+_CLASSES_nN_HASH.npz with --npz alone; CLASSES: cls1-7-9, all or 10cls; HASH: 6 hex digits of every
+setting that shapes the output, so different outputs never share a name).
 Grid rows are named in a left margin ("7"; "207: golden retriever" for ImageNet's 1000 classes; the
 names also sit in the PNG's text chunk "rows"); --no-labels leaves the margin out.
 
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -56,9 +60,10 @@ SAMPLE_FLAGS = {"cfg_scale": ("--cfg-scale", "cfg"), "temperature": ("--temperat
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint file or run folder")
-    p.add_argument("--out", help="PNG grid path (default: RUN/samples/step_XXXXXXXX_cfgC_seedS_DECODE.png for a "
-                                 "checkpoint of a run folder, else DIR/STEM_samples/ beside the checkpoint file; "
-                                 "the training grids are RUN/samples/step_XXXXXXXX.png)")
+    p.add_argument("--out", help="PNG grid path (default: RUN/samples/step_XXXXXXXX_cfgC_seedS_DECODE_CLASSES_xN_HASH"
+                                 ".png for a checkpoint of a run folder, HUB_samples/ beside a hub folder, else "
+                                 "DIR/STEM_samples/ beside the checkpoint file; the training grids are "
+                                 "RUN/samples/step_XXXXXXXX.png)")
     p.add_argument("--classes", help="comma-separated class indices (default: the checkpoint's sample.classes, "
                                      "else 10 spread over the classes; npz: all classes)")
     p.add_argument("--per-class", type=int, help="grid columns: samples per class (default: sample.per_class)")
@@ -66,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "class count")
     p.add_argument("--npz", nargs="?", const="", metavar="PATH",
                    help="write a class-balanced sample file instead of a grid, at PATH (default, --npz alone: "
-                        "the folder of --out's default, step_XXXXXXXX_cfgC_seedS_DECODE.npz)")
+                        "the folder of --out's default, step_XXXXXXXX_cfgC_seedS_DECODE_CLASSES_nN_HASH.npz)")
     p.add_argument("--cfg-scale", "--cfg", dest="cfg", type=float,
                    help="classifier-free guidance scale, 1 = off (default: sample.cfg_scale)")
     p.add_argument("--temperature", type=float, help="0 = greedy (default: sample.temperature)")
@@ -195,20 +200,52 @@ def decode_options(mode) -> dict:
     return {k: v for k, v in config.section_dict(mode).items() if k != "name"}
 
 
-def output_name(src: generation.Loaded, s, seed: int, ema: bool, suffix: str) -> str:
+SHOWN_CLASSES = 6     # a file name lists at most this many classes (more: their count)
+
+
+def class_part(classes: list[int], num_choices: int) -> str:
+    """The classes in a file name: ``cls1-7-9``, ``all``, or ``10cls`` beyond SHOWN_CLASSES."""
+    if list(classes) == list(range(num_choices)):
+        return "all"
+    return f"cls{'-'.join(map(str, classes))}" if len(classes) <= SHOWN_CLASSES else f"{len(classes)}cls"
+
+
+def settings_hash(settings: dict) -> str:
+    """6 hex digits of the SHA-256 of ``settings`` (JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def output_name(src: generation.Loaded, s, seed: int, ema: bool, suffix: str, classes: list[int], count: str,
+                batch_size: int) -> str:
     """The default file name of sample.py's output: the training step first, then what makes it differ
     from the training grid RUN/samples/step_XXXXXXXX.png (never that name): CFG scale, seed and
-    decoding mode always; temperature / top-k / top-p when they are on, ``raw`` for --no-ema, e.g.
-    step_00001000_cfg2_seed0_plain.png, step_00001000_cfg1_seed3_registers_t0.9_k100_raw.npz. Other
-    classes or --per-class write the same name (pass --out to keep both)."""
+    decoding mode; temperature / top-k / top-p when they are on, ``raw`` for --no-ema; the classes
+    (``class_part``) and ``count`` (``x8`` per class, ``n1000`` samples); last the ``settings_hash`` of
+    every setting that shapes the output (the sample section as used, seed, classes, count, batch size,
+    grid, weights, file kind), so outputs of different settings never share a name, e.g.
+    step_00001000_cfg2_seed0_plain_cls1-7-9_x8_HASH.png,
+    step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
     parts = [f"step_{src.step:08d}", f"cfg{s.cfg_scale:g}", f"seed{seed}", s.decode.name]
     parts += [f"{k}{v:g}" for k, v, off in (("t", s.temperature, 1), ("k", s.top_k, 0), ("p", s.top_p, 1)) if v != off]
-    return "_".join(parts + ([] if ema else ["raw"])) + suffix
+    parts += [] if ema else ["raw"]
+    section = {k: v for k, v in config.section_dict(s).items() if k not in ("classes", "per_class", "seed")}
+    shaping = {"sample": section, "seed": seed, "classes": list(classes), "count": count, "batch_size": batch_size,
+               "grid": list(src.grid), "ema": ema, "suffix": suffix}
+    return "_".join([*parts, class_part(classes, src.num_choices), count, settings_hash(shaping)]) + suffix
+
+
+def output_folder(path: Path) -> Path:
+    """Where default outputs of checkpoint ``path`` go: ``checkpoint.output_dir``, except beside a hub
+    folder (HUB_samples/), never inside the folder meant to be shared."""
+    hub = path.parent
+    if path.name == checkpoint.HUB_WEIGHTS and checkpoint.is_hub_folder(hub):
+        return hub.parent / f"{hub.name}_samples"
+    return checkpoint.output_dir(path)
 
 
 def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -> None:
     """The PNG grid: one row per choice of the conditioning kind (class), --per-class columns, named in a
-    left margin (unless --no-labels); --out, else OUT_DIR/output_name (``checkpoint.output_dir``)."""
+    left margin (unless --no-labels); --out, else ``output_folder``/``output_name``."""
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else generation.grid_classes(s, n)
     per_class = pick(args.per_class, s.per_class)
@@ -217,7 +254,8 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
     prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
     images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
     rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
-    out = args.out or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".png")
+    out = args.out or output_folder(path) / output_name(src, s, seed, args.ema, ".png", classes, f"x{per_class}",
+                                                        args.batch_size)
     out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
@@ -231,7 +269,8 @@ def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, s
                                   settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
                                   batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
                                   decode_options=decode_options(s.decode))
-    out = args.npz or checkpoint.output_dir(path) / output_name(src, s, seed, args.ema, ".npz")
+    out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
+                                                        args.batch_size)
     job = NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:

@@ -145,7 +145,7 @@ def resolve(path: str | os.PathLike) -> Path:
     if sharded_checkpoint.is_sharded_checkpoint(p):
         return p
     if is_hub_folder(p):
-        return p / HUB_WEIGHTS
+        return io.verified_weights(p / HUB_WEIGHTS, p / "config.json")
     if p.is_dir():
         found = latest_valid(p)
         if found is None:
@@ -201,6 +201,7 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     state, meta = load_weights(path, use_ema)
     cfg = config_lib.from_dict(meta["config"])
     model = cfg.model.build(register_token=cfg.objective.uses_registers())
+    io.check_shapes(model.state_dict(), state, repr(str(path)))
     model.load_state_dict(state, strict=True)
     return model.to(device).eval(), cfg, meta
 

@@ -11,11 +11,17 @@ emitted so far from the model's decode calls and the page shows them decoded by 
 tokenizer, the rest grey. Beside the grid: forward passes per image, tokens per forward, tokens/s
 and acceptance by draft distance (the decoders' own counts). Bad settings are a message in the page;
 requests are queued (one decoding at a time); the server logs one line per request.
+
+``main`` checks before it loads anything: gradio importable (else one line naming
+``pip install -e ".[demo]"``, --help included), --port in 1..65535 and free on --host (else one line,
+exit 2). Ctrl-C / SIGTERM close the server within ``STOP_S`` seconds, queued requests or not.
 """
 import argparse
 import dataclasses
 import logging
 import os
+import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -23,21 +29,20 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")     # nothing leaves the machine
-import gradio as gr  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from . import checkpoint, config, generation  # noqa: E402
-from .cli import HelpFormatter  # noqa: E402
-from .conditioning import class_names  # noqa: E402
-from .plugins import load_plugins  # noqa: E402
-from .sampling import decode_modes  # noqa: E402
-from .sampling.auto import auto_decode, can_draft  # noqa: E402
+from . import checkpoint, config, generation
+from .cli import HelpFormatter
+from .conditioning import class_names
+from .plugins import load_plugins
+from .sampling import decode_modes
+from .sampling.auto import auto_decode, can_draft
 
 LOG = logging.getLogger("mutor2d.demo")
 MAX_IMAGES = 64              # images per request
 FRAME_S = 0.25               # seconds between partial grids
+STOP_S = 3.0                 # seconds the server gets to close after Ctrl-C / SIGTERM
 DEFAULTS = {"classes": None, "per_class": 4, "cfg": None, "temperature": None, "top_k": None, "top_p": None,
             "seed": 0, "decode": "auto", "draft": 0, "window": 4}
 # setting -> how a message names it (the page's labels)
@@ -47,6 +52,18 @@ LABELS = {"cfg_scale": "CFG scale", "temperature": "temperature", "top_k": "top-
 
 class DemoError(ValueError):
     """A setting the demo cannot run; the message (one line) is shown in the page."""
+
+
+def require_gradio():
+    """The gradio module (analytics off: nothing leaves the machine); without it, one line naming the
+    extra to install and exit 2."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    try:
+        import gradio
+    except ImportError as e:
+        print(f"error: the demo needs gradio ({e}): pip install -e \".[demo]\"", file=sys.stderr)
+        raise SystemExit(2) from None
+    return gradio
 
 
 def class_choices(names: list[str]) -> list[tuple[str, int]]:
@@ -267,6 +284,8 @@ def settings_of(values) -> dict:
 def handlers(demo: Demo):
     """(on_load, on_generate) of the page: the settings from the URL (and their link); the images as
     they form, then their statistics, PNG and link."""
+    gr = require_gradio()
+
     def on_load(request: gr.Request):
         defaults = demo.defaults()
         try:
@@ -300,8 +319,10 @@ def handlers(demo: Demo):
 SHARE_JS = "(q) => { if (q) { window.history.replaceState(null, '', '?' + q); } return []; }"
 
 
-def build_app(demo: Demo) -> gr.Blocks:
-    """The page: settings on the left; the grid forming, its statistics, PNG download and link on the right."""
+def build_app(demo: Demo):
+    """The page (gr.Blocks): settings on the left; the grid forming, its statistics, PNG download and link
+    on the right."""
+    gr = require_gradio()
     d, cfg = demo.defaults(), demo.src.cfg
     with gr.Blocks(title="mutor2d demo") as app:
         gr.Markdown(f"## mutor2d · `{demo.ckpt}` · {cfg.objective.name}, step {demo.src.step}, "
@@ -348,20 +369,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+def check_port(host: str, port: int) -> None:
+    """DemoError (one line) for a port outside 1..65535 or one that cannot be served on ``host`` (in use)."""
+    if not 1 <= port <= 65535:
+        raise DemoError(f"--port {port}: expected a port in 1..65535")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # a closed server's TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise DemoError(f"--port {port}: cannot serve on {host}:{port} ({e.strerror or e}); "
+                            f"expected a free port (another server holds it?)") from None
+
+
+def serve(app, host: str, port: int) -> None:
+    """Launch ``app`` with gradio's queue (one decoding at a time) and wait for Ctrl-C / SIGTERM; then
+    close the server (at most STOP_S seconds: running and queued requests are dropped) and exit with
+    128 + the signal's number."""
+    caught = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        app.queue(default_concurrency_limit=1).launch(server_name=host, server_port=port, show_error=True,
+                                                      prevent_thread_lock=True)
+    except OSError as e:                               # taken since check_port
+        raise DemoError(f"--port {port}: cannot serve on {host}:{port} ({e})") from None
+    while not caught:
+        time.sleep(0.2)
+    LOG.info("%s: stopping", signal.Signals(caught[0]).name)
+    closer = threading.Thread(target=app.close, daemon=True)
+    closer.start()
+    closer.join(STOP_S)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + caught[0])                          # decoding threads are not waited for
+
+
 def main(argv=None) -> None:
-    """Open the checkpoint (an unreadable one: ``error: ...`` and exit 2), then serve the page with
-    gradio's queue (one decoding at a time, the others wait)."""
+    """Check gradio, the arguments and the port, open the checkpoint (an unreadable one: ``error: ...``
+    and exit 2), then serve the page until Ctrl-C / SIGTERM."""
+    require_gradio()
     args = parse_args(argv)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
     try:
+        check_port(args.host, args.port)
         load_plugins()
         device = torch.device(args.device)
         src = generation.open_checkpoint(checkpoint.resolve(args.ckpt), use_ema=args.ema, device=device)
+        serve(build_app(Demo(src, device, args.ckpt)), args.host, args.port)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    app = build_app(Demo(src, device, args.ckpt))
-    app.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -3,34 +3,48 @@
 ``MutorModel`` wraps the GPT of a checkpoint with ``huggingface_hub.ModelHubMixin``. A saved folder holds
   model.safetensors  the weights (EMA when the checkpoint has them), with the step, grid, run config and
                      weight kind as safetensors metadata (the layout of ``checkpoint.export_safetensors``);
-  config.json        {"format": "mutor2d", "step", "grid", "weights", "tokenizer", "run_config"};
+  config.json        {"format": "mutor2d", "step", "grid", "weights", "tokenizer", "run_config",
+                     "weights_sha256": the SHA-256 of model.safetensors, checked at every load};
   README.md          the model card: the run's config, its FID records (RUN/eval/, as eval/leaderboard.py
                      shows them), a sample grid and how to sample;
   sample.png         that grid (the run's newest training grid, else one made with its sample settings).
-``mutor2d.checkpoint.resolve`` maps such a folder to its model.safetensors, so ``sample.py --ckpt``,
-``train.init_from`` and ``app.py`` take it like a run folder.
+``mutor2d.checkpoint.resolve`` maps such a folder to its model.safetensors once its checksum matches
+(``io.verified_weights``: a corrupt file is a one-line error, a folder written before checksums loads
+with a warning), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained`` take it
+like a run folder.
+
+``save`` writes into a temp folder beside OUT, then moves it into place: the whole folder when OUT is
+new, else only its own files (``OWN_FILES``) over their namesakes. An OUT holding anything else (a run
+folder, a user's files) is refused unless --force, which still replaces only those four files.
 
     from mutor2d.hub import MutorModel
     MutorModel.from_checkpoint("runs/digits_mutor2d").save_pretrained("digits_hub")
     MutorModel.from_pretrained("digits_hub")          # or a hub id: "user/mutor2d-digits"
-    python -m mutor2d.hub save runs/digits_mutor2d digits_hub [--push user/mutor2d-digits]
+    python -m mutor2d.hub save runs/digits_mutor2d digits_hub [--force] [--push user/mutor2d-digits]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 from huggingface_hub import ModelCard, ModelHubMixin, snapshot_download
 
-from . import checkpoint
+from . import checkpoint, io
 from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
 from .cli import HelpFormatter
 
 CARD_IMAGE = "sample.png"
+OWN_FILES = (WEIGHTS, CARD_IMAGE, "README.md", "config.json")   # what save writes (config.json, the checksum, last)
+
+
+class HubError(ValueError):
+    """An output folder ``save`` must not write into; one-line message."""
 
 
 def run_folder(path: Path) -> Path | None:
@@ -67,16 +81,18 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
                                              f"(expected config.json with format mutor2d and {WEIGHTS})")
         return cls.from_checkpoint(folder, device=device)
 
-    def hub_config(self) -> dict:
-        """What config.json holds."""
+    def hub_config(self, weights_sha256: str) -> dict:
+        """What config.json holds, with the SHA-256 of the weights file."""
         return {"format": "mutor2d", "step": self.meta["step"], "grid": self.meta["grid"],
                 "weights": "ema" if self.meta["has_ema"] else "model",
-                "tokenizer": tokenizer_reference(self.cfg), "run_config": self.meta["config"]}
+                "tokenizer": tokenizer_reference(self.cfg), "run_config": self.meta["config"],
+                io.WEIGHTS_SHA256_KEY: weights_sha256}
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        checkpoint.save_safetensors(self.model.state_dict(), self.meta, "ema" if self.meta["has_ema"] else "model",
-                                    save_directory / WEIGHTS)
-        (save_directory / "config.json").write_text(json.dumps(self.hub_config(), indent=2) + "\n")
+        weights = checkpoint.save_safetensors(self.model.state_dict(), self.meta,
+                                              "ema" if self.meta["has_ema"] else "model", save_directory / WEIGHTS)
+        config = self.hub_config(io.file_sha256(weights))
+        (save_directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         self.write_card_image(save_directory / CARD_IMAGE)
         (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights
 
@@ -158,6 +174,40 @@ m = MutorModel.from_pretrained("THIS_FOLDER_OR_HUB_ID")    # m.model: the GPT, m
 """
 
 
+def foreign_files(out: Path) -> list[str]:
+    """Names in folder ``out`` that ``save`` did not write: all of them unless it is a mutor2d hub
+    folder, else those not in OWN_FILES."""
+    names = sorted(p.name for p in out.iterdir())
+    return [n for n in names if n not in OWN_FILES] if is_hub_folder(out) else names
+
+
+def check_out(out: Path, force: bool) -> None:
+    """HubError (one line) for an OUT that is a file, or that holds files ``save`` did not write (unless ``force``)."""
+    if out.exists() and not out.is_dir():
+        raise HubError(f"{str(out)!r} is a file; expected a folder for the hub folder to write")
+    foreign = foreign_files(out) if out.is_dir() else []
+    if foreign and not force:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise HubError(f"{str(out)!r} holds files hub save did not write ({shown}): choose a new folder, or "
+                       f"--force to replace only {', '.join(OWN_FILES)} there")
+
+
+def write_folder(model: MutorModel, out: Path) -> None:
+    """``save_pretrained`` into a temp folder beside ``out``, then move it in: the whole folder when
+    ``out`` does not exist, else each of OWN_FILES over its namesake (every other file stays)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=io.TEMP_SUFFIX))
+    try:
+        model.save_pretrained(tmp)
+        if out.exists():
+            for name in OWN_FILES:
+                os.replace(tmp / name, out / name)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mutor2d.hub", formatter_class=HelpFormatter,
                                  description="Save a checkpoint as a hub folder (and push it).")
@@ -169,18 +219,29 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("ckpt", help="checkpoint file, run folder (its newest checkpoint) or safetensors export")
     save.add_argument("out", help="the hub folder to write")
     save.add_argument("--no-ema", action="store_true", help="the raw weights even when EMA exists")
+    save.add_argument("--force", action="store_true",
+                      help="write into an OUT that holds other files (only the hub folder's own four files "
+                           "are replaced; default: refuse)")
     save.add_argument("--push", metavar="REPO_ID", help="also push to this hub repository (default: local only)")
     return ap
 
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    out = Path(args.out)
     try:
+        check_out(out, args.force)
         model = MutorModel.from_checkpoint(args.ckpt, use_ema=not args.no_ema)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    model.save_pretrained(args.out)
+    try:
+        write_folder(model, out)
+    except OSError as e:
+        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
+        print(f"error: could not write hub folder {str(out)!r} ({why}); the temp folder beside it is removed",
+              file=sys.stderr)
+        raise SystemExit(checkpoint.WRITE_FAILED_EXIT if io.is_disk_full(e) else 2) from None
     print(f"wrote {args.out}")
     if args.push:
         print(model.push_to_hub(args.push))

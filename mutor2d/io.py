@@ -266,3 +266,47 @@ def read_safetensors(path: str | os.PathLike, what: str = "safetensors file",
     except (SafetensorError, OSError, ValueError) as e:
         first = " ".join(str(e).split())[:200]
         raise UnsafeFileError(f"{what} {str(path)!r} is not a readable safetensors file ({first})") from None
+
+
+# ----------------------------------------------------------------------------- whole-file checksums
+
+WEIGHTS_SHA256_KEY = "weights_sha256"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified_weights(weights: str | os.PathLike, record: str | os.PathLike) -> Path:
+    """``weights`` once its SHA-256 equals the one the JSON file ``record`` holds under ``"weights_sha256"``
+    (a hub folder's config.json); a mismatch is a one-line UnsafeFileError naming the file, a record
+    without one (written before checksums) a one-time warning."""
+    weights = Path(weights)
+    try:
+        expected = json.loads(Path(record).read_text()).get(WEIGHTS_SHA256_KEY)
+    except (OSError, ValueError, AttributeError) as e:
+        raise UnsafeFileError(f"{str(record)!r} is not a readable JSON object ({type(e).__name__})") from None
+    if expected is None:
+        warn(f"{str(weights)!r} has no checksum in {Path(record).name} (written before checksums): loaded unverified",
+             once=True)
+    elif file_sha256(weights) != expected:
+        raise UnsafeFileError(f"{str(weights)!r} is corrupt: its SHA-256 does not match the one {Path(record).name} "
+                              f"recorded at save")
+    return weights
+
+
+def check_shapes(expected: dict, found: dict, what: str) -> None:
+    """One-line UnsafeFileError naming the first tensor of ``found`` (a file's state dict) that is missing,
+    extra or shaped unlike its namesake in ``expected`` (the model its config builds), with both shapes."""
+    for name in [*expected, *(k for k in found if k not in expected)]:
+        want, got = expected.get(name), found.get(name)
+        shapes = (None if want is None else tuple(want.shape), None if got is None else tuple(got.shape))
+        if shapes[0] != shapes[1]:
+            shown = ["absent" if s is None else str(s) for s in shapes]
+            raise UnsafeFileError(f"{what} does not match its config: tensor {name!r} is {shown[1]} in the file, "
+                                  f"{shown[0]} in the model the config builds")

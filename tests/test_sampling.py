@@ -305,7 +305,7 @@ def test_sample_py_grid_png_on_cpu(digits_run):
     r = sample_py("--ckpt", digits_run, "--classes", "1,7,9", "--per-class", "3", "--cfg", "2", "--seed", "1")
     assert r.returncode == 0, r.stderr
     from PIL import Image
-    png = digits_run / "samples" / "step_00000003_cfg2_seed1_plain.png"    # beside the training grids' step_N.png
+    [png] = (digits_run / "samples").glob("step_00000003_cfg2_seed1_plain_cls1-7-9_x3_??????.png")   # beside step_N.png
     assert png.is_file() and str(png) in r.stdout
     assert Image.open(png).height == 2 + 3 * 66 and Image.open(png).width > 2 + 3 * 66      # + the labels' margin
     assert json.loads(Image.open(png).text["rows"]) == ["1", "7", "9"]
@@ -324,10 +324,12 @@ def test_sample_py_writes_beside_the_checkpoint_it_samples(digits_run, tmp_path,
     run(["--ckpt", str(tmp_path / "model.safetensors"), "--classes", "1,2", "--per-class", "1", "--seed", "4"])
     run(["--ckpt", str(tmp_path / "ck.pt"), "--classes", "1,2", "--per-class", "1", "--temperature", "0.5"])
     run(["--ckpt", str(tmp_path / "ck.pt"), "--npz", "--num", "10", "--batch-size", "5", "--no-ema"])
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("step_*")) == [
-        "ck_samples/step_00000003_cfg1_seed0_plain_raw.npz", "ck_samples/step_00000003_cfg1_seed0_plain_t0.5.png",
-        "model_samples/step_00000003_cfg1_seed4_plain.png"]
-    assert read_npz(tmp_path / "ck_samples" / "step_00000003_cfg1_seed0_plain_raw.npz")[0].shape == (10, 8, 8, 3)
+    found = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("step_*"))
+    assert [re.sub(r"_[0-9a-f]{6}\.", ".", name) for name in found] == [      # the settings' hash left out
+        "ck_samples/step_00000003_cfg1_seed0_plain_raw_all_n10.npz",
+        "ck_samples/step_00000003_cfg1_seed0_plain_t0.5_cls1-2_x1.png",
+        "model_samples/step_00000003_cfg1_seed4_plain_cls1-2_x1.png"]
+    assert read_npz(tmp_path / found[0])[0].shape == (10, 8, 8, 3)
     assert list(cwd.iterdir()) == []
 
 

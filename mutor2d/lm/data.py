@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+from .. import io
 from ..cli import HelpFormatter
 from .accuracy import boxed_answer, gsm8k_answer
 from .packing import LMBatch
@@ -288,9 +290,19 @@ def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, se
     return [{"prompt": text(p), "answer": " " + text(a)} for p, a in zip(prompts, answers)]
 
 
+def check_output(dst: str, src: str | None = None) -> None:
+    """DataError (one line) for an output path that is a folder or the input file itself (resolved:
+    the same file through a symlink or hard link too), which the conversion would destroy."""
+    if Path(dst).is_dir():
+        raise DataError(f"{dst}: is a folder; expected the path of the jsonl file to write")
+    if src is not None and Path(dst).exists() and Path(src).exists() and os.path.samefile(src, dst):
+        raise DataError(f"{dst}: is the input file {src} (it would be overwritten by its conversion); "
+                        f"expected another output path")
+
+
 def write_jsonl(records: list[dict], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    """One JSON line per record, written atomically (a failed write leaves no partial file)."""
+    io.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,13 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
                            description=f"Convert {what} into prompt/answer/gold lines (data.name: jsonl). "
                                        "No options: the input file is read as is.")
         p.add_argument("src", help="input jsonl file")
-        p.add_argument("dst", help="output jsonl file (overwritten)")
+        p.add_argument("dst", help="output jsonl file (overwritten; not the input file)")
     o = sub.add_parser("openmath", help="the paper's 1M-MATH or 1M-GSM split of OpenMathInstruct-2",
                        formatter_class=HelpFormatter,
                        description="Keep the OpenMathInstruct-2 lines of one problem source (math: math and "
                                    "augmented_math; gsm: gsm8k and augmented_gsm8k) and convert them as 'math' does.")
     o.add_argument("src", help="OpenMathInstruct-2 jsonl (e.g. its train_1M split saved as jsonl)")
-    o.add_argument("dst", help="output jsonl file (overwritten)")
+    o.add_argument("dst", help="output jsonl file (overwritten; not the input file)")
     o.add_argument("--split", choices=sorted(OPENMATH_SOURCES), default="math",
                    help="which problems to keep (default math)")
     s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
@@ -349,6 +361,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> str:
+    if args.kind != "check":
+        check_output(args.dst, getattr(args, "src", None))
     if args.kind == "stargraph":
         records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed)
     elif args.kind == "arith":
@@ -366,7 +380,12 @@ def run(args: argparse.Namespace) -> str:
         return f"{args.src}: {len(located)} valid lines"
     else:
         records = load_records(args.kind, args.src)
-    write_jsonl(records, args.dst)
+    try:
+        write_jsonl(records, args.dst)
+    except OSError as e:             # disk full, read-only folder, a file where a folder should be
+        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
+        print(f"error: could not write {args.dst} ({why}); no partial file is left", file=sys.stderr)
+        raise SystemExit(74 if io.is_disk_full(e) else 2) from None
     return f"wrote {len(records)} records to {args.dst}"
 
 
