@@ -21,7 +21,6 @@ Rules:
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import warnings
@@ -86,14 +85,7 @@ def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
 
 def files_sha256(folder: Path) -> dict[str, str]:
     """SHA-256 of every file DCP wrote into ``folder`` (meta.pt aside)."""
-    out = {}
-    for f in sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name != META):
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                h.update(chunk)
-        out[f.name] = h.hexdigest()
-    return out
+    return {f.name: io.file_sha256(f) for f in sorted(Path(folder).iterdir()) if f.is_file() and f.name != META}
 
 
 def verify(path: Path) -> None:
