@@ -56,8 +56,16 @@ def tiny_sliding(family):
                              max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
 
 
+def tiny_qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+
+
 FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "gemma2": lambda: tiny_sliding("gemma2"),
-            "mistral": lambda: tiny_sliding("mistral")}
+            "mistral": lambda: tiny_sliding("mistral"), "qwen2": tiny_qwen2}
 
 
 def ragged_batch() -> LMBatch:

@@ -1,6 +1,8 @@
 """The objectives package trains transformers LMs: NTP, MuToR-1D (dense, sparse) and the multi-head
 baseline on a padded batch (either padding side) give the loss and gradients of a reference written
-here, sample by sample with no padding, through the plain transformers model:
+here, sample by sample with no padding, through the plain transformers model (Llama, GPT-2, Qwen2;
+the sliding-window families, whose window the plain model counts in slots, not position ids, are
+checked against the plain model in tests/test_lm.py):
 
 * NTP: the model on prompt + a_0..a_{N-2}; the last prompt token and each answer input predict the
   next answer token.
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from test_lm import ragged_batch, tiny_gpt2, tiny_llama  # noqa: E402
+from test_lm import ragged_batch, tiny_gpt2, tiny_llama, tiny_qwen2  # noqa: E402
 
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
@@ -121,11 +123,11 @@ def grads(model, loss):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])      # sliding-window models: test_lm.py
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
 def test_lm_losses_and_gradients_equal_the_reference(family, objective):
     cfg = load({"model": {"hf": "x"}, "data": {"path": "d"}, "objective": OBJECTIVES[objective]})
-    lm = {"llama": tiny_llama, "gpt2": tiny_gpt2}[family]()
+    lm = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": tiny_qwen2}[family]()
     model = hf.build(lm, LMModelConfig(hf="x", finetune="full"), cfg.objective)
     if model.has_registers:
         with torch.no_grad():
