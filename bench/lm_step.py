@@ -6,9 +6,11 @@ One step = forward + backward + AdamW step of MutorLM on one batch of random (pr
 pairs with GSM8K-like ragged lengths, through a randomly initialised Llama of the given size (full
 fine-tuning, or LoRA with --lora). "b1loop" cases accumulate gradients over B batch-1 forward/backward
 passes, then step once: the same samples and the same update rule. Cases run round-robin, median of
---reps (bench/common.py). Reported per case: seconds per step, slots processed (regular + register
-slots, padding included), real tokens (prompt + answer), time ratio vs the padded NTP step, and
-answer tokens/s; then the batch-B vs batch-1-loop speed-up for NTP and dense MuToR.
+--reps (bench/common.py). A step is the training one (mutor2d.lm.run.LMTrainModule: the objective on
+the batch's canonical frame, layout drawn each step). Reported per case: seconds per step, slots
+(regular + register slots of the canonical frame, padding included), real tokens (prompt + answer),
+time ratio vs the padded NTP step, and answer tokens/s; then the batch-B vs batch-1-loop speed-up for
+NTP and dense MuToR.
 The last stdout line is one JSON object.
 
     python bench/lm_step.py                 # hidden 512, 4 layers, vocab 32000, batch 8
@@ -22,11 +24,12 @@ import torch
 
 import common
 from mutor2d.cli import HelpFormatter
+from mutor2d.config import make
 from mutor2d.lm.model import MutorLM
-from mutor2d.lm.packing import LMBatch, pack
-from mutor2d.registers import RegisterSpec
+from mutor2d.lm.packing import LMBatch
+from mutor2d.lm.run import LMTrainModule
 
-SPECS = {"ntp": RegisterSpec(), "sparse": None, "dense": RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)}
+OBJECTIVES = {"ntp": {"name": "ntp"}, "sparse": None, "dense": {"name": "mutor-1d", "d_min": 1, "d_max": 4}}
 
 
 def build_model(args, device):
@@ -57,12 +60,10 @@ def one_sample(batch: LMBatch, b: int) -> LMBatch:
                    batch.answer_len[b:b + 1])
 
 
-def make_step(model, opt, packs, device):
-    packs = [p.to(device) for p in packs]
-
+def make_step(module, opt, batches, g):
     def step():
-        for p in packs:
-            (model(p).loss / len(packs)).backward()
+        for b in batches:
+            (module(b, g).loss / len(batches)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
@@ -95,24 +96,25 @@ def main(argv=None) -> None:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
     device = torch.device(args.device)
     common.setup(args.threads, args.clock, device)
-    SPECS["sparse"] = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=args.sparse)
+    OBJECTIVES["sparse"] = {"name": "mutor-1d", "d_min": 1, "d_max": 4, "placement": "sparse",
+                            "num_registers": args.sparse}
     model = build_model(args, device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = ragged_batch(args, torch.Generator().manual_seed(0))
-    g = torch.Generator().manual_seed(1)
-    packs = {name: pack(batch, spec, "right", 0, g) for name, spec in SPECS.items()}
-    singles = {name: [pack(one_sample(batch, b), SPECS[name], "right", 0, g) for b in range(args.batch)]
-               for name in ("ntp", "dense")}
-    fns = {name: make_step(model, opt, [p], device) for name, p in packs.items()}
-    fns.update({f"{name}_b1loop": make_step(model, opt, ps, device) for name, ps in singles.items()})
+    g = torch.Generator(device).manual_seed(1)
+    modules = {name: LMTrainModule(model, make("objective", **o), "right") for name, o in OBJECTIVES.items()}
+    singles = [one_sample(batch, b) for b in range(args.batch)]
+    fns = {name: make_step(m, opt, [batch], g) for name, m in modules.items()}
+    fns.update({f"{name}_b1loop": make_step(modules[name], opt, singles, g) for name in ("ntp", "dense")})
     common.log(f"timing {len(fns)} cases x {args.reps} reps on {device}")
     times = common.time_round_robin(fns, args.reps, warmup=1, device=device)
     answer_tokens = int(batch.answer_len.sum())
     real_tokens = int((batch.prompt_len + batch.answer_len - 1).sum())
     cases = {}
     for name, t in times.items():
-        ps = singles[name.split("_")[0]] if name.endswith("b1loop") else [packs[name]]
-        slots = sum(p.position_ids.numel() for p in ps)
+        batches = singles if name.endswith("b1loop") else [batch]
+        with torch.no_grad():
+            slots = sum(int(modules[name.split("_")[0]](b, g).tokens) for b in batches)
         cases[name] = {"s_per_step": t["median_s"], "slots": slots, "regular_tokens": real_tokens,
                        "time_vs_ntp": t["median_s"] / times["ntp"]["median_s"],
                        "answer_tokens_per_s": answer_tokens / t["median_s"]}

@@ -327,8 +327,9 @@ class GPT(nn.Module):
 
     prefix: what ``CONDITIONING[cfg.conditioning]`` takes (class labels (B,): one class token; prompt
     tokens (B, P)). ``register_token`` adds the one shared learnable embedding used for every
-    extra token.
+    extra token. The objectives' model interface (mutor2d.objectives.TokenModel).
     """
+    sparse_logits = False        # objectives mask every row's loss: no host sync, one compiled graph
 
     def __init__(self, cfg: ModelConfig, register_token: bool = False):
         super().__init__()
@@ -404,6 +405,22 @@ class GPT(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head, float32 logits."""
         return self.output(self.norm(h)).float()
+
+    def head_layers(self, count: int) -> nn.ModuleList:
+        """``count`` fresh transformer blocks for extra heads on the trunk (the multi-head baseline; the
+        objective owns them), linear weights drawn from N(0, init_std)."""
+        heads = nn.ModuleList(TransformerBlock(self.cfg, self.shape) for _ in range(count))
+        for m in heads.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
+        return heads
+
+    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: nn.ModuleList) -> tuple[Tensor, list[Tensor]]:
+        """Causal: (trunk hidden states (B, L, dim), [head k's (B, L, dim)]), each head one extra block
+        on the trunk's last hidden states (pre-norm: ``logits`` applies the shared final norm)."""
+        out = self.hidden(h, positions)
+        rope = self.rotary(positions)
+        return out, [head(out, rope) for head in heads]
 
     def forward(self, tokens: Tensor | None, positions: Tensor, prefix: Tensor | None = None,
                 num_extra: int = 0, visibility: Visibility | None = None) -> Tensor:

@@ -84,6 +84,12 @@ class RegisterSpec:
             d += 1
         return out
 
+    def check_height(self, H: int, name: str, shape: str) -> None:
+        """Raise LayoutError if this spec cannot work on a grid of H rows (2D offsets need H > 1);
+        ``shape`` names the grid in the message (e.g. "1x16")."""
+        if self.kind == "mutor-2d" and H == 1:
+            raise LayoutError(f"{name}: 2D offsets need a 2D grid, got {shape} (use 1D offsets)")
+
     def check(self, grid: tuple[int, int], prefix_len: int, name: str = "objective") -> None:
         """Raise LayoutError if this spec cannot work on ``grid``; ``name`` is the config section."""
         H, W = grid
@@ -93,8 +99,7 @@ class RegisterSpec:
             raise LayoutError(f"prefix length {prefix_len}: need at least one prefix token")
         if not self.uses_registers:
             return
-        if self.kind == "mutor-2d" and H == 1:
-            raise LayoutError(f"{name}: 2D offsets need a 2D grid, got {H}x{W} (use 1D offsets)")
+        self.check_height(H, name, f"{H}x{W}")
         if self.kind == "mutor-2d" and self.d_max > max(H, W):
             raise LayoutError(f"{name}.d_max={self.d_max} exceeds the grid {H}x{W}")
         if self.kind == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):

@@ -20,9 +20,11 @@ from mutor2d.engine import StepBatches  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
 from mutor2d.lm.data import (char_tokenizer, collate, gsm8k_record,  # noqa: E402
                              load_records, tokenize)
-from mutor2d.lm.model import MutorLM  # noqa: E402
-from mutor2d.lm.packing import LMBatch, pack  # noqa: E402
-from mutor2d.registers import RegisterSpec  # noqa: E402
+from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
+from mutor2d.lm.packing import LMBatch  # noqa: E402
+from mutor2d.lm.run import LMTrainModule  # noqa: E402
+from mutor2d.objectives import RegisterObjective  # noqa: E402
+from mutor2d.registers import RegisterSpec, make_layout, offset_targets, regular_position_ids  # noqa: E402
 
 VOCAB = 40
 DENSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)
@@ -54,8 +56,16 @@ def tiny_sliding(family):
                              max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
 
 
+def tiny_qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+
+
 FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "gemma2": lambda: tiny_sliding("gemma2"),
-            "mistral": lambda: tiny_sliding("mistral")}
+            "mistral": lambda: tiny_sliding("mistral"), "qwen2": tiny_qwen2}
 
 
 def ragged_batch() -> LMBatch:
@@ -65,6 +75,29 @@ def ragged_batch() -> LMBatch:
     return LMBatch(prompt, torch.tensor([3, 5, 2]), answer, torch.tensor([6, 2, 4]))
 
 
+def framed(model, batch, spec, side, seed=1):
+    """(the model on the batch's frame, the canonical batch, the layout RegisterObjective draws there)."""
+    view, canon = frame_batch(model, batch, spec, side, "cpu")
+    lay = make_layout(canon.body.shape[0], canon.grid, view.prefix_len(canon.prefix), spec,
+                      torch.Generator().manual_seed(seed), canon.lengths)
+    return view, canon, lay
+
+
+def run_layout(view, canon, lay):
+    """(B, T_can + R, D) canonical hidden states of the layout's sequence."""
+    P = canon.prefix.shape[1]
+    h = view.embed(canon.body[:, :lay.num_regular - P], canon.prefix, lay.num_registers)
+    return view.hidden(h, lay.position_ids, lay.visibility)
+
+
+def physical_inputs(view, canon):
+    """(input ids (B, T), position ids (B, T)) of the physical regular slots, for the plain model."""
+    f, T_can = view.frame, view.frame.num_canonical
+    ids = torch.cat([canon.prefix, canon.body], 1)[:, :T_can]
+    pos = regular_position_ids(canon.grid, canon.prefix.shape[1])[:, 1].expand(ids.shape[0], T_can)
+    return f.regular(ids, 0), f.positions(pos)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_regular_logits_equal_plain_model(family):
     lm = FAMILIES[family]()
@@ -72,16 +105,16 @@ def test_regular_logits_equal_plain_model(family):
     losses = {}
     for side in ("left", "right"):
         for spec in (DENSE, SPARSE, RegisterSpec()):
-            p = pack(ragged_batch(), spec, side, pad_id=0, generator=torch.Generator().manual_seed(1))
-            assert (p.num_registers > 0) == spec.uses_registers
-            T = p.input_ids.shape[1]
+            view, canon, lay = framed(model, ragged_batch(), spec, side)
+            f = view.frame
+            assert (lay.num_registers > 0) == spec.uses_registers
             with torch.no_grad():
-                losses.setdefault(spec, []).append(model(p).loss)
-            with torch.no_grad():
-                ours = model.logits(model.hidden(p)[:, :T])
-                ref = lm(input_ids=p.input_ids, attention_mask=p.real.long(),
-                         position_ids=p.position_ids[:, :T]).logits
-            torch.testing.assert_close(ours[p.real], ref[p.real], atol=1e-5, rtol=1e-5)
+                res = RegisterObjective(spec, 0.5)(view, canon, torch.Generator().manual_seed(1))
+                losses.setdefault(spec, []).append(res.loss)
+                ours = model.logits(f.regular(run_layout(view, canon, lay)[:, :lay.num_regular], 0.0))
+                ids, pos = physical_inputs(view, canon)
+                ref = lm(input_ids=ids, attention_mask=f.real.long(), position_ids=pos).logits
+            torch.testing.assert_close(ours[f.real], ref[f.real], atol=1e-5, rtol=1e-5)
     for left, right in losses.values():                   # the padding side changes nothing
         torch.testing.assert_close(left, right)
 
@@ -89,29 +122,28 @@ def test_regular_logits_equal_plain_model(family):
 def test_register_sees_its_anchor_and_nothing_later():
     model = MutorLM(tiny_llama()).eval()
     batch = ragged_batch()
-    p = pack(batch, DENSE, "left", generator=torch.Generator().manual_seed(0))
-    mask, T = p.attention_mask()[:, 0], p.input_ids.shape[1]
+    view, canon, lay = framed(model, batch, DENSE, "left", seed=0)
+    f, R = view.frame, lay.num_registers
+    mask, T = f.visibility(lay.visibility).dense_mask()[:, 0], f.num_regular
     lead = T - (batch.prompt_len + batch.answer_len - 1)
     for b in range(3):
-        for r in range(p.num_registers):
+        for r in range(R):
             row = mask[b, T + r]
-            assert row[T:].tolist() == [k == r for k in range(p.num_registers)]   # itself only
-            if not p.reg_valid[b, r]:
+            assert row[T:].tolist() == [k == r for k in range(R)]   # itself only
+            if not lay.reg_valid[b, r]:
                 continue
-            last = int(lead[b] + batch.prompt_len[b] + p.layout.reg_anchor[b, r])  # anchor slot
+            last = int(lead[b] + batch.prompt_len[b] + lay.reg_anchor[b, r])  # anchor slot
             assert row[:T].tolist() == [int(lead[b]) <= s <= last for s in range(T)]
-    # functional: changing a token after the anchor leaves the register's output unchanged
+    # functional: changing an answer input after the anchor leaves the register's output unchanged
     with torch.no_grad():
-        before = model.hidden(p)
-        changed = pack(batch, DENSE, "left", generator=torch.Generator().manual_seed(0))
-        changed.input_ids[0, -1] = 33                      # last regular input of sample 0
-        after = model.hidden(changed)
-    T0 = p.input_ids.shape[1]
-    anchor_slot = lead[0] + batch.prompt_len[0] + p.layout.reg_anchor[0]
-    for r in range(p.num_registers):
-        if p.reg_valid[0, r]:
-            same = torch.allclose(before[0, T0 + r], after[0, T0 + r])
-            assert same == bool(anchor_slot[r] < T0 - 1)
+        before = run_layout(view, canon, lay)
+        canon.body[0, 4] = 33                              # a_4, the last answer input of sample 0
+        after = run_layout(view, canon, lay)
+    T_can = f.num_canonical
+    for r in range(R):
+        if lay.reg_valid[0, r]:
+            same = torch.allclose(before[0, T_can + r], after[0, T_can + r])
+            assert same == bool(lay.reg_anchor[0, r] < 4)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -120,24 +152,28 @@ def test_targets_and_positions_at_answer_edges(side):
     batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
                     torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
     spec = RegisterSpec(kind="mutor-1d", d_min=2, d_max=2)
-    p = pack(batch, spec, side, pad_id=0)
-    T = 6
+    view, canon, lay = framed(MutorLM(tiny_llama()), batch, spec, side)
+    f, T = view.frame, 6
+    ids, pos_regular = physical_inputs(view, canon)
+    pos = f.positions(lay.position_ids[..., 1])
     lead1 = 4 if side == "left" else 0
-    assert p.input_ids[0].tolist() == [5, 6, 7, 20, 21, 22]
-    assert p.input_ids[1, lead1:lead1 + 2].tolist() == [8, 24]
-    assert p.position_ids[0, :T].tolist() == [0, 1, 2, 3, 4, 5]
-    assert p.position_ids[1, lead1:lead1 + 2].tolist() == [0, 1]
+    assert f.num_regular == T and ids[0].tolist() == [5, 6, 7, 20, 21, 22]
+    assert ids[1, lead1:lead1 + 2].tolist() == [8, 24]
+    assert pos[0, :T].tolist() == pos_regular[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert pos[1, lead1:lead1 + 2].tolist() == [0, 1]
     # next-token targets: the last prompt token predicts a_0, the last input predicts a_{N-1}
-    assert p.ntp_mask[0].tolist() == [False, False, True, True, True, True]
-    assert p.ntp_targets[0, 2:].tolist() == [20, 21, 22, 23]
-    assert p.ntp_targets[1, lead1:lead1 + 2].tolist() == [24, 25] and int(p.ntp_mask[1].sum()) == 2
+    ntp_tok, reg_targets = lay.gather_targets(canon.body)
+    ntp_mask, ntp_targets = f.regular(lay.ntp_valid, False), f.regular(ntp_tok, 0)
+    assert ntp_mask[0].tolist() == [False, False, True, True, True, True]
+    assert ntp_targets[0, 2:].tolist() == [20, 21, 22, 23]
+    assert ntp_targets[1, lead1:lead1 + 2].tolist() == [24, 25] and int(ntp_mask[1].sum()) == 2
     # registers: anchors t = -1, 0, 1 predict a_1, a_2, a_3 at positions P-1+target
-    valid0 = p.reg_valid[0]
-    assert p.layout.reg_anchor[0][valid0].tolist() == [-1, 0, 1]
-    assert p.reg_targets[0][valid0].tolist() == [21, 22, 23]
-    assert p.position_ids[0, T:][valid0].tolist() == [3, 4, 5]
-    valid1 = p.reg_valid[1]                               # only t = -1 -> a_1 fits in N = 2
-    assert p.reg_targets[1][valid1].tolist() == [25] and p.position_ids[1, T:][valid1].tolist() == [1]
+    valid0 = lay.reg_valid[0]
+    assert lay.reg_anchor[0][valid0].tolist() == [-1, 0, 1]
+    assert reg_targets[0][valid0].tolist() == [21, 22, 23]
+    assert pos[0, T:][valid0].tolist() == [3, 4, 5]
+    valid1 = lay.reg_valid[1]                             # only t = -1 -> a_1 fits in N = 2
+    assert reg_targets[1][valid1].tolist() == [25] and pos[1, T:][valid1].tolist() == [1]
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -149,8 +185,8 @@ def test_lora_trains_only_adapters_and_register_embedding(checkpointing):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert "register_embedding" in trainable
     assert all(n == "register_embedding" or ".lora_" in n for n in trainable) and len(trainable) > 1
-    p = pack(ragged_batch(), DENSE, "right", generator=torch.Generator().manual_seed(0))
-    model(p).loss.backward()
+    step = LMTrainModule(model, make("objective", name="mutor-1d"), "right")
+    step(ragged_batch(), torch.Generator().manual_seed(0)).loss.backward()
     with_grad = {n for n, q in model.named_parameters() if q.grad is not None}
     assert with_grad == trainable
 
@@ -239,8 +275,11 @@ def test_one_line_errors(tmp_path):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
     with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
-    with pytest.raises(ConfigError, match=r"objective.name: expected one of \['ntp', 'mutor-1d', 'multihead'\]"):
+    with pytest.raises(ConfigError, match=r"^objective 'mutor-2d': 2D offsets need a 2D grid, got a 1 x N line "
+                                          r"\(text\) \(use 1D offsets\)$"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=mutor-2d"])
+    with pytest.raises(ConfigError, match=r"objective.name: expected one of \[.*'mutor-2d'.*\], got 'nope'"):
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=nope"])
     assert lm_pkg.is_lm_config("sft_gsm8k_mutor.yaml") and not lm_pkg.is_lm_config("digits_ntp.yaml")
     assert load("sft_gsm8k_ntp.yaml").objective.name == "ntp"
 
@@ -357,37 +396,48 @@ def test_multihead_regular_logits_equal_plain_model_and_heads_start_as_its_last_
     plain = LlamaForCausalLM(lm.config).eval()
     plain.load_state_dict(lm.state_dict())
     model = _multihead(lm=lm).eval()
-    assert model.head_offsets == [2, 3, 4] and not model.has_registers
-    p = pack(ragged_batch(), RegisterSpec(), "left", pad_id=0)
-    trunk = {}
+    objective = LMTrainModule(model, load({"model": {"hf": "x"}, "data": {"path": "d"}, "objective": MULTIHEAD})
+                              .objective, "left").objective
+    assert objective.offsets[:, 1].tolist() == [2, 3, 4] and len(model.heads) == 3 and not model.has_registers
+    assert objective.heads is None and not list(objective.parameters())     # the heads are the model's
+    view, canon = frame_batch(model, ragged_batch(), RegisterSpec(), "left", "cpu")
+    f, T_can, P = view.frame, view.frame.num_canonical, canon.prefix.shape[1]
+    emb = view.embed(canon.body[:, :T_can - P], canon.prefix)
+    pos = regular_position_ids(canon.grid, P).expand(3, T_can, 2)
+    ids, pos_ids = physical_inputs(view, canon)
     with torch.no_grad():
-        h = model.hidden(p, trunk)
-        ours = model.logits(h)
-        ref = plain(input_ids=p.input_ids, attention_mask=p.real.long(), position_ids=p.position_ids).logits
-        torch.testing.assert_close(ours[p.real], ref[p.real], atol=1e-5, rtol=1e-5)
-        for k in range(3):       # a copy of the last layer on the last layer's inputs: the next-token path
-            torch.testing.assert_close(model.logits(model.head_hidden(k, trunk))[p.real], ours[p.real])
+        h, heads = view.hidden_with_heads(emb, pos)
+        ours = model.logits(f.regular(h, 0.0))
+        ref = plain(input_ids=ids, attention_mask=f.real.long(), position_ids=pos_ids).logits
+        torch.testing.assert_close(ours[f.real], ref[f.real], atol=1e-5, rtol=1e-5)
+        for hk in heads:         # a copy of the last layer on the last layer's inputs: the next-token path
+            torch.testing.assert_close(model.logits(f.regular(hk, 0.0))[f.real], ours[f.real])
         model.heads[0].mlp.down_proj.weight.add_(0.1)          # the heads are their own weights
-        assert not torch.allclose(model.logits(model.head_hidden(0, trunk))[p.real], ours[p.real])
-        torch.testing.assert_close(model.logits(model.hidden(p))[p.real], ours[p.real])
+        h2, heads2 = view.hidden_with_heads(emb, pos)
+        assert not torch.allclose(model.logits(f.regular(heads2[0], 0.0))[f.real], ours[f.real])
+        torch.testing.assert_close(h2, h)
+        torch.testing.assert_close(view.hidden(emb, pos), h)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_multihead_targets_at_answer_edges(side):
-    """Head at offset d on regular slot s predicts a_{t+d} (t = s - P; t = -1 the last prompt token)."""
-    from mutor2d.lm.model import head_targets
+    """Head at offset d on anchor a_t predicts a_{t+d} (t = -1 the last prompt token), on the canonical
+    line the objective reads; its count is the sum of those targets."""
     batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
                     torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
-    p = pack(batch, RegisterSpec(), side, pad_id=0)
-    lead1 = 4 if side == "left" else 0
-    expect = {2: ([2, 3, 4], [21, 22, 23], [25]), 3: ([2, 3], [22, 23], []), 4: ([2], [23], []),
+    expect = {2: ([-1, 0, 1], [21, 22, 23], [25]), 3: ([-1, 0], [22, 23], []), 4: ([-1], [23], []),
               6: ([], [], [])}
-    for d, (slots0, targets0, targets1) in expect.items():
-        valid, targets = head_targets(p, d)
-        assert valid[0].nonzero().flatten().tolist() == slots0
-        assert targets[0][valid[0]].tolist() == targets0
-        assert targets[1][valid[1]].tolist() == targets1
-        assert valid[1].nonzero().flatten().tolist() == ([lead1] if targets1 else [])
+    view, canon = frame_batch(MutorLM(tiny_llama()), batch, RegisterSpec(), side, "cpu")
+    anchors = torch.arange(-1, canon.grid[1] - 1).expand(2, -1)
+    for d, (anchors0, targets0, targets1) in expect.items():
+        target, valid = offset_targets(canon.grid, anchors, torch.tensor([0, d]), "geometric", canon.lengths)
+        assert anchors[0][valid[0]].tolist() == anchors0
+        assert canon.body.gather(1, target)[0][valid[0]].tolist() == targets0
+        assert canon.body.gather(1, target)[1][valid[1]].tolist() == targets1
+    model = _multihead()
+    cfg = load({"model": {"hf": "x"}, "data": {"path": "d"}, "objective": MULTIHEAD})
+    res = LMTrainModule(model, cfg.objective, side)(batch)
+    assert int(res.counts["heads"]) == 4 + 2 + 1 and int(res.counts["ntp"]) == 4 + 2
 
 
 def test_multihead_under_lora_trains_heads_fully_and_trunk_by_adapters():
@@ -396,7 +446,8 @@ def test_multihead_under_lora_trains_heads_fully_and_trunk_by_adapters():
     heads = {n for n, _ in model.heads.named_parameters()}
     assert {f"heads.{n}" for n in heads} <= trainable and len(heads) > 0
     assert all(n.startswith("heads.") or ".lora_" in n for n in trainable)
-    res = model(pack(ragged_batch(), RegisterSpec(), "right", pad_id=0))
+    cfg = load({"model": {"hf": "x"}, "data": {"path": "d"}, "objective": MULTIHEAD})
+    res = LMTrainModule(model, cfg.objective, "right")(ragged_batch())
     assert set(res.logs) == {"loss_ntp", "loss_heads"} and int(res.counts["heads"]) > 0
     torch.testing.assert_close(res.loss, 0.7 * res.logs["loss_ntp"] + 0.3 * res.logs["loss_heads"])
     res.loss.backward()
@@ -436,7 +487,7 @@ def test_multihead_config_rules():
     base = {"model": {"hf": "m"}, "data": {"path": "d"}}
     cfg = load({**base, "objective": {"name": "multihead"}})
     assert cfg.objective.layout == "1d" and load(cfg) == cfg
-    with pytest.raises(ConfigError, match="objective.layout: expected '1d' for task: lm .*got '2d'"):
+    with pytest.raises(ConfigError, match="^objective 'multihead': 2D offsets need a 2D grid, got a 1 x N line"):
         load({**base, "objective": {"name": "multihead", "layout": "2d"}})
     with pytest.raises(ConfigError, match="objective.d_max: the 1d heads predict d = 2..d_max, got 1"):
         load({**base, "objective": {"name": "multihead", "d_max": 1}})

@@ -1,7 +1,7 @@
 """The extension recipes of docs/METHOD.md section 11, built as a new contributor builds them: each
 test writes a sketch of that page, verbatim, into a module of its own (tmp_path), names it in
 MUTOR2D_PLUGINS and runs the public commands in this process: (images -> codes ->) train -> resume
--> sample -> eval/fid.py -> eval/leaderboard.py."""
+-> sample -> eval/fid.py -> eval/leaderboard.py; the objective also fine-tunes a tiny Llama."""
 import dataclasses
 import importlib.util
 import json
@@ -117,12 +117,35 @@ def run_commands(tmp_path, cache, sections: dict, ref: str = "digits:train", num
 
 
 def test_objective_recipe(plugin, tmp_path, classifier_cache):
+    """The doc's objective trains a digits model through the commands, and a tiny Llama (train.py on a
+    ``task: lm`` config) with the same section."""
     plugin("An objective")
     board = run_commands(tmp_path, classifier_cache, {"objective": {"name": "smooth-ntp", "smoothing": 0.2}})
     assert "| smooth-ntp | smoothing=0.2 | 4 |" in board              # described by its config's fields
     assert config.make("objective", name="smooth-ntp").describe() == "smoothing=0.1"
     with pytest.raises(config.ConfigError, match="objective.smoothing: expected 0 <= value < 1, got 1.5"):
         config.make("objective", name="smooth-ntp", smoothing=1.5)
+    rows, changed = train_tiny_llama(tmp_path, {"name": "smooth-ntp", "smoothing": 0.2})
+    assert all(np.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"], rows
+    assert changed
+
+
+def train_tiny_llama(tmp_path, objective: dict, steps: int = 8) -> tuple[list[dict], bool]:
+    """(log rows, whether the weights moved) of a full fine-tuning of a tiny Llama under ``objective``."""
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.tiny import write_tiny_llama
+    base = write_tiny_llama(tmp_path / "llama", char_tokenizer("0123456789+=;:sum "), hidden=32, layers=2)
+    cfg = {"task": "lm", "model": {"hf": str(base), "finetune": "full"},
+           "data": {"path": str(ROOT / "tests" / "data" / "lm_tiny.jsonl")}, "objective": objective,
+           "optim": {"lr": 3e-3}, "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "tracker": "none"}}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "lm_run"
+    script("train.py").main(["--config", str(tmp_path / "lm.yaml"), "--out", str(run)])
+    before, after = load_file(str(base / "model.safetensors")), load_file(str(run / "model.safetensors"))
+    changed = any(not torch.equal(before[k], after[k]) for k in before if k in after)
+    return [r for r in read_log(run) if "loss" in r], changed
 
 
 def test_attention_backend_recipe(plugin, tmp_path, classifier_cache, monkeypatch, capsys):

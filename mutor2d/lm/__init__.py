@@ -1,9 +1,11 @@
-"""MuToR-1D fine-tuning of Hugging Face causal LMs (optional extra ``lm``: transformers, peft).
+"""Fine-tuning of Hugging Face causal LMs with any objective of mutor2d.objectives (NTP, MuToR-1D,
+the multi-head baseline, plugins) (optional extra ``lm``: transformers, peft).
 
 Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / chat / GSM8K / MATH /
 star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pure Python),
-packing (prompt + answer + registers -> one padded sequence, rules from mutor2d.registers),
-model (MutorLM: the training forward and loss), hf (load / LoRA / save), run (the engine's parts for
+packing (a batch in the canonical frame the objectives read, and its physical sequence), model
+(MutorLM: the transformers model, register embedding and extra heads; FramedLM: the objectives'
+model interface on one batch; no loss code), hf (load / LoRA / save), run (the engine's parts for
 LM runs: the same loop, resume, stop signals and guards as image runs).
 Importing this package needs only torch and yaml; transformers and peft load on use.
 

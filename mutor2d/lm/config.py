@@ -6,9 +6,10 @@ optimiser section. Only the LM-specific sections live here:
 
 * model: a local transformers causal LM (``hf``), LoRA or full fine-tuning;
 * data: ``jsonl`` (prompt/answer, prompt/completion or chat lines), ``gsm8k`` or ``math``;
-* objective: the shared variant ``ntp``, ``mutor-1d`` or ``multihead`` (layout 1d; extra decoder
-  layers, mutor2d.lm.model) with the same fields and ``check()`` as an image run (an answer is a
-  1 x N line, where both ``edge`` rules agree). Default here: mutor-1d;
+* objective: any registered objective variant, with the same fields, ``check()`` and loss
+  module as in an image run (an answer is a 1 x N line, where both ``edge`` rules agree); its
+  ``line_defaults()`` apply (multihead: layout 1d), and one that cannot train on a line (2D
+  offsets) is a one-line error. Default here: mutor-1d;
 * optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
 * train: the engine's shared TrainConfig (global batch, steps, checkpoints, resume, guards); EMA,
   sample grids, init_from and compile are image-run settings and refused. ``train.eval_every``
@@ -30,13 +31,12 @@ import torch
 import yaml
 
 from ..checks import ConfigError, at_least, fail
-from ..config import apply_overrides, build_over, build_section, build_tagged, read_mapping
+from ..config import apply_overrides, build_over, build_section, build_tagged, read_mapping, variant_class
 from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig
 
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
-OBJECTIVES = ("ntp", "mutor-1d", "multihead")  # objective variants that work on a 1D answer line
 DEFAULT_OBJECTIVE = "mutor-1d"
 SECTIONS = ("model", "data", "objective", "optim", "train", "eval")
 
@@ -178,17 +178,13 @@ MOVED_TO_DATA = ("padding_side", "group_by_length")     # train.* keys of config
 
 
 def _objective(data: Any) -> ObjectiveConfig:
-    """The shared objective variant of ``data`` (default mutor-1d); only the 1D ones are allowed
-    (multihead: layout 1d, its default here)."""
+    """The objective variant of ``data`` (default mutor-1d) with its line defaults, checked to train on
+    a line."""
     if isinstance(data, dict):
         data = {"name": DEFAULT_OBJECTIVE, **data}
-        if data["name"] == "multihead":
-            data = {"layout": "1d", **data}
+        data = {**variant_class("objective", data["name"]).line_defaults(), **data}
     section = build_tagged("objective", data)
-    if section.name not in OBJECTIVES:
-        fail("objective.name", f"one of {list(OBJECTIVES)} for task: {TASK}", section.name)
-    if getattr(section, "layout", "1d") != "1d":
-        fail("objective.layout", f"'1d' for task: {TASK} (an answer is a line)", section.layout)
+    section.check_line()
     return section
 
 

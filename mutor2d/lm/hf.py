@@ -124,14 +124,13 @@ def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], bas
 
 
 def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
-    """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding for
-    mutor-1d, extra heads for multihead (mutor2d.lm.model.head_layers; always fully trainable),
-    optional (non-reentrant) gradient checkpointing. With LoRA only adapters + register embedding
-    (+ heads) require grad; ``base_ref`` is the base reference saved with the adapters (default: the
-    name ``lm`` was loaded under)."""
-    registers = objective_cfg.uses_registers()
-    offsets = head_offsets(objective_cfg)
-    heads = head_layers(lm, offsets) if offsets else None      # copied before LoRA adapts the last layer
+    """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding when the
+    objective uses registers, its extra head layers (``objective_cfg.num_head_layers()``, e.g.
+    multihead; mutor2d.lm.model.head_layers, always fully trainable), optional (non-reentrant)
+    gradient checkpointing. With LoRA only adapters + register embedding (+ heads) require grad;
+    ``base_ref`` is the base reference saved with the adapters (default: the name ``lm`` was loaded under)."""
+    count = objective_cfg.num_head_layers()
+    heads = head_layers(lm, count) if count else None          # copied before LoRA adapts the last layer
     if model_cfg.gradient_checkpointing:
         if hasattr(lm, "activation_checkpointing_enable"):          # the transformers 5 name
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -142,15 +141,7 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
                         model_cfg.lora_targets, base_ref)
     else:
         lm.requires_grad_(True)
-    reg_weight = getattr(objective_cfg, "reg_weight", 0.0)          # ntp has no reg_weight field
-    return MutorLM(lm, reg_weight, registers=registers, heads=heads, head_offsets=offsets)  # registers: float32
-
-
-def head_offsets(objective_cfg) -> list[int]:
-    """The multi-head baseline's offsets d >= 2 (objective ``multihead``, layout 1d); [] otherwise."""
-    if objective_cfg.name != "multihead":
-        return []
-    return objective_cfg.register_spec().offsets()[:objective_cfg.num_heads or None, 1].tolist()
+    return MutorLM(lm, registers=objective_cfg.uses_registers(), heads=heads)      # registers: float32
 
 
 def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None = None) -> Path:

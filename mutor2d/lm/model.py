@@ -1,19 +1,23 @@
-"""A transformers causal LM with one register embedding: the MuToR-1D training forward.
+"""A transformers causal LM with one register embedding, as the objectives' model (no loss here).
 
-The sequence of a Packed batch (regular slots, then register slots) goes through the model's own
-decoder as ``inputs_embeds``: token embeddings for regular slots, the shared register embedding
-(one vector of the hidden size, not a new vocabulary entry) for register slots; explicit
-``position_ids``; a 4D additive mask (B, 1, L, L) built from the visibility rule (0 = may attend,
+:class:`MutorLM` holds what is specific to transformers models: the causal LM (possibly wrapped by
+peft), the shared register embedding (one vector of the hidden size, not a new vocabulary entry)
+and the multi-head baseline's extra decoder layers. It runs a physical sequence (regular slots,
+then extra slots) through the model's own decoder as ``inputs_embeds`` with explicit
+``position_ids`` and a 4D additive mask (B, 1, L, L) built from the visibility rule (0 = may attend,
 dtype min = blocked), or the rule's FlexAttention BlockMask when the model runs
-``flex_attention``. Without registers a 2D padding mask is passed instead (the model's own
-causal path). Logits are computed only where a loss is taken. Any causal LM whose decoder accepts
-``inputs_embeds``, ``position_ids`` and a 4D mask works (Llama, Gemma, Qwen, GPT-2 families).
+``flex_attention``; without a rule a 2D padding mask (the model's own causal path). Any causal LM
+whose decoder accepts ``inputs_embeds``, ``position_ids`` and a 4D mask works (Llama, Gemma,
+Qwen, Mistral, GPT-2 families).
 
-The multi-head baseline (objective ``multihead``, Gloeckle et al.-style) adds no registers: the
-trunk is every decoder layer but the last; the model's own last layer + final norm + LM head is
-the d = 1 head, and head k (offset d_k >= 2) is an extra decoder layer on the same trunk output
-(the last layer's input, with its mask and rotary embeddings) followed by the shared final norm and
-LM head (:func:`head_layers`, :func:`head_targets`).
+:class:`FramedLM` is a MutorLM on one batch's :class:`~mutor2d.lm.packing.Frame`: the model
+interface of mutor2d.objectives (``TokenModel``) over the canonical frame, so every objective
+(NTP, MuToR-1D, the multi-head baseline, a plugin) computes its loss on text as on an image.
+
+The multi-head baseline's heads: the trunk is every decoder layer but the last; the model's own
+last layer + final norm + LM head is the d = 1 head, and head k is an extra decoder layer on the
+same trunk output (the last layer's input, with its mask and rotary embeddings) followed by the
+shared final norm and LM head (:func:`head_layers`).
 """
 from __future__ import annotations
 
@@ -22,27 +26,23 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from ..objectives.base import ObjectiveResult, masked_ce, mix
-from .packing import Packed
+from ..attention import Visibility
+from ..objectives import Batch
+from ..registers import RegisterSpec
+from .packing import Frame, LMBatch, canonical, frame, line_width
 
 LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: Llama/Gemma/Mistral/Qwen, GPT-2
 
 
 class MutorLM(nn.Module):
-    """lm: a transformers causal LM, possibly wrapped by peft. reg_weight: a in
-    Loss = (1 - a) CE_ntp + a CE_reg (used only when the batch has registers)."""
+    """lm: a transformers causal LM, possibly wrapped by peft. registers: add the register
+    embedding; heads: the multi-head baseline's extra layers (:func:`head_layers`)."""
 
-    def __init__(self, lm: nn.Module, reg_weight: float = 0.5, registers: bool = True,
-                 heads: nn.ModuleList | None = None, head_offsets: list[int] = ()):
-        """heads / head_offsets: the multi-head baseline's extra layers and their offsets d >= 2
-        (:func:`head_layers`); then Loss = (1 - a) CE_ntp + a mean_k CE_head_k."""
+    def __init__(self, lm: nn.Module, registers: bool = True, heads: nn.ModuleList | None = None):
         super().__init__()
         self.lm = lm
-        self.reg_weight = reg_weight
         if heads is not None:
-            if len(heads) != len(head_offsets):
-                raise ValueError(f"{len(heads)} heads for offsets {list(head_offsets)}: expected one each")
-            self.heads, self.head_offsets = heads, [int(d) for d in head_offsets]
+            self.heads = heads
         if registers:
             table = self.causal_lm.get_input_embeddings().weight
             std = float(table.detach().float().std())
@@ -61,52 +61,68 @@ class MutorLM(nn.Module):
     def has_heads(self) -> bool:
         return hasattr(self, "heads")
 
-    def hidden(self, packed: Packed, trunk: dict | None = None) -> Tensor:
-        """(B, T + R, D) last hidden states of every slot. ``trunk``: a dict that receives the
-        positional ("args") and keyword ("kwargs") inputs of the last decoder layer."""
+    def head_layers(self, count: int) -> None:
+        """The extra head layers an objective asks for: this model holds its own (built with it,
+        before LoRA, :func:`head_layers`), so None; a ValueError if it holds another number."""
+        have = len(self.heads) if self.has_heads else 0
+        if count != have:
+            raise ValueError(f"the objective asks for {count} extra head layers, the model was built with "
+                             f"{have} (ObjectiveConfig.num_head_layers)")
+        return None
+
+    def embed(self, ids: Tensor, num_extra: int = 0) -> Tensor:
+        """ids (B, T) -> (B, T + num_extra, D): token embeddings, then the register embedding."""
+        embeds = self.causal_lm.get_input_embeddings()(ids)
+        if not num_extra:
+            return embeds
+        if not self.has_registers:
+            raise ValueError("num_extra > 0 needs a model built with registers=True")
+        reg = self.register_embedding.to(embeds.dtype).expand(embeds.shape[0], num_extra, -1)
+        return torch.cat([embeds, reg], dim=1)
+
+    def decode(self, embeds: Tensor, position_ids: Tensor, vis: Visibility | None, real: Tensor,
+               trunk: dict | None = None) -> Tensor:
+        """(B, L, D) last hidden states (after the final norm) of the physical slots ``embeds``
+        (B, L, D). vis: the rule over all L slots, None = causal over the T = L regular slots with
+        ``real`` (B, T) the non-padding ones. ``trunk``: a dict that receives the positional ("args")
+        and keyword ("kwargs") inputs of the last decoder layer."""
         lm = self.causal_lm
-        embeds = lm.get_input_embeddings()(packed.input_ids)
-        B, R = embeds.shape[0], packed.num_registers
-        if R:
-            if not self.has_registers:
-                raise ValueError("batch has registers but the model was built with registers=False")
-            reg = self.register_embedding.to(embeds.dtype).expand(B, R, -1)
-            embeds = torch.cat([embeds, reg], dim=1)
-            mask = self._register_mask(packed, embeds)
-        else:
-            mask = packed.real.long()
+        mask = real.long() if vis is None else self._mask(vis, position_ids, embeds.dtype)
         grab = None
         if trunk is not None:
             grab = decoder_part(lm, LAYERS)[-1].register_forward_pre_hook(
                 lambda module, args, kwargs: trunk.update(args=args, kwargs=kwargs), with_kwargs=True)
         try:
-            out = lm.get_decoder()(inputs_embeds=embeds, attention_mask=mask,
-                                   position_ids=packed.position_ids, use_cache=False)
+            out = lm.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                                   use_cache=False)
         finally:
             if grab is not None:
                 grab.remove()
         return out[0]
 
-    def _register_mask(self, packed: Packed, embeds: Tensor):
+    def head_hidden(self, k: int, trunk: dict) -> Tensor:
+        """(B, L, D) head k's normed output on the trunk output (the last layer's inputs ``trunk``)."""
+        out = self.heads[k](*trunk["args"], **trunk["kwargs"])
+        return decoder_part(self.causal_lm, NORMS)(out[0] if isinstance(out, tuple) else out)
+
+    def _mask(self, vis: Visibility, pos: Tensor, dtype: torch.dtype):
         """FlexAttention BlockMask when the model runs flex_attention, else the additive 4D mask.
 
         Sliding-window models: a 4D mask replaces the model's own, so the window is applied here
-        (query position - key position < window, positions from ``packed.position_ids``; a register
-        counts at its own position id): for every layer (Mistral), or for the "sliding_attention"
-        layers through the per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
+        (query position - key position < window, positions ``pos`` (B, L); an extra slot counts at
+        its own position id): for every layer (Mistral), or for the "sliding_attention" layers
+        through the per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
         config = self.causal_lm.config
         if getattr(config, "_attn_implementation", None) == "flex_attention":
-            return packed.visibility.block_mask()
-        allowed = packed.attention_mask()
+            return vis.block_mask()
+        allowed = vis.dense_mask()
         window = getattr(config, "sliding_window", None)
         if not window:
-            return _additive(allowed, embeds.dtype)
-        pos = packed.position_ids
-        windowed = _additive(allowed & ((pos[:, None, :, None] - pos[:, None, None, :]) < window), embeds.dtype)
-        layer_types = getattr(config, "layer_types", None)
-        if layer_types is None:
+            return _additive(allowed, dtype)
+        windowed = _additive(allowed & ((pos[:, None, :, None] - pos[:, None, None, :]) < window), dtype)
+        if getattr(config, "layer_types", None) is None:
             return windowed
-        return {"full_attention": _additive(allowed, embeds.dtype), "sliding_attention": windowed}
+        return {"full_attention": _additive(allowed, dtype), "sliding_attention": windowed}
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V) through the model's output head."""
@@ -117,37 +133,77 @@ class MutorLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def forward(self, packed: Packed) -> ObjectiveResult:
-        """The objectives' loss rule (mutor2d.objectives.mix) over the answer's next-token targets and
-        the valid registers; logits only where a loss is taken."""
-        trunk = {} if self.has_heads else None
-        h = self.hidden(packed, trunk)
-        T = packed.input_ids.shape[1]
-        ntp = masked_ce(self.logits(h[:, :T][packed.ntp_mask]), packed.ntp_targets[packed.ntp_mask])
-        aux, aux_name = None, "reg"
-        if packed.num_registers:
-            valid = packed.reg_valid
-            aux = masked_ce(self.logits(h[:, T:][valid]), packed.reg_targets[valid])
-        elif self.has_heads:
-            aux, aux_name = self.head_loss(packed, trunk), "heads"
-        tokens = torch.tensor(packed.position_ids.shape[0] * packed.position_ids.shape[1], device=h.device)
-        return mix(ntp, aux, self.reg_weight, tokens, aux_name)
 
-    def head_hidden(self, k: int, trunk: dict) -> Tensor:
-        """(B, T, D) head k's normed output on the trunk output (the last layer's inputs ``trunk``)."""
-        out = self.heads[k](*trunk["args"], **trunk["kwargs"])
-        return decoder_part(self.causal_lm, NORMS)(out[0] if isinstance(out, tuple) else out)
+class FramedLM:
+    """A MutorLM on one batch's frame: the objectives' TokenModel over the canonical frame.
 
-    def head_loss(self, packed: Packed, trunk: dict) -> tuple[Tensor, Tensor]:
-        """(mean over heads of each head's mean CE, valid targets of all heads)."""
-        losses, count = [], 0
-        for k, d in enumerate(self.head_offsets):
-            valid, targets = head_targets(packed, d)
-            hk = self.head_hidden(k, trunk)[:, :valid.shape[1]]
-            loss, n = masked_ce(self.logits(hk[valid]), targets[valid])
-            losses.append(loss)
-            count = count + n
-        return torch.stack(losses).mean(), count
+    Sequences an objective builds hold the T_can canonical regular slots (prefix = left-padded
+    prompts, then the answer line), then E extra slots. ``hidden`` places them in the physical
+    sequence (:class:`Frame`), runs the model there and hands the hidden states back in the
+    canonical frame (zeros on canonical padding, which no valid target reads). Logits are taken only
+    at valid rows (``sparse_logits``): an LM's vocabulary is large."""
+    sparse_logits = True
+
+    def __init__(self, model: MutorLM, frame: Frame):
+        self.model, self.frame = model, frame
+
+    def prefix_len(self, prefix: Tensor) -> int:
+        return prefix.shape[1]
+
+    def head_layers(self, count: int) -> None:
+        return self.model.head_layers(count)
+
+    def embed(self, tokens: Tensor | None, prefix: Tensor | None, num_extra: int = 0) -> Tensor:
+        """(B, P + T_tokens + num_extra, D) input embeddings of prefix + tokens + extra slots."""
+        ids = [t for t in (prefix, tokens) if t is not None and t.shape[1] > 0]
+        return self.model.embed(torch.cat(ids, dim=1), num_extra)
+
+    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None) -> Tensor:
+        """Embeddings (B, T_can + E, D), line position ids (B, T_can + E, 2), rule (None: causal, E = 0)
+        -> last hidden states (B, T_can + E, D)."""
+        embeds, pos, physical, real = self._physical(h, positions, vis)
+        return self._canonical(self.model.decode(embeds, pos, physical, real))
+
+    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: None = None) -> tuple[Tensor, list[Tensor]]:
+        """Causal, no extra slots: (last hidden states (B, T_can, D), [head k's (B, T_can, D)]) of the
+        model's own heads (``heads`` is None: :meth:`MutorLM.head_layers`)."""
+        trunk = {}
+        embeds, pos, _, real = self._physical(h, positions, None)
+        out = self.model.decode(embeds, pos, None, real, trunk)
+        heads = [self.model.head_hidden(k, trunk) for k in range(len(self.model.heads))]
+        return self._canonical(out), [self._canonical(x) for x in heads]
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.model.logits(h)
+
+    def _physical(self, h: Tensor, positions: Tensor, vis: Visibility | None):
+        """(embeddings (B, T + E, D), position ids (B, T + E), rule or None, real (B, T)) of the physical
+        sequence."""
+        f = self.frame
+        T_can = f.num_canonical
+        regular = vis.num_regular if vis is not None and vis.num_regular is not None else h.shape[1]
+        if regular != T_can or (vis is None and h.shape[1] != T_can):
+            raise ValueError(f"{h.shape[1]} slots with {regular} regular ones: expected the {T_can} canonical "
+                             "regular slots of the batch's frame, then the extra ones (with a visibility rule)")
+        embeds = torch.cat([f.regular(h[:, :T_can], 0.0), h[:, T_can:]], dim=1)
+        physical = f.visibility(vis) if vis is not None else None
+        return embeds, f.positions(positions[..., 1]), physical, f.real
+
+    def _canonical(self, out: Tensor) -> Tensor:
+        T = self.frame.num_regular
+        return torch.cat([self.frame.canonical(out[:, :T]), out[:, T:]], dim=1)
+
+
+def frame_batch(model: MutorLM, batch: LMBatch, spec: RegisterSpec, padding_side: str,
+                device) -> tuple[FramedLM, Batch]:
+    """(the model on ``batch``'s frame, the batch in the canonical frame), on ``device``; the line is
+    as wide as ``spec`` needs (:func:`~mutor2d.lm.packing.line_width`)."""
+    width = line_width(spec, int(batch.answer_len.max()))
+    prefix, body = canonical(batch, width)
+    f = frame(batch.prompt_len, batch.answer_len, width, padding_side).to(device)
+    lengths = batch.answer_len.long().to(device, non_blocking=True)
+    return FramedLM(model, f), Batch(body.to(device, non_blocking=True), prefix.to(device, non_blocking=True),
+                                     (1, width), lengths)
 
 
 def decoder_part(lm: nn.Module, names: tuple[str, ...]) -> nn.Module:
@@ -160,27 +216,17 @@ def decoder_part(lm: nn.Module, names: tuple[str, ...]) -> nn.Module:
                      "(expected a Llama-, Gemma-, Mistral-, Qwen- or GPT-2-style decoder)")
 
 
-def head_layers(lm: nn.Module, offsets: list[int]) -> nn.ModuleList:
-    """One extra decoder layer per offset d >= 2, each a trainable copy of the model's own last layer.
+def head_layers(lm: nn.Module, count: int) -> nn.ModuleList:
+    """``count`` extra decoder layers, each a trainable copy of the model's own last layer.
 
     Why a copy: head k sits where the last layer sits (on the trunk output, before the shared final
     norm and LM head), so at the first step every head is the pretrained next-token head and training
-    moves it to offset d from a working predictor; a random layer would feed the pretrained norm and
-    LM head noise and, through a = reg_weight, pull the shared trunk hard at the start. Call before
-    LoRA wraps ``lm`` (the copies are plain, fully trainable layers; the trunk gets the adapters)."""
+    moves it to its offset from a working predictor; a random layer would feed the pretrained norm
+    and LM head noise and, through a = reg_weight, pull the shared trunk hard at the start. Call
+    before LoRA wraps ``lm`` (the copies are plain, fully trainable layers; the trunk gets the adapters)."""
     last = decoder_part(lm, LAYERS)[-1]
-    heads = nn.ModuleList(copy.deepcopy(last) for _ in offsets)
+    heads = nn.ModuleList(copy.deepcopy(last) for _ in range(count))
     return heads.requires_grad_(True)
-
-
-def head_targets(packed: Packed, d: int) -> tuple[Tensor, Tensor]:
-    """(valid, targets), both (B, max(T - d + 1, 0)): regular slot s predicts, at offset d, the token
-    slot s + d - 1 predicts under next-token prediction (answer token a_{t+d} for anchor a_t, t = -1
-    the last prompt token); valid where both slots carry an answer target (in one sequence)."""
-    T = packed.input_ids.shape[1]
-    n = max(T - d + 1, 0)
-    valid = packed.ntp_mask[:, :n] & packed.ntp_mask[:, d - 1:d - 1 + n]
-    return valid, packed.ntp_targets[:, d - 1:d - 1 + n]
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:

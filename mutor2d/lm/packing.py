@@ -1,4 +1,5 @@
-"""Pack a batch of (prompt, answer) pairs into one padded sequence per sample, with registers.
+"""A batch of (prompt, answer) pairs in the canonical frame the objectives see, and where each of its
+slots sits in the shorter physical sequence the transformers model runs on.
 
 Rules come from mutor2d.registers; nothing here restates them. A sample is prompt p_0..p_{P-1}
 (the prefix) and answer a_0..a_{N-1} (the body, a 1 x N line). Its regular inputs are
@@ -7,17 +8,20 @@ answer). A MuToR-1D register anchored at answer token t (t = -1: the last prompt
 a_{t+d}; it sees the regular inputs up to its anchor and itself, nothing later, no other register;
 its position id is that of the regular input predicting its target under next-token prediction.
 
-Variable prompt lengths. ``make_layout`` takes one prefix length per call. We call it once per
-batch on a *canonical frame*: every prompt left-padded to P_max and every answer right-padded to
-N_max, so all answers start at column P_max and one prefix length is exact for every sample
-(answer lengths go in ``lengths``). The canonical index of a real token is its real index plus
-P_max - P_b. The attention rule (attention.Visibility) names tokens by rank, not by place, so each
-real token keeps its canonical rank wherever it physically sits; padding slots get rank NEVER (no
-one sees them) and limit -1 (they see only themselves). That lets the physical sequence be padded
-on either side (``padding_side``) and be as short as max_b(P_b + N_b - 1) regular slots, with the
-registers appended after the regular block. Position ids are the canonical ones minus
-P_max - P_b, i.e. counted from each sequence's first real token (as a left-padded HF model would).
-No grouping by length is needed and no canonical padding token is ever computed.
+Canonical frame (:func:`canonical`). Every prompt left-padded to P_max and every answer right-padded
+to the line width W (:func:`line_width`), so all answers start at column P_max and one prefix length
+is exact for every sample (answer lengths go in ``lengths``): a mutor2d.objectives.Batch on the grid
+1 x W, on which an objective draws its layout and takes its loss exactly as on an image. Canonical
+index of a real token = its real index + P_max - P_b.
+
+Physical sequence (:class:`Frame`). The attention rule (attention.Visibility) names tokens by rank,
+not by place, so each real token keeps its canonical rank wherever it physically sits; padding slots
+get rank NEVER (no one sees them) and limit -1 (they see only themselves). That lets the physical
+sequence be padded on either side (``padding_side``) and be as short as max_b(P_b + N_b - 1)
+regular slots, with the extra (register) slots appended after the regular block unchanged. Position
+ids are the canonical ones minus P_max - P_b, i.e. counted from each sequence's first real token (as
+a left-padded HF model would). No grouping by length is needed and no canonical padding slot is ever
+computed.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..attention import NEVER, Visibility
-from ..registers import Layout, RegisterSpec, make_layout, num_anchors
+from ..registers import RegisterSpec, num_anchors
 
 
 @dataclass
@@ -37,39 +41,6 @@ class LMBatch:
     prompt_len: Tensor
     answer: Tensor
     answer_len: Tensor
-
-
-@dataclass
-class Packed:
-    """One model input. L = T + R: T regular slots then R register slots.
-
-    input_ids (B, T) regular tokens (pad id in padding slots); position_ids (B, L);
-    visibility: the rule over the L slots (dense mask via ``attention_mask()``); real (B, T) bool
-    real regular slots; ntp_mask / ntp_targets (B, T): slots with a loss and their answer token;
-    reg_valid / reg_targets (B, R); layout: the canonical-frame Layout (for inspection)."""
-    input_ids: Tensor
-    position_ids: Tensor
-    visibility: Visibility
-    real: Tensor
-    ntp_mask: Tensor
-    ntp_targets: Tensor
-    reg_valid: Tensor
-    reg_targets: Tensor
-    layout: Layout
-
-    @property
-    def num_registers(self) -> int:
-        return self.reg_targets.shape[1]
-
-    def attention_mask(self) -> Tensor:
-        """(B, 1, L, L) bool, True = may attend."""
-        return self.visibility.dense_mask()
-
-    def to(self, device) -> "Packed":
-        vis = Visibility(self.visibility.key_rank.to(device), self.visibility.query_limit.to(device),
-                         self.visibility.num_regular)
-        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, Tensor)}
-        return Packed(visibility=vis, layout=self.layout, **moved)
 
 
 def line_width(spec: RegisterSpec, longest: int) -> int:
@@ -82,44 +53,82 @@ def line_width(spec: RegisterSpec, longest: int) -> int:
     return width
 
 
-def pack(batch: LMBatch, spec: RegisterSpec, padding_side: str = "right", pad_id: int = 0,
-         generator: torch.Generator | None = None) -> Packed:
-    """Build the physical sequence of ``batch`` (CPU tensors) under ``spec`` (for a run config:
-    ``cfg.objective.register_spec()``)."""
+def canonical(batch: LMBatch, width: int) -> tuple[Tensor, Tensor]:
+    """(prefix (B, P_max): prompts left-padded with 0, body (B, width): answers right-padded with 0)."""
+    P = batch.prompt_len.long()
+    B, P_max = len(P), int(P.max())
+    j = torch.arange(P_max)[None, :] - (P_max - P)[:, None]          # real prompt index of each column
+    prefix = batch.prompt.gather(1, j.clamp(0, batch.prompt.shape[1] - 1))
+    body = torch.zeros(B, width, dtype=torch.long)
+    body[:, :batch.answer.shape[1]] = batch.answer[:, :width]
+    return torch.where(j >= 0, prefix, torch.zeros_like(prefix)), body
+
+
+@dataclass
+class Frame:
+    """Where the T_can = P_max + W - 1 canonical regular slots of a batch sit among the T physical ones.
+
+    index (B, T): canonical index of each physical regular slot (0 where padding); real (B, T) bool:
+    physical slots holding a real token; slot (B, T_can): physical slot of each canonical one (T, a
+    row of zeros, where it has none); shift (B, 1): P_max - P_b, taken off every position id."""
+    index: Tensor
+    real: Tensor
+    slot: Tensor
+    shift: Tensor
+
+    @property
+    def num_regular(self) -> int:
+        return self.index.shape[1]
+
+    @property
+    def num_canonical(self) -> int:
+        return self.slot.shape[1]
+
+    def to(self, device) -> "Frame":
+        return Frame(*(t.to(device, non_blocking=True) for t in (self.index, self.real, self.slot, self.shift)))
+
+    def regular(self, x: Tensor, fill) -> Tensor:
+        """Canonical regular slots x (B, T_can, ...) -> physical (B, T, ...), ``fill`` in padding slots."""
+        idx = self.index.view(*self.index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+        real = self.real.view(*self.real.shape, *([1] * (x.dim() - 2)))
+        return torch.where(real, x.gather(1, idx), torch.full_like(x[:, :1], fill))
+
+    def canonical(self, x: Tensor) -> Tensor:
+        """Physical regular slots x (B, T, D) -> canonical (B, T_can, D), zeros where no slot is real."""
+        padded = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[2])], 1)
+        return padded.gather(1, self.slot[..., None].expand(-1, -1, x.shape[2]))
+
+    def positions(self, col: Tensor) -> Tensor:
+        """Canonical position ids (B, T_can + E) of a line -> physical (B, T + E): regular slots placed,
+        extra slots kept, all counted from each sequence's first real token (padding slots 0)."""
+        T_can = self.num_canonical
+        return torch.cat([self.regular(col[:, :T_can] - self.shift, 0), col[:, T_can:] - self.shift], 1)
+
+    def visibility(self, vis: Visibility) -> Visibility:
+        """A canonical rule over T_can + E slots -> the same rule over the physical T + E: ranks and
+        limits kept, padding slots NEVER seen and seeing only themselves."""
+        T_can = self.num_canonical
+        rank, limit = vis.key_rank, vis.query_limit
+        return Visibility(torch.cat([self.regular(rank[:, :T_can], NEVER), rank[:, T_can:]], 1),
+                          torch.cat([self.regular(limit[:, :T_can], -1), limit[:, T_can:]], 1),
+                          num_regular=self.num_regular)
+
+
+def frame(prompt_len: Tensor, answer_len: Tensor, width: int, padding_side: str = "right") -> Frame:
+    """The Frame of a batch with these real lengths (B,) on a line of ``width`` columns."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
-    P, N = batch.prompt_len.long(), batch.answer_len.long()
+    P, N = prompt_len.long(), answer_len.long()
     if (P < 1).any() or (N < 2).any():
         raise ValueError(f"prompt lengths {P.tolist()} / answer lengths {N.tolist()}: need >= 1 / >= 2")
-    B, P_max = len(P), int(P.max())
-    width = line_width(spec, int(N.max()))
-    layout = make_layout(B, (1, width), P_max, spec, generator, lengths=N)
-    T_can = layout.num_regular
-    answer = torch.zeros(B, width, dtype=torch.long)
-    answer[:, :batch.answer.shape[1]] = batch.answer[:, :width]
-    ntp_tok, reg_targets = layout.gather_targets(answer)
-
+    P_max = int(P.max())
     n_real = P + N - 1                                        # regular inputs per sample
-    T = int(n_real.max())
+    T, T_can = int(n_real.max()), P_max + width - 1
     lead = (T - n_real) if padding_side == "left" else torch.zeros_like(n_real)
+    shift = (P_max - P)[:, None]
     j = torch.arange(T)[None, :] - lead[:, None]              # real index of each physical slot
     real = (j >= 0) & (j < n_real[:, None])
-    shift = (P_max - P)[:, None]
-    i = torch.where(real, j + shift, torch.zeros_like(j))     # canonical index (0 where padding)
-
-    prompt_part = batch.prompt.gather(1, j.clamp(0, batch.prompt.shape[1] - 1))
-    answer_part = answer.gather(1, (j - P[:, None]).clamp(0, width - 1))
-    input_ids = torch.where(j < P[:, None], prompt_part, answer_part)
-    input_ids = torch.where(real, input_ids, torch.full_like(input_ids, pad_id))
-
-    rank = torch.where(real, layout.key_rank.gather(1, i), torch.full_like(i, NEVER))
-    limit = torch.where(real, layout.query_limit.gather(1, i), torch.full_like(i, -1))
-    col = layout.position_ids[..., 1]                         # a line: position = column
-    pos_regular = torch.where(real, col.gather(1, i) - shift, torch.zeros_like(i))
-    pos_reg = torch.where(layout.reg_valid, col[:, T_can:] - shift, torch.zeros_like(reg_targets))
-    vis = Visibility(torch.cat([rank, layout.key_rank[:, T_can:]], 1),
-                     torch.cat([limit, layout.query_limit[:, T_can:]], 1), num_regular=T)
-    ntp_mask = real & layout.ntp_valid.gather(1, i)
-    ntp_targets = torch.where(ntp_mask, ntp_tok.gather(1, i), torch.zeros_like(i))
-    return Packed(input_ids, torch.cat([pos_regular, pos_reg], 1), vis, real, ntp_mask,
-                  ntp_targets, layout.reg_valid, reg_targets, layout)
+    index = torch.where(real, j + shift, torch.zeros_like(j))
+    jc = torch.arange(T_can)[None, :] - shift                 # real index of each canonical slot
+    slot = torch.where((jc >= 0) & (jc < n_real[:, None]), jc + lead[:, None], torch.full_like(jc, T))
+    return Frame(index, real, slot, shift)

@@ -1,10 +1,11 @@
-"""The language-model run kind: a Hugging Face causal LM fine-tuned with NTP or MuToR-1D by the engine.
+"""The language-model run kind: a Hugging Face causal LM fine-tuned by the engine with any objective.
 
 Parts (mutor2d.engine.setup.RunKind): the data are read, tokenized and checked against the model's
 position limit before any weights load; the networks are the LM (LoRA or full) with its register
-embedding (mutor2d.lm.hf.build); a step packs a padded batch with the register layout
-(mutor2d.lm.packing) and takes the objectives' loss. Checkpoints keep the trainable parameters only
-(adapters and register embedding under LoRA; everything under full fine-tuning) with the optimizer
+embedding and extra head layers (mutor2d.lm.hf.build); a step puts a padded batch in the canonical
+frame (mutor2d.lm.packing) and takes the objective's loss on it, as an image run does on a grid.
+Checkpoints keep the trainable parameters only (adapters and register embedding under LoRA;
+everything under full fine-tuning; the objective's own, if any) with the optimizer
 and RNG streams, so ``--resume auto`` continues exactly; the frozen base is reloaded from
 ``model.hf``. At each checkpoint step ``RUN/step_N/``, and after the last step the run folder, get
 the adapters (or the full model), the register embedding and the tokenizer, ready for plain
@@ -22,14 +23,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, fail
-from ..registers import RegisterSpec
+from ..objectives import ObjectiveConfig
 from . import accuracy
 from .config import LMRunConfig, from_dict
 from .data import collate, eval_prompts, load_located, tokenize
 from .hf import (build, generate, load_causal_lm, load_model_config, load_tokenizer, position_limit, save,
                  with_pad_token)
-from .model import MutorLM
-from .packing import pack
+from .model import MutorLM, frame_batch
+from .packing import LMBatch
 
 
 class Examples(Dataset):
@@ -47,18 +48,20 @@ class Examples(Dataset):
 
 
 class LMTrainModule(nn.Module):
-    """MutorLM and its batch packing as one module: (padded batch, layout generator) -> ObjectiveResult."""
+    """MutorLM and its objective as one module: (padded LMBatch, layout generator) -> ObjectiveResult.
+    The objective sees the batch in the canonical frame and the model as a FramedLM on it
+    (mutor2d.lm.model.frame_batch), as an image objective sees a grid and the GPT."""
 
-    def __init__(self, model: MutorLM, cfg: LMRunConfig, pad_id: int):
+    def __init__(self, model: MutorLM, objective_cfg: ObjectiveConfig, padding_side: str):
         super().__init__()
-        spec = cfg.objective.register_spec() if cfg.objective.uses_registers() else RegisterSpec()
-        self.model, self.spec, self.pad_id = model, spec, pad_id      # multihead packs no registers
-        self.padding_side = cfg.data.padding_side
+        self.model, self.objective = model, objective_cfg.build(model)
+        self.spec, self.padding_side = objective_cfg.register_spec(), padding_side
 
-    def forward(self, batch, generator=None):
+    def forward(self, batch: LMBatch, generator=None):
         device = self.model.register_embedding.device if self.model.has_registers else \
             next(self.model.parameters()).device
-        return self.model(pack(batch, self.spec, self.padding_side, self.pad_id, generator).to(device))
+        view, canonical = frame_batch(self.model, batch, self.spec, self.padding_side, device)
+        return self.objective(view, canonical, generator)
 
 
 class LMRun:
@@ -107,9 +110,11 @@ class LMRun:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        module = LMTrainModule(model, cfg.objective, cfg.data.padding_side)
         if saved is not None and "model" in saved:   # a sharded checkpoint loads after sharding
             load_trainable(model, saved["model"], self.trainable)
-        return model, LMTrainModule(model, cfg, self.tokenizer.pad_token_id)
+            module.objective.load_state_dict(saved.get("objective") or {}, strict=True)
+        return model, module
 
     def blocks(self, module: LMTrainModule) -> list[nn.Module]:
         """The decoder layers of the causal LM (inside a peft wrapper, of its base model)."""
@@ -132,7 +137,7 @@ class LMRun:
         self.save_folder(run, run.run_dir / f"step_{status.done}")
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
-        """Sequences/s and slots/s (regular + register slots, padding included)."""
+        """Sequences/s and slots/s (regular + register slots of the canonical frame, padding included)."""
         rec = {"sequences_per_s": run.cfg.train.batch_size * steps / dt}
         if sums:
             rec["slots_per_s"] = sums["seq_tokens"] / dt

@@ -1,8 +1,10 @@
-"""What every objective shares: the batch it reads, the result it returns, its config base, the masked loss."""
+"""What every objective shares: the model interface it calls, the batch it reads, the result it
+returns, its config base, the masked loss."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -11,7 +13,40 @@ from torch import Tensor
 
 from ..checks import ConfigError, at_least, fraction
 from ..config import Variant
+from ..attention import Visibility
 from ..registers import LayoutError, RegisterSpec
+
+
+class TokenModel(Protocol):
+    """What an objective calls on its model: the image GPT (mutor2d.model.GPT) and a transformers
+    causal LM on one batch (mutor2d.lm.model.FramedLM) alike.
+
+    A sequence is P prefix slots, the regular tokens after them (T regular slots in all), then E
+    extra (register) slots; positions (B, T + E, 2) are (row, col) ids (mutor2d.registers); vis is
+    the visibility rule over all slots (mutor2d.attention.Visibility), None = plain causal, E = 0.
+    Hidden states are what ``logits`` takes."""
+    sparse_logits: bool  # True: logits only at valid rows (token_ce); False: every row, masked (no host sync)
+
+    def prefix_len(self, prefix: Tensor) -> int:
+        """P, the slots the prefix (class labels (B,) or prompt (B, P)) takes."""
+
+    def embed(self, tokens: Tensor | None, prefix: Tensor | None, num_extra: int = 0) -> Tensor:
+        """(B, P + T_tokens + num_extra, D) input embeddings: prefix, tokens, then extra slots."""
+
+    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None) -> Tensor:
+        """Embeddings (B, L, D) -> last hidden states (B, L, D) under ``vis``."""
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Hidden states (..., D) -> logits (..., V)."""
+
+    def head_layers(self, count: int) -> nn.ModuleList | None:
+        """``count`` extra head layers for the objective to own (the GPT: fresh blocks), or None when
+        the model holds its own (a transformers LM: copies of its last layer, built with it)."""
+
+    def hidden_with_heads(self, h: Tensor, positions: Tensor,
+                          heads: nn.ModuleList | None) -> tuple[Tensor, list[Tensor]]:
+        """Causal, no extra slots: (last hidden states (B, T, D), [head k's hidden states (B, T, D)]);
+        ``heads`` as ``head_layers`` gave them."""
 
 
 @dataclass
@@ -55,8 +90,25 @@ class ObjectiveConfig(Variant):
         return RegisterSpec("ntp")
 
     def uses_registers(self) -> bool:
-        """Whether the GPT needs its register embedding."""
+        """Whether the model needs its register embedding."""
         return False
+
+    def num_head_layers(self) -> int:
+        """Extra head layers the loss module asks its model for (``TokenModel.head_layers``); a
+        transformers LM builds them with the model (mutor2d.lm.hf.build)."""
+        return 0
+
+    @classmethod
+    def line_defaults(cls) -> dict:
+        """Field defaults on 1D data only (text: a language-model config), e.g. a 1D layout."""
+        return {}
+
+    def check_line(self) -> None:
+        """Raise ConfigError if this objective cannot train on lines 1 x N of any N (text)."""
+        try:
+            self.register_spec().check_height(1, f"objective {self.name!r}", "a 1 x N line (text)")
+        except LayoutError as e:
+            raise ConfigError(str(e)) from None
 
     def describe(self) -> str:
         """Short text of the settings that tell runs of this objective apart (leaderboard rows, plot
@@ -96,6 +148,14 @@ def mix(ntp: tuple[Tensor, Tensor], aux: tuple[Tensor, Tensor] | None, reg_weigh
         logs[f"loss_{aux_name}"], counts[aux_name] = aux
         loss = (1 - reg_weight) * loss_ntp + reg_weight * aux[0]
     return ObjectiveResult(loss, logs, counts, tokens)
+
+
+def token_ce(model: TokenModel, h: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``masked_ce`` of the model's logits at hidden states h (..., D) against targets, valid of the
+    same leading shape: every row masked, or only the valid rows when ``model.sparse_logits``."""
+    if model.sparse_logits:
+        return masked_ce(model.logits(h[valid]), targets[valid])
+    return masked_ce(model.logits(h), targets, valid)
 
 
 def masked_ce(logits: Tensor, targets: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError, register_variant
-from ..model import TransformerBlock
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce, mix
+from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix,
+                   token_ce)
 
 
 @register_variant("objective", "multihead")
@@ -51,6 +51,14 @@ class MultiHeadConfig(ObjectiveConfig):
     def build(self, model: nn.Module) -> "MultiHead":
         return MultiHead(self, model)
 
+    def num_head_layers(self) -> int:
+        return len(self.register_spec().offsets()[: self.num_heads or None])
+
+    @classmethod
+    def line_defaults(cls) -> dict:
+        """Text is a line: layout 1d."""
+        return {"layout": "1d"}
+
     def describe(self) -> str:
         """e.g. "a=0.5, heads=all, 2d D=4" or "a=0.5, heads=2, 1d d=2..4, raster"."""
         spec = self.register_spec()
@@ -67,39 +75,37 @@ class MultiHeadConfig(ObjectiveConfig):
 
 
 class MultiHead(nn.Module):
-    def __init__(self, cfg: MultiHeadConfig, model: nn.Module):
+    """The heads' loss on any TokenModel: its ``head_layers`` (the GPT's fresh blocks, owned here; a
+    transformers LM's own copies of its last layer, None here) and ``hidden_with_heads``."""
+
+    def __init__(self, cfg: MultiHeadConfig, model: TokenModel):
         super().__init__()
         spec = cfg.register_spec()
         offsets = spec.offsets()[: cfg.num_heads or None]
         self.kind, self.edge, self.reg_weight = spec.kind, spec.edge, cfg.reg_weight
         self.register_buffer("offsets", offsets, persistent=False)
-        self.heads = nn.ModuleList(TransformerBlock(model.cfg, model.shape) for _ in range(len(offsets)))
-        for m in self.heads.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0.0, model.cfg.init_std)
+        self.heads = model.head_layers(len(offsets))
 
     def blocks(self) -> list[nn.Module]:
-        return list(self.heads)
+        return list(self.heads or [])
 
-    def forward(self, model, batch: Batch, generator: torch.Generator | None = None) -> ObjectiveResult:
+    def forward(self, model: TokenModel, batch: Batch, generator: torch.Generator | None = None) -> ObjectiveResult:
         B, N = batch.body.shape
         P = model.prefix_len(batch.prefix)
         T = P + N - 1
         pos = regular_position_ids(batch.grid, P, device=batch.body.device).expand(B, T, 2)
-        h = model.hidden(model.embed(batch.body[:, : N - 1], batch.prefix), pos)
+        h, head_h = model.hidden_with_heads(model.embed(batch.body[:, : N - 1], batch.prefix), pos, self.heads)
         lay = make_layout(B, batch.grid, P, RegisterSpec("ntp"), None, batch.lengths, batch.body.device)
         ntp_t, _ = lay.gather_targets(batch.body)
         first = P - 1
-        loss_ntp, n_ntp = masked_ce(model.logits(h[:, first:]), ntp_t[:, first:], lay.ntp_valid[:, first:])
+        ntp = token_ce(model, h[:, first:], ntp_t[:, first:], lay.ntp_valid[:, first:])
         a0 = first_anchor(self.kind)
         anchors = torch.arange(a0, N - 1, device=h.device)                  # regular inputs P+a0..T-1
-        rope = model.rotary(pos)
         losses, n_heads = [], 0
-        for head, off in zip(self.heads, self.offsets):
+        for hk, off in zip(head_h, self.offsets):
             target, valid = offset_targets(batch.grid, anchors.expand(B, -1), off, self.edge, batch.lengths)
-            hk = head(h, rope)[:, P + a0:]
-            loss_k, n_k = masked_ce(model.logits(hk), batch.body.gather(1, target), valid)
+            loss_k, n_k = token_ce(model, hk[:, P + a0:], batch.body.gather(1, target), valid)
             losses.append(loss_k)
             n_heads = n_heads + n_k
         tokens = torch.full((), B * T, device=batch.body.device)
-        return mix((loss_ntp, n_ntp), (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads")
+        return mix(ntp, (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads")

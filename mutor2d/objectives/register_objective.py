@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import Batch, ObjectiveConfig, ObjectiveResult, check_offsets, check_register_fields, masked_ce, mix
+from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix,
+                   token_ce)
 
 
 @register_variant("objective", "ntp")
@@ -95,7 +96,8 @@ class MuToR2DConfig(RegisterConfig):
 
 
 class RegisterObjective(nn.Module):
-    """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d)."""
+    """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d), on any
+    TokenModel (images and text)."""
 
     def __init__(self, spec: RegisterSpec, reg_weight: float):
         super().__init__()
@@ -108,7 +110,7 @@ class RegisterObjective(nn.Module):
         return make_layout(batch.body.shape[0], batch.grid, prefix_len, self.spec, generator,
                            batch.lengths, batch.body.device)
 
-    def forward(self, model, batch: Batch, generator: torch.Generator | None = None) -> ObjectiveResult:
+    def forward(self, model: TokenModel, batch: Batch, generator: torch.Generator | None = None) -> ObjectiveResult:
         P = model.prefix_len(batch.prefix)
         lay = self.layout(batch, P, generator)
         T, R = lay.num_regular, lay.num_registers
@@ -116,7 +118,7 @@ class RegisterObjective(nn.Module):
         h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility)
         ntp_t, reg_t = lay.gather_targets(batch.body)
         first = P - 1  # hidden states before it only predict prefix tokens: skip the head there
-        ntp = masked_ce(model.logits(h[:, first:T]), ntp_t[:, first:], lay.ntp_valid[:, first:])
-        reg = masked_ce(model.logits(h[:, T:]), reg_t, lay.reg_valid) if R else None
+        ntp = token_ce(model, h[:, first:T], ntp_t[:, first:], lay.ntp_valid[:, first:])
+        reg = token_ce(model, h[:, T:], reg_t, lay.reg_valid) if R else None
         tokens = torch.full((), batch.body.shape[0] * (T + R), device=batch.body.device)
         return mix(ntp, reg, self.reg_weight, tokens)
