@@ -102,7 +102,7 @@ def generate_all(args, located, kind: str, out: Path):
 
 
 def evaluate(args) -> dict | None:
-    from mutor2d.lm import data
+    from mutor2d.lm import data, hf
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
     located = data.load_located(args.data_name, args.data)
@@ -114,7 +114,8 @@ def evaluate(args) -> dict | None:
     state = generate_all(args, located, kind, out)
     if not state.is_main_process:
         return None
-    generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size}
+    generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size,
+                  "prompt_attention": hf.saved_prompt_attention(ckpt)}
     result, path = accuracy.write_scores(out, len(located), kind, run_dir / "eval", run_config=cfg, step=step,
                                          data=str(args.data), checkpoint=str(ckpt), generation=generation)
     return {**result, "predictions": str(out), "record": str(path)}

@@ -101,6 +101,26 @@ class Visibility:
         return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order))
 
 
+PROMPT_ATTENTION = ("causal", "bidirectional")    # model.prompt_attention: how prefix tokens see each other
+
+
+def causal_rule(batch: int, length: int, device=None) -> Visibility:
+    """Plain causal attention over ``length`` regular tokens, as an explicit rule."""
+    i = torch.arange(length, device=device).expand(batch, length)
+    return Visibility(i, i)
+
+
+def open_prefix(vis: Visibility, prefix_len: int) -> Visibility:
+    """``vis`` with bidirectional attention inside the prefix: a query whose own key has rank < P sees
+    every key of rank < P (so a prompt token sees the whole prompt, padding excluded, since padding
+    is never seen). Nothing else changes: body tokens stay causal, registers keep their limits (an
+    anchor at or after the last prefix token already sees the whole prefix), no one sees a register.
+    The rule has no causal block left, so no split fast path."""
+    own = vis.key_rank.gather(1, vis._own(vis.key_rank.device).expand_as(vis.query_limit))
+    limit = torch.where(own < prefix_len, vis.query_limit.clamp(min=prefix_len - 1), vis.query_limit)
+    return Visibility(vis.key_rank, limit, None, vis.own_key)
+
+
 def cached_causal(q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
     """New regular queries at cache indices start..start+L-1 over the cache ``keys[:start+L]``."""
     L = q.shape[2]

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import BACKENDS, NEVER, Visibility, get_backend
+from .attention import BACKENDS, NEVER, PROMPT_ATTENTION, Visibility, causal_rule, get_backend, open_prefix
 from .conditioning import CONDITIONING, conditioning
 from .checks import ConfigError, at_least, fail, fraction
 from .config import register_section
@@ -59,6 +59,7 @@ class ModelConfig:
     ffn_dropout: float = 0.1
     class_dropout: float = 0.1       # labels dropped to the null class (CFG)
     attention: str = "auto"          # "auto" (flex on CUDA, else sdpa) or a backend of mutor2d.attention.BACKENDS
+    prompt_attention: str = "causal"  # "bidirectional": prefix tokens see the whole prefix (attention.open_prefix)
 
     @classmethod
     def upgrade(cls, data: dict) -> dict:
@@ -80,6 +81,8 @@ class ModelConfig:
         if self.attention not in ("auto", *BACKENDS):
             fail("model.attention", f"one of {['auto', *BACKENDS]} (a plugin's backend: its module in "
                  f"MUTOR2D_PLUGINS)", self.attention)
+        if self.prompt_attention not in PROMPT_ATTENTION:
+            fail("model.prompt_attention", f"one of {list(PROMPT_ATTENTION)}", self.prompt_attention)
         if self.preset == "custom" and None in (self.n_layer, self.n_head, self.dim):
             raise ConfigError("model.preset: 'custom' needs model.n_layer, model.n_head and model.dim")
         for k in ("n_layer", "n_head", "dim", "vocab_size", "num_classes"):
@@ -380,8 +383,15 @@ class GPT(nn.Module):
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
-               step: CacheStep | None = None) -> Tensor:
-        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm."""
+               step: CacheStep | None = None, prefix_len: int | None = None) -> Tensor:
+        """Transformer trunk: embeddings (B, L, dim) -> last hidden states (B, L, dim), pre-norm.
+        ``prefix_len``: the P prefix slots at the front, for ``model.prompt_attention``."""
+        if step is None:
+            vis = self.prompt_rule(vis, h.shape[0], h.shape[1], prefix_len, h.device)
+        return self._trunk(h, positions, vis, step)
+
+    def _trunk(self, h: Tensor, positions: Tensor, vis: Visibility | None, step: CacheStep | None) -> Tensor:
+        """The blocks under ``vis`` as given (``hidden`` without the prompt rule)."""
         if positions.shape[:2] != h.shape[:2]:
             raise ValueError(f"position ids {tuple(positions.shape)} do not match tokens {tuple(h.shape[:2])}")
         rope = self.rotary(positions)
@@ -395,6 +405,19 @@ class GPT(nn.Module):
         for layer in self.layers:
             h = layer(h, rope, vis, step)
         return h
+
+    def prompt_rule(self, vis: Visibility | None, batch: int, length: int, prefix_len: int | None,
+                    device) -> Visibility | None:
+        """``vis`` (None: causal) under this model's ``prompt_attention``: unchanged when causal, else
+        with the first ``prefix_len`` slots open to each other (attention.open_prefix)."""
+        if self.cfg.prompt_attention == "causal":
+            return vis
+        if prefix_len is None:
+            raise ValueError("model.prompt_attention=bidirectional: the caller must pass prefix_len (the prefix "
+                             "slots at the front) to hidden / hidden_with_heads")
+        if prefix_len < 2:
+            return vis
+        return open_prefix(vis if vis is not None else causal_rule(batch, length, device), prefix_len)
 
     def _prepare_masks(self, vis: Visibility) -> None:
         """Masks of ``vis`` built once before the blocks (each block's backend may differ)."""
@@ -415,18 +438,22 @@ class GPT(nn.Module):
                 nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
         return heads
 
-    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: nn.ModuleList) -> tuple[Tensor, list[Tensor]]:
-        """Causal: (trunk hidden states (B, L, dim), [head k's (B, L, dim)]), each head one extra block
-        on the trunk's last hidden states (pre-norm: ``logits`` applies the shared final norm)."""
-        out = self.hidden(h, positions)
+    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: nn.ModuleList,
+                          prefix_len: int | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Causal (prompt rule as ``hidden``): (trunk hidden states (B, L, dim), [head k's (B, L, dim)]),
+        each head one extra block on the trunk's last hidden states (pre-norm: ``logits`` applies the
+        shared final norm)."""
+        vis = self.prompt_rule(None, h.shape[0], h.shape[1], prefix_len, h.device)
+        out = self._trunk(h, positions, vis, None)
         rope = self.rotary(positions)
-        return out, [head(out, rope) for head in heads]
+        return out, [head(out, rope, vis) for head in heads]
 
     def forward(self, tokens: Tensor | None, positions: Tensor, prefix: Tensor | None = None,
                 num_extra: int = 0, visibility: Visibility | None = None) -> Tensor:
         """Logits (B, P + T + num_extra, vocab) for prefix + tokens + extra tokens."""
         h = self.embed(tokens, prefix, num_extra)
-        return self.logits(self.hidden(h, positions, visibility))
+        P = self.prefix_len(prefix) if prefix is not None else 0
+        return self.logits(self.hidden(h, positions, visibility, prefix_len=P))
 
     # ------------------------------------------------------------------ decoding
     def setup_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> None:
@@ -453,20 +480,25 @@ class GPT(nn.Module):
 
         Regular part: (prefix and) ``tokens``, R tokens with ``positions`` (B, R, 2); their keys
         are written at cache index ``cache_start`` (int, or (B,) long: one start per row) and
-        they attend causally to the cache. Extra part (optional): E register tokens with
+        they attend causally to the cache (a prefix given here is the prefill, at cache index 0: its
+        slots see each other under ``model.prompt_attention=bidirectional``). Extra part (optional): E register tokens with
         ``extra_positions`` (B, E, 2); extra e reads cache entries 0..``extra_limit[b, e]``
         (this step's regular tokens included; -1 = none) and itself; its keys are never written
         to the cache and no regular token sees it."""
         E = 0 if extra_positions is None else extra_positions.shape[1]
         h = self.embed(tokens, prefix, E)
         R = h.shape[1] - E
-        if E == 0 and isinstance(cache_start, int):
+        P = self.prefix_len(prefix) if prefix is not None else 0
+        opens = self.cfg.prompt_attention != "causal" and P > 1
+        if E == 0 and isinstance(cache_start, int) and not opens:
             step = CacheStep(cache_start, R, cache_start + R)
         else:
             step = self._extra_step(h.shape[0], R, cache_start, extra_limit, h.device)
+            if opens:                         # the prefill: the prefix sits at cache indices 0..P-1
+                step.vis = open_prefix(step.vis, P)
             if E:
                 positions = torch.cat([positions, extra_positions], dim=1)
-        return self.logits(self.hidden(h, positions, None, step))
+        return self.logits(self._trunk(h, positions, None, step))
 
     @staticmethod
     def _extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, device) -> CacheStep:

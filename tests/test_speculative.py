@@ -30,11 +30,13 @@ OBJ_1D = make("objective", name="mutor-1d", d_min=1, d_max=4)        # useful dr
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
-def tiny(V, C=2, prefix="class", rope="2d", register=True, std=0.6, seed=0, small=False):
+def tiny(V, C=2, prefix="class", rope="2d", register=True, std=0.6, seed=0, small=False, prompt_attention="causal",
+         layers=1):
     torch.manual_seed(seed)
-    size = dict(preset="custom", n_layer=1, n_head=2, dim=16) if small else dict(preset="tiny")
+    size = dict(preset="custom", n_layer=layers, n_head=2, dim=16) if small else dict(preset="tiny")
     cfg = ModelConfig(vocab_size=V, num_classes=C, conditioning=prefix, rope=rope, **size,
-                      token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0)
+                      token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0,
+                      prompt_attention=prompt_attention)
     m = GPT(cfg, register_token=register).eval()
     with torch.no_grad():
         for p in m.parameters():
@@ -90,6 +92,8 @@ EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts
     ("jacobi-cfg-topk-temp", decode_jacobi, dict(window=2), (2, 2), 4,
      Rules(cfg_scale=1.5, temperature=0.7, top_k=3, guided=True)),
     ("registers-prompt-temp", decode_registers, dict(draft=2, spec=spec_1d(2)), (1, 4), 3, Rules(temperature=1.3)),
+    ("registers-prompt-bidirectional-temp", decode_registers, dict(draft=2, spec=spec_1d(2)), (1, 4), 3,
+     Rules(temperature=1.3)),
     ("registers-last-cfg", decode_registers, dict(draft=2, anchors="last", spec=SPEC_2D), (2, 3), 3,
      Rules(cfg_scale=2.0, guided=True)),
     ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False, spec=SPEC_2D), (2, 3), 3,
@@ -103,7 +107,9 @@ S = 6000
 def run_case(case, seed=0):
     name, decoder, option, grid, V, rules = case
     kind = "prompt" if "prompt" in name else "class"
-    m = tiny(V=V, prefix=kind, rope="1d" if grid[0] == 1 else "2d", small=True)
+    bidirectional = "bidirectional" in name               # 2 layers: a prompt token's output then matters
+    m = tiny(V=V, prefix=kind, rope="1d" if grid[0] == 1 else "2d", small=True, layers=1 + bidirectional,
+             prompt_attention="bidirectional" if bidirectional else "causal")
     prefix = torch.tensor([2, 0]) if kind == "prompt" else torch.tensor(1)
     stats = {}
     with torch.no_grad():
@@ -119,6 +125,14 @@ def test_speculative_samples_follow_the_plain_distribution(case):
     rate = stats["acceptance_by_distance"][0]
     assert 0.05 < rate < 0.98, stats             # both verification paths are exercised
     assert stats["forwards_per_image"] < case[3][0] * case[3][1]
+
+
+def test_a_bidirectional_prompt_changes_the_distribution():
+    """The bidirectional case above is not the causal one in disguise: the enumerated distributions differ."""
+    dists = [exact_distribution(tiny(V=3, prefix="prompt", rope="1d", small=True, layers=2, prompt_attention=rule),
+                                torch.tensor([2, 0]), (1, 4), Rules(temperature=1.3))
+             for rule in ("causal", "bidirectional")]
+    assert max(abs(dists[0][k] - dists[1][k]) for k in dists[0]) > 1e-3
 
 
 def test_a_wrong_acceptance_rule_fails_the_exactness_test(monkeypatch):

@@ -4,7 +4,9 @@ Built on mutor2d.config, which holds every shared rule: YAML reading, ``section.
 overrides, type checks, one-line :class:`ConfigError` messages, the ``objective`` variants and the
 optimiser section. Only the LM-specific sections live here:
 
-* model: a local transformers causal LM (``hf``), LoRA or full fine-tuning;
+* model: a local transformers causal LM (``hf``), LoRA or full fine-tuning; ``prompt_attention``
+  causal (the model's own) or bidirectional (prompt tokens see the whole prompt, never the answer;
+  training, online evaluation and every generation path of a saved run apply it);
 * data: ``jsonl`` (prompt/answer, prompt/completion or chat lines), ``gsm8k`` or ``math``;
 * objective: any registered objective variant, with the same fields, ``check()`` and loss
   module as in an image run (an answer is a 1 x N line, where both ``edge`` rules agree); its
@@ -54,6 +56,7 @@ class LMModelConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
     gradient_checkpointing: bool = False
+    prompt_attention: Literal["causal", "bidirectional"] = "causal"   # bidirectional: prompt tokens see the whole prompt
 
     def check(self) -> None:
         at_least("model.lora_r", self.lora_r, 1)

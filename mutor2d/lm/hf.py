@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from .model import MutorLM, head_layers
 
 REGISTER_FILE = "register_embedding.safetensors"
+INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
 ADAPTER_CONFIG = "adapter_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -141,7 +142,8 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
                         model_cfg.lora_targets, base_ref)
     else:
         lm.requires_grad_(True)
-    return MutorLM(lm, registers=objective_cfg.uses_registers(), heads=heads)      # registers: float32
+    return MutorLM(lm, registers=objective_cfg.uses_registers(), heads=heads,      # registers: float32
+                   prompt_attention=model_cfg.prompt_attention)
 
 
 def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None = None) -> Path:
@@ -160,7 +162,22 @@ def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None
         save_file({"register_embedding": register.cpu().contiguous()}, out / REGISTER_FILE)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    (out / INFERENCE_FILE).write_text(json.dumps({"prompt_attention": model.prompt_attention}) + "\n")
     return out
+
+
+def saved_prompt_attention(folder: str | Path) -> str:
+    """The ``prompt_attention`` a saved folder was trained with (folders written before: causal)."""
+    path = Path(folder) / INFERENCE_FILE
+    if not path.is_file():
+        return "causal"
+    try:
+        found = json.loads(path.read_text()).get("prompt_attention", "causal")
+    except (OSError, ValueError, AttributeError):
+        raise LMModelError(f"{path}: not a JSON object with prompt_attention") from None
+    if found not in ("causal", "bidirectional"):
+        raise LMModelError(f"{path}: prompt_attention={found!r}, expected 'causal' or 'bidirectional'")
+    return found
 
 
 def load_register_embedding(model: MutorLM, folder: str | Path) -> None:
@@ -178,17 +195,71 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
     name) with the adapters; ``merge=True`` folds them into the base weights (peft
     ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
-    returns the peft ``PeftModel``. Registers are training-only and not part of it."""
+    returns the peft ``PeftModel``. Registers are training-only and not part of it. A model trained
+    with ``prompt_attention: bidirectional`` comes back with its ``generate`` prefilling the prompt
+    that way (:func:`with_prompt_attention`); plain transformers loading cannot know it."""
     folder = Path(folder)
     adapter = folder / ADAPTER_CONFIG
+    rule = saved_prompt_attention(folder)
     if not adapter.is_file():
-        return load_causal_lm(folder, dtype, attn_implementation).eval()
+        return with_prompt_attention(load_causal_lm(folder, dtype, attn_implementation).eval(), rule)
     from peft import PeftModel
     base_ref = json.loads(adapter.read_text()).get("base_model_name_or_path") or ""
     base = load_causal_lm(base_ref, dtype, attn_implementation, key=f"{adapter}: base_model_name_or_path")
     with refusing_pickles("adapter", folder):
         model = PeftModel.from_pretrained(base, folder, is_trainable=False)
-    return (model.merge_and_unload() if merge else model).eval()
+    return with_prompt_attention((model.merge_and_unload() if merge else model).eval(), rule)
+
+
+PROMPT_ATTR = "mutor2d_prompt_attention"
+
+
+def with_prompt_attention(model, rule: str):
+    """``model`` whose ``generate`` prefills prompts under ``rule`` (bidirectional: with
+    :func:`prefill_prompts`, unless a cache is given) and then decodes as usual; causal: as it is."""
+    setattr(model, PROMPT_ATTR, rule)
+    if rule == "causal":
+        return model
+    plain, name = model.generate, cache_kwarg(model)
+
+    def generate(input_ids=None, attention_mask=None, **kwargs):
+        if kwargs.get(name) is None:
+            kwargs[name] = prefill_prompts(model, input_ids, attention_mask)
+        return plain(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    model.generate = generate
+    return model
+
+
+def cache_kwarg(lm) -> str:
+    """The name ``lm``'s forward and generate take a KV cache under (``cache`` since transformers 5.24,
+    ``past_key_values`` before)."""
+    import inspect
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def prefill_prompts(lm, input_ids, attention_mask):
+    """A DynamicCache of left-padded prompts (B, L) without their last token, each prompt token having
+    seen the whole prompt (padding excluded). ``generate`` then runs the last prompt token over it: that
+    token sees the whole prompt either way, so the cache and its logits are those of a bidirectional
+    prefill of the whole prompt. (Its layers keep every token, which a cache built from a sliding-window
+    config would not: it could not drop the last one again.)"""
+    from transformers import DynamicCache
+    from ..attention import NEVER, Visibility
+    from .model import attention_mask as rule_mask
+    real = attention_mask.bool()
+    B, L = input_ids.shape
+    vis = Visibility(torch.where(real, torch.arange(L, device=real.device), NEVER),
+                     torch.where(real, L - 1, -1))
+    position_ids = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    config = lm.config
+    cache = DynamicCache()            # full layers, also for sliding-window models (the mask applies the window)
+    dtype = lm.get_input_embeddings().weight.dtype
+    lm(input_ids=input_ids, attention_mask=rule_mask(config, vis, position_ids, dtype), position_ids=position_ids,
+       use_cache=True, logits_to_keep=1, **{cache_kwarg(lm): cache})
+    cache.crop(-1)
+    return cache
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -198,20 +269,26 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 @torch.no_grad()
 def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             stop: list[str] = (), synced: bool = False) -> list[str]:
+             stop: list[str] = (), synced: bool = False, prompt_attention: str | None = None) -> list[str]:
     """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
     each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
     ``synced``: collective (transformers' ``synced_gpus``): every process keeps stepping until all
-    are done, as a sharded (FSDP2) forward needs. -> the decoded new text of each prompt (special
-    tokens skipped)."""
+    are done, as a sharded (FSDP2) forward needs. ``prompt_attention``: the run's rule (None: the
+    one :func:`load_for_inference` gave ``lm``, else causal); bidirectional prefills with
+    :func:`prefill_prompts`. -> the decoded new text of each prompt (special tokens skipped)."""
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
-    settings = dict(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                    do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                    synced_gpus=synced)
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
+
+    def run(**extra):
+        if rule == "bidirectional":
+            extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
+        return lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                           pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
     try:                                       # stop strings end generation early...
-        out = lm.generate(**settings, stop_strings=list(stop) or None, tokenizer=tokenizer)
+        out = run(stop_strings=list(stop) or None, tokenizer=tokenizer)
     except ValueError:                         # ...where transformers can map them onto the vocabulary (not
-        out = lm.generate(**settings)          # character-level ones): the cut below gives the same text
+        out = run()                            # character-level ones): the cut below gives the same text
     texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return [cut_at_stop(t, list(stop)) for t in texts]

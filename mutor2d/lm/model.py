@@ -26,7 +26,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from ..attention import Visibility
+from ..attention import Visibility, causal_rule, open_prefix
 from ..objectives import Batch
 from ..registers import RegisterSpec
 from .packing import Frame, LMBatch, canonical, frame, line_width
@@ -36,11 +36,14 @@ LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: L
 
 class MutorLM(nn.Module):
     """lm: a transformers causal LM, possibly wrapped by peft. registers: add the register
-    embedding; heads: the multi-head baseline's extra layers (:func:`head_layers`)."""
+    embedding; heads: the multi-head baseline's extra layers (:func:`head_layers`); prompt_attention:
+    "causal", or "bidirectional" (prompt tokens see the whole prompt: attention.open_prefix)."""
 
-    def __init__(self, lm: nn.Module, registers: bool = True, heads: nn.ModuleList | None = None):
+    def __init__(self, lm: nn.Module, registers: bool = True, heads: nn.ModuleList | None = None,
+                 prompt_attention: str = "causal"):
         super().__init__()
         self.lm = lm
+        self.prompt_attention = prompt_attention
         if heads is not None:
             self.heads = heads
         if registers:
@@ -87,7 +90,7 @@ class MutorLM(nn.Module):
         ``real`` (B, T) the non-padding ones. ``trunk``: a dict that receives the positional ("args")
         and keyword ("kwargs") inputs of the last decoder layer."""
         lm = self.causal_lm
-        mask = real.long() if vis is None else self._mask(vis, position_ids, embeds.dtype)
+        mask = real.long() if vis is None else attention_mask(lm.config, vis, position_ids, embeds.dtype)
         grab = None
         if trunk is not None:
             grab = decoder_part(lm, LAYERS)[-1].register_forward_pre_hook(
@@ -104,25 +107,6 @@ class MutorLM(nn.Module):
         """(B, L, D) head k's normed output on the trunk output (the last layer's inputs ``trunk``)."""
         out = self.heads[k](*trunk["args"], **trunk["kwargs"])
         return decoder_part(self.causal_lm, NORMS)(out[0] if isinstance(out, tuple) else out)
-
-    def _mask(self, vis: Visibility, pos: Tensor, dtype: torch.dtype):
-        """FlexAttention BlockMask when the model runs flex_attention, else the additive 4D mask.
-
-        Sliding-window models: a 4D mask replaces the model's own, so the window is applied here
-        (query position - key position < window, positions ``pos`` (B, L); an extra slot counts at
-        its own position id): for every layer (Mistral), or for the "sliding_attention" layers
-        through the per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
-        config = self.causal_lm.config
-        if getattr(config, "_attn_implementation", None) == "flex_attention":
-            return vis.block_mask()
-        allowed = vis.dense_mask()
-        window = getattr(config, "sliding_window", None)
-        if not window:
-            return _additive(allowed, dtype)
-        windowed = _additive(allowed & ((pos[:, None, :, None] - pos[:, None, None, :]) < window), dtype)
-        if getattr(config, "layer_types", None) is None:
-            return windowed
-        return {"full_attention": _additive(allowed, dtype), "sliding_attention": windowed}
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V) through the model's output head."""
@@ -144,8 +128,9 @@ class FramedLM:
     at valid rows (``sparse_logits``): an LM's vocabulary is large."""
     sparse_logits = True
 
-    def __init__(self, model: MutorLM, frame: Frame):
-        self.model, self.frame = model, frame
+    def __init__(self, model: MutorLM, frame: Frame, prefix_width: int):
+        """prefix_width: P_max, the canonical prefix (prompts left-padded to it)."""
+        self.model, self.frame, self.prefix_width = model, frame, prefix_width
 
     def prefix_len(self, prefix: Tensor) -> int:
         return prefix.shape[1]
@@ -158,18 +143,20 @@ class FramedLM:
         ids = [t for t in (prefix, tokens) if t is not None and t.shape[1] > 0]
         return self.model.embed(torch.cat(ids, dim=1), num_extra)
 
-    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None) -> Tensor:
+    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
+               prefix_len: int | None = None) -> Tensor:
         """Embeddings (B, T_can + E, D), line position ids (B, T_can + E, 2), rule (None: causal, E = 0)
-        -> last hidden states (B, T_can + E, D)."""
+        -> last hidden states (B, T_can + E, D). The prefix is the frame's (``prefix_len`` unused)."""
         embeds, pos, physical, real = self._physical(h, positions, vis)
         return self._canonical(self.model.decode(embeds, pos, physical, real))
 
-    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: None = None) -> tuple[Tensor, list[Tensor]]:
-        """Causal, no extra slots: (last hidden states (B, T_can, D), [head k's (B, T_can, D)]) of the
-        model's own heads (``heads`` is None: :meth:`MutorLM.head_layers`)."""
+    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: None = None,
+                          prefix_len: int | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Causal (prompt rule as ``hidden``), no extra slots: (last hidden states (B, T_can, D),
+        [head k's (B, T_can, D)]) of the model's own heads (``heads`` is None: :meth:`MutorLM.head_layers`)."""
         trunk = {}
-        embeds, pos, _, real = self._physical(h, positions, None)
-        out = self.model.decode(embeds, pos, None, real, trunk)
+        embeds, pos, physical, real = self._physical(h, positions, None)
+        out = self.model.decode(embeds, pos, physical, real, trunk)
         heads = [self.model.head_hidden(k, trunk) for k in range(len(self.model.heads))]
         return self._canonical(out), [self._canonical(x) for x in heads]
 
@@ -186,8 +173,16 @@ class FramedLM:
             raise ValueError(f"{h.shape[1]} slots with {regular} regular ones: expected the {T_can} canonical "
                              "regular slots of the batch's frame, then the extra ones (with a visibility rule)")
         embeds = torch.cat([f.regular(h[:, :T_can], 0.0), h[:, T_can:]], dim=1)
-        physical = f.visibility(vis) if vis is not None else None
+        rule = self._prompt_rule(vis, h)
+        physical = f.visibility(rule) if rule is not None else None
         return embeds, f.positions(positions[..., 1]), physical, f.real
+
+    def _prompt_rule(self, vis: Visibility | None, h: Tensor) -> Visibility | None:
+        """The canonical rule under the model's ``prompt_attention`` (None: causal)."""
+        if self.model.prompt_attention == "causal" or self.prefix_width < 2:
+            return vis
+        return open_prefix(vis if vis is not None else causal_rule(h.shape[0], h.shape[1], h.device),
+                           self.prefix_width)
 
     def _canonical(self, out: Tensor) -> Tensor:
         T = self.frame.num_regular
@@ -202,7 +197,7 @@ def frame_batch(model: MutorLM, batch: LMBatch, spec: RegisterSpec, padding_side
     prefix, body = canonical(batch, width)
     f = frame(batch.prompt_len, batch.answer_len, width, padding_side).to(device)
     lengths = batch.answer_len.long().to(device, non_blocking=True)
-    return FramedLM(model, f), Batch(body.to(device, non_blocking=True), prefix.to(device, non_blocking=True),
+    return FramedLM(model, f, prefix.shape[1]), Batch(body.to(device, non_blocking=True), prefix.to(device, non_blocking=True),
                                      (1, width), lengths)
 
 
@@ -227,6 +222,26 @@ def head_layers(lm: nn.Module, count: int) -> nn.ModuleList:
     last = decoder_part(lm, LAYERS)[-1]
     heads = nn.ModuleList(copy.deepcopy(last) for _ in range(count))
     return heads.requires_grad_(True)
+
+
+def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype):
+    """The mask a transformers model of ``config`` takes for rule ``vis``: its FlexAttention BlockMask
+    when the model runs flex_attention, else the additive 4D mask.
+
+    Sliding-window models: a 4D mask replaces the model's own, so the window is applied here
+    (query position - key position < window, positions ``pos`` (B, L); an extra slot counts at
+    its own position id): for every layer (Mistral), or for the "sliding_attention" layers
+    through the per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
+    if getattr(config, "_attn_implementation", None) == "flex_attention":
+        return vis.block_mask()
+    allowed = vis.dense_mask()
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return _additive(allowed, dtype)
+    windowed = _additive(allowed & ((pos[:, None, :, None] - pos[:, None, None, :]) < window), dtype)
+    if getattr(config, "layer_types", None) is None:
+        return windowed
+    return {"full_attention": _additive(allowed, dtype), "sliding_attention": windowed}
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:

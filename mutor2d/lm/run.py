@@ -195,7 +195,7 @@ class OnlineAccuracy:
 
         def answer(batch: list[dict]) -> list[str]:
             return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens,
-                            e.stop, synced=sharded)
+                            e.stop, synced=sharded, prompt_attention=run.cfg.model.prompt_attention)
 
         def agree(batches: int) -> int:
             return int(acc.gather(torch.tensor([batches], device=run.device)).max())

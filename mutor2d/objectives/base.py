@@ -33,8 +33,11 @@ class TokenModel(Protocol):
     def embed(self, tokens: Tensor | None, prefix: Tensor | None, num_extra: int = 0) -> Tensor:
         """(B, P + T_tokens + num_extra, D) input embeddings: prefix, tokens, then extra slots."""
 
-    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None) -> Tensor:
-        """Embeddings (B, L, D) -> last hidden states (B, L, D) under ``vis``."""
+    def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,
+               prefix_len: int | None = None) -> Tensor:
+        """Embeddings (B, L, D) -> last hidden states (B, L, D) under ``vis``; ``prefix_len``: the P
+        prefix slots at the front (a model with ``prompt_attention: bidirectional`` opens them to each
+        other, mutor2d.attention.open_prefix; pass it always)."""
 
     def logits(self, h: Tensor) -> Tensor:
         """Hidden states (..., D) -> logits (..., V)."""
@@ -43,10 +46,10 @@ class TokenModel(Protocol):
         """``count`` extra head layers for the objective to own (the GPT: fresh blocks), or None when
         the model holds its own (a transformers LM: copies of its last layer, built with it)."""
 
-    def hidden_with_heads(self, h: Tensor, positions: Tensor,
-                          heads: nn.ModuleList | None) -> tuple[Tensor, list[Tensor]]:
-        """Causal, no extra slots: (last hidden states (B, T, D), [head k's hidden states (B, T, D)]);
-        ``heads`` as ``head_layers`` gave them."""
+    def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: nn.ModuleList | None,
+                          prefix_len: int | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Causal (prompt rule as ``hidden``), no extra slots: (last hidden states (B, T, D), [head k's
+        hidden states (B, T, D)]); ``heads`` as ``head_layers`` gave them."""
 
 
 @dataclass

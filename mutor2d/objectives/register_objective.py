@@ -115,7 +115,7 @@ class RegisterObjective(nn.Module):
         lay = self.layout(batch, P, generator)
         T, R = lay.num_regular, lay.num_registers
         inputs = batch.body[:, : T - P]
-        h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility)
+        h = model.hidden(model.embed(inputs, batch.prefix, R), lay.position_ids, lay.visibility, prefix_len=P)
         ntp_t, reg_t = lay.gather_targets(batch.body)
         first = P - 1  # hidden states before it only predict prefix tokens: skip the head there
         ntp = token_ce(model, h[:, first:T], ntp_t[:, first:], lay.ntp_valid[:, first:])
