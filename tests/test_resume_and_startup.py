@@ -1,0 +1,125 @@
+"""Resume, start-up and fast command lines (issue 39, items 5, 7, 8, 9): the divergence guard of
+language-model runs, a finished run resumed changes nothing, one start-up line per run, entry points
+that parse before importing torch, scaled subprocess timeouts, named leaderboard rows, readable small
+grids and a hub card sampled from its own weights. Each test is one row of docs/RELIABILITY.md."""
+import contextlib
+import io as text_io
+import json
+from pathlib import Path
+
+import pytest
+
+from mutor2d import checkpoint as ckpt_lib
+from mutor2d.engine import Diverged, read_log, train
+
+from test_training import ROOT, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LM_DATA = ROOT / "tests" / "data" / "lm_tiny.jsonl"
+
+
+def tiny_llama(folder: Path) -> Path:
+    """The README's tiny Llama (python -m mutor2d.lm.tiny) with the arithmetic character tokenizer."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from mutor2d.lm.tiny import write_tiny_llama
+    return write_tiny_llama(folder)
+
+
+def arith_data(path: Path, count: int = 64) -> Path:
+    """Synthetic arithmetic problems as GSM8K lines (python -m mutor2d.lm.data arith)."""
+    from mutor2d.lm.arith import arith_records
+    path.write_text("".join(json.dumps(r) + "\n" for r in arith_records(count, [2], 0)))
+    return path
+
+
+def lm_config(base: Path, data: Path, **train_fields) -> dict:
+    return {"task": "lm", "model": {"hf": str(base), "finetune": "full", "dtype": "float32"},
+            "data": {"name": "gsm8k", "path": str(data), "max_prompt_len": 160, "max_answer_len": 64},
+            "optim": {"lr": 3e-3, "schedule": "constant", "warmup_steps": 80},
+            "train": {"batch_size": 8, "log_every": 1, "tracker": "none", "mixed_precision": "no", **train_fields}}
+
+
+# ----------------------------------------------------------------------------- item 9: LM divergence
+
+def test_an_exploding_lm_update_is_judged_bad_and_its_last_good_checkpoint_kept(tmp_path):
+    """The sweep's probe on the tiny Llama: resumed at optim.lr=1e6 (warming up: 87500 at the first
+    update) with ckpt_every=1, keep_ckpts=1. That update's weights still give a normal loss (uniform
+    predictions, ln V) and a zero gradient; their weight norm blows up, so the next update is skipped,
+    the run diverges, and rotation never deletes the last checkpoint from before the change."""
+    import mutor2d.lm as lm_pkg
+    cfg = lm_config(tiny_llama(tmp_path / "base"), arith_data(tmp_path / "arith.jsonl"), max_steps=6,
+                    ckpt_every=1, keep_ckpts=1)
+    run = tmp_path / "run"
+    lm_pkg.train(cfg, run)
+    with pytest.raises(Diverged) as e:
+        lm_pkg.train(cfg, run, ["optim.lr=1e6", "train.max_steps=16", "train.max_nonfinite=3"], resume="auto")
+    good = ckpt_lib.checkpoint_path(run, 6)
+    assert f"the last good checkpoint is {good}; continue from it with --resume auto" in str(e.value)
+    assert ckpt_lib.list_checkpoints(run) == [good]
+    assert (run / "checkpoints" / "step_00000007.pt.diverged").is_file()    # the exploded update's weights
+    assert {r["step"]: r.get("skipped_blowup", 0) for r in read_log(run) if r["step"] > 6} == \
+        {7: 0, 8: 1, 9: 1, 10: 1, 11: 1}
+
+
+# ----------------------------------------------------------------------------- item 5: finished runs
+
+def files_of(folder: Path) -> dict:
+    """Every file under ``folder`` -> (modification time in ns, bytes)."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def train_image(run: Path, resume=None):
+    return train(tiny("train.max_steps=2", "train.ckpt_every=1", "train.tracker=tensorboard"), run, resume=resume)
+
+
+def train_lm(run: Path, resume=None):
+    import mutor2d.lm as lm_pkg
+    base = tiny_llama(run.parent / "base")
+    cfg = {"task": "lm", "model": {"hf": str(base), "finetune": "lora", "lora_targets": ["q_proj", "v_proj"]},
+           "data": {"path": str(LM_DATA)}, "optim": {"lr": 1e-2},
+           "train": {"batch_size": 4, "max_steps": 2, "log_every": 1, "ckpt_every": 1, "tracker": "none"}}
+    return lm_pkg.train(cfg, run, resume=resume)
+
+
+def train_vq(run: Path, resume=None):
+    from mutor2d.tokenizer.vq_train import load_config, train as vq_train
+    sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=2",
+            "train.log_every=1", "train.ckpt_every=1", "train.eval_every=1", f"train.out_dir={run}"]
+    return vq_train(load_config("vq_digits", sets), resume=resume)
+
+
+KINDS = {"image": train_image, "lm": train_lm, "vq": train_vq}
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def finished(request, tmp_path_factory):
+    """(run kind, a run of it trained to train.max_steps, what that run printed)."""
+    run = tmp_path_factory.mktemp(request.param) / "run"
+    out = text_io.StringIO()
+    with contextlib.redirect_stdout(out):
+        KINDS[request.param](run)
+    return request.param, run, out.getvalue()
+
+
+def test_resuming_a_finished_run_prints_nothing_to_do_and_rewrites_no_file(finished, capsys):
+    kind, run, _ = finished
+    before = files_of(run)
+    capsys.readouterr()
+    KINDS[kind](run, resume="auto")
+    assert "nothing to do: the run is at step 2, train.max_steps is 2" in capsys.readouterr().out
+    after = files_of(run)
+    assert sorted(after) == sorted(before)
+    assert [name for name in before if after[name] != before[name]] == []
+
+
+# ----------------------------------------------------------------------------- item 7: start-up line
+
+def test_every_run_kind_starts_with_one_line_naming_device_parameters_and_folder(finished):
+    kind, run, printed = finished
+    lines = [line for line in printed.splitlines() if line.startswith(f"{kind} run on ")]
+    assert len(lines) == 1, printed
+    assert lines[0].startswith(f"{kind} run on cpu: ") and " parameters (" in lines[0]
+    assert lines[0].endswith(f" trained); run folder {run}")
