@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mutor2d import checkpoint, config, generation
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -50,7 +51,7 @@ def env(plugins: Path, modules: str) -> dict:
 
 def command(args: list, plugins: Path, modules: str) -> subprocess.CompletedProcess:
     r = subprocess.run([PY, *map(str, args)], cwd=ROOT, env=env(plugins, modules), capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=limit(120))
     assert r.returncode == 0, r.stderr[-2000:]
     return r
 

@@ -123,3 +123,60 @@ def test_every_run_kind_starts_with_one_line_naming_device_parameters_and_folder
     assert len(lines) == 1, printed
     assert lines[0].startswith(f"{kind} run on cpu: ") and " parameters (" in lines[0]
     assert lines[0].endswith(f" trained); run folder {run}")
+
+
+# ----------------------------------------------------------------------------- item 8: fast command lines
+
+FAST = ["train.py", "eval/leaderboard.py", "eval/stargraph.py", "tokenizers/train_vq.py",
+        "-m mutor2d.checkpoint", "-m mutor2d.hub"]
+PROBE = """
+import json, runpy, sys
+entry, codes = sys.argv[1], []
+for argv in (["--help"], ["--no-such-option"]):
+    sys.argv = [entry, *argv]
+    try:
+        runpy.run_module(entry[3:], run_name="__main__", alter_sys=True) if entry.startswith("-m ") else \\
+            runpy.run_path(entry, run_name="__main__")
+    except SystemExit as e:
+        codes.append(e.code)
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("entry", FAST)
+def test_help_and_argument_errors_come_before_importing_torch(entry):
+    import subprocess
+    import sys
+    from timeouts import limit
+    r = subprocess.run([sys.executable, "-c", PROBE, entry], cwd=ROOT, capture_output=True, text=True,
+                       timeout=limit(120))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"codes": [0, 2], "torch": False}
+    assert "usage:" in r.stdout and " error: " in r.stderr
+
+
+def test_subprocess_timeouts_scale_with_one_variable_and_fail_saying_so(tmp_path):
+    """MUTOR2D_TEST_TIMEOUT_SCALE scales every limit (tests/timeouts.py); a subprocess past its limit
+    fails its test in one line naming the timeout and the scaled limit (tests/conftest.py)."""
+    import os
+    import subprocess
+    import sys
+    from timeouts import SCALE_VAR, limit
+    (tmp_path / "test_slow.py").write_text(
+        "import subprocess, sys\nfrom timeouts import limit\n\n\ndef test_slow():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'], timeout=limit(2))\n")
+    env = {**os.environ, SCALE_VAR: "0.25", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q",
+                        "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "t"), str(tmp_path / "test_slow.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(120))
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "timeout: " in r.stdout and f"ran past its limit of 0.5 s ({SCALE_VAR}=0.25" in r.stdout, r.stdout[-2000:]
+    assert "Traceback" not in r.stdout
+    os.environ[SCALE_VAR], old = "3", os.environ.get(SCALE_VAR)
+    try:
+        assert limit(120) == 360
+        os.environ[SCALE_VAR] = "0"
+        with pytest.raises(ValueError, match=f"{SCALE_VAR}='0': expected a number > 0"):
+            limit(1)
+    finally:
+        os.environ.pop(SCALE_VAR) if old is None else os.environ.__setitem__(SCALE_VAR, old)

@@ -24,6 +24,7 @@ from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, samp
 from test_generation import cli_error
 from mutor2d.sampling import plain as plain_decoding
 from mutor2d.sampling.plain import decode_plain
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 V, C = 17, 10
@@ -290,7 +291,7 @@ def digits_run(tmp_path_factory):
 def sample_py(*args):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "sample.py", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=limit(120))
 
 
 def sample_main():
