@@ -180,3 +180,20 @@ def test_subprocess_timeouts_scale_with_one_variable_and_fail_saying_so(tmp_path
             limit(1)
     finally:
         os.environ.pop(SCALE_VAR) if old is None else os.environ.__setitem__(SCALE_VAR, old)
+
+
+# ----------------------------------------------------------------------------- item 7: outputs say what they are
+
+def test_the_leaderboard_names_its_runs_and_shows_the_decoding_mode(tmp_path):
+    from mutor2d.evaluation import records
+    for seed, decode in ((0, "plain"), (1, "plain"), (2, "registers")):
+        rec = {"method": "ntp", "objective": {"name": "ntp"}, "step": 500, "metrics": {"fid": 9.0 + seed},
+               "evaluator": {"feature_extractor": "digits"}, "reference": "digits:train", "n": 100,
+               "sampling": {"decode": decode}, "seed": seed, "samples": f"s{seed}.npz"}
+        records.write_record(rec, tmp_path / f"ntp_seed{seed}" / "eval")
+    table = records.markdown_table(records.read_records(sorted(tmp_path.iterdir()))[0])
+    head, _, *rows = table.splitlines()
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+    assert head.startswith("| run | method |") and head.endswith("| n | decoding |")
+    assert [(c[0], c[-1]) for c in cells] == [("ntp_seed0", "plain"), ("ntp_seed1", "plain"),
+                                              ("ntp_seed2", "registers")]
