@@ -164,7 +164,7 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     sample_py.main(["--ckpt", str(run), "--out", str(tmp_path / "bare.png"), "--device", "cpu", "--classes", "2,0",
                     "--no-labels"])
     bare = np.asarray(Image.open(tmp_path / "bare.png"))          # the rows' names in a left margin, cells unchanged
-    assert json.loads(png.text["rows"]) == ["caption 2", "caption 0"] and bare.shape == (2 + 2 * 66, 2 + 2 * 66, 3)
+    assert json.loads(png.text["rows"]) == ["caption 2", "caption 0"] and bare.shape == (268, 268, 3)  # x2: 256+
     assert png.width > bare.shape[1] and np.array_equal(np.asarray(png)[:, png.width - bare.shape[1]:], bare)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:

@@ -197,3 +197,38 @@ def test_the_leaderboard_names_its_runs_and_shows_the_decoding_mode(tmp_path):
     assert head.startswith("| run | method |") and head.endswith("| n | decoding |")
     assert [(c[0], c[-1]) for c in cells] == [("ntp_seed0", "plain"), ("ntp_seed1", "plain"),
                                               ("ntp_seed2", "registers")]
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    """A tiny digits run (2 steps, sample grid of 1 per class for classes 0 and 7)."""
+    run = tmp_path_factory.mktemp("image") / "run"
+    train(tiny("train.max_steps=2", "train.ckpt_every=1"), run)
+    return run
+
+
+def test_a_one_per_class_grid_is_written_at_a_readable_size(image_run, tmp_path):
+    from PIL import Image
+
+    from test_reliability_v2 import script
+    out = tmp_path / "one.png"
+    script("sample")(["--ckpt", str(image_run), "--per-class", "1", "--device", "cpu", "--out", str(out)])
+    assert min(Image.open(out).size) >= 256
+
+
+def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tmp_path):
+    """A training grid older than the checkpoint (Ctrl-C between sample intervals) is never the card's."""
+    import shutil
+    pytest.importorskip("huggingface_hub")
+    from mutor2d import generation, hub
+    from mutor2d.data import build_tokenizer
+    run = tmp_path / "run"
+    shutil.copytree(image_run, run)
+    (run / "samples" / "step_00000002.png").write_bytes(b"a grid of older weights")
+    out = tmp_path / "hub"
+    hub.MutorModel.from_checkpoint(run).save_pretrained(out)
+    model, cfg, meta = ckpt_lib.open_model(out / "model.safetensors")
+    expected = generation.write_grid(model, build_tokenizer(cfg.data), tuple(meta["grid"]), cfg.sample,
+                                     generation.grid_classes(cfg.sample, cfg.model.num_classes), tmp_path / "x.png",
+                                     objective=cfg.objective)
+    assert (out / "sample.png").read_bytes() == expected.read_bytes()

@@ -172,8 +172,9 @@ def test_sample_grid_rows_are_classes(tmp_path):
     train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path / "a")
     train(tiny("train.max_steps=1", "sample.per_class=3", "sample.labels=false"), tmp_path / "b")
     img, bare = (Image.open(tmp_path / run / "samples" / "step_00000001.png") for run in "ab")
-    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2; the rows named in a left margin
-    assert bare.size == (3 * 66 + 2, 2 * 66 + 2) and img.height == bare.height and img.width > bare.width
+    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2, then x2 to 256+ px a side; the rows
+    # named in a left margin
+    assert bare.size == (2 * (3 * 66 + 2), 2 * (2 * 66 + 2)) and img.height == bare.height and img.width > bare.width
     assert np.array_equal(np.asarray(img)[:, img.width - bare.width:], np.asarray(bare))
     assert json.loads(img.text["rows"]) == json.loads(bare.text["rows"]) == ["0", "7"]
 
