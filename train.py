@@ -20,13 +20,10 @@ import copy
 import os
 from pathlib import Path
 
-from mutor2d import checkpoint as ckpt_lib
+from mutor2d import checkpoint as ckpt_lib          # the command line parses before torch is imported
 from mutor2d import config as config_lib
-from mutor2d import lm as lm_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.config import ConfigError
-from mutor2d.engine import default_run_dir, run_entry, train
-from mutor2d.engine.loop import flat
 from mutor2d.plugins import load_plugins
 
 
@@ -52,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> Path:
+    from mutor2d.engine import default_run_dir, train
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
@@ -83,6 +81,7 @@ def saved_config(resume: str | None, run_dir) -> dict | None:
 def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) -> None:
     """On resume the saved config wins over the config file; say which values --set changes and which
     values of the file are not used (main process only)."""
+    from mutor2d.engine.loop import flat
     if os.environ.get("RANK", "0") != "0":
         return
     old, given = flat(saved), {".".join(k): v for k, v in map(config_lib.parse_override, overrides)}
@@ -101,6 +100,7 @@ def load_config(data: dict, overrides: list[str]):
     an image run."""
     task = data.get("task", data.get("kind"))
     if task == "lm":
+        from mutor2d import lm as lm_lib
         return lm_lib.load_config(data, overrides)
     if task == "vq":
         from mutor2d.tokenizer import vq_train
@@ -110,6 +110,7 @@ def load_config(data: dict, overrides: list[str]):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from mutor2d.engine import run_entry
 
     def start() -> Path:
         load_plugins()

@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> str:
-    load_plugins()
     args = build_parser().parse_args(argv)
+    load_plugins()
     recs, notes = records.read_records(args.runs)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -14,13 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from mutor2d import checkpoint
+from mutor2d import checkpoint          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
-from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,8 +62,11 @@ def make_record(cfg, step: int, path, rates: dict, tf: dict) -> dict:
 
 
 def main(argv=None) -> dict:
-    load_plugins()
     args = parse_args(argv)
+    import torch
+
+    from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
+    load_plugins()
     path = checkpoint.resolve(args.ckpt)
     model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)
     if cfg.data.name != "stargraph":

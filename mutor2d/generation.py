@@ -38,6 +38,7 @@ Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> ui
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
 GRID_MIN_SIDE = 64    # grid cells smaller than this are enlarged (nearest) by an integer factor
 GRID_PAD = 2          # pixels between and around grid cells (white)
+GRID_MIN_PNG_SIDE = 256   # a smaller grid (e.g. one sample a class) is enlarged as a whole to this
 SPREAD = 10           # classes in a grid when none are named
 LABEL_CHARS = 28      # row labels longer than this are cut ("...") in a grid's margin
 LABEL_PAD = 4         # pixels left and right of the row labels
@@ -216,13 +217,14 @@ def sample_images(model, tokenizer, grid: tuple[int, int], sample_cfg, prefixes:
 
 
 def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels: list[str] | None = None, *,
-              labels: bool = True) -> Path:
+              labels: bool = True, min_side: int = GRID_MIN_PNG_SIDE) -> Path:
     """uint8 images (B, h, w, 3) -> PNG grid with ``ncol`` columns on a white background; the
     ``row_labels`` (one per row) go into the PNG's text chunk ``rows`` (JSON) and, with ``labels``,
     into a left margin (PIL's default font, at most LABEL_CHARS characters) as wide as the widest.
     Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
     digits become visible). Size: (m + p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD,
-    m the margin (0 without labels); the cells are the same pixels either way."""
+    m the margin (0 without labels); the cells are the same pixels either way. A grid still smaller
+    than ``min_side`` on a side is then enlarged as a whole by an integer factor (nearest), margin too."""
     from PIL import Image, PngImagePlugin
     B, h, w, _ = images.shape
     s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
@@ -236,6 +238,9 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
     image = Image.fromarray(canvas)
     if labels and row_labels:
         image = label_rows(image, row_labels, [pad + r * (h * s + pad) + h * s / 2 for r in range(rows)])
+    k = math.ceil(min_side / min(image.size))
+    if k > 1:
+        image = image.resize((image.width * k, image.height * k), Image.NEAREST)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     info = PngImagePlugin.PngInfo()

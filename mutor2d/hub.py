@@ -7,7 +7,7 @@
                      "weights_sha256": the SHA-256 of model.safetensors, checked at every load};
   README.md          the model card: the run's config, its FID records (RUN/eval/, as eval/leaderboard.py
                      shows them), a sample grid and how to sample;
-  sample.png         that grid (the run's newest training grid, else one made with its sample settings).
+  sample.png         that grid, sampled from the saved weights with the run's sample settings.
 ``mutor2d.checkpoint.resolve`` maps such a folder to its model.safetensors once its checksum matches
 (``io.verified_weights``: a corrupt file is a one-line error, a folder written before checksums loads
 with a warning), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained`` take it
@@ -40,6 +40,7 @@ from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
 from .cli import HelpFormatter
 
 CARD_IMAGE = "sample.png"
+CARD_PER_CLASS = 4       # samples a class at most in the card's grid
 OWN_FILES = (WEIGHTS, CARD_IMAGE, "README.md", "config.json")   # what save writes (config.json, the checksum, last)
 
 
@@ -93,21 +94,22 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
                                               "ema" if self.meta["has_ema"] else "model", save_directory / WEIGHTS)
         config = self.hub_config(io.file_sha256(weights))
         (save_directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        self.write_card_image(save_directory / CARD_IMAGE)
+        self.write_card_image(save_directory / CARD_IMAGE, weights)
         (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights
 
-    def write_card_image(self, out: Path) -> None:
-        """The run's newest training grid (RUN/samples/step_XXXXXXXX.png, not sample.py's step_..._cfg*.png),
-        else a grid made now with the run's sample settings."""
-        grids = sorted((self.run_dir / "samples").glob(f"step_{'[0-9]' * 8}.png")) if self.run_dir else []
-        if grids:
-            shutil.copyfile(grids[-1], out)
-            return
+    def write_card_image(self, out: Path, weights: Path) -> None:
+        """A grid sampled now from ``weights`` (the file the folder ships, read back), with the run's
+        sample settings and at most CARD_PER_CLASS samples a class: the card shows its own weights,
+        never an older training grid."""
+        from dataclasses import replace
+
         from . import generation
         from .data import build_tokenizer
+        model = checkpoint.open_model(weights, device=next(self.model.parameters()).device)[0]
         s, grid = self.cfg.sample, tuple(self.meta["grid"])
-        classes = generation.grid_classes(s, len(self.model.conditioning.choices(self.cfg.model)))
-        generation.write_grid(self.model, build_tokenizer(self.cfg.data), grid, s, classes, out,
+        s = replace(s, per_class=min(s.per_class, CARD_PER_CLASS))
+        classes = generation.grid_classes(s, len(model.conditioning.choices(self.cfg.model)))
+        generation.write_grid(model, build_tokenizer(self.cfg.data), grid, s, classes, out,
                               objective=self.cfg.objective)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:

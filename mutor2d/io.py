@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
 import numpy as np
-import torch
 
 TEMP_SUFFIX = ".tmp"
 
@@ -116,6 +115,7 @@ class _ErrorKeepingFile:
 
 def torch_save(obj, f: BinaryIO) -> None:
     """``torch.save(obj, f)``; a failed write raises its own OSError (e.g. ENOSPC), not a RuntimeError."""
+    import torch
     keeper = _ErrorKeepingFile(f)
     try:
         torch.save(obj, keeper)
@@ -163,6 +163,7 @@ CHECKSUM_KEY = "sha256"
 
 def _feed(h, obj) -> None:
     """Hash ``obj``'s content into ``h`` (see the module doc for the walk)."""
+    import torch
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("cpu").contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
@@ -218,6 +219,7 @@ def _qualname(obj) -> str:
 
 def _named_globals(path: Path) -> list[str]:
     """Callables the pickle inside ``path`` names (read from its opcodes; nothing is executed)."""
+    import torch
     try:
         return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except Exception:
@@ -237,6 +239,7 @@ def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable
 
 
 def _load(path: Path, what: str, allow: list, mmap: bool):
+    import torch
     if not path.is_file():
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
     try:

@@ -26,8 +26,6 @@ import shutil
 import warnings
 from pathlib import Path
 
-import torch
-
 from . import io
 
 SUFFIX = ".dcp"
@@ -64,6 +62,7 @@ def read_meta(path: str | os.PathLike) -> dict:
 def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
     """Collective: each process saves its part of ``state`` into the temp folder; the main process
     adds ``meta`` and publishes the folder as ``final``. Every process returns once it is published."""
+    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     tmp = temp_folder(final)
@@ -114,6 +113,7 @@ def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
 def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
     """(full GPT state dict on the CPU, meta) of a sharded checkpoint, in this process alone: the EMA
     weights when kept and ``use_ema``, else the model's."""
+    import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from . import safe_dcp

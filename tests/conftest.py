@@ -1,6 +1,10 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, and subprocess timeouts reported as such (tests/timeouts.py)."""
+import subprocess
+
 import pytest
 import torch
+
+from timeouts import timeout_message
 
 
 @pytest.fixture(scope="module")
@@ -11,3 +15,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A subprocess that ran past its (scaled) limit fails the test in one line saying so."""
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as e:
+        message = timeout_message(e)
+    pytest.fail(message, pytrace=False)                # outside the except: no chained traceback

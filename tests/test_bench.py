@@ -18,13 +18,14 @@ from mutor2d.model import ModelConfig
 from mutor2d.model import GPT
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.sampling import generate
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_bench(script: str, *args: str) -> dict:
     proc = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=limit(300))
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     return json.loads(last)

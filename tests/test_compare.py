@@ -23,6 +23,7 @@ from mutor2d import checkpoint as ckpt_lib
 from mutor2d.data import build_dataset, collate
 from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,7 +262,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, argv, needle):
 
 def test_script_error_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "eval/compare.py", "--out", str(tmp_path), "--methods", "bogus"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]]
     assert r.stderr.startswith("error: --methods: 'bogus'")
@@ -299,7 +300,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     running, workers = [out / m / "seed0" for m in ("next-token", "mutor-2d-sparse")], []
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + limit(240)
         while not all((r / "log.jsonl").is_file() and '"step"' in (r / "log.jsonl").read_text() for r in running):
             assert driver.poll() is None and time.time() < deadline, "the study did not start training"
             time.sleep(0.5)
@@ -307,7 +308,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
         assert len(workers) == 2
         driver.kill()                                            # the harshest end: no chance to clean up
         driver.wait()
-        deadline = time.time() + 60
+        deadline = time.time() + limit(60)
         while not all(map(_gone, workers)):
             assert time.time() < deadline, "a worker kept running after its driver was killed"
             time.sleep(0.5)

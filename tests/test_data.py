@@ -19,6 +19,7 @@ from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, token
 from mutor2d.tokenizer.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
                                      scan_image_folder)
 from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
+from timeouts import limit
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -250,7 +251,7 @@ def test_extract_codes_script_errors(tmp_path, vq_path):
     (tmp_path / "empty").mkdir()
     r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(tmp_path / "empty"),
                         "--tokenizer", str(vq_path), "--out", str(tmp_path / "o"), "--workers", "0"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("error: image folder") and "Traceback" not in r.stderr
 
@@ -424,7 +425,7 @@ def test_extracting_nothing_is_an_error(vq_path, tmp_path):
         run_extract(root, tmp_path / "o1", vq_path)
     r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(root), "--tokenizer",
                         str(vq_path), "--out", str(tmp_path / "o2"), "--workers", "0", "--no-progress"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: no image of")
 
 
@@ -446,7 +447,7 @@ def test_payload_tokenizer_never_runs(folder, tmp_path):
         build_dataset(make("data", tokenizer=str(evil)), "train")
     r = subprocess.run([sys.executable, "tokenizers/extract_codes.py", "--images", str(folder), "--tokenizer",
                         str(evil), "--out", str(tmp_path / "o"), "--workers", "0", "--no-progress"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: VQ checkpoint") and "evil.pt" in r.stderr
     assert not marker.exists()

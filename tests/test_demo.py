@@ -20,6 +20,8 @@ from urllib.parse import parse_qsl
 import pytest
 import torch
 
+from timeouts import limit
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest.importorskip("gradio")
@@ -134,7 +136,7 @@ class Server:
                                       str(self.port), "--device", "cpu"], stdout=log.open("w"),
                                      stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         self.url = f"http://127.0.0.1:{self.port}/"
-        deadline = time.time() + 90
+        deadline = time.time() + limit(90)
         while "Running on" not in log.read_text():
             if self.proc.poll() is not None or time.time() > deadline:
                 self.close()
@@ -190,7 +192,7 @@ def shoot(url: str, out: Path) -> None:
     driver = browser()
     try:
         driver.set_window_size(1400, 1250)
-        generate(driver, url, timeout=300)
+        generate(driver, url, timeout=limit(300))
         driver.execute_script("window.scrollTo(0, 0)")
         time.sleep(1)
         driver.save_screenshot(str(out))
@@ -231,7 +233,7 @@ def test_concurrent_requests_are_queued_and_all_complete(server):
     client = Client(server.url, verbose=False)
     before = server.log.read_text().count("mutor2d.demo request ")
     jobs = [client.submit([c], 1, 2.0, 1.0, 0, 1.0, c, "auto", 0, 4, api_name="/on_generate") for c in range(4)]
-    results = [job.result(timeout=120) for job in jobs]
+    results = [job.result(timeout=limit(120)) for job in jobs]
     assert all(Path(image).is_file() and "forwards per image" in stats for image, stats, *_ in results)
     assert server.log.read_text().count("mutor2d.demo request ") == before + 4      # one log line each
 

@@ -21,6 +21,7 @@ from mutor2d.evaluation import metrics as M
 from mutor2d.evaluation import online as O
 from mutor2d.evaluation import records as R
 from mutor2d.evaluation import sources as S
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,7 +231,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, make, match):
 def test_fid_script_reports_errors_in_one_line(tmp_path):
     samples = save_samples(tmp_path / "s.npz", np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4, np.int64), {})
     out = subprocess.run([sys.executable, "eval/fid.py", str(samples), "--ref", "digits:valid"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=limit(120))
     assert out.returncode == 2 and out.stderr.strip() == "error: 'digits:valid': expected digits:train or digits:test"
 
 
@@ -253,8 +254,9 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     png = tmp_path / "fid.png"
     table = board.main([str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(png)])
     lines = table.splitlines()
-    assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("method", "objective", "step", "FID", "IS", "precision",
-                                                             "recall", "evaluator", "reference", "n")]
+    assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("run", "method", "objective", "step", "FID", "IS",
+                                                             "precision", "recall", "evaluator", "reference", "n",
+                                                             "decoding")]
     ours = [line for line in lines if "VIRTUAL_imagenet256_labeled.npz" in line]
     assert len(ours) == 2
     assert "| mutor-2d | a=0.5, D=4, sparse K=80 | 100000 | 6.50 | 200.0 | 0.700 | 0.600 |" in ours[0]
@@ -392,7 +394,7 @@ def test_payload_files_are_refused_and_never_run(tmp_path, classifier, standin_i
         D.load_digits_classifier(payload_file(tmp_path / "digits.pt", marker, lambda p: {"settings": p}))
     r = subprocess.run([sys.executable, "eval/fid.py", str(samples), "--ref", str(samples), "--device", "cpu",
                         "--inception-weights", str(weights), "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=limit(300))
     assert r.returncode == 2 and r.stderr.startswith("error: Inception weights file") and str(weights) in r.stderr
 
     # a poisoned feature-cache entry is recomputed, not loaded

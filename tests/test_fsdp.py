@@ -25,6 +25,7 @@ from test_training import ROOT, env, losses, losses_so_far, tiny, write_yaml  # 
 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
 from mutor2d.engine import read_log, train  # noqa: E402
+from timeouts import limit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,7 +93,7 @@ def resume_past_crafted(out: Path, kind: str) -> None:
 def two_process_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(out)],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out
 
@@ -202,12 +203,12 @@ def test_train_py_fsdp_stops_with_75_and_resumes(tmp_path):
               "--out", str(run), "--set", "train.sharding=fsdp"]
     with open(tmp_path / "out.txt", "w+") as log:
         proc = subprocess.Popen(launch, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
-        end = time.time() + 120
+        end = time.time() + limit(120)
         while proc.poll() is None and time.time() < end and max(losses_so_far(run) or [0]) < 3:
             time.sleep(0.05)
         for pid in _children(proc.pid):
             os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        proc.wait(timeout=limit(120))
     text = (tmp_path / "out.txt").read_text()
     assert _exit_codes(text) == {0: 75, 1: 75}, text[-3000:]
     assert text.count("continue with --resume auto") == 2
@@ -318,7 +319,7 @@ def test_sample_py_and_app_py_refuse_a_crafted_checkpoint_in_one_line(two_proces
     crafted = crafted_run(two_process_runs / "sparse_fsdp", tmp_path / "run", "nested", marker)
     for command in (["sample.py", "--ckpt", str(crafted), "--classes", "1", "--per-class", "1", "--device", "cpu"],
                     ["app.py", "--ckpt", str(crafted), "--device", "cpu"]):
-        r = subprocess.run([PY, *command], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+        r = subprocess.run([PY, *command], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and "refused" in lines[0] and str(crafted) in lines[0], r.stderr
     assert not marker.exists()
@@ -345,7 +346,7 @@ def test_one_launched_process_shards_on_a_one_rank_mesh(tmp_path):
     cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "1", "train.py", "--config", str(cfg),
            "--out", str(tmp_path / "run")]
     for extra in ([], ["--max-steps", "3", "--resume", "auto"]):
-        r = subprocess.run(cmd + extra, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+        r = subprocess.run(cmd + extra, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
         assert r.returncode == 0, r.stderr[-3000:]
     assert [p.name for p in ckpt_lib.list_checkpoints(tmp_path / "run")] == ["step_00000002.dcp", "step_00000003.dcp"]
     assert sorted(losses(tmp_path / "run")) == [1, 2, 3]

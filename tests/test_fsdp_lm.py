@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hostile  # noqa: E402
 from test_training import ROOT, env, losses  # noqa: E402
+from timeouts import limit  # noqa: E402
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,7 +64,7 @@ def two_process_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp_lm")
     _write_tiny_model(out / "base", char_tokenizer("0123456789+=;:sum "))
     r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(out)],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out
 

@@ -98,7 +98,7 @@ def test_training_grid_equals_sample_py_grid(run, tmp_path):
     from PIL import Image
     sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "bare.png"), "--device", "cpu", "--no-labels"])
     png, bare = Image.open(ours), np.asarray(Image.open(tmp_path / "bare.png"))
-    assert bare.shape == (2 + 2 * 66, 2 + 3 * 66, 3)            # 3 per class, classes 2 and 5, no margin
+    assert bare.shape == (2 * (2 + 2 * 66), 2 * (2 + 3 * 66), 3)   # 3 a class, classes 2, 5, no margin; x2 to 256+
     margin = png.width - bare.shape[1]                            # the labels' margin: the cells unchanged
     assert margin > 0 and np.array_equal(np.asarray(png)[:, margin:], bare)
     assert json.loads(png.text["rows"]) == ["2", "5"] and (np.asarray(png)[:, :margin] < 128).any()

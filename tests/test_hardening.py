@@ -22,9 +22,10 @@ from mutor2d.lm import data as lm_data
 
 pytest.importorskip("huggingface_hub")
 from mutor2d import hub  # noqa: E402
+from timeouts import limit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 120 * float(os.environ.get("MUTOR2D_TEST_TIMEOUT_SCALE", "1"))
+TIMEOUT = limit(120)
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 TINY = ["model.preset=tiny", "data.levels=5", "objective.d_max=3", "optim.warmup_steps=1", "train.batch_size=8",

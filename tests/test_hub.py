@@ -53,8 +53,7 @@ def test_saved_folder_layout_and_card(saved, run):
     card = (saved / "README.md").read_text()
     assert "library_name: mutor2d" in card and "43.21" in card and "](sample.png)" in card
     assert "python sample.py --ckpt THIS_FOLDER" in card and "d_max: 3" in card
-    newest = sorted((run / "samples").glob("step_????????.png"))[-1]         # the newest training grid
-    assert (saved / "sample.png").read_bytes() == newest.read_bytes()
+    assert (saved / "sample.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # of its weights: test_resume_and_startup
     assert checkpoint.resolve(saved) == saved / "model.safetensors"
 
 

@@ -25,6 +25,7 @@ from mutor2d.lm.packing import LMBatch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
 from mutor2d.objectives import RegisterObjective  # noqa: E402
 from mutor2d.registers import RegisterSpec, make_layout, offset_targets, regular_position_ids  # noqa: E402
+from timeouts import limit  # noqa: E402
 
 VOCAB = 40
 DENSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)
@@ -557,7 +558,7 @@ def test_online_accuracy_under_two_processes(tmp_path):
     r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                         str(ROOT / "train.py"), "--config", str(tmp_path / "lm.yaml"), "--out", str(tmp_path / "run")],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(240))
     assert r.returncode == 0, r.stderr[-3000:]
     for step in (1, 2):
         pred = tmp_path / "run" / "eval" / f"predictions_lm_tiny_step{step}.jsonl"

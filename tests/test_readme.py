@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from timeouts import limit
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "--set train.max_steps=20"
 SKIPPED = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install|python -m pytest)")
@@ -88,7 +90,7 @@ def serve_once(command: str, cwd: Path, env: dict) -> None:
     proc = subprocess.Popen(shlex.split(command) + ["--port", str(port)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + limit(240)
         while time.time() < deadline and proc.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
@@ -99,7 +101,7 @@ def serve_once(command: str, cwd: Path, env: dict) -> None:
         raise AssertionError(f"{command}: no page on port {port}\n{proc.stdout.read() if proc.poll() else ''}")
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=limit(30))
 
 
 def chain_of(command: str) -> str:
@@ -113,7 +115,7 @@ def run_chain(steps: list[tuple[str, str]], work: Path, env: dict) -> None:
             serve_once(command, work, env)
             continue
         argv = [sys.executable, "-c", command] if kind == "python" else ["bash", "-c", command]
-        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=limit(600))
         assert r.returncode == 0, f"README command failed: {command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
 

@@ -25,6 +25,7 @@ from mutor2d.plugins import load_plugins
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.tokenizer import TOKENIZERS
 from mutor2d.tokenizer.codes import augment, center_crop_arr
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -241,7 +242,7 @@ def test_load_plugins_names_a_failing_module(tmp_path, monkeypatch):
     r = subprocess.run(                         # the shell's view: exit 2, one line
         [sys.executable, "eval/leaderboard.py", "runs/none"], cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "MUTOR2D_PLUGINS": "broken_plugin", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
-        timeout=120)
+        timeout=limit(120))
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: MUTOR2D_PLUGINS: cannot import module 'broken_plugin' (RuntimeError: boom); expected an importable "
         "module name (installed, or on PYTHONPATH)"]

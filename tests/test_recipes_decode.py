@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mutor2d import checkpoint, config, generation
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -50,7 +51,7 @@ def env(plugins: Path, modules: str) -> dict:
 
 def command(args: list, plugins: Path, modules: str) -> subprocess.CompletedProcess:
     r = subprocess.run([PY, *map(str, args)], cwd=ROOT, env=env(plugins, modules), capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=limit(120))
     assert r.returncode == 0, r.stderr[-2000:]
     return r
 
@@ -163,7 +164,7 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     sample_py.main(["--ckpt", str(run), "--out", str(tmp_path / "bare.png"), "--device", "cpu", "--classes", "2,0",
                     "--no-labels"])
     bare = np.asarray(Image.open(tmp_path / "bare.png"))          # the rows' names in a left margin, cells unchanged
-    assert json.loads(png.text["rows"]) == ["caption 2", "caption 0"] and bare.shape == (2 + 2 * 66, 2 + 2 * 66, 3)
+    assert json.loads(png.text["rows"]) == ["caption 2", "caption 0"] and bare.shape == (268, 268, 3)  # x2: 256+
     assert png.width > bare.shape[1] and np.array_equal(np.asarray(png)[:, png.width - bare.shape[1]:], bare)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:

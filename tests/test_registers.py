@@ -11,6 +11,7 @@ from mutor2d import config as C
 from mutor2d.attention import NEVER
 from mutor2d.registers import (Layout, LayoutError, RegisterSpec, candidate_offsets, dense_slots, make_layout,
                                offset_targets, regular_position_ids)
+from timeouts import limit
 
 
 def g(seed=0):
@@ -235,7 +236,7 @@ def test_bad_lengths_error():
 def test_mask_picture_command(tmp_path):
     out = tmp_path / "mask.png"
     r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "4x4", "--dmax2d", "3",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+                        "--out", str(out)], capture_output=True, text=True, timeout=limit(120))
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
     r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "1x8", "--dmax2d", "3",

@@ -13,6 +13,7 @@ import pytest
 
 from mutor2d.engine import read_log
 from mutor2d.tokenizer.codes import open_store
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -27,7 +28,7 @@ def rehearsal(tmp_path_factory):
     work = tmp_path_factory.mktemp("rehearsal") / "w"
     out = work.parent / "summary.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench/rehearse.py"), "--quick", "--sharding", "fsdp",
-                        "--workdir", str(work), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        "--workdir", str(work), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=limit(900))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     timings = [line for line in r.stdout.splitlines() if line.startswith("[rehearse] ") and " s  " in line]
     assert len(timings) == len(rehearse.STAGES), r.stdout            # one timing line per stage

@@ -18,6 +18,7 @@ from mutor2d.engine import Diverged, TrainModule, read_log, train
 from mutor2d.engine.checkpointer import rotate
 
 from test_training import PY, ROOT, env, losses, losses_so_far, tiny, write_yaml
+from timeouts import limit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +40,7 @@ def payload_file(path: Path, marker: Path) -> Path:
 
 
 def one_line_error(cmd: list[str]) -> str:
-    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(120))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     return r.stderr.strip().splitlines()[-1]
 
@@ -92,11 +93,11 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes_exactly(tmp_pat
                             env=env(torch.get_num_threads()), stdout=subprocess.DEVNULL, stderr=err,
                             start_new_session=True)
     try:
-        end = time.time() + 120
+        end = time.time() + limit(120)
         while time.time() < end and len(losses_so_far(run)) < 3 and proc.poll() is None:
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGTERM)
-        rc = proc.wait(timeout=60)
+        rc = proc.wait(timeout=limit(60))
     finally:
         proc.kill()
         err.close()

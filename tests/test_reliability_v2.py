@@ -22,6 +22,7 @@ from mutor2d.engine import Diverged, TrainModule, read_log, train
 from mutor2d.engine.lock import LOCK_NAME, RunLocked, acquire, run_lock
 
 from test_training import PY, ROOT, env, losses_so_far, tiny, write_yaml
+from timeouts import limit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,17 +67,17 @@ def test_a_second_run_on_a_held_folder_exits_2_and_the_first_finishes_unharmed(t
     log = open(tmp_path / "first.err", "w+")
     first = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=log)
     try:
-        end = time.time() + 120
+        end = time.time() + limit(120)
         while time.time() < end and not losses_so_far(run) and first.poll() is None:
             time.sleep(0.05)
         config_before = (run / "config.yaml").read_text()
         t0 = time.time()
-        second = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+        second = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(60))
         took = time.time() - t0
         print(f"second run refused after {took:.1f} s")
         assert first.poll() is None, "the first run ended before the second one was refused"
         first.send_signal(signal.SIGTERM)
-        rc = first.wait(timeout=60)
+        rc = first.wait(timeout=limit(60))
     finally:
         first.kill()
         log.close()

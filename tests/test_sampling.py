@@ -24,6 +24,7 @@ from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, samp
 from test_generation import cli_error
 from mutor2d.sampling import plain as plain_decoding
 from mutor2d.sampling.plain import decode_plain
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 V, C = 17, 10
@@ -210,7 +211,7 @@ def test_outputs_decode_to_images_of_the_right_size(tmp_path):
     assert (images[..., 0] == images[..., 2]).all()            # grey: three equal channels
     assert set(np.unique(images)) <= {round(255 * i / (V - 1)) for i in range(V)}
     from PIL import Image
-    png = Image.open(save_grid(images, ncol=2, path=tmp_path / "g.png"))
+    png = Image.open(save_grid(images, ncol=2, path=tmp_path / "g.png", min_side=0))
     assert png.size == (2 + 2 * (64 + 2), 2 + 3 * (64 + 2))    # 8x8 upscaled x8, 3 rows, 2 columns
     pixels = np.asarray(png)
     first, last = images[0].repeat(8, 0).repeat(8, 1), images[5].repeat(8, 0).repeat(8, 1)
@@ -290,7 +291,7 @@ def digits_run(tmp_path_factory):
 def sample_py(*args):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "sample.py", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=limit(120))
 
 
 def sample_main():
@@ -307,7 +308,7 @@ def test_sample_py_grid_png_on_cpu(digits_run):
     from PIL import Image
     [png] = (digits_run / "samples").glob("step_00000003_cfg2_seed1_plain_cls1-7-9_x3_??????.png")   # beside step_N.png
     assert png.is_file() and str(png) in r.stdout
-    assert Image.open(png).height == 2 + 3 * 66 and Image.open(png).width > 2 + 3 * 66      # + the labels' margin
+    assert Image.open(png).height == 2 * (2 + 3 * 66) and Image.open(png).width > 2 * (2 + 3 * 66)  # x2 to 256+, margin
     assert json.loads(Image.open(png).text["rows"]) == ["1", "7", "9"]
 
 
@@ -337,9 +338,9 @@ def test_grid_labels_sit_in_a_left_margin_beside_unchanged_cells(tmp_path):
     from PIL import Image
     images = np.random.default_rng(0).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
     rows = ["0", "4", "207: golden retriever"]
-    bare = np.asarray(Image.open(save_grid(images, 2, tmp_path / "a.png", rows, labels=False)))
-    png = Image.open(save_grid(images, 2, tmp_path / "b.png", rows))
-    short = Image.open(save_grid(images, 2, tmp_path / "c.png", ["0", "4", "9"]))
+    bare = np.asarray(Image.open(save_grid(images, 2, tmp_path / "a.png", rows, labels=False, min_side=0)))
+    png = Image.open(save_grid(images, 2, tmp_path / "b.png", rows, min_side=0))
+    short = Image.open(save_grid(images, 2, tmp_path / "c.png", ["0", "4", "9"], min_side=0))
     margin = png.width - bare.shape[1]
     assert bare.shape[:2] == (2 + 3 * 66, 2 + 2 * 66) and png.height == bare.shape[0]
     assert np.array_equal(np.asarray(png)[:, margin:], bare) and 0 < short.width - bare.shape[1] < margin

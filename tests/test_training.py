@@ -19,6 +19,7 @@ from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as C
 from mutor2d.config import ConfigError
 from mutor2d.engine import StepBatches, TrainModule, param_groups, read_log, train
+from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,11 +75,11 @@ def stop_after(cmd: list[str], run_dir, steps: int, threads: int = 1) -> tuple[i
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        end = time.time() + 120
+        end = time.time() + limit(120)
         while time.time() < end and len(losses_so_far(run_dir)) < steps and proc.poll() is None:
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGTERM)
-        return proc.wait(timeout=120), proc.stderr.read()
+        return proc.wait(timeout=limit(120)), proc.stderr.read()
     finally:
         proc.kill()
 
@@ -171,8 +172,9 @@ def test_sample_grid_rows_are_classes(tmp_path):
     train(tiny("train.max_steps=1", "sample.per_class=3"), tmp_path / "a")
     train(tiny("train.max_steps=1", "sample.per_class=3", "sample.labels=false"), tmp_path / "b")
     img, bare = (Image.open(tmp_path / run / "samples" / "step_00000001.png") for run in "ab")
-    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2; the rows named in a left margin
-    assert bare.size == (3 * 66 + 2, 2 * 66 + 2) and img.height == bare.height and img.width > bare.width
+    # 2 classes x 3 per class, 8 px images enlarged to 64 px, padding 2, then x2 to 256+ px a side; the rows
+    # named in a left margin
+    assert bare.size == (2 * (3 * 66 + 2), 2 * (2 * 66 + 2)) and img.height == bare.height and img.width > bare.width
     assert np.array_equal(np.asarray(img)[:, img.width - bare.width:], np.asarray(bare))
     assert json.loads(img.text["rows"]) == json.loads(bare.text["rows"]) == ["0", "7"]
 
@@ -228,7 +230,7 @@ def test_init_from_starts_a_mutor_run_from_next_token_weights(tmp_path):
         train(tiny("model.n_layer=3", f"train.init_from={ntp}"), tmp_path / "y")
 
 
-def _wait_for(predicate, proc, timeout=60.0):
+def _wait_for(predicate, proc, timeout=limit(60.0)):
     end = time.time() + timeout
     while time.time() < end:
         if predicate():
@@ -251,7 +253,7 @@ def test_sigkilled_run_resumes_from_last_checkpoint(tmp_path):
         steps = losses_so_far(run)
         return bool(ckpt_lib.list_checkpoints(run)) and bool(steps) and max(steps) % 4 in (1, 2)
     try:
-        ok = _wait_for(past_checkpoint, proc, timeout=120)
+        ok = _wait_for(past_checkpoint, proc, timeout=limit(120))
         proc.send_signal(signal.SIGSTOP)                      # freeze it where it is, then kill it
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -283,7 +285,7 @@ def test_config_errors_are_one_line(tmp_path):
     cfg = write_yaml(tmp_path / "t.yaml")
     r = subprocess.run([PY, str(ROOT / "train.py"), "--config", str(cfg), "--out", str(tmp_path / "r"),
                         "--set", "train.log_every=0"], cwd=ROOT, env=env(), capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=limit(120))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["error: train.log_every: expected >= 1, got 0"]
     for overrides, msg in [
@@ -309,7 +311,7 @@ def test_two_ddp_processes_match_one_process(tmp_path):
     r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                         str(ROOT / "train.py"), "--config", str(cfg), "--out", str(ddp)],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(180))
     assert r.returncode == 0, r.stderr[-3000:]
     single = tmp_path / "one"
     train(tiny(*over), single)

@@ -11,10 +11,8 @@ codes as train.py's (75: stopped by a signal after a checkpoint). Use the result
 """
 import argparse
 
-from mutor2d.cli import HelpFormatter
-from mutor2d.engine import run_entry
+from mutor2d.cli import HelpFormatter   # the command line parses before torch is imported (in main)
 from mutor2d.plugins import load_plugins
-from mutor2d.tokenizer.vq_train import load_config, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from mutor2d.engine import run_entry
+    from mutor2d.tokenizer.vq_train import load_config, train
 
     def start() -> dict:
         load_plugins()

@@ -3,12 +3,14 @@
 Rules:
   * Loss of a step = mean over micro-batches and processes of each micro-batch's loss (gradients are
     averaged the same way by accelerate/DDP). Update s uses lr(s+1): warmup reaches the full lr at W-1.
-  * Health guard: an update whose loss or gradient norm is not finite or blows up (engine/health.py)
-    is skipped (optimizer untouched, gradients dropped) and counted in the log; after
+  * Health guard: an update whose loss, gradient norm or weight norm is not finite or blows up
+    (engine/health.py) is skipped (optimizer untouched, gradients dropped) and counted in the log; after
     ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
     checkpoint, and no checkpoint is written while the last update was skipped
     (engine/checkpointer.py: rotation never deletes the last good one).
   * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
+  * A run resumed at ``train.max_steps`` says "nothing to do" and writes nothing: no log line, config,
+    tracker file or model folder. Every other run starts with one line: kind, device, parameters, folder.
   * Stop signals: SIGTERM / SIGINT finish the current step, write a checkpoint and exit with
     ``PREEMPTED_EXIT`` (75, "try again": schedulers requeue on it); a second signal exits at once.
 """
@@ -59,7 +61,7 @@ class TrainConfig:
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
     init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
                                      # run folder, or a LlamaGen GPT checkpoint); "" = random init
-    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/gradient)
+    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/grad/weights)
                                      # before the run stops with an error
     sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
                                      # shards each block, then the rest (mutor2d/engine/sharding.py)
@@ -186,7 +188,7 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
                 grad_norm = global_tensor(acc.clip_grad_norm_(module.parameters(), clip))  # over all shards
-                applied = run.health.judge(res.loss.detach(), grad_norm, acc) is None
+                applied = run.health.judge(res.loss.detach(), grad_norm, acc, weight_norm(module)) is None
                 if applied:
                     run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -197,6 +199,12 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
         run.ema.update(run.model, step=step + 1)
     sums["grad_norm"] = grad_norm.detach().float()
     return sums, applied
+
+
+def weight_norm(module: torch.nn.Module) -> torch.Tensor:
+    """The global norm of the trained parameters (over all shards)."""
+    trained = [p.detach() for p in module.parameters() if p.requires_grad]
+    return global_tensor(torch.nn.utils.get_total_norm(trained))
 
 
 @dataclass
@@ -232,8 +240,11 @@ def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
 
 def _train(cfg, run_dir, resume: str | None, kind) -> Path:
     run = build_run(cfg, run_dir, resume, kind)
+    if run is None:                                # resumed at train.max_steps: nothing is rewritten
+        return Path(run_dir)
     hooks = build_hooks(run)
     if run.main:
+        print(startup_line(run), flush=True)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         from .. import config as config_lib
         (run.run_dir / "config.yaml").write_text(config_lib.dump(run.cfg))
@@ -251,6 +262,23 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
     return run.run_dir
 
 
+def startup_line(run: RunState) -> str:
+    """What is trained where: run kind, device and processes, parameters (trained ones), run folder."""
+    params = list(run.model.parameters())
+    total, trained = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+    where = f"{run.device}" + (f" x {run.acc.num_processes} processes" if run.acc.num_processes > 1 else "")
+    return (f"{run.kind.name} run on {where}: {short_count(total)} parameters ({short_count(trained)} trained); "
+            f"run folder {run.run_dir}")
+
+
+def short_count(n: int) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
 def _loop(run: RunState, hooks: Hooks) -> None:
     t = run.cfg.train
     if run.start >= t.max_steps and run.main:
@@ -265,7 +293,7 @@ def _loop(run: RunState, hooks: Hooks) -> None:
             for hook in hooks:
                 hook(run, status)
             if bad > t.max_nonfinite:
-                raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss or gradient (step "
+                raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss, gradient or weight norm (step "
                                f"{step + 1}, train.max_nonfinite={t.max_nonfinite}); "
                                f"{hooks.checkpointer.kept.after_divergence()}")
             if status.stopping:

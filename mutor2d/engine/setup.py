@@ -179,8 +179,9 @@ def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Gener
     return seed_process(seed + start, rank, acc.device)
 
 
-def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> RunState:
-    """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start."""
+def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> RunState | None:
+    """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start.
+    None when a resumed run is already at train.max_steps: said once, nothing built or written."""
     run_dir = Path(run_dir)
     acc = make_accelerator(cfg, run_dir)
     dataset, cfg = kind.prepare_data(cfg)
@@ -194,6 +195,10 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     if saved is not None:
         check_resume_config(cfg, kind, saved["config"])
     start = int(saved["step"]) if saved is not None else 0
+    if saved is not None and start >= cfg.train.max_steps:
+        if acc.is_main_process:
+            print(f"nothing to do: the run is at step {start}, train.max_steps is {cfg.train.max_steps}", flush=True)
+        return None
     model, module = kind.build_networks(cfg, saved, dataset)
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
     if cfg.train.activation_checkpointing:

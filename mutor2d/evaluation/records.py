@@ -187,11 +187,12 @@ def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
     rows = []
     for rec in sorted(records, key=sort_key):
         m = rec["metrics"]
-        rows.append([rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
+        rows.append([run_name(rec), rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
                      "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2),
                      _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
                      *(_num(m.get(k), 3) for k in extra),
-                     _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?"))])
+                     _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?")),
+                     _decode_text(rec)])
     return rows
 
 
@@ -206,29 +207,27 @@ def _decode_text(rec: dict) -> str:
 
 
 def _paper_rows(extra: list[str]) -> list[list[str]]:
-    rows = [[method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra),
-             PAPER_EVALUATOR, PAPER_REFERENCE, "50000"] for method, objective, step, fid, is_ in PAPER_ROWS]
-    rows.append(["LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000"])
+    rows = [["paper", method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra),
+             PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain"] for method, objective, step, fid, is_ in PAPER_ROWS]
+    rows.append(["paper", "LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
+                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain"])
     return rows
 
 
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
-    """Markdown table: method, objective, step, FID, IS, precision, recall, evaluator, reference, n.
-    The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
+    """Markdown table: run (its folder's name, so two seeds of one method differ), method, objective,
+    step, FID, IS, precision, recall, evaluator, reference, n, decoding (mode, options, forwards per
+    image and speed when recorded). The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
     any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
     columns of their own, after recall."""
     std = ("fid", "is", "precision", "recall")
     extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
                                if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
-    head = ["method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator", "reference", "n"]
+    head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator",
+            "reference", "n", "decoding"]
     rows = _table_rows(records, extra)
     if paper if paper is not None else any(is_imagenet(r) for r in records):
         rows += _paper_rows(extra)
-    if any((r.get("sampling") or {}).get("decode", "plain") != "plain" for r in records):
-        head.append("decoding")                              # speculative runs: forwards and speed
-        texts = [_decode_text(r) for r in sorted(records, key=sort_key)]
-        rows = [row + [texts[i] if i < len(texts) else "plain"] for i, row in enumerate(rows)]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -1,0 +1,234 @@
+"""Resume, start-up and fast command lines (issue 39, items 5, 7, 8, 9): the divergence guard of
+language-model runs, a finished run resumed changes nothing, one start-up line per run, entry points
+that parse before importing torch, scaled subprocess timeouts, named leaderboard rows, readable small
+grids and a hub card sampled from its own weights. Each test is one row of docs/RELIABILITY.md."""
+import contextlib
+import io as text_io
+import json
+from pathlib import Path
+
+import pytest
+
+from mutor2d import checkpoint as ckpt_lib
+from mutor2d.engine import Diverged, read_log, train
+
+from test_training import ROOT, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LM_DATA = ROOT / "tests" / "data" / "lm_tiny.jsonl"
+
+
+def tiny_llama(folder: Path) -> Path:
+    """The README's tiny Llama (python -m mutor2d.lm.tiny) with the arithmetic character tokenizer."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from mutor2d.lm.tiny import write_tiny_llama
+    return write_tiny_llama(folder)
+
+
+def arith_data(path: Path, count: int = 64) -> Path:
+    """Synthetic arithmetic problems as GSM8K lines (python -m mutor2d.lm.data arith)."""
+    from mutor2d.lm.arith import arith_records
+    path.write_text("".join(json.dumps(r) + "\n" for r in arith_records(count, [2], 0)))
+    return path
+
+
+def lm_config(base: Path, data: Path, **train_fields) -> dict:
+    return {"task": "lm", "model": {"hf": str(base), "finetune": "full", "dtype": "float32"},
+            "data": {"name": "gsm8k", "path": str(data), "max_prompt_len": 160, "max_answer_len": 64},
+            "optim": {"lr": 3e-3, "schedule": "constant", "warmup_steps": 80},
+            "train": {"batch_size": 8, "log_every": 1, "tracker": "none", "mixed_precision": "no", **train_fields}}
+
+
+# ----------------------------------------------------------------------------- item 9: LM divergence
+
+def test_an_exploding_lm_update_is_judged_bad_and_its_last_good_checkpoint_kept(tmp_path):
+    """The sweep's probe on the tiny Llama: resumed at optim.lr=1e6 (warming up: 87500 at the first
+    update) with ckpt_every=1, keep_ckpts=1. That update's weights still give a normal loss (uniform
+    predictions, ln V) and a zero gradient; their weight norm blows up, so the next update is skipped,
+    the run diverges, and rotation never deletes the last checkpoint from before the change."""
+    import mutor2d.lm as lm_pkg
+    cfg = lm_config(tiny_llama(tmp_path / "base"), arith_data(tmp_path / "arith.jsonl"), max_steps=6,
+                    ckpt_every=1, keep_ckpts=1)
+    run = tmp_path / "run"
+    lm_pkg.train(cfg, run)
+    with pytest.raises(Diverged) as e:
+        lm_pkg.train(cfg, run, ["optim.lr=1e6", "train.max_steps=16", "train.max_nonfinite=3"], resume="auto")
+    good = ckpt_lib.checkpoint_path(run, 6)
+    assert f"the last good checkpoint is {good}; continue from it with --resume auto" in str(e.value)
+    assert ckpt_lib.list_checkpoints(run) == [good]
+    assert (run / "checkpoints" / "step_00000007.pt.diverged").is_file()    # the exploded update's weights
+    assert {r["step"]: r.get("skipped_blowup", 0) for r in read_log(run) if r["step"] > 6} == \
+        {7: 0, 8: 1, 9: 1, 10: 1, 11: 1}
+
+
+# ----------------------------------------------------------------------------- item 5: finished runs
+
+def files_of(folder: Path) -> dict:
+    """Every file under ``folder`` -> (modification time in ns, bytes)."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def train_image(run: Path, resume=None):
+    return train(tiny("train.max_steps=2", "train.ckpt_every=1", "train.tracker=tensorboard"), run, resume=resume)
+
+
+def train_lm(run: Path, resume=None):
+    import mutor2d.lm as lm_pkg
+    base = tiny_llama(run.parent / "base")
+    cfg = {"task": "lm", "model": {"hf": str(base), "finetune": "lora", "lora_targets": ["q_proj", "v_proj"]},
+           "data": {"path": str(LM_DATA)}, "optim": {"lr": 1e-2},
+           "train": {"batch_size": 4, "max_steps": 2, "log_every": 1, "ckpt_every": 1, "tracker": "none"}}
+    return lm_pkg.train(cfg, run, resume=resume)
+
+
+def train_vq(run: Path, resume=None):
+    from mutor2d.tokenizer.vq_train import load_config, train as vq_train
+    sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=2",
+            "train.log_every=1", "train.ckpt_every=1", "train.eval_every=1", f"train.out_dir={run}"]
+    return vq_train(load_config("vq_digits", sets), resume=resume)
+
+
+KINDS = {"image": train_image, "lm": train_lm, "vq": train_vq}
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def finished(request, tmp_path_factory):
+    """(run kind, a run of it trained to train.max_steps, what that run printed)."""
+    run = tmp_path_factory.mktemp(request.param) / "run"
+    out = text_io.StringIO()
+    with contextlib.redirect_stdout(out):
+        KINDS[request.param](run)
+    return request.param, run, out.getvalue()
+
+
+def test_resuming_a_finished_run_prints_nothing_to_do_and_rewrites_no_file(finished, capsys):
+    kind, run, _ = finished
+    before = files_of(run)
+    capsys.readouterr()
+    KINDS[kind](run, resume="auto")
+    assert "nothing to do: the run is at step 2, train.max_steps is 2" in capsys.readouterr().out
+    after = files_of(run)
+    assert sorted(after) == sorted(before)
+    assert [name for name in before if after[name] != before[name]] == []
+
+
+# ----------------------------------------------------------------------------- item 7: start-up line
+
+def test_every_run_kind_starts_with_one_line_naming_device_parameters_and_folder(finished):
+    kind, run, printed = finished
+    lines = [line for line in printed.splitlines() if line.startswith(f"{kind} run on ")]
+    assert len(lines) == 1, printed
+    assert lines[0].startswith(f"{kind} run on cpu: ") and " parameters (" in lines[0]
+    assert lines[0].endswith(f" trained); run folder {run}")
+
+
+# ----------------------------------------------------------------------------- item 8: fast command lines
+
+FAST = ["train.py", "eval/leaderboard.py", "eval/stargraph.py", "tokenizers/train_vq.py",
+        "-m mutor2d.checkpoint", "-m mutor2d.hub"]
+PROBE = """
+import json, runpy, sys
+entry, codes = sys.argv[1], []
+for argv in (["--help"], ["--no-such-option"]):
+    sys.argv = [entry, *argv]
+    try:
+        runpy.run_module(entry[3:], run_name="__main__", alter_sys=True) if entry.startswith("-m ") else \\
+            runpy.run_path(entry, run_name="__main__")
+    except SystemExit as e:
+        codes.append(e.code)
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("entry", FAST)
+def test_help_and_argument_errors_come_before_importing_torch(entry):
+    import subprocess
+    import sys
+    from timeouts import limit
+    r = subprocess.run([sys.executable, "-c", PROBE, entry], cwd=ROOT, capture_output=True, text=True,
+                       timeout=limit(120))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"codes": [0, 2], "torch": False}
+    assert "usage:" in r.stdout and " error: " in r.stderr
+
+
+def test_subprocess_timeouts_scale_with_one_variable_and_fail_saying_so(tmp_path):
+    """MUTOR2D_TEST_TIMEOUT_SCALE scales every limit (tests/timeouts.py); a subprocess past its limit
+    fails its test in one line naming the timeout and the scaled limit (tests/conftest.py)."""
+    import os
+    import subprocess
+    import sys
+    from timeouts import SCALE_VAR, limit
+    (tmp_path / "test_slow.py").write_text(
+        "import subprocess, sys\nfrom timeouts import limit\n\n\ndef test_slow():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'], timeout=limit(2))\n")
+    env = {**os.environ, SCALE_VAR: "0.25", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q",
+                        "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "t"), str(tmp_path / "test_slow.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(120))
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "timeout: " in r.stdout and f"ran past its limit of 0.5 s ({SCALE_VAR}=0.25" in r.stdout, r.stdout[-2000:]
+    assert "Traceback" not in r.stdout
+    os.environ[SCALE_VAR], old = "3", os.environ.get(SCALE_VAR)
+    try:
+        assert limit(120) == 360
+        os.environ[SCALE_VAR] = "0"
+        with pytest.raises(ValueError, match=f"{SCALE_VAR}='0': expected a number > 0"):
+            limit(1)
+    finally:
+        os.environ.pop(SCALE_VAR) if old is None else os.environ.__setitem__(SCALE_VAR, old)
+
+
+# ----------------------------------------------------------------------------- item 7: outputs say what they are
+
+def test_the_leaderboard_names_its_runs_and_shows_the_decoding_mode(tmp_path):
+    from mutor2d.evaluation import records
+    for seed, decode in ((0, "plain"), (1, "plain"), (2, "registers")):
+        rec = {"method": "ntp", "objective": {"name": "ntp"}, "step": 500, "metrics": {"fid": 9.0 + seed},
+               "evaluator": {"feature_extractor": "digits"}, "reference": "digits:train", "n": 100,
+               "sampling": {"decode": decode}, "seed": seed, "samples": f"s{seed}.npz"}
+        records.write_record(rec, tmp_path / f"ntp_seed{seed}" / "eval")
+    table = records.markdown_table(records.read_records(sorted(tmp_path.iterdir()))[0])
+    head, _, *rows = table.splitlines()
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+    assert head.startswith("| run | method |") and head.endswith("| n | decoding |")
+    assert [(c[0], c[-1]) for c in cells] == [("ntp_seed0", "plain"), ("ntp_seed1", "plain"),
+                                              ("ntp_seed2", "registers")]
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    """A tiny digits run (2 steps, sample grid of 1 per class for classes 0 and 7)."""
+    run = tmp_path_factory.mktemp("image") / "run"
+    train(tiny("train.max_steps=2", "train.ckpt_every=1"), run)
+    return run
+
+
+def test_a_one_per_class_grid_is_written_at_a_readable_size(image_run, tmp_path):
+    from PIL import Image
+
+    from test_reliability_v2 import script
+    out = tmp_path / "one.png"
+    script("sample")(["--ckpt", str(image_run), "--per-class", "1", "--device", "cpu", "--out", str(out)])
+    assert min(Image.open(out).size) >= 256
+
+
+def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tmp_path):
+    """A training grid older than the checkpoint (Ctrl-C between sample intervals) is never the card's."""
+    import shutil
+    pytest.importorskip("huggingface_hub")
+    from mutor2d import generation, hub
+    from mutor2d.data import build_tokenizer
+    run = tmp_path / "run"
+    shutil.copytree(image_run, run)
+    (run / "samples" / "step_00000002.png").write_bytes(b"a grid of older weights")
+    out = tmp_path / "hub"
+    hub.MutorModel.from_checkpoint(run).save_pretrained(out)
+    model, cfg, meta = ckpt_lib.open_model(out / "model.safetensors")
+    expected = generation.write_grid(model, build_tokenizer(cfg.data), tuple(meta["grid"]), cfg.sample,
+                                     generation.grid_classes(cfg.sample, cfg.model.num_classes), tmp_path / "x.png",
+                                     objective=cfg.objective)
+    assert (out / "sample.png").read_bytes() == expected.read_bytes()
