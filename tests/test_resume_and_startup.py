@@ -115,6 +115,21 @@ def test_resuming_a_finished_run_prints_nothing_to_do_and_rewrites_no_file(finis
     assert [name for name in before if after[name] != before[name]] == []
 
 
+def test_a_run_killed_before_its_final_folder_writes_it_on_resume(finished, capsys):
+    """An LM run that reached max_steps (its last checkpoint written) but died before its model folder
+    was complete: --resume auto writes the folder instead of saying nothing to do."""
+    from mutor2d.lm.hf import INFERENCE_FILE
+    kind, run, _ = finished
+    if kind != "lm":
+        pytest.skip("only language-model runs write a final folder (image and VQ results are their checkpoints)")
+    (run / INFERENCE_FILE).unlink()
+    capsys.readouterr()
+    KINDS[kind](run, resume="auto")
+    printed = capsys.readouterr().out
+    assert "nothing to do" not in printed and "writing the final outputs" in printed, printed
+    assert (run / INFERENCE_FILE).is_file()
+
+
 # ----------------------------------------------------------------------------- item 7: start-up line
 
 def test_every_run_kind_starts_with_one_line_naming_device_parameters_and_folder(finished):

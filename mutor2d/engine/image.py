@@ -78,6 +78,9 @@ class ImageRun:
     def finish(self, run) -> None:
         """Nothing to write after the last step: the checkpoints are the result."""
 
+    def finished(self, run_dir) -> bool:
+        return True
+
 
 def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
     """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""

@@ -10,7 +10,9 @@ Rules:
     (engine/checkpointer.py: rotation never deletes the last good one).
   * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * A run resumed at ``train.max_steps`` says "nothing to do" and writes nothing: no log line, config,
-    tracker file or model folder. Every other run starts with one line: kind, device, parameters, folder.
+    tracker file or model folder; unless its kind's final outputs are missing (a session killed between
+    its last checkpoint and them: RunKind.finished), then it writes those. Every other run starts with
+    one line: kind, device, parameters, folder.
   * Stop signals: SIGTERM / SIGINT finish the current step, write a checkpoint and exit with
     ``PREEMPTED_EXIT`` (75, "try again": schedulers requeue on it); a second signal exits at once.
 """
@@ -282,7 +284,8 @@ def short_count(n: int) -> str:
 def _loop(run: RunState, hooks: Hooks) -> None:
     t = run.cfg.train
     if run.start >= t.max_steps and run.main:
-        print(f"nothing to do: the run is at step {run.start}, train.max_steps is {t.max_steps}", flush=True)
+        print(f"no step to train: the run is at step {run.start}, train.max_steps is {t.max_steps}; writing the "
+              f"final outputs its last session did not finish", flush=True)
     batches, bad = iter(run.loader), 0
     with StopSignals(run.acc) as signals:
         for step in range(run.start, t.max_steps):

@@ -59,6 +59,9 @@ class RunKind(Protocol):
 
     def finish(self, run) -> None: ...              # after the last step (e.g. the LM's adapter folder)
 
+    def finished(self, run_dir: Path) -> bool: ...  # what ``finish`` writes is there (else a resume at
+    # train.max_steps runs ``finish`` again: a run killed between its last checkpoint and its final folder)
+
 
 @dataclass
 class RunState:
@@ -195,7 +198,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     if saved is not None:
         check_resume_config(cfg, kind, saved["config"])
     start = int(saved["step"]) if saved is not None else 0
-    if saved is not None and start >= cfg.train.max_steps:
+    if saved is not None and start >= cfg.train.max_steps and kind.finished(run_dir):
         if acc.is_main_process:
             print(f"nothing to do: the run is at step {start}, train.max_steps is {cfg.train.max_steps}", flush=True)
         return None

@@ -147,6 +147,14 @@ class LMRun:
         """The adapters (or full model), register embedding and tokenizer into the run folder."""
         self.save_folder(run, run.run_dir)
 
+    def finished(self, run_dir) -> bool:
+        """The saved model is in the run folder: its config (or adapter config) and the inference record,
+        which hf.save writes last."""
+        from .hf import ADAPTER_CONFIG, INFERENCE_FILE
+        run_dir = Path(run_dir)
+        model = (run_dir / "config.json").is_file() or (run_dir / ADAPTER_CONFIG).is_file()
+        return model and (run_dir / INFERENCE_FILE).is_file()
+
     def save_folder(self, run, folder) -> None:
         """Collective: the model in the transformers layout into ``folder`` (main process); a sharded
         model's full state is gathered first."""

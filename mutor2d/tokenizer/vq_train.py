@@ -336,6 +336,9 @@ class VQRun:
     def finish(self, run) -> None:
         """Nothing to write after the last step: the checkpoints are the tokenizer."""
 
+    def finished(self, run_dir) -> bool:
+        return True
+
 
 @dataclass
 class ReconstructionEval:
