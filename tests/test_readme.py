@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = "--set train.max_steps=20"
 SKIPPED = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install|python -m pytest)")
 TRAINING = re.compile(r"^python (train\.py|tokenizers/train_vq\.py) ")
-CHAINS = {"language": re.compile(r"mutor2d\.lm|lm_tiny_arith|tiny-llama|arith_"), "tokenizer": re.compile(r"vq_digits")}
+CHAINS = {"stargraph": re.compile(r"stargraph_bn|tiny-gpt2|sg_gpt2"),
+          "language": re.compile(r"mutor2d\.lm|lm_tiny_arith|tiny-llama|arith_"), "tokenizer": re.compile(r"vq_digits")}
 
 
 def readme_blocks(text: str) -> list[tuple[str, str]]:
@@ -134,3 +135,4 @@ def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
             done.result()
     assert (work / "runs/digits_mutor2d/eval").is_dir() and (work / "runs/lm_tiny_arith/eval").is_dir()
     assert (work / "runs/digits_vq_mutor2d/checkpoints").is_dir()
+    assert list((work / "runs/sg_gpt2_mutor/eval").glob("*.json"))          # the B&N star graph, scored

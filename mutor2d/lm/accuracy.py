@@ -14,9 +14,10 @@ strings are, or when both read as exact rationals (``0.5``, ``1/2``, ``\\frac{1}
 of equal value. A gold answer goes through the same rules (a full solution text gives its own
 ``#### N`` / boxed answer).
 
-Path (``kind="path"``): the answer is the whole output as a sequence of words (whitespace-separated,
-so a star-graph path ``3 17 8 41 5``); it matches when the gold's words are the same words in the
-same order: a missing, extra or changed word is wrong. An output with no word has no answer.
+Path (``kind="path"``): the answer is the whole output as a sequence of nodes (separated by whitespace
+or commas, so a star-graph path ``3 17 8 41 5`` or, in Bachmann & Nagarajan's format, ``3,17,8,41,5``);
+it matches when the gold's nodes are the same nodes in the same order: a missing, extra or changed
+node is wrong. An output with no node has no answer.
 
 Prediction files (eval/lm_accuracy.py): one JSON object per line with ``index``, ``prompt``,
 ``output``, ``extracted``, ``gold``, ``correct``. Several processes each write a part file of their
@@ -176,8 +177,9 @@ def math_equal(a: str, b: str) -> bool:
 # ----------------------------------------------------------------------------- path
 
 def path_answer(text: str) -> str | None:
-    """The words of the whole text joined by single spaces (" 3 17\n 8 " -> "3 17 8"); None if none."""
-    return " ".join(text.split()) or None
+    """The nodes of the whole text, split at whitespace and commas (Bachmann & Nagarajan's format),
+    joined by single spaces (" 3 17\n 8 " and "3,17,8" -> "3 17 8"); None if none."""
+    return " ".join(w for w in re.split(r"[\s,]+", text) if w) or None
 
 
 # ----------------------------------------------------------------------------- every kind

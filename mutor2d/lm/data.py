@@ -278,16 +278,39 @@ def word_tokenizer(words: list[str], model_max_length: int = 4096):
     return _offline_tokenizer(words, pre_tokenizers.WhitespaceSplit(), None, model_max_length)
 
 
-def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, seed: int) -> list[dict]:
-    """Star-graph pairs as text: prompt "u v | ... / s g =", answer " s a1 ... g" (node ids)."""
-    from ..stargraph import ANSWER, EDGE, QUERY, StarGraphShape, make_graphs
-    from ..stargraph import NUM_SPECIAL
-    prompts, answers = make_graphs(StarGraphShape(degree, path_len, num_nodes), count, seed)
-    word = {QUERY: "/", ANSWER: "=", EDGE: "|"}
+STARGRAPH_FORMATS = ("words", "bn")
 
-    def text(tokens):
-        return " ".join(word.get(int(t), str(int(t) - NUM_SPECIAL)) for t in tokens)
-    return [{"prompt": text(p), "answer": " " + text(a)} for p, a in zip(prompts, answers)]
+
+def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, seed: int,
+                      fmt: str = "words") -> list[dict]:
+    """Star-graph pairs as text (node ids as numbers), in one of two formats:
+
+    * ``words``: prompt "u v | ... / s g =", answer " s a1 ... g" (one word per node or delimiter);
+    * ``bn``: Bachmann & Nagarajan's own text, prompt "u,v|u,v|...|u,v/s,g=", answer "s,a1,...,g"
+      (through a BPE tokenizer such as GPT-2's the commas are tokens, so register offsets count
+      tokens, not nodes)."""
+    from ..stargraph import NUM_SPECIAL, StarGraphShape, make_graphs
+    if fmt not in STARGRAPH_FORMATS:
+        raise DataError(f"--format {fmt!r}: expected one of {', '.join(STARGRAPH_FORMATS)}")
+    shape = StarGraphShape(degree, path_len, num_nodes)
+    prompts, answers = make_graphs(shape, count, seed)
+    node = [str(v - NUM_SPECIAL) for v in range(shape.vocab_size)]
+    write = _stargraph_words if fmt == "words" else _stargraph_bn
+    return [write(p.tolist(), a.tolist(), node) for p, a in zip(prompts, answers)]
+
+
+def _stargraph_words(prompt: list[int], answer: list[int], node: list[str]) -> dict:
+    from ..stargraph import ANSWER, EDGE, QUERY
+    word = {QUERY: "/", ANSWER: "=", EDGE: "|"}
+    text = [word.get(t, node[t]) for t in prompt]
+    return {"prompt": " ".join(text), "answer": " " + " ".join(node[t] for t in answer)}
+
+
+def _stargraph_bn(prompt: list[int], answer: list[int], node: list[str]) -> dict:
+    """The prompt tokens are E triples "u v EDGE", then QUERY s g ANSWER (mutor2d.stargraph)."""
+    edges = [f"{node[prompt[i]]},{node[prompt[i + 1]]}" for i in range(0, len(prompt) - 4, 3)]
+    source, goal = node[prompt[-3]], node[prompt[-2]]
+    return {"prompt": "|".join(edges) + f"/{source},{goal}=", "answer": ",".join(node[t] for t in answer)}
 
 
 def check_output(dst: str, src: str | None = None) -> None:
@@ -331,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=HelpFormatter,
                        description="Write path-star graph prompt/answer pairs.")
     s.add_argument("dst", help="output jsonl file (overwritten)")
+    s.add_argument("--format", choices=STARGRAPH_FORMATS, default="words",
+                   help='words: "u v | ... / s g =" -> " s a1 ... g"; bn: Bachmann & Nagarajan\'s '
+                        '"u,v|...|u,v/s,g=" -> "s,a1,...,g" (default words)')
     for flag, default, what in (("--degree", 2, "arms per graph"), ("--path-len", 5, "nodes per arm"),
                                 ("--num-nodes", 50, "node ids to draw from"), ("--count", 1000, "pairs"),
                                 ("--seed", 0, "random seed")):
@@ -364,7 +390,7 @@ def run(args: argparse.Namespace) -> str:
     if args.kind != "check":
         check_output(args.dst, getattr(args, "src", None))
     if args.kind == "stargraph":
-        records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed)
+        records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed, args.format)
     elif args.kind == "arith":
         from .arith import arith_records
         records = arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)

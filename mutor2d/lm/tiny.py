@@ -3,9 +3,11 @@ language path's offline starting point (nothing downloads), used by the README's
 CPU studies.
 
     python -m mutor2d.lm.tiny models/tiny-llama [--hidden 64] [--layers 2] [--heads 4] [--seed 0]
+    python -m mutor2d.lm.tiny models/tiny-gpt2 --arch gpt2 --chars "0123456789,|/="   # star graphs, B&N text
 
-The tokenizer has one id per character of the synthetic arithmetic problems (``mutor2d.lm.arith``) after
-<pad>=0, <bos>=1, <eos>=2, <unk>=3; the model is ``LlamaForCausalLM`` with an MLP 4x the width.
+The tokenizer has one id per character (default: those of the synthetic arithmetic problems,
+``mutor2d.lm.arith``) after <pad>=0, <bos>=1, <eos>=2, <unk>=3; the model is ``LlamaForCausalLM`` with
+an MLP 4x the width, or ``GPT2LMHeadModel`` (learned absolute positions, the star graph's family).
 """
 from __future__ import annotations
 
@@ -36,10 +38,28 @@ def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layer
     return folder
 
 
+def write_tiny_gpt2(folder: str | Path, tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4,
+                    seed: int = 0, max_positions: int = 256) -> Path:
+    """A GPT-2 of that size with ``tokenizer`` in ``folder`` (kept if it already holds a model)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=heads,
+                        n_positions=max_positions, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..cli import HelpFormatter
     ap = argparse.ArgumentParser(prog="python -m mutor2d.lm.tiny", description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("out", help="model folder to write (kept if it already holds a model)")
+    ap.add_argument("--arch", choices=("llama", "gpt2"), default="llama", help="model family (default llama)")
+    ap.add_argument("--chars", default=None, help="the tokenizer's characters (default: the arithmetic problems')")
     for flag, default, what in (("--hidden", 64, "width"), ("--layers", 2, "decoder layers"),
                                 ("--heads", 4, "attention heads"), ("--seed", 0, "initialisation seed"),
                                 ("--max-positions", 256, "longest prompt + answer in tokens")):
@@ -52,8 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.hidden % args.heads:
         raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")
-    folder = write_tiny_llama(args.out, None, args.hidden, args.layers, args.heads, args.seed, args.max_positions)
-    print(f"wrote {folder} (Llama, {args.layers} layers x {args.hidden}, character tokenizer)")
+    from .arith import arith_alphabet
+    from .data import char_tokenizer
+    write = write_tiny_gpt2 if args.arch == "gpt2" else write_tiny_llama
+    folder = write(args.out, char_tokenizer(args.chars or arith_alphabet()), args.hidden, args.layers, args.heads,
+                   args.seed, args.max_positions)
+    print(f"wrote {folder} ({'GPT-2' if args.arch == 'gpt2' else 'Llama'}, {args.layers} layers x {args.hidden}, "
+          f"character tokenizer)")
 
 
 if __name__ == "__main__":
