@@ -3,6 +3,7 @@
     python eval/lm_study.py --out runs/lm_study [--seeds 0 1 2] [--plot docs/lm_study.png]
     python eval/lm_study.py --task stargraph --out runs/lm_stargraph [--plot docs/lm_stargraph.png]
     python eval/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
+    python eval/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
 
 Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
 
@@ -15,9 +16,17 @@ Tasks (a task is data + tokenizer + scorer + methods; the study is the same for 
   Degree 2, path length 5, 20 node labels, Llama init std 0.08 (at 50 labels and 5,000 graphs
   next-token memorised the training graphs; at init 0.02 the image path's runs stayed on the plateau).
 
+* ``arith_pretrained``: the arithmetic task fine-tuned from **one shared pretrained base**: a small
+  Llama first trained once with next-token prediction on a synthetic corpus of other problems
+  (1 to 4 steps, other seeds, none equal to a fine-tuning or test question) and bare sums; then
+  every arm fine-tunes that base with the same seed's data order: next-token, MuToR-1D (the
+  paper's d_max 4, a 0.3; and d_max 2, a 0.3), multi-head d_max 4, each with causal and with
+  bidirectional prompt attention. The table adds 95% confidence intervals and paired differences
+  against next-token (same seed, same prompt attention), and the cost of each arm.
+
 A training split and a held-out test split (no test item equal to a training one: the same question,
 or the same graph and query). Model: a small Llama built from a LlamaConfig (random init, one per
-seed), trained from scratch (full fine-tuning) through train.py, once per method and seed. Accuracy:
+seed, or the shared pretrained base), trained (full fine-tuning) through train.py, once per arm and seed. Accuracy:
 greedy answers to the test split, by the online evaluation hook (eval.path; train.eval_every gives
 the accuracy-vs-step curve). Resumable: a finished run (its final record and saved model) is
 skipped, an unfinished one continues from its last checkpoint (--resume auto). Writes OUT/table.md
@@ -29,6 +38,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import statistics
 import sys
 import time
@@ -59,6 +69,8 @@ class Size:
     eval_every: int = 200
     max_new_tokens: int = 40
     init_std: float = 0.02                  # the Llama's initializer_range (its default 0.02)
+    pretrain_count: int = 0                 # lines of the pretraining corpus (0: no shared base)
+    pretrain_steps: int = 0                 # next-token steps of the shared base
 
 
 def arith_records(size: Size, count: int, seed: int) -> list[dict]:
@@ -70,6 +82,19 @@ def arith_tokenizer(size: Size):
     from mutor2d.lm.arith import arith_alphabet
     from mutor2d.lm.data import char_tokenizer
     return char_tokenizer(arith_alphabet())
+
+
+def arith_corpus(size: Size, count: int, seed: int) -> list[dict]:
+    """The pretraining corpus: worked problems of 1 to 4 steps and bare sums, GSM8K lines."""
+    import random
+    from mutor2d.lm.arith import arith_records as records
+    problems = records(count - count // 4, [1, 2, 3, 4], seed=seed + 100)
+    rng, sums = random.Random(seed), []
+    for _ in range(count // 4):
+        a, b = rng.randint(0, 20), rng.randint(1, 9)
+        op, value = ("+", a + b) if rng.random() < 0.5 or a < b else ("-", a - b)
+        sums.append({"question": f"What is {a}{op}{b}?", "answer": f"{a}{op}{b}={value}\n#### {value}"})
+    return problems + sums
 
 
 def stargraph_records(size: Size, count: int, seed: int) -> list[dict]:
@@ -102,6 +127,8 @@ class Task:
     quick: Size
     stem: str                                           # default OUT runs/STEM and plot OUT/STEM.png
     title: str
+    corpus: Callable[[Size, int, int], list[dict]] | None = None   # the shared base's pretraining lines
+    prompt_modes: tuple[str, ...] = ("causal",)         # model.prompt_attention of every arm, crossed
 
 
 A = 0.3                                     # the paper's loss weight of the auxiliary term (LM setting)
@@ -126,6 +153,18 @@ TASKS = {
         Size(train=64, test=8, shape=(2, 3, 20), hidden=16, layers=1, heads=2, max_steps=4, batch=8,
              eval_every=2, max_new_tokens=6),
         "lm_stargraph", "path-star graph, word-level Llama"),
+    "arith_pretrained": Task(
+        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"},
+        {"next-token": {"name": "ntp"},
+         "mutor-1d d_max=4": {"name": "mutor-1d", "d_max": 4, "reg_weight": A},
+         "mutor-1d d_max=2": {"name": "mutor-1d", "d_max": 2, "reg_weight": A},
+         "multihead d_max=4": {"name": "multihead", "d_max": 4, "reg_weight": A}},
+        Size(train=1000, test=200, shape=(2,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
+             pretrain_count=20000, pretrain_steps=3000),
+        Size(train=32, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
+             max_new_tokens=12, pretrain_count=64, pretrain_steps=3),
+        "lm_pretrained", "synthetic arithmetic, pretrained char-level Llama",
+        corpus=arith_corpus, prompt_modes=("causal", "bidirectional")),
 }
 
 
@@ -148,19 +187,37 @@ def write_base(folder: Path, task: Task, size: Size, seed: int) -> Path:
                             init_std=size.init_std)
 
 
-def run_config(base: Path, train: Path, test: Path, objective: dict, size: Size, seed: int,
-               scoring: dict) -> dict:
+def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry) -> Path:
+    """The shared base: a random Llama (seed 1000) trained once with next-token prediction on the
+    task's corpus (lines whose key is in ``exclude`` dropped), through train.py; resumable."""
+    from mutor2d.lm.data import write_jsonl
+    run = out / "pretrain"
+    if finished(run, size.pretrain_steps, records=False):
+        return run
+    corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(corpus, out / "data" / "pretrain.jsonl")
+    init = write_base(out / "pretrain_init", task, size, 1000)
+    cfg = run_config(init, out / "data" / "pretrain.jsonl", None, {"name": "ntp"},
+                     dataclasses.replace(size, max_steps=size.pretrain_steps, lr=3e-3), 1000, task.scoring)
+    timed(entry, out / "configs" / "pretrain.yaml", cfg, run, out)
+    return run
+
+
+def run_config(base: Path, train: Path, test: Path | None, objective: dict, size: Size, seed: int,
+               scoring: dict, prompt_attention: str = "causal") -> dict:
+    evaluation = {"eval": {"path": str(test), **scoring, "max_new_tokens": size.max_new_tokens,
+                           "batch_size": 100, "stop": []}} if test else {}
     return {"task": "lm",
-            "model": {"hf": str(base), "finetune": "full", "dtype": "float32"},
+            "model": {"hf": str(base), "finetune": "full", "dtype": "float32", "prompt_attention": prompt_attention},
             "data": {"name": scoring["name"], "path": str(train), "max_prompt_len": 160, "max_answer_len": 64},
             "objective": objective,
             "optim": {"lr": size.lr, "betas": [0.9, 0.95], "weight_decay": 0.0, "schedule": "cosine",
                       "warmup_steps": size.max_steps // 10, "min_lr": size.lr / 10},
             "train": {"batch_size": size.batch, "max_steps": size.max_steps, "seed": seed, "log_every": 10,
-                      "ckpt_every": max(size.max_steps // 2, 1), "eval_every": size.eval_every,
+                      "ckpt_every": max(size.max_steps // 2, 1), "eval_every": size.eval_every if test else 0,
                       "mixed_precision": "no", "tracker": "none"},
-            "eval": {"path": str(test), **scoring, "max_new_tokens": size.max_new_tokens,
-                     "batch_size": 100, "stop": []}}
+            **evaluation}
 
 
 def records_of(run: Path) -> dict[int, dict]:
@@ -172,8 +229,11 @@ def records_of(run: Path) -> dict[int, dict]:
     return out
 
 
-def finished(run: Path, max_steps: int) -> bool:
-    return (run / "config.json").is_file() and max_steps in records_of(run)
+def finished(run: Path, max_steps: int, records: bool = True) -> bool:
+    """The run's model is saved (and, with ``records``, its accuracy at ``max_steps`` recorded)."""
+    from mutor2d.lm.hf import INFERENCE_FILE
+    saved = (run / "config.json").is_file() and (run / INFERENCE_FILE).is_file()
+    return saved and (not records or max_steps in records_of(run))
 
 
 def train_py():
@@ -183,26 +243,53 @@ def train_py():
     return module
 
 
+def arms(task: Task) -> dict[str, tuple[dict, str]]:
+    """arm name -> (objective section, prompt attention): every method under every prompt mode."""
+    if len(task.prompt_modes) == 1:
+        return {m: (o, task.prompt_modes[0]) for m, o in task.methods.items()}
+    return {f"{m}, {mode}": (o, mode) for mode in task.prompt_modes for m, o in task.methods.items()}
+
+
+def run_name(objective: dict, mode: str, seed: int, task: Task) -> str:
+    suffix = f"_{mode}" if len(task.prompt_modes) > 1 else ""
+    return f"{objective['name']}_d{objective.get('d_max', 1)}{suffix}_s{seed}"
+
+
 def run_all(out: Path, task: Task, size: Size, seeds: list[int]) -> dict[str, dict[int, Path]]:
-    """Train every (method, seed) not yet finished through train.py; -> run folders by method, seed."""
+    """Train every (arm, seed) not yet finished through train.py; -> run folders by arm, seed."""
     train, test = write_data(out / "data", task, size)
     entry, runs = train_py(), {}
+    shared = None
+    if size.pretrain_steps:
+        seen = {task.key(r) for r in load_jsonl(train) + load_jsonl(test)}
+        shared = pretrained_base(out, task, size, seen, entry)
     for seed in seeds:
-        base = write_base(out / f"base_s{seed}", task, size, seed)
-        for method, objective in task.methods.items():
-            run = out / "runs" / f"{objective['name']}_d{objective.get('d_max', 1)}_s{seed}"
-            runs.setdefault(method, {})[seed] = run
+        base = shared or write_base(out / f"base_s{seed}", task, size, seed)
+        for arm, (objective, mode) in arms(task).items():
+            run = out / "runs" / run_name(objective, mode, seed, task)
+            runs.setdefault(arm, {})[seed] = run
             if finished(run, size.max_steps):
                 continue
-            config = out / "configs" / f"{run.name}.yaml"
-            config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(yaml.safe_dump(run_config(base, train, test, objective, size, seed, task.scoring),
-                                            sort_keys=False))
-            t0, c0 = time.time(), time.process_time()
-            entry.main(["--config", str(config), "--out", str(run), "--resume", "auto"])
-            print(f"{run.name}: {time.time() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU",
-                  file=sys.stderr, flush=True)
+            cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode)
+            timed(entry, out / "configs" / f"{run.name}.yaml", cfg, run, out)
     return runs
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def timed(entry, config: Path, cfg: dict, run: Path, out: Path) -> None:
+    """train.py on ``cfg`` (written to ``config``) into ``run``, resumed if begun; its wall and CPU
+    seconds appended to OUT/costs.jsonl."""
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    t0, c0 = time.time(), time.process_time()
+    entry.main(["--config", str(config), "--out", str(run), "--resume", "auto"])
+    cost = {"run": run.name, "wall_s": round(time.time() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)}
+    with open(out / "costs.jsonl", "a") as f:
+        f.write(json.dumps(cost) + "\n")
+    print(f"{run.name}: {cost['wall_s']:.0f} s wall, {cost['cpu_s']:.0f} s CPU", file=sys.stderr, flush=True)
 
 
 def final_loss(run: Path) -> float | None:
@@ -222,6 +309,55 @@ def table(runs: dict[str, dict[int, Path]], max_steps: int) -> str:
         ce = f"{statistics.mean(loss):.3f}" if loss else "-"
         lines.append(f"| {method} | {len(acc)} | {statistics.mean(acc):.3f} ± {sd:.3f} | "
                      f"{', '.join(f'{a:.3f}' for a in acc)} | {ce} |")
+    return "\n".join(lines)
+
+
+def ci95(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
+    from scipy.stats import t
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def reference_arm(arm: str) -> str:
+    """The next-token arm an arm is paired with: the same prompt attention ("METHOD, MODE")."""
+    return ", ".join(["next-token", *arm.split(", ")[1:]])
+
+
+def cpu_seconds(out: Path) -> dict[str, float]:
+    """Run folder name -> CPU seconds over all its sessions (OUT/costs.jsonl)."""
+    total = {}
+    path = out / "costs.jsonl"
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        row = json.loads(line)
+        total[row["run"]] = total.get(row["run"], 0.0) + row["cpu_s"]
+    return total
+
+
+def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path) -> str:
+    """Markdown: per arm, final test accuracy with its 95% CI over seeds; the paired difference to
+    next-token (same seed, hence the same data order, and the same prompt attention) with its 95% CI
+    and wins / ties / losses; CPU seconds per run."""
+    acc = {arm: {s: records_of(r)[max_steps]["metrics"]["accuracy"] for s, r in by.items()} for arm, by in runs.items()}
+    cpu = cpu_seconds(out)
+    lines = ["| arm | seeds | accuracy [95% CI] | minus next-token [95% CI] | wins / ties / losses | CPU s per run |",
+             "|---|---|---|---|---|---|"]
+    for arm, by_seed in acc.items():
+        mean, half = ci95(list(by_seed.values()))
+        ref = acc.get(reference_arm(arm), {})
+        paired = [by_seed[s] - ref[s] for s in by_seed if s in ref]
+        if arm == reference_arm(arm) or not paired:
+            diff, record = "—", "—"
+        else:
+            d, h = ci95(paired)
+            diff = f"{d:+.3f} [{d - h:+.3f}, {d + h:+.3f}]"
+            record = f"{sum(x > 0 for x in paired)} / {sum(x == 0 for x in paired)} / {sum(x < 0 for x in paired)}"
+        costs = [cpu[r.name] for r in runs[arm].values() if r.name in cpu]
+        cost = f"{statistics.mean(costs):.0f}" if costs else "-"
+        lines.append(f"| {arm} | {len(by_seed)} | {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] | {diff} | "
+                     f"{record} | {cost} |")
     return "\n".join(lines)
 
 
@@ -278,7 +414,8 @@ def main(argv=None) -> str:
     torch.set_num_threads(1)                 # the study machine is shared; 2 threads ran slower here
     out = Path(args.out or f"runs/{task.stem}")
     runs = run_all(out, task, size, args.seeds[:1] if args.quick else args.seeds)
-    text = table(runs, size.max_steps) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs)
+    text = (table(runs, size.max_steps) + "\n\nIntervals and paired differences:\n\n"
+            + interval_table(runs, size.max_steps, out) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
     (out / "table.md").write_text(text + "\n")
     print(text)
     print(f"plot: {plot(runs, Path(args.plot or out / f'{task.stem}.png'), task.title)}", file=sys.stderr)

@@ -112,3 +112,35 @@ def test_quick_stargraph_study_scores_whole_paths_on_held_out_graphs(tmp_path):
         assert acc == pytest.approx(sum(p["correct"] for p in preds) / len(preds), abs=5e-4)
     log = next(tmp_path.glob("runs/mutor-1d_*_s0/log.jsonl")).read_text().splitlines()
     assert any("loss_reg" in json.loads(x) for x in log)                  # the registers trained
+
+
+def test_the_pretrained_study_shares_one_base_and_pairs_every_arm_with_next_token(tmp_path):
+    """arith_pretrained --quick: one base pretrained once with next-token prediction on a corpus that
+    holds no fine-tuning or test question; every arm (4 methods x causal/bidirectional prompts)
+    fine-tunes that base; the table gives 95% intervals and the paired difference to the next-token
+    arm of the same prompt attention."""
+    import yaml
+    study = load_study()
+    task = study.TASKS["arith_pretrained"]
+    text = study.main(["--task", "arith_pretrained", "--quick", "--out", str(tmp_path)])
+    configs = {p.stem: yaml.safe_load(p.read_text()) for p in (tmp_path / "configs").glob("*.yaml")}
+    bases = {c["model"]["hf"] for name, c in configs.items() if name != "pretrain"}
+    assert bases == {str(tmp_path / "pretrain")} and (tmp_path / "pretrain" / "config.json").is_file()
+    assert configs["pretrain"]["objective"] == {"name": "ntp"}
+    assert sorted(c["model"]["prompt_attention"] for n, c in configs.items() if n != "pretrain") == \
+        ["bidirectional"] * 4 + ["causal"] * 4
+    held = {json.loads(line)["question"] for f in ("train", "test")
+            for line in (tmp_path / "data" / f"{f}.jsonl").read_text().splitlines()}
+    corpus = [json.loads(line)["question"] for line in (tmp_path / "data" / "pretrain.jsonl").read_text().splitlines()]
+    assert corpus and not held & set(corpus)
+    rows = text.split("Intervals and paired differences:\n\n")[1].split("\n\n")[0].splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows] == list(study.arms(task))
+    assert all((r.split("|")[4].strip() == "—") == r.startswith("| next-token") for r in rows)
+
+
+def test_intervals_by_hand():
+    study = load_study()
+    mean, half = study.ci95([0.5, 0.7, 0.6])
+    assert abs(mean - 0.6) < 1e-12 and abs(half - 4.302653 * 0.1 / 3 ** 0.5) < 1e-5
+    assert study.reference_arm("mutor-1d d_max=4, bidirectional") == "next-token, bidirectional"
+    assert study.reference_arm("multihead d_max=4") == "next-token"
