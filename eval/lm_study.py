@@ -133,13 +133,13 @@ class Task:
 
 A = 0.3                                     # the paper's loss weight of the auxiliary term (LM setting)
 A_STAR = 0.5                                # the authors' star-graph setting: d = 2..4, a = 0.5
+ARITH_METHODS = {"next-token": {"name": "ntp"},
+                 "mutor-1d d_max=2": {"name": "mutor-1d", "d_max": 2, "reg_weight": A},
+                 "mutor-1d d_max=4": {"name": "mutor-1d", "d_max": 4, "reg_weight": A},
+                 "multihead d_max=4": {"name": "multihead", "d_max": 4, "reg_weight": A}}
 TASKS = {
     "arith": Task(
-        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"},
-        {"next-token": {"name": "ntp"},
-         "mutor-1d d_max=2": {"name": "mutor-1d", "d_max": 2, "reg_weight": A},
-         "mutor-1d d_max=4": {"name": "mutor-1d", "d_max": 4, "reg_weight": A},
-         "multihead d_max=4": {"name": "multihead", "d_max": 4, "reg_weight": A}},
+        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
         Size(),
         Size(train=64, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=4, batch=8, eval_every=2,
              max_new_tokens=12),
@@ -154,11 +154,7 @@ TASKS = {
              eval_every=2, max_new_tokens=6),
         "lm_stargraph", "path-star graph, word-level Llama"),
     "arith_pretrained": Task(
-        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"},
-        {"next-token": {"name": "ntp"},
-         "mutor-1d d_max=4": {"name": "mutor-1d", "d_max": 4, "reg_weight": A},
-         "mutor-1d d_max=2": {"name": "mutor-1d", "d_max": 2, "reg_weight": A},
-         "multihead d_max=4": {"name": "multihead", "d_max": 4, "reg_weight": A}},
+        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
         Size(train=1000, test=200, shape=(2,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
              pretrain_count=20000, pretrain_steps=3000),
         Size(train=32, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import list_checkpoints
-from ..io import UnsafeFileError, read_torch_file
+from ..io import UnsafeFileError, file_sha256, read_torch_file
 from .base import register_tokenizer
 
 
@@ -426,14 +426,6 @@ def config_from_state_dict(state: dict, image_size: int = 256) -> VQConfig:
 def _norm_groups(ch: int) -> int:
     # LlamaGen uses 32 groups; smaller models of ours store their config, this is only a fallback.
     return 32 if ch % 32 == 0 else ch
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _weights_of(ckpt, path: Path, use_ema: bool) -> dict:
