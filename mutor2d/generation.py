@@ -222,7 +222,8 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
     into a left margin (PIL's default font, at most LABEL_CHARS characters) as wide as the widest.
     Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
     digits become visible). Size: (m + p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD,
-    m the margin (0 without labels); the cells are the same pixels either way."""
+    m the margin (0 without labels); the cells are the same pixels either way. Written atomically: a
+    failed write (an OSError) leaves no partial file."""
     from PIL import Image, PngImagePlugin
     B, h, w, _ = images.shape
     s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
@@ -237,12 +238,13 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
     if labels and row_labels:
         image = label_rows(image, row_labels, [pad + r * (h * s + pad) + h * s / 2 for r in range(rows)])
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    kind = Image.registered_extensions().get(path.suffix.lower())
+    if kind is None:
+        raise SampleFileError(f"{path}: not an image file name (expected an extension such as .png)")
     info = PngImagePlugin.PngInfo()
     if row_labels is not None:
         info.add_text("rows", json.dumps(row_labels))
-    image.save(path, pnginfo=info)
-    return path
+    return write_atomic(path, lambda f: image.save(f, format=kind, pnginfo=info))
 
 
 def label_rows(image, row_labels: list[str], centres: list[float]):
