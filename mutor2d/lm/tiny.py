@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     ap = build_parser()
     args = ap.parse_args(argv)
+    for flag in ("hidden", "layers", "heads", "max_positions"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: expected >= 1")
+    if args.seed < 0:
+        raise SystemExit(f"error: --seed {args.seed}: expected >= 0")
     if args.hidden % args.heads:
         raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")
     folder = write_tiny_llama(args.out, None, args.hidden, args.layers, args.heads, args.seed, args.max_positions)
