@@ -212,8 +212,8 @@ def check_memory(flag: str, value: int, images: int, side: int) -> None:
     assembled), must fit this machine's memory; else a one-line error naming the flag and both sizes."""
     need, have = images * side * side * 3, physical_memory()
     if have is not None and need > have:
-        raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels take {need / 2**30:.1f} GiB, "
-                              f"more than this machine's {have / 2**30:.1f} GiB of memory")
+        raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels take {need / 2**20:,.1f} MiB, "
+                              f"more than this machine's {have / 2**20:,.1f} MiB of memory")
 
 
 def decode_options(mode) -> dict:
