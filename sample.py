@@ -164,8 +164,10 @@ def check_args(args) -> None:
         raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
                               "the default classes)")
     for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT)):
-        if value is not None and not 1 <= value <= high:
-            raise SampleFileError(f"{flag} {value}: expected 1..{high}")
+        if value is not None and value < 1:
+            raise SampleFileError(f"{flag} {value}: expected >= 1")
+        if value is not None and value > high:
+            raise SampleFileError(f"{flag} {value}: expected at most {high}")
     for flag, value in (("--draft", args.draft), ("--window", args.window)):
         if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
