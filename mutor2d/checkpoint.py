@@ -20,6 +20,7 @@ hub folders (``mutor2d.hub``: save_pretrained / from_pretrained) whose weights a
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -44,11 +45,17 @@ WRITE_FAILED_EXIT = io.WRITE_FAILED_EXIT     # 74, EX_IOERR (sysexits.h)
 class Checkpoint(dict):
     """A loaded checkpoint: reading an entry it lacks (``step``, ``rng``, ``optimizer`` of a file
     that passes its checksum but was not written by the trainer) is a one-line CheckpointError naming
-    the file and the entry, not a KeyError. ``get`` and ``in`` work as for any dict."""
+    the file and the entry, not a KeyError. ``get`` and ``in`` work as for any dict, and it pickles as
+    a plain mapping."""
 
     def __init__(self, entries: dict, path: str | os.PathLike):
         super().__init__(entries)
         self.path = str(path)
+
+    def __reduce_ex__(self, protocol):
+        """Pickled (torch.save of a loaded checkpoint) as an OrderedDict, which weights-only loading
+        accepts: the file names no class of this project."""
+        return collections.OrderedDict, (), None, None, iter(self.items())
 
     def __missing__(self, key):
         raise CheckpointError(f"checkpoint {self.path!r} has no {key!r} entry (a training checkpoint holds "
