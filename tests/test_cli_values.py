@@ -364,3 +364,11 @@ def test_lm_data_check_refuses_an_over_long_line(tmp_path, capsys):
         lm_data.main(["check", str(data)])
     line = one_error_line(capsys)
     assert e.value.code == 2 and f"{data}:1:" in line and f"expected at most {lm_data.CHECK_CHARS}" in line
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--num", "-1", "--num -1: expected >= 0"),
+                                                 ("--batch-size", "0", "--batch-size 0: expected >= 1")])
+def test_eval_stargraph_counts_are_checked_before_loading(tmp_path, flag, value, needle):
+    stargraph = script("eval/stargraph.py", "stargraph_cli_values")
+    with pytest.raises(ValueError, match=needle):
+        stargraph.main(["--ckpt", str(tmp_path / "nowhere"), flag, value])
