@@ -41,10 +41,12 @@ from pathlib import Path
 
 import torch
 
-from mutor2d import checkpoint, config, generation
+from mutor2d import checkpoint, config, generation, io
+from mutor2d.checks import physical_memory
 from mutor2d.cli import HelpFormatter
 from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
 from mutor2d.sampling import compile_decoder, decode_modes
+from mutor2d.sampling.rules import PER_CLASS_LIMIT
 from mutor2d.sampling.auto import auto_decode, can_draft
 from mutor2d.plugins import load_plugins
 
@@ -55,6 +57,9 @@ SAMPLE_FLAGS = {"cfg_scale": ("--cfg-scale", "cfg"), "temperature": ("--temperat
                 "decode.draft": ("--draft", "draft"), "decode.anchors": ("--draft-anchors", "draft_anchors"),
                 "decode.fill": ("--no-fill", "fill"), "decode.window": ("--window", "window"),
                 "labels": ("--no-labels", "labels")}
+
+
+NUM_LIMIT = 10 ** 6     # --num: samples of one npz (ImageNet's FID uses 50,000)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,8 +157,17 @@ def check_args(args) -> None:
         raise SampleFileError("--npz takes --num N (N / classes per class), not --per-class or --out")
     if args.npz and Path(args.npz).is_dir():
         raise SampleFileError(f"--npz {args.npz}: is a directory; expected the path of a .npz file")
-    if args.per_class is not None and args.per_class < 1:
-        raise SampleFileError(f"--per-class {args.per_class}: expected >= 1")
+    if args.out and (Path(args.out).is_dir() or Path(args.out).suffix.lower() != ".png"):
+        what = "is a directory" if Path(args.out).is_dir() else "is not a .png file name"
+        raise SampleFileError(f"--out {args.out}: {what}; expected the path of a .png file")
+    if args.classes is not None and not args.classes.strip():
+        raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
+                              "the default classes)")
+    for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT)):
+        if value is not None and value < 1:
+            raise SampleFileError(f"{flag} {value}: expected >= 1")
+        if value is not None and value > high:
+            raise SampleFileError(f"{flag} {value}: expected at most {high}")
     for flag, value in (("--draft", args.draft), ("--window", args.window)):
         if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
@@ -193,6 +207,15 @@ def pick_auto(args, src: generation.Loaded, device) -> None:
     images = min(args.batch_size, total)
     args.decode = auto_decode(images, device, can_draft(src.cfg.objective))
     print(f"--decode auto: {args.decode} (batches of {images} images on {device.type})")
+
+
+def check_memory(flag: str, value: int, images: int, side: int) -> None:
+    """``images`` images of ``side`` x ``side`` RGB pixels, held in memory at once (a grid, an npz being
+    assembled), must fit this machine's memory; else a one-line error naming the flag and both sizes."""
+    need, have = images * side * side * 3, physical_memory()
+    if have is not None and need > have:
+        raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels take {need / 2**20:,.1f} MiB, "
+                              f"more than this machine's {have / 2**20:,.1f} MiB of memory")
 
 
 def decode_options(mode) -> dict:
@@ -251,12 +274,15 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
     per_class = pick(args.per_class, s.per_class)
     if per_class < 1:
         raise SampleFileError(f"sample.per_class {per_class}: expected >= 1")
+    side = src.tokenizer.image_size * max(1, -(-generation.GRID_MIN_SIDE // src.tokenizer.image_size))
+    check_memory("--per-class", per_class, per_class * len(classes), side)
     prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
     images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
     rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
     out = args.out or output_folder(path) / output_name(src, s, seed, args.ema, ".png", classes, f"x{per_class}",
                                                         args.batch_size)
-    out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
+    with io.exit_on_write_error(str(out)):
+        out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 
@@ -264,6 +290,7 @@ def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, s
     """The balanced npz (N / choices per choice: per class), its shards split over the processes."""
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else list(range(n))
+    check_memory("--num", args.num, args.num, src.tokenizer.image_size)
     prefixes = balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
     meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
                                   settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
@@ -278,10 +305,12 @@ def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, s
         return
     todo = job.missing()              # every process lists the same shards before any is written
     state.wait_for_everyone()
-    job.run(sampler, todo[state.process_index::state.num_processes], progress=state.is_main_process)
+    with io.exit_on_write_error(str(job.dir)):
+        job.run(sampler, todo[state.process_index::state.num_processes], progress=state.is_main_process)
     state.wait_for_everyone()
     if state.is_main_process:
-        job.assemble()
+        with io.exit_on_write_error(str(job.out)):
+            job.assemble()
         print(f"wrote {job.out} ({args.num} samples, {len(classes)} classes, step {src.step})")
 
 

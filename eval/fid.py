@@ -60,6 +60,9 @@ def score(args) -> tuple:
         raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
     if args.inception_weights and args.inception_weights.endswith(".safetensors"):   # torch.load reads these
         read_safetensors(args.inception_weights, "--inception-weights", tensors=False)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    if not metrics:
+        raise MetricsError(f"--metrics {args.metrics!r}: expected a comma-separated subset of {','.join(M.METRICS)}")
     samples = open_images(args.samples)
     data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
     reference = open_images(args.ref, data_seed)
@@ -68,7 +71,7 @@ def score(args) -> tuple:
     if features == "digits":
         weights = digits.digits_classifier_path(digits.DigitsClassifierSettings(data_seed=data_seed), cache)
     result = M.compute_metrics(samples, reference, features=features, weights_path=weights,
-                               metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
+                               metrics=metrics,
                                device=args.device, batch_size=args.batch_size, cache_root=cache / "fidelity_cache",
                                use_cache=not args.no_cache, verbose=not args.quiet)
     return result, samples, reference

@@ -62,7 +62,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("limit", "max_new_tokens", "batch_size"):
         if getattr(args, flag) < (0 if flag == "limit" else 1):
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= {0 if flag == 'limit' else 1}")
+    check_paths(args)
     return args
+
+
+def check_paths(args) -> None:
+    """One-line ValueErrors: --out naming a folder, --max-new-tokens beyond the positions of --ckpt's model."""
+    if args.out and Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out}: is a folder; expected the path of the prediction .jsonl file to write")
+    from mutor2d.lm.data import model_positions
+    positions = model_positions(args.ckpt) if args.ckpt else None
+    if positions is not None and args.max_new_tokens > positions:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected at most {positions}, the positions of "
+                         f"the model in {args.ckpt} (max_position_embeddings, prompt included)")
 
 
 def run_info(ckpt: Path) -> tuple[Path, dict, int | None]:
@@ -102,6 +114,7 @@ def generate_all(args, located, kind: str, out: Path):
 
 
 def evaluate(args) -> dict | None:
+    from mutor2d import io
     from mutor2d.lm import data, hf
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
@@ -110,21 +123,22 @@ def evaluate(args) -> dict | None:
     kind = args.kind or guess_kind(located, args.data_name)
     suffix = f"_step{step}" if ckpt != run_dir else ""
     out = Path(args.out) if args.out else run_dir / "eval" / f"predictions_{Path(args.data).stem}{suffix}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    state = generate_all(args, located, kind, out)
-    if not state.is_main_process:
-        return None
-    generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size,
-                  "prompt_attention": hf.saved_prompt_attention(ckpt)}
-    result, path = accuracy.write_scores(out, len(located), kind, run_dir / "eval", run_config=cfg, step=step,
-                                         data=str(args.data), checkpoint=str(ckpt), generation=generation)
+    with io.exit_on_write_error(str(out)):         # the model's files are read as LMModelError, not OSError
+        out.parent.mkdir(parents=True, exist_ok=True)
+        state = generate_all(args, located, kind, out)
+        if not state.is_main_process:
+            return None
+        generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size,
+                      "prompt_attention": hf.saved_prompt_attention(ckpt)}
+        result, path = accuracy.write_scores(out, len(located), kind, run_dir / "eval", run_config=cfg, step=step,
+                                             data=str(args.data), checkpoint=str(ckpt), generation=generation)
     return {**result, "predictions": str(out), "record": str(path)}
 
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.score:
-        result = accuracy.score(accuracy.read_predictions(args.score), args.kind)
+        result = accuracy.score_file(args.score, args.kind)
     else:
         result = evaluate(args)
         if result is None:                       # not the main process

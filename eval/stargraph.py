@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from mutor2d import checkpoint          # the command line parses before torch is imported (in main)
+from mutor2d import checkpoint, io          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
@@ -34,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    """The flags, checked: a bad --num or --batch-size is a one-line ValueError naming it."""
+    args = build_parser().parse_args(argv)
+    if args.num < 0:
+        raise ValueError(f"--num {args.num}: expected >= 0 (0 = all test graphs)")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: expected >= 1")
+    return args
 
 
 def probe_offsets(text: str | None, path_len: int) -> list[int]:
@@ -79,8 +85,9 @@ def main(argv=None) -> dict:
     rates = solve_rates(model, test, args.batch_size)
     tf = teacher_forced_accuracy(model, test, offsets, args.batch_size)
     record = make_record(cfg, step, path, rates, tf)
-    out = records.write_record(record, Path(args.json) if args.json else
-                               checkpoint.output_dir(path, "eval") / f"stargraph_step{step:08d}.json")
+    where = Path(args.json) if args.json else checkpoint.output_dir(path, "eval") / f"stargraph_step{step:08d}.json"
+    with io.exit_on_write_error(str(where)):
+        out = records.write_record(record, where)
     print(f"step {step}: solve rate {rates['solve_rate']:.3f}, first-step accuracy "
           f"{rates['first_step_acc']:.3f} on {rates['n']} graphs -> {out}")
     for d, accs in tf["reg"].items():

@@ -20,6 +20,7 @@ hub folders (``mutor2d.hub``: save_pretrained / from_pretrained) whose weights a
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -38,7 +39,27 @@ _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (
 CheckpointError = io.UnsafeFileError
 
 
-WRITE_FAILED_EXIT = 74                  # EX_IOERR (sysexits.h)
+WRITE_FAILED_EXIT = io.WRITE_FAILED_EXIT     # 74, EX_IOERR (sysexits.h)
+
+
+class Checkpoint(dict):
+    """A loaded checkpoint: reading an entry it lacks (``step``, ``rng``, ``optimizer`` of a file
+    that passes its checksum but was not written by the trainer) is a one-line CheckpointError naming
+    the file and the entry, not a KeyError. ``get`` and ``in`` work as for any dict, and it pickles as
+    a plain mapping."""
+
+    def __init__(self, entries: dict, path: str | os.PathLike):
+        super().__init__(entries)
+        self.path = str(path)
+
+    def __reduce_ex__(self, protocol):
+        """Pickled (torch.save of a loaded checkpoint) as an OrderedDict, which weights-only loading
+        accepts: the file names no class of this project."""
+        return collections.OrderedDict, (), None, None, iter(self.items())
+
+    def __missing__(self, key):
+        raise CheckpointError(f"checkpoint {self.path!r} has no {key!r} entry (a training checkpoint holds "
+                              f"model, config, step, optimizer and rng): it was not written by the trainer")
 
 
 class CheckpointWriteError(OSError):
@@ -93,13 +114,13 @@ def load(path: str | os.PathLike, mmap: bool = False) -> dict:
     if sharded_checkpoint.is_sharded_checkpoint(path):
         if not mmap:                              # a full read: its files' checksums too
             sharded_checkpoint.verify(Path(path))
-        return sharded_checkpoint.read_meta(path)
+        return Checkpoint(sharded_checkpoint.read_meta(path), path)
     obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
     if not mmap and not io.has_checksum(obj):
         io.warn(f"checkpoint {str(path)!r} has no checksum (written before checksums): loaded unverified", once=True)
-    return obj
+    return Checkpoint(obj, path)
 
 
 def remove(path: Path) -> None:
@@ -202,6 +223,7 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     cfg = config_lib.from_dict(meta["config"])
     model = cfg.model.build(register_token=cfg.objective.uses_registers())
     io.check_shapes(model.state_dict(), state, repr(str(path)))
+    io.check_finite(state, f"checkpoint {str(path)!r}")
     model.load_state_dict(state, strict=True)
     return model.to(device).eval(), cfg, meta
 
@@ -214,20 +236,42 @@ def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
 
 def export_safetensors(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> Path:
     """Write a checkpoint's weights (EMA when present and ``use_ema``) as safetensors, config in the metadata."""
+    return save_safetensors(*export_parts(path, out, use_ema), out)
+
+
+def export_parts(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict, str]:
+    """(weights, meta, "ema" or "model") that ``export_safetensors`` writes to ``out``; refused in one
+    line: an output path that is a folder, a checkpoint of another kind of run than an image GPT's."""
+    if Path(out).is_dir():
+        raise CheckpointError(f"{str(out)!r} is a folder; expected the path of the .safetensors file to write")
+    check_image_run(path, read_meta(path)["config"])
     state, meta = load_weights(path, use_ema)
-    return save_safetensors(state, meta, "ema" if use_ema and meta["has_ema"] else "model", out)
+    return state, meta, "ema" if use_ema and meta["has_ema"] else "model"
+
+
+def check_image_run(path: str | os.PathLike, config) -> None:
+    """CheckpointError unless ``config`` (a checkpoint's stored config) is an image GPT's: a
+    language-model run keeps its model as Hugging Face files in its run folder, a VQ run is a tokenizer."""
+    task = config.get("task") if isinstance(config, dict) else None
+    if task == "lm":
+        p = Path(path)
+        run = p.parent.parent if p.parent.name == "checkpoints" else p if p.is_dir() else p.parent
+        raise CheckpointError(f"{str(path)!r} is a language-model run; its model is already saved as "
+                              f"{run}/model.safetensors (or {run}/adapter_model.safetensors under LoRA): share "
+                              f"that folder")
+    if task is not None:
+        raise CheckpointError(f"{str(path)!r} is a run of task {task!r}, not an image GPT: nothing to export")
 
 
 def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLike) -> Path:
     """``state`` as a safetensors file whose metadata ``read_meta`` reads back: step, grid and config of
-    ``meta`` (as ``read_meta`` gives them) and which weights they are (``weights``: "ema" or "model")."""
-    from safetensors.torch import save_file
+    ``meta`` (as ``read_meta`` gives them) and which weights they are (``weights``: "ema" or "model").
+    Written atomically: a failed write (an OSError) leaves no partial file."""
+    from safetensors.torch import save
     info = {"step": str(meta["step"]), "grid": json.dumps(meta["grid"]), "config": json.dumps(meta["config"]),
             "weights": weights, "format": "mutor2d"}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out), metadata=info)
-    return out
+    data = save({k: v.detach().contiguous().cpu() for k, v in state.items()}, metadata=info)
+    return io.write_atomic(out, lambda f: f.write(data))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        out = export_safetensors(args.ckpt, args.out, use_ema=not args.no_ema)
+        parts = export_parts(args.ckpt, args.out, use_ema=not args.no_ema)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
+    with io.exit_on_write_error(args.out):
+        out = save_safetensors(*parts, args.out)
     print(f"wrote {out}")
 
 

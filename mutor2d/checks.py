@@ -1,11 +1,13 @@
 """Value checks every config section uses: one-line :class:`ConfigError` messages naming the key.
 
-Range rules (``fail``, ``at_least``, ``fraction``, ``check_seed``) and ``check_type``, which coerces a
-YAML value to a dataclass field's type (bool, int, float, str, Literal, Optional, list, tuple).
+Range rules (``fail``, ``at_least``, ``at_most``, ``fraction``, ``check_seed``), ``physical_memory``
+for estimates checked before allocating, and ``check_type``, which coerces a YAML value to a dataclass
+field's type (bool, int, float, str, Literal, Optional, list, tuple).
 """
 from __future__ import annotations
 
 import math
+import os
 import types
 import typing
 from typing import Any, Literal
@@ -26,6 +28,20 @@ def fail(key: str, expected: str, value: Any) -> None:
 def at_least(key: str, value, low) -> None:
     if value < low:
         fail(key, f">= {low}", value)
+
+
+def at_most(key: str, value, high, why: str = "") -> None:
+    """``value <= high``, else a ConfigError naming the limit (and ``why`` it is the limit)."""
+    if value > high:
+        fail(key, f"<= {high}" + (f" ({why})" if why else ""), value)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def fraction(key: str, value: float) -> None:

@@ -24,10 +24,11 @@ from typing import Any, ClassVar
 
 import yaml
 
-from .checks import ConfigError, check_type, fail
+from .checks import ConfigError, at_most, check_type, fail
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SECTIONS = ("model", "data", "objective", "optim", "train", "sample")
+EVAL_PER_CLASS_LIMIT = 10_000      # train.eval_per_class: samples per class of one online evaluation
 PART_MODULES = ("mutor2d.model", "mutor2d.data", "mutor2d.stargraph", "mutor2d.objectives",
                 "mutor2d.engine.optim", "mutor2d.engine.loop", "mutor2d.sampling")
 
@@ -123,6 +124,8 @@ class RunConfig:
         for s in SECTIONS:
             getattr(self, s).check()
         kind = self.model.kind()
+        at_most("train.eval_per_class", self.train.eval_per_class, EVAL_PER_CLASS_LIMIT,
+                "samples per class of each online evaluation, made in memory")
         if self.train.eval_every and (self.data.name != "digits" or not kind.per_class):
             raise ConfigError(f"train.eval_every: the online evaluation needs data.name=digits with class "
                               f"labels, got data.name={self.data.name!r}, model.conditioning={kind.name!r}")
@@ -217,8 +220,11 @@ def from_dict(data: dict | None) -> RunConfig:
 # ----------------------------------------------------------------------------- files and overrides
 
 def resolve_path(name: str | os.PathLike) -> Path:
-    """``name`` as a path if it exists, else ``configs/name`` (``.yaml`` may be omitted)."""
+    """``name`` as a path if it exists, else ``configs/name`` (``.yaml`` may be omitted); a folder is
+    a one-line ConfigError."""
     p = Path(name)
+    if p.is_dir():
+        raise ConfigError(f"config {str(name)!r} is a folder; expected a YAML file (or a name under {CONFIG_DIR})")
     if p.exists():
         return p
     for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
@@ -279,9 +285,13 @@ def read_yaml(path: Path) -> Any:
 
 
 def read_mapping(name: str | os.PathLike) -> dict:
-    """The YAML config ``name`` (a path or a name under configs/) as a dict of sections."""
+    """The YAML config ``name`` (a path or a name under configs/) as a dict of sections; an empty file
+    (nothing but comments) is a ConfigError, not the default run."""
     path = resolve_path(name)
-    data = read_yaml(path) or {}
+    data = read_yaml(path)
+    if data is None:
+        raise ConfigError(f"config {str(path)!r} is empty; expected a mapping of sections "
+                          f"({', '.join(SECTIONS)}; '{{}}' for every default)")
     if not isinstance(data, dict):
         fail(str(path), "a mapping of sections", data)
     return data

@@ -32,11 +32,12 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from . import tokenizer as tokenizer_lib
-from .checks import at_least, check_seed, fail
+from .checks import at_least, at_most, check_seed, fail
 from .config import Variant, register_variant
 from .io import warn
 from .tokenizer import Tokenizer
 from .tokenizer.codes import open_store
+from .tokenizer.pixel import LEVELS_LIMIT
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16
 
@@ -182,6 +183,7 @@ class DigitsDataConfig(DataConfig):
         if not self.tokenizer:
             fail("data.tokenizer", "'pixel' or a VQ checkpoint path", self.tokenizer)
         at_least("data.levels", self.levels, 2)
+        at_most("data.levels", self.levels, LEVELS_LIMIT, "an 8-bit image has no more grey levels")
         check_seed("data.data_seed", self.data_seed)
         if not 0 <= self.val_fraction < 1:
             fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)

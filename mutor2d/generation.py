@@ -224,7 +224,8 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
     Cells smaller than GRID_MIN_SIDE are enlarged by an integer factor s, nearest-neighbour (8x8
     digits become visible). Size: (m + p + ncol·(w·s + p)) x (p + rows·(h·s + p)), p = GRID_PAD,
     m the margin (0 without labels); the cells are the same pixels either way. A grid still smaller
-    than ``min_side`` on a side is then enlarged as a whole by an integer factor (nearest), margin too."""
+    than ``min_side`` on a side is then enlarged as a whole by an integer factor (nearest), margin too.
+    Written atomically: a failed write (an OSError) leaves no partial file."""
     from PIL import Image, PngImagePlugin
     B, h, w, _ = images.shape
     s, pad = max(1, math.ceil(GRID_MIN_SIDE / min(h, w))), GRID_PAD
@@ -242,12 +243,13 @@ def save_grid(images: np.ndarray, ncol: int, path: str | os.PathLike, row_labels
     if k > 1:
         image = image.resize((image.width * k, image.height * k), Image.NEAREST)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    kind = Image.registered_extensions().get(path.suffix.lower())
+    if kind is None:
+        raise SampleFileError(f"{path}: not an image file name (expected an extension such as .png)")
     info = PngImagePlugin.PngInfo()
     if row_labels is not None:
         info.add_text("rows", json.dumps(row_labels))
-    image.save(path, pnginfo=info)
-    return path
+    return write_atomic(path, lambda f: image.save(f, format=kind, pnginfo=info))
 
 
 def label_rows(image, row_labels: list[str], centres: list[float]):

@@ -23,6 +23,7 @@ nothing from it runs. numpy arrays are always allowed (plain data: RNG states of
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -125,8 +126,24 @@ def torch_save(obj, f: BinaryIO) -> None:
         raise
 
 
+WRITE_FAILED_EXIT = 74                  # EX_IOERR (sysexits.h): a writer that hit a full disk
+
+
 def is_disk_full(error: OSError) -> bool:
     return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(what: str):
+    """For a command's writes: an OSError inside (disk full, read-only folder, a file where a folder
+    should be) becomes ``error: could not write WHAT (why)`` on stderr and exit 74 (disk full) or 2.
+    Wrap the writes only: a missing input is an OSError too."""
+    try:
+        yield
+    except OSError as e:
+        why = "no space left on the device" if is_disk_full(e) else (e.strerror or str(e))
+        print(f"error: could not write {what} ({why}); no partial file is left", file=sys.stderr)
+        raise SystemExit(WRITE_FAILED_EXIT if is_disk_full(e) else 2) from None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -313,3 +330,12 @@ def check_shapes(expected: dict, found: dict, what: str) -> None:
             shown = ["absent" if s is None else str(s) for s in shapes]
             raise UnsafeFileError(f"{what} does not match its config: tensor {name!r} is {shown[1]} in the file, "
                                   f"{shown[0]} in the model the config builds")
+
+
+def check_finite(state: dict, what: str) -> None:
+    """One-line UnsafeFileError naming the first floating-point tensor of ``state`` (a state dict read
+    from ``what``) that holds NaN or inf: such weights make no usable model."""
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UnsafeFileError(f"{what} holds non-finite weights (NaN or inf): tensor {name!r} is the first; "
+                                  f"refusing to use them")

@@ -37,6 +37,9 @@ PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..3B are LlamaGen's GPT 
 }
 
 
+PARAMS_LIMIT = 30 * 10 ** 9     # model parameters: ten times the 3B preset (120 GB of float32 weights)
+
+
 @register_section("model")
 @dataclass
 class ModelConfig:
@@ -89,6 +92,7 @@ class ModelConfig:
             if getattr(self, k) is not None:
                 at_least(f"model.{k}", getattr(self, k), 1)
         self._check_head_size()
+        self._check_size()
         for k in ("rope_base", "norm_eps"):
             if getattr(self, k) <= 0:
                 fail(f"model.{k}", "> 0", getattr(self, k))
@@ -104,6 +108,16 @@ class ModelConfig:
         if (dim // heads) % step:
             raise ConfigError(f"model.rope={self.rope}: needs a head size (model.dim / model.n_head = "
                               f"{dim}/{heads}) divisible by {step}")
+
+    def _check_size(self) -> None:
+        """A model of more than PARAMS_LIMIT parameters is refused before anything is allocated."""
+        shape = model_shape(self)
+        params = shape.params(self.vocab_size, self.num_classes)
+        if params > PARAMS_LIMIT:
+            sizes = ", ".join(f"model.{k}={getattr(shape, k)}" for k in ("n_layer", "dim"))
+            raise ConfigError(f"{sizes}, model.vocab_size={self.vocab_size}, model.num_classes={self.num_classes}: "
+                              f"about {params:.3g} parameters; expected at most {PARAMS_LIMIT:.0e} "
+                              f"(ten times the 3B preset)")
 
     def check_grid(self, grid: tuple[int, int]) -> None:
         """model.rope=1d rotates by column only: on a grid with H > 1 two rows would share positions."""
@@ -127,6 +141,13 @@ class Shape:
         """LlamaGen: 2/3 of 4*dim rounded up to a multiple of 256."""
         h = int(2 * 4 * self.dim / 3)
         return -(-h // 256) * 256
+
+    def params(self, vocab_size: int, num_classes: int) -> int:
+        """Parameter count of a GPT of this shape (attention, feed-forward and norms per layer; token
+        embeddings, output head and class embeddings), without building it."""
+        d = self.dim
+        layer = 4 * d * d + 3 * d * self.ffn_dim + 2 * d
+        return self.n_layer * layer + 2 * vocab_size * d + (num_classes + 1) * d + d
 
 
 def _preset_filled(cfg: ModelConfig) -> tuple:

@@ -17,7 +17,7 @@ import sys
 
 from mutor2d.cli import HelpFormatter
 from mutor2d.plugins import load_plugins
-from mutor2d.tokenizer.codes import extract
+from mutor2d.tokenizer.codes import CodesError, extract
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,26 +42,48 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+IMAGE_SIZE_LIMIT = 4096      # --image-size: 16x ImageNet's 256 (one float view of 4096 px is 200 MB)
+CROP_RANGE = (1.0, 2.0)      # --crop-range: corner crops from a centre crop 1x to 2x the image size
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """A flag's bad value is a one-line CodesError naming the flag, the value and what was expected."""
+    low, high = CROP_RANGE
+    checks = [("--image-size", args.image_size, args.image_size is None or 1 <= args.image_size <= IMAGE_SIZE_LIMIT,
+               f"1..{IMAGE_SIZE_LIMIT} pixels"),
+              ("--crop-range", args.crop_range, low <= args.crop_range <= high, f"a number in [{low:g}, {high:g}]"),
+              ("--max-shards", args.max_shards, args.max_shards is None or args.max_shards >= 1, ">= 1"),
+              ("--shard-size", args.shard_size, args.shard_size >= 1, ">= 1"),
+              ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+              ("--workers", args.workers, args.workers >= 0, ">= 0")]
+    for flag, value, ok, want in checks:
+        if not ok:
+            raise CodesError(f"{flag} {value}: expected {want}")
 
 
 def run(args: argparse.Namespace) -> dict:
     import torch
     from accelerate import PartialState
 
+    from mutor2d import io
     from mutor2d.tokenizer import build_tokenizer
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
     tokenizer = build_tokenizer(args.tokenizer, image_size=args.image_size).to(state.device)
-    return extract(args.images, args.out, tokenizer, num_crops=args.crops, flip=args.flip,
-                   crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
-                   num_workers=args.workers, max_shards=args.max_shards, state=state,
-                   progress=not args.no_progress)
+    with io.exit_on_write_error(f"codes folder {args.out}"):
+        return extract(args.images, args.out, tokenizer, num_crops=args.crops, flip=args.flip,
+                       crop_range=args.crop_range, shard_size=args.shard_size, batch_size=args.batch_size,
+                       num_workers=args.workers, max_shards=args.max_shards, state=state,
+                       progress=not args.no_progress)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
+        check_args(args)
         load_plugins()
         return run(args)
     except (ValueError, FileNotFoundError) as e:

@@ -38,6 +38,21 @@ INCEPTION = "inception-v3-compat"
 FEATURES = {"inception": INCEPTION, "digits": DIGITS}
 METRICS = ("fid", "is", "prc", "kid")
 MIN_IMAGES = {"fid": 2, "is": 1, "prc": 5, "kid": 2}   # fewer give no covariance / neighbourhood
+MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits classifier's input)
+
+
+def check_image_sizes(features: str, *sources: ImageSource) -> None:
+    """The first image of each source with images must be at least MIN_SIDE pixels a side (smaller
+    ones are blown up to the extractor's input, 8x8 or Inception's 299x299, and score noise); else a
+    MetricsError naming the source and the size."""
+    low = MIN_SIDE
+    for source in sources:
+        if source.dataset is None or not len(source.dataset):
+            continue
+        h, w = source.dataset[0].shape[-2:]
+        if min(h, w) < low:
+            raise MetricsError(f"{source.name}: images of {h}x{w} pixels; --features {features} needs at least "
+                               f"{low}x{low}")
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray,
@@ -272,6 +287,7 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     """
     layer = feature_layers(features)
     want, skipped = plan_metrics(samples, reference, metrics)
+    check_image_sizes(features, samples, reference)
     weights_path = default_weights(features, weights_path)
     evaluator = evaluator_info(features, weights_path)
     labels = features == "digits" and samples.labels is not None

@@ -235,12 +235,13 @@ def scored_item(index: int, prompt: str, output: str, gold: str, kind: str) -> d
 # ----------------------------------------------------------------------------- prediction files
 
 def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "gold")) -> list[dict]:
-    """Lines of a prediction file; a last line cut short by a killed writer is skipped, any other bad
-    line is a one-line ValueError naming file and line."""
+    """Lines of a prediction file; a last line cut short by a killed writer (no final newline) is
+    skipped, any other bad line is a one-line ValueError naming file and line."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such prediction file")
-    lines = path.read_text().splitlines()
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
     items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -248,7 +249,7 @@ def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "g
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
-            if n == len(lines):
+            if n == len(lines) and not text.endswith("\n"):
                 break
             raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
         missing = [k for k in required if not isinstance(item.get(k) if isinstance(item, dict) else None, str)]
@@ -257,6 +258,14 @@ def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "g
                              f"missing or not a string: {missing}")
         items.append(item)
     return items
+
+
+def score_file(path: str | Path, kind: str) -> dict:
+    """``score`` of a prediction file's lines; a file without a single prediction is a one-line ValueError."""
+    items = read_predictions(path)
+    if not items:
+        raise ValueError(f"{path}: no prediction lines (expected JSON objects with string fields output and gold)")
+    return score(items, kind)
 
 
 def part_path(out: str | Path, rank: int, world: int) -> Path:
@@ -285,8 +294,12 @@ def merge_parts(out: str | Path) -> list[dict]:
     out = Path(out)
     items = [it for _, it in sorted(done_items(out).items())]
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(it) + "\n" for it in items))
-    os.replace(tmp, out)
+    try:
+        tmp.write_text("".join(json.dumps(it) + "\n" for it in items))
+        os.replace(tmp, out)
+    except OSError:                   # disk full: the part files stay, nothing half-written is left
+        tmp.unlink(missing_ok=True)
+        raise
     for part in out.parent.glob(f"{out.name}.part*of*"):
         part.unlink()
     return items

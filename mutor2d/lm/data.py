@@ -323,6 +323,47 @@ def check_output(dst: str, src: str | None = None) -> None:
                         f"expected another output path")
 
 
+CHECK_CHARS = 16_384        # ``check`` without a model: characters of one line's text (prompt and answer)
+
+
+def check_file(src: str, name: str, tokenizer: str | None) -> str:
+    """``check``: every line valid and not too long: at most the positions of the model in the
+    --tokenizer folder (its config.json's max_position_embeddings) in tokens, else CHECK_CHARS
+    characters; a one-line DataError naming the first bad line."""
+    located = load_located(name, src)
+    positions = model_positions(tokenizer) if tokenizer else None
+    if positions is None:
+        for where, rec in located:
+            chars = len(json.dumps(rec, ensure_ascii=False))
+            if chars > CHECK_CHARS:
+                raise DataError(f"{where}: {chars} characters, expected at most {CHECK_CHARS} (pass --tokenizer "
+                                f"MODEL_FOLDER to check tokens against the model's positions)")
+    if not tokenizer:
+        return f"{src}: {len(located)} valid lines"
+    from .hf import load_tokenizer
+    tok, examples = load_tokenizer(tokenizer), []
+    for where, rec in located:
+        for prompt, answer in tokenize([rec], tok, 10**9, 10**9, where=[where]):
+            if positions is not None and len(prompt) + len(answer) > positions:
+                raise DataError(f"{where}: prompt and answer of {len(prompt) + len(answer)} tokens, expected at "
+                                f"most {positions} (the positions of the model in {tokenizer})")
+            examples.append((prompt, answer))
+    return f"{src}: {len(located)} valid lines, {len(examples)} training examples"
+
+
+def model_positions(folder: str | Path) -> int | None:
+    """max_position_embeddings of the model in ``folder``: its config.json, else that of the base model
+    its adapter_config.json names (relative paths from the working directory); None when neither says."""
+    config = Path(folder) / "config.json"
+    try:
+        if not config.is_file():
+            base = json.loads((Path(folder) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            config = Path(base) / "config.json"
+        return int(json.loads(config.read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def write_jsonl(records: list[dict], path: str | Path) -> None:
     """One JSON line per record, written atomically (a failed write leaves no partial file)."""
     io.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
@@ -377,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", choices=list(LOADERS), default="jsonl",
                    help="the file's format (data.name; default jsonl)")
     c.add_argument("--tokenizer", default=None,
-                   help="local tokenizer folder: also render chat lines and tokenize, as training does "
-                        "(default: check the lines only)")
+                   help="local tokenizer folder: also render chat lines and tokenize, as training does, "
+                        "each example at most the positions of the model in it (config.json) (default: check "
+                        f"the lines only, each at most {CHECK_CHARS} characters)")
     return ap
 
 
@@ -397,13 +439,7 @@ def run(args: argparse.Namespace) -> str:
     elif args.kind == "openmath":
         records = openmath_records(args.src, args.split)
     elif args.kind == "check":
-        located = load_located(args.name, args.src)
-        if args.tokenizer:
-            from .hf import load_tokenizer
-            examples = tokenize([r for _, r in located], load_tokenizer(args.tokenizer), 10**9, 10**9,
-                                where=[w for w, _ in located])
-            return f"{args.src}: {len(located)} valid lines, {len(examples)} training examples"
-        return f"{args.src}: {len(located)} valid lines"
+        return check_file(args.src, args.name, args.tokenizer)
     else:
         records = load_records(args.kind, args.src)
     try:

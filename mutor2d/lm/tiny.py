@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     ap = build_parser()
     args = ap.parse_args(argv)
+    for flag in ("hidden", "layers", "heads", "max_positions"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: expected >= 1")
+    if args.seed < 0:
+        raise SystemExit(f"error: --seed {args.seed}: expected >= 0")
     if args.hidden % args.heads:
         raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")
     from .arith import arith_alphabet

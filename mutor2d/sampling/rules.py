@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checks import ConfigError, at_least, check_seed, fail
+from ..checks import ConfigError, at_least, at_most, check_seed, fail
 from ..config import Variant, make, register_section
 
 
@@ -78,6 +78,9 @@ class DecodeConfig(Variant):
         raise NotImplementedError
 
 
+PER_CLASS_LIMIT = 1024      # sample.per_class / sample.py --per-class: the columns of a grid
+
+
 @register_section("sample")
 @dataclass
 class SampleConfig:
@@ -102,6 +105,7 @@ class SampleConfig:
         for c in self.classes:
             at_least("sample.classes", c, 0)
         at_least("sample.per_class", self.per_class, 1)
+        at_most("sample.per_class", self.per_class, PER_CLASS_LIMIT, "columns of a grid")
         check_seed("sample.seed", self.seed)
 
     def check_classes(self, num_classes: int) -> None:

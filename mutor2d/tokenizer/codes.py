@@ -17,9 +17,11 @@ split over processes (accelerate): shard i belongs to process i % num_processes.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,11 +182,12 @@ def _check_header(file: Path, header: dict) -> None:
             raise CodesError(f"{str(file)!r}: {key}={header.get(key)!r}, expected {want}")
 
 
-def _open_array(file: Path, dtype, shape: tuple) -> np.ndarray:
-    """Memory-map a .npy file and check its dtype and shape against the header."""
+def _open_array(file: Path, dtype, shape: tuple, mode: str = "r") -> np.ndarray:
+    """Memory-map a .npy file (``mode`` "r", or "r+" to fill it) and check its dtype and shape against
+    the header; an empty, truncated or foreign file is a CodesError."""
     try:
-        arr = np.load(file, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
+        arr = np.load(file, mmap_mode=mode, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:     # EOFError: a zero-length file
         raise CodesError(f"{str(file)!r} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if arr.dtype != dtype or arr.shape != tuple(shape):
         raise CodesError(f"{str(file)!r} holds {arr.dtype} {tuple(arr.shape)}, expected {np.dtype(dtype)} "
@@ -243,16 +246,54 @@ def _prepare(out: Path, plan: dict, files: list[str], labels: list[int]) -> None
                 raise CodesError(f"{str(out)!r} already holds codes made with other settings "
                                  f"({k}: {old.get(k)!r} there, {plan[k]!r} now); use another --out or delete it")
         return
+    if out.exists() and not out.is_dir():
+        raise CodesError(f"--out {str(out)!r} is a file; expected a codes folder (new, empty, or one to resume)")
     if out.exists() and any(out.iterdir()):
         raise CodesError(f"output folder {str(out)!r} exists and is not a codes folder; use an empty or new one")
+    made = not out.exists()
+    try:
+        _create(out, plan, files)
+    except OSError:                          # disk full, read-only: leave the folder as it was
+        _undo_create(out, made)
+        raise
+
+
+def _undo_create(out: Path, made: bool) -> None:
+    """Remove what a failed ``_create`` left in ``out`` (empty before it), and ``out`` itself if it ``made`` it."""
+    if not out.is_dir():
+        return
+    for p in out.iterdir():
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    if made:
+        out.rmdir()
+
+
+def _create(out: Path, plan: dict, files: list[str]) -> None:
+    """The empty store of ``plan`` in ``out``; header.json last (it makes the folder a codes folder)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "shards").mkdir(exist_ok=True)
     h, w = plan["grid"]
-    np.lib.format.open_memmap(out / "codes.npy", mode="w+", dtype=np.uint16,
-                              shape=(len(files), plan["num_augs"], h, w)).flush()
+    _allocate(out / "codes.npy", np.uint16, (len(files), plan["num_augs"], h, w))
     np.save(out / "labels.npy", np.full(len(files), UNREADABLE, dtype=np.int64))
     (out / "files.txt").write_text("".join(f + "\n" for f in files))
     write_json_atomic(out / "header.json", plan, indent=1)
+
+
+def _allocate(file: Path, dtype, shape: tuple) -> None:
+    """A .npy ``file`` of zeros with its bytes reserved on disk where the OS can (posix_fallocate): a
+    disk too small fails here with ENOSPC, not later with SIGBUS in a write to the memory map."""
+    np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape).flush()
+    if not hasattr(os, "posix_fallocate"):
+        return
+    with open(file, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):    # a file system that cannot reserve
+                raise
 
 
 class _Images(torch.utils.data.Dataset):
@@ -302,8 +343,9 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, *,
     state.wait_for_everyone()
     if not state.is_main_process:
         _prepare(out, plan, files, labels)  # checks only: the main process created it
-    store = CodeStore(out, np.load(out / "codes.npy", mmap_mode="r+", allow_pickle=False),
-                      np.load(out / "labels.npy", mmap_mode="r+", allow_pickle=False), plan)
+    h, w = plan["grid"]
+    store = CodeStore(out, _open_array(out / "codes.npy", np.uint16, (len(files), plan["num_augs"], h, w), "r+"),
+                      _open_array(out / "labels.npy", np.int64, (len(files),), "r+"), plan)
     batches = _my_batches(out, plan, state, max_shards, batch_size, log)
     loader = torch.utils.data.DataLoader(
         _Images(folder, files, plan["image_size"], names, crop_range),

@@ -5,6 +5,8 @@ from torch import Tensor
 
 from .base import register_tokenizer, settings_sha256
 
+LEVELS_LIMIT = 256      # grey levels: an 8-bit image has no more
+
 
 class PixelTokenizer:
     """Grey level g in [0, 1] <-> token round(g * (levels - 1)); the code grid is the image itself.
@@ -12,8 +14,9 @@ class PixelTokenizer:
     ``grid`` (H, W) is the image size it tokenises (the digits: 8x8); ``decode`` accepts any grid."""
 
     def __init__(self, levels: int, grid: tuple[int, int] = (8, 8)):
-        if levels < 2:
-            raise ValueError(f"data.levels: need at least 2 grey levels, got {levels}")
+        if not 2 <= levels <= LEVELS_LIMIT:
+            raise ValueError(f"data.levels: expected 2..{LEVELS_LIMIT} grey levels (an 8-bit image has "
+                             f"{LEVELS_LIMIT}), got {levels}")
         self.levels = levels
         self.vocab_size = levels
         self.grid = tuple(grid)

@@ -1,0 +1,376 @@
+"""Issue 39, command-line values and writers: every value a command takes is checked where it is parsed
+(bad and huge values are one line naming the value and the limit, before anything is allocated),
+checkpoints and code stores that pass their checksums but are incomplete or of the wrong dtype are
+one line, and every writer turns a full disk (exit 74) or a refused folder (exit 2) into one line and
+leaves no partial file under its final name. One test per fault; docs/RELIABILITY.md lists them."""
+import errno
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mutor2d import checkpoint, config, generation, io
+from mutor2d.checks import ConfigError
+from mutor2d.engine import train
+from mutor2d.lm import data as lm_data
+from mutor2d.tokenizer import codes
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
+TINY = ["model.preset=tiny", "data.levels=5", "objective.d_max=3", "optim.warmup_steps=1", "train.batch_size=8",
+        "train.max_steps=2", "train.log_every=1", "train.ckpt_every=0", "train.keep_ckpts=0", "train.tracker=none",
+        "train.sample_every=0", "sample.classes=[0,7]", "sample.per_class=2"]
+
+
+def script(path: str, name: str):
+    """The module of a script (sample.py, eval/fid.py, ...), imported without running it."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli_values") / "run"
+    train(config.load("digits_mutor2d.yaml", TINY), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return script("sample.py", "sample_cli_values")
+
+
+@pytest.fixture(scope="module")
+def extract_codes():
+    return script("tokenizers/extract_codes.py", "extract_codes_cli_values")
+
+
+@pytest.fixture(scope="module")
+def lm_accuracy():
+    return script("eval/lm_accuracy.py", "lm_accuracy_cli_values")
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def exits(main, argv, capsys) -> tuple[int, str]:
+    """(exit code, the one error line) of ``main(argv)``."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code, one_error_line(capsys)
+
+
+def disk_full(monkeypatch, module) -> None:
+    """``module.write_atomic`` (a writer's atomic write) runs into a full disk once it writes data."""
+    real = io.write_atomic
+
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(module, "write_atomic", lambda path, write_fn: real(path, full))
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+# ----------------------------------------------------------------------------- 1. undetected corruption
+
+def latest(run: Path) -> Path:
+    return checkpoint.latest_valid(run)
+
+
+@pytest.mark.parametrize("key", ["step", "rng", "optimizer"])
+def test_a_checkpoint_missing_an_entry_is_one_line_naming_it(run, sample, tmp_path, capsys, key):
+    ckpt = {k: v for k, v in checkpoint.load(latest(run)).items() if k not in (key, io.CHECKSUM_KEY)}
+    bad = checkpoint.save_atomic(ckpt, tmp_path / "run" / "checkpoints" / "step_00000002.pt")   # a valid checksum
+    if key == "step":
+        code, line = exits(sample.main, ["--ckpt", str(bad), "--device", "cpu"], capsys)
+        assert code == 2
+    else:                                                          # read when a run resumes from it
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            train(config.load("digits_mutor2d.yaml", [*TINY, "train.max_steps=3"]), tmp_path / "run", resume=str(bad))
+        line = str(e.value)
+    assert str(bad) in line and f"has no {key!r} entry" in line and "\n" not in line
+
+
+def test_non_finite_weights_are_refused_naming_the_first_tensor(run, sample, tmp_path, capsys):
+    ckpt = dict(checkpoint.load(latest(run)))
+    name = next(iter(ckpt["model"]))
+    for weights in ("model", "ema"):
+        if ckpt.get(weights) is not None:
+            ckpt[weights] = {**ckpt[weights], name: torch.full_like(ckpt[weights][name], float("nan"))}
+    bad = checkpoint.save_atomic({k: v for k, v in ckpt.items() if k != io.CHECKSUM_KEY}, tmp_path / "nan.pt")
+    code, line = exits(sample.main, ["--ckpt", str(bad), "--device", "cpu"], capsys)
+    assert code == 2 and str(bad) in line and "non-finite" in line and repr(name) in line
+    assert not (tmp_path / "nan_samples").exists()
+
+
+def small_store(path: Path) -> Path:
+    """A complete codes folder of 4 images (2 augmentations, 3x3 grid) written by hand."""
+    path.mkdir()
+    header = {"format": codes.FORMAT, "grid": [3, 3], "codebook_size": 17, "classes": ["a", "b"], "num_images": 4,
+              "num_augs": 2, "num_shards": 1, "complete": True}
+    (path / "header.json").write_text(json.dumps(header))
+    np.save(path / "labels.npy", np.zeros(4, np.int64))
+    np.save(path / "codes.npy", np.zeros((4, 2, 3, 3), np.uint16))
+    return path
+
+
+def test_a_zero_length_or_truncated_codes_file_is_one_line(tmp_path):
+    store = small_store(tmp_path / "codes")
+    whole = (store / "codes.npy").read_bytes()
+    for cut, why in ((0, "EOFError"), (len(whole) - 10, "mmap length")):
+        (store / "codes.npy").write_bytes(whole[:cut])
+        with pytest.raises(codes.CodesError) as e:
+            codes.open_store(store)
+        assert "codes.npy" in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
+
+
+def image_folder(root: Path) -> Path:
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(2):
+            from PIL import Image
+            Image.fromarray(np.full((12, 12, 3), 40 * i + 60 * (c == "b"), np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_resuming_a_code_store_of_the_wrong_dtype_is_refused(extract_codes, tmp_path, capsys):
+    images, out = image_folder(tmp_path / "images"), tmp_path / "codes"
+    argv = ["--images", str(images), "--tokenizer", "pixel:5", "--out", str(out), "--no-progress", "--workers", "0"]
+    extract_codes.main(argv)
+    shape = codes.open_store(out).codes.shape
+    np.save(out / "codes.npy", np.zeros(shape, np.float16))          # the .npy header names float16
+    for marker in (out / "shards").glob("*.json"):
+        marker.unlink()
+    code, line = exits(extract_codes.main, argv, capsys)
+    assert code == 2 and "codes.npy" in line and "float16" in line and "expected uint16" in line
+
+
+# ----------------------------------------------------------------------------- 2. huge values
+
+@pytest.mark.parametrize("flags, needle", [(["--num", str(10 ** 7), "--npz", "x.npz"],
+                                            "--num 10000000: expected at most 1000000"),
+                                           (["--per-class", str(10 ** 9)],
+                                            "--per-class 1000000000: expected at most 1024")])
+def test_huge_sample_counts_are_refused_before_anything_loads(sample, tmp_path, capsys, flags, needle):
+    code, line = exits(sample.main, ["--ckpt", str(tmp_path / "nowhere"), *flags], capsys)
+    assert code == 2 and needle in line
+
+
+def test_a_grid_larger_than_memory_is_refused_naming_both_sizes(run, sample, capsys, monkeypatch):
+    monkeypatch.setattr(sample, "physical_memory", lambda: 2 ** 20)     # a 1 MiB machine
+    code, line = exits(sample.main, ["--ckpt", str(run), "--device", "cpu", "--per-class", "64"], capsys)
+    assert code == 2 and "--per-class 64: 128 images of 64x64 pixels take 1.5 MiB" in line
+    assert "1.0 MiB of memory" in line
+    assert not (run / "samples").exists() or not list((run / "samples").glob("step_*_x64_*.png"))
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("train.eval_per_class=1000000000", "train.eval_per_class: expected <= 10000"),
+    ("sample.per_class=1000000000", "sample.per_class: expected <= 1024"),
+    ("model.dim=1000000", "expected at most 3e+10"),
+    ("data.levels=100000", "data.levels: expected <= 256"),
+])
+def test_huge_config_values_are_refused_naming_the_limit(item, needle):
+    with pytest.raises(ConfigError) as e:
+        config.load("digits_mutor2d.yaml", [item])
+    assert needle in str(e.value) and item.split("=")[0] in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--image-size", "100000"], "--image-size 100000: expected 1..4096"),
+    (["--image-size", "0"], "--image-size 0: expected 1..4096"),
+    (["--crop-range", "0"], "--crop-range 0.0: expected a number in [1, 2]"),
+    (["--crop-range", "-1"], "--crop-range -1.0: expected a number in [1, 2]"),
+    (["--max-shards", "-1"], "--max-shards -1: expected >= 1"),
+])
+def test_extract_codes_values_are_checked(extract_codes, tmp_path, capsys, flags, needle):
+    images = image_folder(tmp_path / "images")
+    code, line = exits(extract_codes.main, ["--images", str(images), "--tokenizer", "pixel:5", "--out",
+                                            str(tmp_path / "codes"), "--no-progress", "--workers", "0", *flags], capsys)
+    assert code == 2 and needle in line and not (tmp_path / "codes").exists()
+
+
+# ----------------------------------------------------------------------------- 3. writers
+
+def test_sample_grid_on_a_full_disk_is_exit_74_and_no_file(run, sample, tmp_path, capsys, monkeypatch):
+    disk_full(monkeypatch, generation)
+    out = tmp_path / "grid.png"
+    code, line = exits(sample.main, ["--ckpt", str(run), "--device", "cpu", "--out", str(out)], capsys)
+    assert code == io.WRITE_FAILED_EXIT == 74 and str(out) in line and "no space left" in line
+    assert files_under(tmp_path) == []
+
+
+def test_sample_npz_on_a_full_disk_is_exit_74_and_no_file(run, sample, tmp_path, capsys, monkeypatch):
+    disk_full(monkeypatch, generation)
+    out = tmp_path / "s.npz"
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", str(run), "--device", "cpu", "--npz", str(out), "--num", "10"])
+    *progress, line = capsys.readouterr().err.strip().splitlines()    # the progress bar, then one line
+    assert all(p.startswith("shards:") for p in progress) and line.startswith("error: could not write")
+    assert e.value.code == 74 and "no space left" in line and files_under(tmp_path) == []
+
+
+def test_a_refused_folder_is_one_line_exit_2(run, sample, tmp_path, capsys, monkeypatch):
+    def read_only(path, write_fn):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(generation, "write_atomic", read_only)
+    code, line = exits(sample.main, ["--ckpt", str(run), "--device", "cpu", "--out", str(tmp_path / "g.png")], capsys)
+    assert code == 2 and "Read-only file system" in line
+
+
+def test_checkpoint_export_on_a_full_disk_is_exit_74_and_no_file(run, tmp_path, capsys, monkeypatch):
+    disk_full(monkeypatch, io)
+    code, line = exits(checkpoint.main, ["export", str(run), str(tmp_path / "w.safetensors")], capsys)
+    assert code == 74 and "no space left" in line and files_under(tmp_path) == []
+
+
+def test_extract_codes_on_a_full_disk_is_exit_74_and_leaves_no_folder(extract_codes, tmp_path, capsys, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(codes.os, "posix_fallocate", full, raising=False)
+    images, out = image_folder(tmp_path / "images"), tmp_path / "codes"
+    code, line = exits(extract_codes.main, ["--images", str(images), "--tokenizer", "pixel:5", "--out", str(out),
+                                            "--no-progress", "--workers", "0"], capsys)
+    assert code == 74 and "no space left" in line and not out.exists()
+
+
+def lm_folder(path: Path, positions: int = 256) -> Path:
+    """A folder that names a language model of ``positions`` positions (its config.json alone)."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+    return path
+
+
+def test_lm_accuracy_out_on_a_full_disk_is_exit_74(lm_accuracy, tmp_path, capsys, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": " 2", "gold": "2"}) + "\n")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(lm_accuracy, "generate_all", full)
+    out = tmp_path / "pred.jsonl"
+    code, line = exits(lm_accuracy.main, ["--ckpt", str(lm_folder(tmp_path / "m")), "--data", str(data), "--out",
+                                          str(out), "--max-new-tokens", "16"], capsys)
+    assert code == 74 and str(out) in line and "no space left" in line and not out.exists()
+
+
+def test_train_config_naming_a_folder_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder; expected a YAML file"):      # train.py --config DIR
+        config.load(str(tmp_path))
+
+
+def test_sample_out_naming_a_folder_or_not_a_png_is_one_line(run, sample, tmp_path, capsys):
+    code, line = exits(sample.main, ["--ckpt", str(run), "--out", str(tmp_path)], capsys)
+    assert code == 2 and "is a directory; expected the path of a .png file" in line
+    code, line = exits(sample.main, ["--ckpt", str(run), "--out", str(tmp_path / "g.jpg")], capsys)
+    assert code == 2 and "is not a .png file name" in line
+
+
+def test_extract_codes_out_naming_a_file_is_one_line(extract_codes, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    code, line = exits(extract_codes.main, ["--images", str(image_folder(tmp_path / "images")), "--tokenizer",
+                                            "pixel:5", "--out", str(tmp_path / "file"), "--workers", "0"], capsys)
+    assert code == 2 and "is a file; expected a codes folder" in line and (tmp_path / "file").read_text() == "x"
+
+
+def test_checkpoint_export_into_a_folder_is_one_line(run, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        checkpoint.main(["export", str(run), str(tmp_path)])
+    assert "is a folder; expected the path of the .safetensors file" in str(e.value.code)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lm_accuracy_out_naming_a_folder_is_one_line(lm_accuracy, tmp_path):
+    with pytest.raises(ValueError, match="--out .*: is a folder; expected the path of the prediction"):
+        lm_accuracy.parse_args(["--score", str(tmp_path / "p.jsonl"), "--kind", "gsm8k", "--out", str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------- 4. bad values accepted silently
+
+def test_lm_accuracy_max_new_tokens_is_capped_at_the_models_positions(lm_accuracy, tmp_path):
+    model = lm_folder(tmp_path / "m", positions=256)
+    with pytest.raises(ValueError) as e:
+        lm_accuracy.parse_args(["--ckpt", str(model), "--data", "d.jsonl", "--max-new-tokens", str(10 ** 9)])
+    assert "--max-new-tokens 1000000000: expected at most 256" in str(e.value)
+    assert lm_accuracy.parse_args(["--ckpt", str(model), "--data", "d.jsonl", "--max-new-tokens", "256"])
+
+
+def test_lm_accuracy_score_of_a_non_json_file_fails(lm_accuracy, tmp_path):
+    bad = tmp_path / "notes.txt"
+    for text in ("hello\n", ""):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match="notes.txt"):
+            lm_accuracy.main(["--score", str(bad), "--kind", "gsm8k"])
+
+
+def test_fid_refuses_tiny_images_and_an_empty_metric_list(tmp_path):
+    fid = script("eval/fid.py", "fid_cli_values")
+    tiny = tmp_path / "tiny.npz"
+    np.savez(tiny, images=np.zeros((4, 1, 1, 3), np.uint8))
+    argv = [str(tiny), "--ref", str(tiny), "--features", "inception", "--inception-weights", str(tmp_path / "w.pth"),
+            "--device", "cpu", "--json", str(tmp_path / "r.json"), "--quiet", "--no-cache"]
+    with pytest.raises(ValueError, match="images of 1x1 pixels; --features inception needs at least 8x8"):
+        fid.main(argv)
+    with pytest.raises(ValueError, match="--metrics '': expected a comma-separated subset"):
+        fid.main([*argv, "--metrics", ""])
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--layers", "-1"), ("--hidden", "0"), ("--heads", "0")])
+def test_lm_tiny_refuses_sizes_below_one(tmp_path, flag, value):
+    from mutor2d.lm import tiny
+    with pytest.raises(SystemExit) as e:
+        tiny.main([str(tmp_path / "m"), flag, value])
+    assert e.value.code == f"error: {flag} {value}: expected >= 1" and not (tmp_path / "m").exists()
+
+
+def test_checkpoint_export_refuses_a_language_model_run(tmp_path, capsys):
+    run = tmp_path / "lm_run"
+    checkpoint.save_atomic({"model": {}, "config": {"task": "lm"}, "step": 1, "grid": None},
+                           checkpoint.checkpoint_path(run, 1))
+    with pytest.raises(SystemExit) as e:
+        checkpoint.main(["export", str(run), str(tmp_path / "w.safetensors")])
+    assert "is a language-model run; its model is already saved as" in str(e.value.code)
+    assert f"{run}/model.safetensors" in str(e.value.code) and not (tmp_path / "w.safetensors").exists()
+
+
+def test_sample_classes_empty_is_one_line(run, sample, capsys):
+    code, line = exits(sample.main, ["--ckpt", str(run), "--classes", ""], capsys)
+    assert code == 2 and "--classes '': expected comma-separated class indices" in line
+
+
+def test_an_empty_config_file_is_an_error_not_the_default_run(tmp_path):
+    for text in ("", "# nothing yet\n"):
+        (tmp_path / "empty.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="empty.yaml' is empty; expected a mapping of sections"):
+            config.load(tmp_path / "empty.yaml")
+    (tmp_path / "defaults.yaml").write_text("{}\n")
+    assert config.load(tmp_path / "defaults.yaml") == config.from_dict({})
+
+
+def test_lm_data_check_refuses_an_over_long_line(tmp_path, capsys):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "x" * 20_000, "answer": " 2", "gold": "2"}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        lm_data.main(["check", str(data)])
+    line = one_error_line(capsys)
+    assert e.value.code == 2 and f"{data}:1:" in line and f"expected at most {lm_data.CHECK_CHARS}" in line
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--num", "-1", "--num -1: expected >= 0"),
+                                                 ("--batch-size", "0", "--batch-size 0: expected >= 1")])
+def test_eval_stargraph_counts_are_checked_before_loading(tmp_path, flag, value, needle):
+    stargraph = script("eval/stargraph.py", "stargraph_cli_values")
+    with pytest.raises(ValueError, match=needle):
+        stargraph.main(["--ckpt", str(tmp_path / "nowhere"), flag, value])
