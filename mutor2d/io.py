@@ -335,6 +335,7 @@ def check_shapes(expected: dict, found: dict, what: str) -> None:
 def check_finite(state: dict, what: str) -> None:
     """One-line UnsafeFileError naming the first floating-point tensor of ``state`` (a state dict read
     from ``what``) that holds NaN or inf: such weights make no usable model."""
+    import torch
     for name, t in state.items():
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise UnsafeFileError(f"{what} holds non-finite weights (NaN or inf): tensor {name!r} is the first; "
