@@ -3,6 +3,8 @@
 Rules:
   * Loss of a step = mean over micro-batches and processes of each micro-batch's loss (gradients are
     averaged the same way by accelerate/DDP). Update s uses lr(s+1): warmup reaches the full lr at W-1.
+  * An objective whose rule depends on the step (a reg_weight schedule) gets ``set_step(s, max_steps)``
+    before update s, as the lr scheduler does: a pure function of (config, s), so resumes are exact.
   * Health guard: an update whose loss, gradient norm or weight norm is not finite or blows up
     (engine/health.py) is skipped (optimizer untouched, gradients dropped) and counted in the log; after
     ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
@@ -178,6 +180,9 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
     t, acc, module = run.cfg.train, run.acc, run.module
     sharded = is_sharded(module)
     run.scheduler.step_update(step + 1)
+    rule = run.step_rule()
+    if rule is not None:
+        rule.set_step(step, t.max_steps)
     sums: dict[str, torch.Tensor] = {}
     applied = True
     for _ in range(t.grad_accum):

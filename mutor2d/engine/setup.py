@@ -90,6 +90,12 @@ class RunState:
     def main(self) -> bool:
         return self.acc.is_main_process
 
+    def step_rule(self):
+        """The run's loss module if its rule depends on the update index (it has ``set_step(step,
+        max_steps)``: a reg_weight schedule), else None."""
+        objective = getattr(self.acc.unwrap_model(self.module), "objective", None)
+        return objective if getattr(objective, "schedule", None) is not None else None
+
     @property
     def sample_model(self) -> nn.Module:
         """The weights samples and evaluations use: EMA when kept (unsharded runs)."""

@@ -3,6 +3,7 @@ returns, its config base, the masked loss."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,6 +139,41 @@ def check_offsets(o, kind: str) -> None:
         raise ConfigError(f"objective.d_min/d_max: need 1 <= d_min <= d_max, got {o.d_min}..{o.d_max}")
     if kind == "mutor-2d" and o.d_max < 2:
         raise ConfigError(f"objective.d_max: need D >= 2 for 2D offsets (D=1 has none), got {o.d_max}")
+
+
+REG_WEIGHT_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class WeightSchedule:
+    """The loss weight a(s) of update s = 0, 1, ...: a pure function of the config and s, so resumed
+    and sharded runs agree. constant: ``start``; linear / cosine: from ``start`` at s = 0 to
+    ``final`` at s = S and after, S = ``steps`` (0: the run's max_steps)."""
+    kind: str = "constant"
+    start: float = 0.5
+    final: float = 0.0
+    steps: int = 0
+
+    def at(self, step: int, max_steps: int) -> float:
+        """a(step); a linear progress p = min(step / S, 1), cosine (1 - cos(pi p)) / 2."""
+        if self.kind == "constant":
+            return self.start
+        span = self.steps or max_steps
+        p = min(step / span, 1.0) if span > 0 else 1.0
+        if self.kind == "cosine":
+            p = (1 - math.cos(math.pi * p)) / 2
+        return self.start + (self.final - self.start) * p
+
+
+def check_weight_schedule(o) -> None:
+    """reg_weight_final in [0, 1] and reg_weight_steps >= 0, both only with a linear or cosine schedule."""
+    fraction("objective.reg_weight_final", o.reg_weight_final)
+    at_least("objective.reg_weight_steps", o.reg_weight_steps, 0)
+    if o.reg_weight_schedule == "constant":
+        for key, default in (("reg_weight_final", 0.0), ("reg_weight_steps", 0)):
+            if getattr(o, key) != default:
+                raise ConfigError(f"objective.{key}={getattr(o, key)}: only with objective.reg_weight_schedule "
+                                  f"linear or cosine (it is constant)")
 
 
 def mix(ntp: tuple[Tensor, Tensor], aux: tuple[Tensor, Tensor] | None, reg_weight: float, tokens: Tensor,

@@ -15,8 +15,8 @@ import torch.nn as nn
 
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix,
-                   token_ce)
+from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, WeightSchedule, check_offsets,
+                   check_register_fields, check_weight_schedule, mix, token_ce)
 
 
 @register_variant("objective", "ntp")
@@ -33,8 +33,13 @@ class RegisterConfig(ObjectiveConfig):
     """Fields of the register objectives. ``placement``: dense (one register per anchor with a valid
     target) or sparse (``num_registers`` random anchors per sequence). One offset per sequence
     unless ``per_register_offsets``. ``edge``: targets past the right edge are invalid (geometric)
-    or wrap to the next row (raster)."""
+    or wrap to the next row (raster). ``reg_weight_schedule``: a = reg_weight throughout (constant), or
+    linear / cosine from reg_weight to ``reg_weight_final`` over ``reg_weight_steps`` updates (0: the
+    run), then held (base.WeightSchedule)."""
     reg_weight: float = 0.5
+    reg_weight_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    reg_weight_final: float = 0.0
+    reg_weight_steps: int = 0
     placement: Literal["dense", "sparse"] = "dense"
     num_registers: int = 80
     per_register_offsets: bool = False
@@ -42,6 +47,7 @@ class RegisterConfig(ObjectiveConfig):
 
     def check(self) -> None:
         check_register_fields(self)
+        check_weight_schedule(self)
         check_offsets(self, self.name)
 
     def register_spec(self) -> RegisterSpec:
@@ -52,7 +58,13 @@ class RegisterConfig(ObjectiveConfig):
         return True
 
     def build(self, model: nn.Module) -> "RegisterObjective":
-        return RegisterObjective(self.register_spec(), self.reg_weight)
+        return RegisterObjective(self.register_spec(), self.reg_weight, self.weight_schedule())
+
+    def weight_schedule(self) -> WeightSchedule | None:
+        """The schedule of a; None for constant (no step hook: the paper's rule)."""
+        if self.reg_weight_schedule == "constant":
+            return None
+        return WeightSchedule(self.reg_weight_schedule, self.reg_weight, self.reg_weight_final, self.reg_weight_steps)
 
     def offsets_text(self) -> str:
         """The offsets in a few characters, e.g. "D=4" or "d=1..4"."""
@@ -60,7 +72,10 @@ class RegisterConfig(ObjectiveConfig):
 
     def describe(self) -> str:
         """e.g. "a=0.5, D=4, sparse K=80" or "a=0.5, d=2..4, dense, raster, per-register offsets"."""
-        parts = [f"a={self.reg_weight}", self.offsets_text(),
+        a = f"a={self.reg_weight}"
+        if self.reg_weight_schedule != "constant":
+            a += f"->{self.reg_weight_final} {self.reg_weight_schedule}"
+        parts = [a, self.offsets_text(),
                  f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
         parts += [self.edge] if self.edge != "geometric" else []
         parts += ["per-register offsets"] if self.per_register_offsets else []
@@ -97,11 +112,17 @@ class MuToR2DConfig(RegisterConfig):
 
 class RegisterObjective(nn.Module):
     """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d), on any
-    TokenModel (images and text)."""
+    TokenModel (images and text). ``reg_weight`` is a of the current update: ``schedule.at`` of the
+    step the engine last passed to ``set_step`` (``schedule`` None: constant)."""
 
-    def __init__(self, spec: RegisterSpec, reg_weight: float):
+    def __init__(self, spec: RegisterSpec, reg_weight: float, schedule: WeightSchedule | None = None):
         super().__init__()
-        self.spec, self.reg_weight = spec, reg_weight
+        self.spec, self.reg_weight, self.schedule = spec, reg_weight, schedule
+
+    def set_step(self, step: int, max_steps: int) -> None:
+        """Before update ``step`` (0-based) of a ``max_steps`` run: a = schedule.at(step, max_steps)."""
+        if self.schedule is not None:
+            self.reg_weight = self.schedule.at(step, max_steps)
 
     def blocks(self) -> list[nn.Module]:
         return []
