@@ -52,6 +52,10 @@ class RegisterSpec:
     placement: "dense" (a register at every anchor with a valid target) or "sparse"
     (``num_registers`` anchors drawn among the valid ones). One offset per sequence, or one per
     anchor with ``per_register_offsets``. edge: "geometric" or "raster" (see ``offset_targets``).
+    offset_distribution: how an offset is drawn from the candidates: "uniform" (the paper's rule),
+    "valid-anchors" (each candidate weighted by how many anchors of the sample it leaves a valid
+    target: on padded 1D data, far offsets grow rarer as the answer gets shorter), or a tuple of C
+    weights, one per candidate offset in ``offsets()`` order.
     """
     kind: RegisterKind = "ntp"
     d_min: int = 1
@@ -60,6 +64,7 @@ class RegisterSpec:
     num_registers: int = 80
     per_register_offsets: bool = False
     edge: Literal["geometric", "raster"] = "geometric"
+    offset_distribution: str | tuple[float, ...] = "uniform"
 
     @property
     def uses_registers(self) -> bool:
@@ -229,7 +234,8 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
     """Build the layout of one batch.
 
     lengths: (B,) number of real body tokens per sample (1D padding, right-padded); None = full.
-    Offsets: one per sequence drawn uniformly from the candidates (``per_register_offsets``: one per
+    Offsets: one per sequence drawn from the candidates by ``spec.offset_distribution`` (uniform by
+    default; ``per_register_offsets``: one per
     anchor). Dense: every anchor with a valid target gets a register; R is fixed by the spec and the
     grid (``dense_slots``), so shapes never change from batch to batch. Sparse: K anchors drawn
     without replacement among the valid ones (fewer if fewer are valid); unused slots are padding.
@@ -299,11 +305,43 @@ def _offsets_on(spec: RegisterSpec, device: torch.device) -> Tensor:
     return spec.offsets().to(device)
 
 
+@functools.lru_cache(maxsize=64)
+def _weights_on(spec: RegisterSpec, device: torch.device) -> Tensor:
+    """The explicit offset weights (1, C) as float32 on ``device``, copied once."""
+    return torch.tensor(spec.offset_distribution, dtype=torch.float32, device=device)[None]
+
+
+def offset_weights(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, lengths: Tensor | None) -> Tensor:
+    """(B or 1, C) float weights of the candidate offsets under a non-uniform ``offset_distribution``:
+    the explicit tuple, or for "valid-anchors" the count of ``anchors`` (A,) whose target is valid
+    under each offset, per sample when ``lengths`` (B,) is given."""
+    if spec.offset_distribution != "valid-anchors":
+        return _weights_on(spec, anchors.device)
+    offsets = _offsets_on(spec, anchors.device)
+    rows = 1 if lengths is None else lengths.shape[0]
+    _, valid = offset_targets(grid, anchors.view(1, -1, 1).expand(rows, -1, 1), offsets[None, None],
+                              spec.edge, lengths)                                 # (rows, A, C)
+    return valid.sum(1).float()
+
+
+def _draw_offsets(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, lengths: Tensor | None,
+                  shape: tuple[int, int], generator: torch.Generator | None) -> Tensor:
+    """(B, n) candidate indices: uniform (one ``randint``, the paper's rule) or one ``rand`` per draw
+    through the inverse CDF of ``offset_weights`` (zero weights never drawn; no host sync)."""
+    C, device = len(_offsets_on(spec, anchors.device)), anchors.device
+    if spec.offset_distribution == "uniform":
+        return torch.randint(C, shape, generator=generator, device=device)
+    cdf = offset_weights(spec, grid, anchors, lengths).cumsum(-1)                   # (B or 1, C)
+    u = torch.rand(shape, generator=generator, device=device) * cdf[:, -1:]
+    return (cdf[:, None, :] <= u[..., None]).sum(-1).clamp(max=C - 1)
+
+
 def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generator: torch.Generator | None,
                      lengths: Tensor | None, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(anchor (B, R), offset (B, R, 2), target (B, R), valid (B, R)) of the register slots, on ``device``.
 
-    Random draws, in this order: the offsets (``randint``), then for sparse placement one score per
+    Random draws, in this order: the offsets (``randint``; ``rand`` under a non-uniform
+    ``offset_distribution``), then for sparse placement one score per
     anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order. Dense:
     the valid anchors in anchor order, then padding slots up to ``dense_slots``."""
     if not spec.uses_registers:
@@ -312,11 +350,8 @@ def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generato
     offsets = _offsets_on(spec, device)
     anchors = torch.arange(first_anchor(spec.kind), grid[0] * grid[1] - 1, device=device)   # (A,)
     A = anchors.numel()
-    if spec.per_register_offsets:
-        pick = torch.randint(len(offsets), (B, A), generator=generator, device=device)
-    else:
-        pick = torch.randint(len(offsets), (B, 1), generator=generator, device=device).expand(B, A)
-    off = offsets[pick]                                                  # (B, A, 2)
+    pick = _draw_offsets(spec, grid, anchors, lengths, (B, A if spec.per_register_offsets else 1), generator)
+    off = offsets[pick.expand(B, A)]                                                  # (B, A, 2)
     target, valid = offset_targets(grid, anchors.expand(B, A), off, spec.edge, lengths)
     if spec.placement == "sparse":
         score = torch.rand(B, A, generator=generator, device=device).masked_fill(~valid, 2.0)

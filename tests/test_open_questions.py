@@ -95,3 +95,75 @@ def test_run_logs_the_current_weight(tmp_path):
             "objective.reg_weight_schedule=linear", "objective.reg_weight_final=0.4", "objective.reg_weight_steps=2"]
     train(tiny(*over), tmp_path / "s")
     assert [r["reg_weight"] for r in read_log(tmp_path / "s")] == pytest.approx([0.0, 0.2, 0.4])
+
+
+# ----------------------------------------------------------------------------- offset_distribution
+
+from mutor2d.registers import RegisterSpec, make_layout  # noqa: E402
+
+
+def drawn_offsets(lay) -> list[tuple[int, int]]:
+    """The offset of each sample (one per sequence): that of its first valid register."""
+    first = lay.reg_valid.float().argmax(1)
+    return [tuple(lay.reg_offset[b, first[b]].tolist()) for b in range(lay.reg_offset.shape[0])]
+
+
+@pytest.mark.parametrize("spec, grid", [(RegisterSpec("mutor-2d", 1, 3), GRID),
+                                        (RegisterSpec("mutor-1d", 1, 4, per_register_offsets=True), (1, 9))])
+def test_uniform_default_is_todays_draw(spec, grid):
+    """The default draws exactly today's randint: the same offsets from the same generator."""
+    assert spec.offset_distribution == "uniform"
+    lay = make_layout(6, grid, 1, spec, torch.Generator().manual_seed(3))
+    A = grid[0] * grid[1] - 1 + (spec.kind == "mutor-1d")
+    shape = (6, A) if spec.per_register_offsets else (6, 1)
+    pick = torch.randint(len(spec.offsets()), shape, generator=torch.Generator().manual_seed(3)).expand(6, A)
+    off = spec.offsets()[pick]                                               # (B, A, 2), anchor order
+    anchor = lay.reg_anchor - (-1 if spec.kind == "mutor-1d" else 0)
+    got = lay.reg_offset[lay.reg_valid]
+    assert torch.equal(got, off.gather(1, anchor[..., None].expand(-1, -1, 2))[lay.reg_valid])
+
+
+@pytest.mark.parametrize("kind, grid", [("mutor-2d", GRID), ("mutor-1d", (1, 9))])
+def test_explicit_weights(kind, grid):
+    C = len(RegisterSpec(kind, 1, 3).offsets())
+    one_hot = tuple(1.0 if c == 2 else 0.0 for c in range(C))
+    spec = RegisterSpec(kind, 1, 3, offset_distribution=one_hot)
+    lay = make_layout(50, grid, 1, spec, torch.Generator().manual_seed(0))
+    assert set(drawn_offsets(lay)) == {tuple(spec.offsets()[2].tolist())}
+    weights = tuple(float(c + 1) for c in range(C))                          # frequencies follow them
+    lay = make_layout(6000, grid, 1, RegisterSpec(kind, 1, 3, offset_distribution=weights),
+                      torch.Generator().manual_seed(0))
+    counts = torch.tensor([drawn_offsets(lay).count(tuple(o)) for o in spec.offsets().tolist()]).float()
+    torch.testing.assert_close(counts / 6000, torch.tensor(weights) / sum(weights), atol=0.02, rtol=0)
+
+
+def test_valid_anchors_rule_follows_the_length():
+    """1D, d = 1..4 with anchors -1..: a sample of length 2 has 2 valid anchors under d = 1, 1 under
+    d = 2, none under d >= 3, so it draws d = 1 twice as often as d = 2 and never d >= 3; a full
+    sample of 9 has 9, 8, 7, 6."""
+    spec = RegisterSpec("mutor-1d", 1, 4, offset_distribution="valid-anchors")
+    B = 4000
+    lengths = torch.tensor([2, 9]).repeat(B // 2)
+    lay = make_layout(B, (1, 9), 1, spec, torch.Generator().manual_seed(0), lengths)
+    d = torch.tensor([o[1] for o in drawn_offsets(lay)])
+    short, full = d[0::2], d[1::2]
+    assert set(short.tolist()) <= {1, 2}
+    assert (short == 1).float().mean().item() == pytest.approx(2 / 3, abs=0.03)
+    for k, w in zip((1, 2, 3, 4), (9, 8, 7, 6)):
+        assert (full == k).float().mean().item() == pytest.approx(w / 30, abs=0.03)
+
+
+@pytest.mark.parametrize("value, why", [([1.0, 2.0], "expected 'uniform', 'valid-anchors' or 8 "),
+                                        ([0.0] * 8, "not all 0"), ([-1.0] + [1.0] * 7, "non-negative"),
+                                        ("gauss", "objective.offset_distribution")])
+def test_offset_distribution_errors_are_one_line(value, why):
+    with pytest.raises(ConfigError) as e:
+        objective("mutor-2d", d_max=3, offset_distribution=value)
+    assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_offset_weights_on_text():
+    """An LM batch in its frame: a one-hot weight list gives every register the same offset."""
+    cfg = objective("mutor-1d", d_min=1, d_max=4, offset_distribution=[0, 0, 1, 0])
+    _, _, lay = framed(MutorLM(tiny_llama()).eval(), ragged_batch(), cfg.register_spec(), "right")
+    assert set(lay.reg_offset[lay.reg_valid][:, 1].tolist()) == {3}

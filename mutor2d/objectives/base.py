@@ -176,6 +176,15 @@ def check_weight_schedule(o) -> None:
                                   f"linear or cosine (it is constant)")
 
 
+def check_offset_distribution(dist, count: int, offsets: str) -> None:
+    """A list of weights: ``count`` non-negative numbers (one per candidate offset of ``offsets``), not all 0."""
+    if isinstance(dist, str):
+        return
+    if len(dist) != count or min(dist, default=0) < 0 or sum(dist) <= 0:
+        raise ConfigError(f"objective.offset_distribution={dist}: expected 'uniform', 'valid-anchors' or {count} "
+                          f"non-negative weights, not all 0 (one per candidate offset of {offsets})")
+
+
 def mix(ntp: tuple[Tensor, Tensor], aux: tuple[Tensor, Tensor] | None, reg_weight: float, tokens: Tensor,
         aux_name: str = "reg") -> ObjectiveResult:
     """The one loss rule of every objective, images and text: (1 - a) * CE_ntp + a * CE_aux with

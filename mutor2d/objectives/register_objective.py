@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
 from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, WeightSchedule, check_offsets,
-                   check_register_fields, check_weight_schedule, mix, token_ce)
+                   check_offset_distribution, check_register_fields, check_weight_schedule, mix, token_ce)
 
 
 @register_variant("objective", "ntp")
@@ -35,11 +35,13 @@ class RegisterConfig(ObjectiveConfig):
     unless ``per_register_offsets``. ``edge``: targets past the right edge are invalid (geometric)
     or wrap to the next row (raster). ``reg_weight_schedule``: a = reg_weight throughout (constant), or
     linear / cosine from reg_weight to ``reg_weight_final`` over ``reg_weight_steps`` updates (0: the
-    run), then held (base.WeightSchedule)."""
+    run), then held (base.WeightSchedule). ``offset_distribution``: uniform, valid-anchors, or one
+    weight per candidate offset (registers.RegisterSpec)."""
     reg_weight: float = 0.5
     reg_weight_schedule: Literal["constant", "linear", "cosine"] = "constant"
     reg_weight_final: float = 0.0
     reg_weight_steps: int = 0
+    offset_distribution: Literal["uniform", "valid-anchors"] | list[float] = "uniform"
     placement: Literal["dense", "sparse"] = "dense"
     num_registers: int = 80
     per_register_offsets: bool = False
@@ -49,10 +51,13 @@ class RegisterConfig(ObjectiveConfig):
         check_register_fields(self)
         check_weight_schedule(self)
         check_offsets(self, self.name)
+        check_offset_distribution(self.offset_distribution, len(self.register_spec().offsets()),
+                                  self.offsets_text())
 
     def register_spec(self) -> RegisterSpec:
-        return RegisterSpec(self.name, getattr(self, "d_min", 1), self.d_max, self.placement,
-                            self.num_registers, self.per_register_offsets, self.edge)
+        dist = self.offset_distribution
+        return RegisterSpec(self.name, getattr(self, "d_min", 1), self.d_max, self.placement, self.num_registers,
+                            self.per_register_offsets, self.edge, dist if isinstance(dist, str) else tuple(dist))
 
     def uses_registers(self) -> bool:
         return True
@@ -79,6 +84,7 @@ class RegisterConfig(ObjectiveConfig):
                  f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
         parts += [self.edge] if self.edge != "geometric" else []
         parts += ["per-register offsets"] if self.per_register_offsets else []
+        parts += [] if self.offset_distribution == "uniform" else [f"offsets {self.offset_distribution}"]
         return ", ".join(parts)
 
 
