@@ -6,6 +6,9 @@ The rule: every key has a *rank* and every query a *limit*. Query q sees key k i
 * Regular tokens carry their causal index as both rank and limit: plain causal attention.
 * Extra tokens (registers) carry rank = NEVER (nobody else sees them) and limit = the last
   regular index they may read (-1: only themselves).
+* Optionally a second pair, used only among extra tokens: q also sees k iff
+  ``extra_rank[k] <= extra_limit[q]`` (regular tokens: extra rank NEVER, extra limit -1). With it a
+  register sees the registers anchored before its own (``objective.register_visibility``).
 
 Because the rule names tokens, not places, the physical order of tokens is free. When the first
 ``num_regular`` tokens are the regular block in causal order (the appended layout), the SDPA
@@ -39,16 +42,20 @@ NEVER = 1 << 30  # key rank of tokens nobody else may see
 class Visibility:
     """key_rank (B, Lk) and query_limit (B, Lq) long. num_regular: size of a leading causal
     regular block (same sequence for queries and keys), or None. own_key (B, Lq) long: index
-    of each query's own key; None = the query's own index (queries and keys are one sequence)."""
+    of each query's own key; None = the query's own index (queries and keys are one sequence).
+    extra_rank (B, Lk) / extra_limit (B, Lq) long: the optional second pair (module doc), None = none."""
     key_rank: Tensor
     query_limit: Tensor
     num_regular: int | None = None
     own_key: Tensor | None = None
+    extra_rank: Tensor | None = None
+    extra_limit: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __init__(self, key_rank: Tensor, query_limit: Tensor, num_regular: int | None = None,
-                 own_key: Tensor | None = None):
+                 own_key: Tensor | None = None, extra_rank: Tensor | None = None, extra_limit: Tensor | None = None):
         self.key_rank, self.query_limit, self.own_key = key_rank, query_limit, own_key
+        self.extra_rank, self.extra_limit = extra_rank, extra_limit
         self.num_regular = num_regular
         self._cache = {}
 
@@ -61,10 +68,17 @@ class Visibility:
             return self.own_key
         return torch.arange(self.query_limit.shape[1], device=device)[None]
 
+    def _seen(self, rows: slice = slice(None)) -> Tensor:
+        """(B, Lq', Lk) bool for the queries ``rows``: key rank <= query limit, or the second pair."""
+        m = self.key_rank[:, None, :] <= self.query_limit[:, rows, None]
+        if self.extra_rank is not None:
+            m = m | (self.extra_rank[:, None, :] <= self.extra_limit[:, rows, None])
+        return m
+
     def dense_mask(self) -> Tensor:
         """(B, 1, Lq, Lk) bool, True = may attend; built once and reused by every layer."""
         if "dense" not in self._cache:
-            m = self.key_rank[:, None, :] <= self.query_limit[:, :, None]
+            m = self._seen()
             keys = torch.arange(self.length, device=m.device)
             self._cache["dense"] = (m | (keys == self._own(m.device)[..., None])).unsqueeze(1)
         return self._cache["dense"]
@@ -72,10 +86,15 @@ class Visibility:
     def mask_mod(self):
         """FlexAttention mask_mod implementing the rule (queries and keys one sequence)."""
         rank, limit = self.key_rank, self.query_limit
+        if self.extra_rank is None:
+            def mask_mod(b, h, q, k):
+                return (rank[b, k] <= limit[b, q]) | (q == k)
+            return mask_mod
+        extra_rank, extra_limit = self.extra_rank, self.extra_limit
 
-        def mask_mod(b, h, q, k):
-            return (rank[b, k] <= limit[b, q]) | (q == k)
-        return mask_mod
+        def mask_mod_extra(b, h, q, k):
+            return (rank[b, k] <= limit[b, q]) | (q == k) | (extra_rank[b, k] <= extra_limit[b, q])
+        return mask_mod_extra
 
     def block_mask(self):
         """FlexAttention BlockMask, built once and reused by every layer."""
@@ -91,14 +110,15 @@ class Visibility:
         once and reused by every layer."""
         if "extra_mask" not in self._cache:
             T, L = self.num_regular, self.length
-            m = self.key_rank[:, None, :] <= self.query_limit[:, T:, None]
+            m = self._seen(slice(T, None))
             own = torch.arange(L, device=m.device) == torch.arange(T, L, device=m.device)[:, None]
             self._cache["extra_mask"] = (m | own).unsqueeze(1)
         return self._cache["extra_mask"]
 
     def permute(self, order: Tensor) -> "Visibility":
         """The same rule on tokens reordered by ``order`` (B, L); no fast path after it."""
-        return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order))
+        pair = [None if x is None else x.gather(1, order) for x in (self.extra_rank, self.extra_limit)]
+        return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order), None, None, *pair)
 
 
 PROMPT_ATTENTION = ("causal", "bidirectional")    # model.prompt_attention: how prefix tokens see each other
@@ -118,7 +138,7 @@ def open_prefix(vis: Visibility, prefix_len: int) -> Visibility:
     The rule has no causal block left, so no split fast path."""
     own = vis.key_rank.gather(1, vis._own(vis.key_rank.device).expand_as(vis.query_limit))
     limit = torch.where(own < prefix_len, vis.query_limit.clamp(min=prefix_len - 1), vis.query_limit)
-    return Visibility(vis.key_rank, limit, None, vis.own_key)
+    return Visibility(vis.key_rank, limit, None, vis.own_key, vis.extra_rank, vis.extra_limit)
 
 
 def cached_causal(q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:

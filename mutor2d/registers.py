@@ -12,7 +12,8 @@ x_{t + Δr*W + Δc} and is only invalid past the end. A register's position id i
 input that predicts its target under next-token prediction (regular input P - 1 + target).
 
 Attention (see attention.Visibility): regular input i sees regular inputs 0..i; a register anchored
-at x_t sees regular inputs 0..P+t and itself. Physical order: regular block first, registers after.
+at x_t sees regular inputs 0..P+t and itself (with ``register_visibility: earlier_registers`` also
+the registers anchored before x_t). Physical order: regular block first, registers after.
 
 Position ids are (row, col) pairs. On a grid with H > 1 the prefix has no cell: (-1, -1); body token
 t is at (t // W, t % W). On a line (H = 1) the prefix lies on the line: regular input i is at (0, i).
@@ -55,7 +56,9 @@ class RegisterSpec:
     offset_distribution: how an offset is drawn from the candidates: "uniform" (the paper's rule),
     "valid-anchors" (each candidate weighted by how many anchors of the sample it leaves a valid
     target: on padded 1D data, far offsets grow rarer as the answer gets shorter), or a tuple of C
-    weights, one per candidate offset in ``offsets()`` order.
+    weights, one per candidate offset in ``offsets()`` order. register_visibility: "isolated" (the
+    paper's rule: a register sees no other register) or "earlier_registers" (a register also sees the
+    registers anchored strictly before its own anchor; regular tokens still see none).
     """
     kind: RegisterKind = "ntp"
     d_min: int = 1
@@ -65,6 +68,7 @@ class RegisterSpec:
     per_register_offsets: bool = False
     edge: Literal["geometric", "raster"] = "geometric"
     offset_distribution: str | tuple[float, ...] = "uniform"
+    register_visibility: Literal["isolated", "earlier_registers"] = "isolated"
 
     @property
     def uses_registers(self) -> bool:
@@ -194,6 +198,8 @@ class Layout:
     reg_offset: Tensor      # (B, R, 2) (Δr, Δc)
     reg_target: Tensor      # (B, R) body index of the target (clamped)
     reg_valid: Tensor       # (B, R) bool
+    extra_rank: Tensor | None = None    # (B, T+R) long: earlier_registers' second pair (attention), else None
+    extra_limit: Tensor | None = None   # (B, T+R) long
 
     @property
     def num_regular(self) -> int:
@@ -208,11 +214,12 @@ class Layout:
         """The attention rule for the model; None = plain causal (no registers)."""
         if self.num_registers == 0:
             return None
-        return Visibility(self.key_rank, self.query_limit, num_regular=self.num_regular)
+        return Visibility(self.key_rank, self.query_limit, self.num_regular, None, self.extra_rank, self.extra_limit)
 
     def dense_mask(self) -> Tensor:
         """(B, T+R, T+R) bool attention matrix (True = may attend); for SDPA and pictures."""
-        return Visibility(self.key_rank, self.query_limit).dense_mask()[:, 0]
+        return Visibility(self.key_rank, self.query_limit, None, None, self.extra_rank,
+                          self.extra_limit).dense_mask()[:, 0]
 
     def gather_targets(self, body: Tensor) -> tuple[Tensor, Tensor]:
         """body (B, N) tokens -> (ntp targets (B, T), register targets (B, R))."""
@@ -271,12 +278,26 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
     query_limit = torch.cat([i.expand(B, T), reg_limit], dim=1)
 
     out = Layout(grid, P, position_ids, key_rank, query_limit, ntp_target, ntp_valid,
-                 reg_anchor, reg_offset, reg_target, reg_valid)
+                 reg_anchor, reg_offset, reg_target, reg_valid, *register_pair(spec, P + reg_anchor, reg_valid, T))
     for name, value in vars(out).items():
         if isinstance(value, Tensor):
             value = value.contiguous()
             setattr(out, name, value.to(device, non_blocking=True) if device is not None else value)
     return out
+
+
+def register_pair(spec: RegisterSpec, anchor: Tensor, valid: Tensor, T: int) -> tuple[Tensor | None, Tensor | None]:
+    """The second (extra rank, extra limit) pair (B, T+R) of ``earlier_registers``: a register's extra
+    rank is its anchor's regular index ``anchor`` (B, R) and its extra limit that index - 1, so it sees
+    the registers anchored strictly before; regular slots and padding (``valid`` False) rank NEVER,
+    limit -1. (None, None) under "isolated"."""
+    if spec.register_visibility == "isolated":
+        return None, None
+    B = anchor.shape[0]
+    never = torch.full((B, T), NEVER, device=anchor.device)
+    rank = torch.where(valid, anchor, torch.full_like(anchor, NEVER))
+    limit = torch.where(valid, anchor - 1, torch.full_like(anchor, -1))
+    return torch.cat([never, rank], 1), torch.cat([torch.full_like(never, -1), limit], 1)
 
 
 def _check_lengths(lengths: Tensor, B: int, N: int) -> None:

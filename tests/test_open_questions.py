@@ -1,5 +1,6 @@
 """The method's open questions as objective settings (issue 40, item 1): each default is the paper's
 rule, bit-identical to the code path without the setting; each rule holds for images and text."""
+import dataclasses
 import json
 import math
 
@@ -167,3 +168,101 @@ def test_offset_weights_on_text():
     cfg = objective("mutor-1d", d_min=1, d_max=4, offset_distribution=[0, 0, 1, 0])
     _, _, lay = framed(MutorLM(tiny_llama()).eval(), ragged_batch(), cfg.register_spec(), "right")
     assert set(lay.reg_offset[lay.reg_valid][:, 1].tolist()) == {3}
+
+
+# ----------------------------------------------------------------------------- register_visibility
+
+from mutor2d.sampling.speculative import useful_draft  # noqa: E402
+from test_lm import run_layout  # noqa: E402
+
+EARLIER = RegisterSpec("mutor-2d", 1, 3, register_visibility="earlier_registers")
+
+
+def test_isolated_default_has_no_second_pair():
+    lay = make_layout(2, GRID, 1, RegisterSpec("mutor-2d", 1, 3), torch.Generator().manual_seed(0))
+    assert lay.extra_rank is None and lay.visibility.extra_rank is None
+
+
+@pytest.mark.parametrize("spec, grid", [(EARLIER, GRID), (RegisterSpec("mutor-1d", 1, 3, placement="sparse",
+                                         num_registers=4, register_visibility="earlier_registers"), (1, 9))])
+def test_earlier_registers_mask(spec, grid):
+    """Regular rows as under isolated; a register row also holds the registers anchored strictly earlier;
+    the SDPA split rows and the FlexAttention mask_mod give the same matrix."""
+    from torch.nn.attention.flex_attention import create_mask
+    lay = make_layout(3, grid, 1, spec, torch.Generator().manual_seed(2))
+    iso = make_layout(3, grid, 1, dataclasses.replace(spec, register_visibility="isolated"),
+                      torch.Generator().manual_seed(2))
+    T, m = lay.num_regular, lay.dense_mask()
+    assert torch.equal(m[:, :T], iso.dense_mask()[:, :T]) and torch.equal(m[:, T:, :T], iso.dense_mask()[:, T:, :T])
+    a, v = lay.reg_anchor, lay.reg_valid
+    earlier = v[:, :, None] & v[:, None, :] & (a[:, None, :] < a[:, :, None])
+    assert torch.equal(m[:, T:, T:], earlier | torch.eye(lay.num_registers, dtype=torch.bool))
+    vis = lay.visibility
+    assert torch.equal(vis.extra_mask()[:, 0], m[:, T:])
+    B, L = lay.key_rank.shape
+    assert torch.equal(create_mask(vis.mask_mod(), B, None, L, L, device="cpu")[:, 0], m)
+
+
+def changed_rows(run, h, T, r):
+    """Which rows of ``run(h)`` (B, L, D) change when register slot r's input embedding changes."""
+    with torch.no_grad():
+        before = run(h)
+        bumped = h.clone()
+        bumped[:, T + r] += 1.0
+        return (run(bumped) - before).abs().amax(-1) > 1e-6
+
+
+def check_register_influence(lay, changed, r):
+    """Rows changed by bumping register r: the registers anchored after it (and itself), nothing else."""
+    T, a, v = lay.num_regular, lay.reg_anchor, lay.reg_valid
+    later = v & (a > a[:, r:r + 1])
+    later[:, r] = True
+    for b in range(a.shape[0]):
+        if not v[b, r]:
+            continue
+        assert not changed[b, :T].any()
+        assert changed[b, T:].tolist() == later[b].tolist()
+
+
+@pytest.mark.parametrize("attention", ["sdpa-split", "dense"])
+def test_earlier_registers_image_influence(attention):
+    model, batch = image_model(), image_batch(2)
+    lay = make_layout(2, GRID, 1, EARLIER, torch.Generator().manual_seed(4))
+    iso = make_layout(2, GRID, 1, dataclasses.replace(EARLIER, register_visibility="isolated"),
+                      torch.Generator().manual_seed(4))
+    T, R = lay.num_regular, lay.num_registers
+    h = model.embed(batch.body[:, :T - 1], batch.prefix, R)
+
+    def run(x, layout=lay):
+        vis = layout.visibility
+        if attention == "dense":
+            vis.num_regular = None                                  # no split fast path: the dense mask
+        return model.hidden(x, layout.position_ids, vis, prefix_len=1)
+    with torch.no_grad():
+        assert torch.equal(run(h)[:, :T], run(h, iso)[:, :T])      # regular outputs as under isolated
+    r = 5
+    check_register_influence(lay, changed_rows(run, h, T, r), r)
+
+
+def test_earlier_registers_text_influence():
+    model = MutorLM(tiny_llama()).eval()
+    spec = RegisterSpec("mutor-1d", 1, 3, register_visibility="earlier_registers")
+    view, canon, lay = framed(model, ragged_batch(), spec, "left")
+    _, _, iso = framed(model, ragged_batch(), dataclasses.replace(spec, register_visibility="isolated"), "left")
+    P, T, R = canon.prefix.shape[1], lay.num_regular, lay.num_registers
+    h = view.embed(canon.body[:, :T - P], canon.prefix, R)
+
+    def run(x, layout=lay):                                         # canonical padding slots come back 0
+        return view.hidden(x, layout.position_ids, layout.visibility)
+    with torch.no_grad():
+        torch.testing.assert_close(run(h)[:, :T], run(h, iso)[:, :T], atol=1e-6, rtol=1e-6)
+    check_register_influence(lay, changed_rows(run, h, T, 1), 1)
+
+
+def test_earlier_registers_errors_and_refused_drafts():
+    with pytest.raises(ConfigError) as e:
+        objective(register_visibility="all")
+    assert str(e.value).startswith("objective.register_visibility") and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="register_visibility=earlier_registers") as e:
+        useful_draft(objective(register_visibility="earlier_registers"), None)
+    assert "\n" not in str(e.value)

@@ -106,12 +106,14 @@ class Frame:
 
     def visibility(self, vis: Visibility) -> Visibility:
         """A canonical rule over T_can + E slots -> the same rule over the physical T + E: ranks and
-        limits kept, padding slots NEVER seen and seeing only themselves."""
+        limits kept (the extra pair too), padding slots NEVER seen and seeing only themselves."""
         T_can = self.num_canonical
-        rank, limit = vis.key_rank, vis.query_limit
-        return Visibility(torch.cat([self.regular(rank[:, :T_can], NEVER), rank[:, T_can:]], 1),
-                          torch.cat([self.regular(limit[:, :T_can], -1), limit[:, T_can:]], 1),
-                          num_regular=self.num_regular)
+
+        def place(rank: Tensor, limit: Tensor) -> tuple[Tensor, Tensor]:
+            return (torch.cat([self.regular(rank[:, :T_can], NEVER), rank[:, T_can:]], 1),
+                    torch.cat([self.regular(limit[:, :T_can], -1), limit[:, T_can:]], 1))
+        pair = place(vis.extra_rank, vis.extra_limit) if vis.extra_rank is not None else (None, None)
+        return Visibility(*place(vis.key_rank, vis.query_limit), self.num_regular, None, *pair)
 
 
 def frame(prompt_len: Tensor, answer_len: Tensor, width: int, padding_side: str = "right") -> Frame:

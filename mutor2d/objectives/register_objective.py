@@ -36,12 +36,14 @@ class RegisterConfig(ObjectiveConfig):
     or wrap to the next row (raster). ``reg_weight_schedule``: a = reg_weight throughout (constant), or
     linear / cosine from reg_weight to ``reg_weight_final`` over ``reg_weight_steps`` updates (0: the
     run), then held (base.WeightSchedule). ``offset_distribution``: uniform, valid-anchors, or one
-    weight per candidate offset (registers.RegisterSpec)."""
+    weight per candidate offset; ``register_visibility``: isolated or earlier_registers
+    (registers.RegisterSpec)."""
     reg_weight: float = 0.5
     reg_weight_schedule: Literal["constant", "linear", "cosine"] = "constant"
     reg_weight_final: float = 0.0
     reg_weight_steps: int = 0
     offset_distribution: Literal["uniform", "valid-anchors"] | list[float] = "uniform"
+    register_visibility: Literal["isolated", "earlier_registers"] = "isolated"
     placement: Literal["dense", "sparse"] = "dense"
     num_registers: int = 80
     per_register_offsets: bool = False
@@ -57,7 +59,8 @@ class RegisterConfig(ObjectiveConfig):
     def register_spec(self) -> RegisterSpec:
         dist = self.offset_distribution
         return RegisterSpec(self.name, getattr(self, "d_min", 1), self.d_max, self.placement, self.num_registers,
-                            self.per_register_offsets, self.edge, dist if isinstance(dist, str) else tuple(dist))
+                            self.per_register_offsets, self.edge, dist if isinstance(dist, str) else tuple(dist),
+                            self.register_visibility)
 
     def uses_registers(self) -> bool:
         return True
@@ -85,6 +88,7 @@ class RegisterConfig(ObjectiveConfig):
         parts += [self.edge] if self.edge != "geometric" else []
         parts += ["per-register offsets"] if self.per_register_offsets else []
         parts += [] if self.offset_distribution == "uniform" else [f"offsets {self.offset_distribution}"]
+        parts += [] if self.register_visibility == "isolated" else [self.register_visibility]
         return ", ".join(parts)
 
 

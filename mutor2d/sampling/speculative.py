@@ -106,6 +106,9 @@ def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",
         raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint has no registers to draft with "
                           f"(objective {name or 'unknown'}); use jacobi or plain")
     spec = objective.register_spec()
+    if spec.register_visibility != "isolated":
+        raise ConfigError(f"{setting(mode_key, 'registers')}: drafts run isolated registers; this checkpoint trained "
+                          f"with objective.register_visibility={spec.register_visibility}; use jacobi or plain")
     useful = len(spec.draft_offsets())
     trained = f"objective {name}, " + (f"d_min={spec.d_min}, " if spec.kind == "mutor-1d" else "") + f"d_max={spec.d_max}"
     if useful == 0:
