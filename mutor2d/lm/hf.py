@@ -12,7 +12,8 @@
   plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft
   and its base in place). Registers are training-only.
 * :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
-  decoding through the model's own ``generate``.
+  decoding through the model's own ``generate``, or register-drafted with the same tokens
+  (``decode="registers"``, mutor2d.lm.speculative).
 """
 from __future__ import annotations
 
@@ -207,20 +208,38 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 @torch.no_grad()
 def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             stop: list[str] = (), synced: bool = False) -> list[str]:
+             stop: list[str] = (), synced: bool = False, decode: str = "plain", registers=None,
+             stats=None) -> list[str]:
     """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
     each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
     ``synced``: collective (transformers' ``synced_gpus``): every process keeps stepping until all
-    are done, as a sharded (FSDP2) forward needs. -> the decoded new text of each prompt (special
-    tokens skipped)."""
+    are done, as a sharded (FSDP2) forward needs. ``decode="registers"``: the same tokens, register-
+    drafted (mutor2d.lm.speculative; ``registers``: a run folder or its ``Registers``); ``stats``: a
+    ``speculative.DecodeStats`` that receives the counts. -> the decoded new text of each prompt
+    (special tokens skipped)."""
+    import time
+    from . import speculative
+    if decode not in ("plain", "registers"):
+        raise ValueError(f"decode={decode!r}: expected 'plain' or 'registers'")
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
+    eos = speculative.eos_ids(lm)
+    if decode == "registers":
+        regs = registers if isinstance(registers, speculative.Registers) else speculative.load_registers(registers)
+        new = speculative.generate_ids(lm, batch["input_ids"], batch["attention_mask"], max_new_tokens,
+                                       registers=regs, eos=eos, stop=stop, tokenizer=tokenizer, stats=stats,
+                                       synced=synced)
+        return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
     settings = dict(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                     do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                     synced_gpus=synced)
+    t0 = time.perf_counter()
     try:                                       # stop strings end generation early...
         out = lm.generate(**settings, stop_strings=list(stop) or None, tokenizer=tokenizer)
     except ValueError:                         # ...where transformers can map them onto the vocabulary (not
         out = lm.generate(**settings)          # character-level ones): the cut below gives the same text
-    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    new = out[:, batch["input_ids"].shape[1]:]
+    if stats is not None:
+        stats.add_plain(new, [*eos, tokenizer.pad_token_id], time.perf_counter() - t0)
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
     return [cut_at_stop(t, list(stop)) for t in texts]

@@ -98,7 +98,8 @@ def load_registers(folder: str | Path, draft: int | None = None, objective=None)
 
 def registers_of(model, objective, draft: int | None = None) -> Registers:
     """The drafter of a MutorLM being trained (the online evaluation)."""
-    return Registers(model.register_embedding.detach(), draft_offsets(objective, draft))
+    offsets = draft_offsets(objective, draft)                 # no registers: a one-line ConfigError
+    return Registers(model.register_embedding.detach(), offsets)
 
 
 def can_draft(folder: str | Path) -> bool:
@@ -139,16 +140,20 @@ class DecodeStats:
             self.proposed[i] += p
             self.accepted[i] += a
 
-    def add_plain(self, tokens: int, rows: int, steps: int, seconds: float) -> None:
-        """A plain generate call: one token per row per forward."""
-        self.forwards, self.row_forwards = self.forwards + steps, self.row_forwards + tokens
+    def add_plain(self, new: Tensor, ends, seconds: float) -> None:
+        """A plain generate call's new tokens (B, T), one token per row per forward: a row's tokens
+        run up to its first id in ``ends`` (EOS, padding; counted) or all T."""
+        hit = torch.isin(new, torch.tensor(list(ends), dtype=new.dtype, device=new.device))
+        first = torch.where(hit.any(1), hit.long().argmax(1) + 1, torch.full_like(hit[:, 0], new.shape[1], dtype=torch.long))
+        tokens = int(first.sum())
+        self.forwards, self.row_forwards = self.forwards + new.shape[1], self.row_forwards + tokens
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
 
     def summary(self) -> dict:
         """forwards_per_token (1.0 for plain), tokens_per_forward, acceptance_by_distance, tokens_per_s, ..."""
         return {"forwards": self.forwards, "tokens": self.tokens,
-                "forwards_per_token": self.row_forwards / max(self.tokens, 1),
-                "tokens_per_forward": self.tokens / max(self.row_forwards, 1),
+                "forwards_per_token": self.row_forwards / self.tokens if self.tokens else None,
+                "tokens_per_forward": self.tokens / self.row_forwards if self.row_forwards else None,
                 "proposed": self.proposed, "accepted": self.accepted,
                 "acceptance_by_distance": [a / p if p else None for a, p in zip(self.accepted, self.proposed)],
                 "tokens_per_s": self.tokens / self.seconds if self.seconds else None}
@@ -435,3 +440,26 @@ def _drop(cache, n: int) -> None:
     """Remove the last ``n`` slots of every layer of the cache (none for n = 0)."""
     if n:
         cache.crop(-n)
+
+
+def eos_ids(lm) -> list[int]:
+    """The end-of-sequence ids the model's ``generate`` stops at (its generation config's)."""
+    config = getattr(lm, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    eos = getattr(lm.config, "eos_token_id", None) if eos is None else eos
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def record_fields(mode: str, registers: Registers | None, stats: DecodeStats) -> dict:
+    """An evaluation record's decoding settings (its ``sampling``): decode, decode_options, decode_stats
+    (forwards_per_token among them; 1.0 for plain)."""
+    options = {"draft": registers.draft, "offsets": list(registers.offsets)} if registers is not None else {}
+    return {"decode": mode, "decode_options": options, "decode_stats": stats.summary()}
+
+
+def run_decoding(decode: str, model, objective) -> tuple[str, Registers | None]:
+    """(mode, drafter) of a MutorLM being trained under ``objective`` for ``eval.decode``: auto means
+    registers when the model has a register embedding whose objective drafts, else plain."""
+    drafts = model.has_registers and objective.uses_registers() and bool(objective.register_spec().draft_offsets())
+    mode = ("registers" if drafts else "plain") if decode == "auto" else decode
+    return mode, registers_of(model, objective) if mode == "registers" else None
