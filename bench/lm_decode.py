@@ -4,7 +4,7 @@ side by side in one process (mutor2d.lm.speculative).
 The model: the tiny character-level Llama (mutor2d.lm.tiny; --hidden / --layers for a wider one)
 fine-tuned with MuToR-1D (d_max 4, dense registers, a = 0.3) on 2-step arithmetic word problems
 (mutor2d.lm.arith) for --steps steps, kept in --work and reused when it is already there. Then
---answers test prompts are answered (max 40 new tokens) at batch 1 and batch 8, greedy and at
+--answers test prompts are answered (at most --max-new-tokens each) at batch 1 and batch 8, greedy and at
 temperature 1, by: plain ``model.generate``, transformers' prompt-lookup decoding
 (``prompt_lookup_num_tokens``; batch 1 only, as transformers allows), and register drafts K = 1..d_max-1.
 Cases run round-robin, median of --reps (bench/common.py). Reported per case: forward calls, forwards
@@ -27,9 +27,6 @@ import torch
 import common
 from mutor2d.cli import HelpFormatter
 
-MAX_NEW = 40
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--work", default="runs/bench_lm_decode", help="folder of the model, data and fine-tuned run")
@@ -37,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=64, help="width of the tiny Llama (default 64)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     ap.add_argument("--answers", type=int, default=16, help="test prompts answered per case (default 16)")
+    ap.add_argument("--max-new-tokens", type=int, default=40, help="answer length limit (default 40)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu", help="what a case's time measures")
@@ -81,7 +79,7 @@ def answer_tokens(new: list[list[int]], eos: int) -> int:
     return sum(row.index(eos) + 1 if eos in row else len(row) for row in new)
 
 
-def plain_case(lm, batches, eos: int, sample: bool, lookup: int = 0):
+def plain_case(lm, batches, eos: int, max_new: int, sample: bool, lookup: int = 0):
     """Plain model.generate (``lookup`` > 0: prompt-lookup decoding) over every batch -> new tokens
     (sampling seeded: every repetition draws the same answers)."""
     def run():
@@ -89,15 +87,16 @@ def plain_case(lm, batches, eos: int, sample: bool, lookup: int = 0):
         torch.manual_seed(0)
         for ids, mask in batches:
             extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
-            gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=0, **sampling,
+            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else \
+                {"do_sample": False}
+            gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=0, **sampling,
                               **extra)
             out += [row[:(row.index(eos) + 1) if eos in row else None] for row in gen[:, ids.shape[1]:].tolist()]
         return out
     return run
 
 
-def register_case(lm, batches, eos: int, sample: bool, registers, stats):
+def register_case(lm, batches, eos: int, max_new: int, sample: bool, registers, stats):
     """Register drafts (mutor2d.lm.speculative) over every batch -> new tokens (sampling seeded)."""
     from mutor2d.lm.speculative import GREEDY, generate_ids
     from mutor2d.sampling.rules import SamplingRules
@@ -106,7 +105,7 @@ def register_case(lm, batches, eos: int, sample: bool, registers, stats):
     def run():
         out, generator = [], torch.Generator().manual_seed(0)
         for ids, mask in batches:
-            out += generate_ids(lm, ids, mask, MAX_NEW, registers=registers, rules=rules, eos=[eos], stats=stats,
+            out += generate_ids(lm, ids, mask, max_new, registers=registers, rules=rules, eos=[eos], stats=stats,
                                 generator=generator)
         return out
     return run
@@ -132,7 +131,8 @@ def decode_step_floor(lm) -> dict:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.steps, args.answers, args.reps, args.work = 5, 2, 1, str(Path(args.work) / "quick")
+        args.steps, args.answers, args.reps, args.max_new_tokens = 5, 2, 1, 12
+        args.work = str(Path(args.work) / "quick")
     common.setup(args.threads, args.clock, torch.device("cpu"))
     from mutor2d.lm import data, hf, speculative
     run = fine_tuned(args)
@@ -147,14 +147,14 @@ def main(argv=None) -> None:
                   for i in range(0, len(prompts), B)]
         batches_of[B] = [(p["input_ids"], p["attention_mask"]) for p in padded]
         for sample, temp in ((False, "greedy"), (True, "t1")):
-            cases[f"plain/{temp}/b{B}"] = plain_case(lm, batches_of[B], tok.eos_token_id, sample)
+            settings = (lm, batches_of[B], tok.eos_token_id, args.max_new_tokens, sample)
+            cases[f"plain/{temp}/b{B}"] = plain_case(*settings)
             if B == 1:
-                cases[f"prompt_lookup/{temp}/b{B}"] = plain_case(lm, batches_of[B], tok.eos_token_id, sample, lookup=4)
+                cases[f"prompt_lookup/{temp}/b{B}"] = plain_case(*settings, lookup=4)
             for K in range(1, d_max):
                 name = f"registers_K{K}/{temp}/b{B}"
                 stats[name] = speculative.DecodeStats()
-                cases[name] = register_case(lm, batches_of[B], tok.eos_token_id, sample,
-                                            speculative.load_registers(run, K), stats[name])
+                cases[name] = register_case(*settings, speculative.load_registers(run, K), stats[name])
     calls, outputs = {}, {}
     for name, fn in cases.items():                       # one counted pass each (also checks exactness)
         before = counter.calls
@@ -172,7 +172,8 @@ def main(argv=None) -> None:
         plain, lookup = per_token[f"plain/{temp}/{b}"], per_token.get(f"prompt_lookup/{temp}/{b}")
         row = {"forward_calls": calls[name], "forwards_per_token": calls[name] * rows / tokens, "tokens": tokens,
                "s_per_answer": t["median_s"] / len(prompts), "s_per_token": per_token[name],
-               "time_vs_plain": per_token[name] / plain, "time_vs_prompt_lookup": per_token[name] / lookup if lookup else None}
+               "time_vs_plain": per_token[name] / plain,
+               "time_vs_prompt_lookup": per_token[name] / lookup if lookup else None}
         if temp == "greedy":
             row["same_as_plain_greedy"] = outputs[name] == outputs[f"plain/greedy/{b}"]
         if name in stats:

@@ -17,7 +17,7 @@ import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
 from mutor2d.lm import hf, speculative  # noqa: E402
 from mutor2d.lm.data import char_tokenizer  # noqa: E402
-from mutor2d.lm.speculative import (CacheKeys, Decoding, DecodeStats, Registers, Rows, cache_tensors,  # noqa: E402
+from mutor2d.lm.speculative import (Decoding, DecodeStats, Registers, Rows, cache_tensors,  # noqa: E402
                                     generate_ids)
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
 
@@ -240,7 +240,8 @@ def test_eval_decode_registers_writes_plain_outputs_and_names_its_statistics(tmp
     assert records["plain"]["decode"] == "plain" and records["plain"]["decode_stats"]["forwards_per_token"] == 1.0
     reg = records["registers"]
     assert reg["decode"] == "registers" and reg["decode_options"] == {"draft": 2, "offsets": [2, 3]}
-    assert 0 < reg["decode_stats"]["forwards_per_token"] <= 1.0 and len(reg["decode_stats"]["acceptance_by_distance"]) == 2
+    stats = reg["decode_stats"]
+    assert 0 < stats["forwards_per_token"] <= 1.0 and len(stats["acceptance_by_distance"]) == 2
     assert records["auto"]["decode"] == "registers"
     ntp = lm_pkg.train({**_cfg(base, path, "full"), "objective": {"name": "ntp"}}, tmp_path / "ntp")
     assert script.main(["--ckpt", str(ntp), "--data", str(path), "--max-new-tokens", "2", "--decode", "auto",
@@ -260,8 +261,26 @@ def test_online_evaluation_decodes_with_the_runs_setting(tmp_path):
     tok = hf.load_tokenizer(out / "step_2")
     items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
     texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
-    online = [json.loads(line)["output"] for line in (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()]
+    lines = (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()
+    online = [json.loads(line)["output"] for line in lines]
     assert online == texts
     cfg["objective"] = {"name": "ntp"}
     with pytest.raises(ConfigError, match="no registers to draft with"):
         lm_pkg.train(cfg, tmp_path / "ntp")
+
+
+def test_bench_quick_json(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "bench/lm_decode.py", "--quick", "--work", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "lm_decode" and out["d_max"] == 4 and out["targets"]["greedy_exact"]
+    cases = out["cases"]
+    assert {"plain/greedy/b1", "prompt_lookup/greedy/b1", "registers_K3/t1/b8"} <= set(cases)
+    assert cases["plain/greedy/b1"]["forwards_per_token"] == 1.0
+    assert all(len(cases[f"registers_K{K}/greedy/b1"]["acceptance_by_distance"]) == K for K in (1, 2, 3))
+    assert out["decode_step"]["step_vs_floor"] > 0

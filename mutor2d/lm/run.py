@@ -123,7 +123,7 @@ class LMRun:
     def hooks(self, run, log) -> list:
         online = [OnlineAccuracy(self.eval_items, self.eval_kind, self.tokenizer, log)] if self.eval_items else []
         if online and run.cfg.eval.decode == "registers":
-            run_decoding("registers", run.model, run.cfg.objective)      # a one-line error before training
+            run_decoding("registers", run.model, run.cfg.objective)      # one-line error before training
         return [self.snapshot, *online]
 
     def snapshot(self, run, status) -> None:

@@ -144,7 +144,8 @@ class DecodeStats:
         """A plain generate call's new tokens (B, T), one token per row per forward: a row's tokens
         run up to its first id in ``ends`` (EOS, padding; counted) or all T."""
         hit = torch.isin(new, torch.tensor(list(ends), dtype=new.dtype, device=new.device))
-        first = torch.where(hit.any(1), hit.long().argmax(1) + 1, torch.full_like(hit[:, 0], new.shape[1], dtype=torch.long))
+        all_t = torch.full_like(hit[:, 0], new.shape[1], dtype=torch.long)
+        first = torch.where(hit.any(1), hit.long().argmax(1) + 1, all_t)
         tokens = int(first.sum())
         self.forwards, self.row_forwards = self.forwards + new.shape[1], self.row_forwards + tokens
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
@@ -198,7 +199,8 @@ class CausalStep:
         return {"full_attention": additive(allowed), "sliding_attention": windowed}
 
     def __call__(self, cache, keys: "CacheKeys", ids: Tensor, pos: Tensor, real: Tensor,
-                 register: Tensor | None = None, reg_pos: Tensor | None = None, reg_anchor: Tensor | None = None) -> Tensor:
+                 register: Tensor | None = None, reg_pos: Tensor | None = None,
+                 reg_anchor: Tensor | None = None) -> Tensor:
         """R regular inputs ids / pos / real (b, R) after the cached keys, then E registers (embedding
         ``register`` (D,) at reg_pos (b, E), each seeing the cache and regular inputs 0..reg_anchor
         (b, E) and itself) -> last hidden states (b, R + E, D). The cache receives all R + E keys."""
@@ -368,7 +370,8 @@ class Decoding:
         """Keep only the rows ``index`` (b',) in the batch (cache included)."""
         self.cache.batch_select_indices(index)
         self.keys = self.keys.select(index)
-        self.rows, self.token, self.last_pos, self.n = (t[index] for t in (self.rows, self.token, self.last_pos, self.n))
+        self.rows, self.token, self.last_pos, self.n = (t[index] for t in
+                                                        (self.rows, self.token, self.last_pos, self.n))
         if self.drafts is not None:
             d = self.drafts
             self.drafts = Drafts(d.tokens[index], None if d.probs is None else d.probs[index], d.valid[index])
@@ -388,7 +391,8 @@ class Decoding:
             kept, token, lead = _verify(self.rules, logits, self.drafts, self.generator)
             reached = torch.cat([torch.ones_like(lead[:, :1]), lead[:, :-1]], 1) & self.drafts.valid
         else:
-            kept, token = torch.zeros(b, dtype=torch.long, device=dev), _first_token(self.rules, logits[:, 0], self.generator)
+            kept = torch.zeros(b, dtype=torch.long, device=dev)
+            token = _first_token(self.rules, logits[:, 0], self.generator)
             lead = reached = torch.zeros(b, 0, dtype=torch.bool, device=dev)
         furthest = int(kept.max())
         _drop(self.cache, K * (K + 1) + K - furthest)                   # the registers, drafts no row kept
