@@ -80,6 +80,24 @@ def test_greedy_is_plain_generate_token_for_token(family, batch, lora):
     assert stats.summary()["forwards_per_token"] < 1.0 and sum(stats.accepted) > 0    # some drafts were kept
 
 
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_greedy_with_a_sliding_window_is_plain_generate(family):
+    """Gemma 2 (soft-capping, per-layer-type masks) and Mistral, window 3: the window comes from position
+    ids in the mask, so holes in the cache do not move it."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+    cls, cfg = {"gemma2": (Gemma2ForCausalLM, Gemma2Config), "mistral": (MistralForCausalLM, MistralConfig)}[family]
+    tok = char_tokenizer("abc")
+    torch.manual_seed(0)
+    lm = cls(cfg(vocab_size=len(tok), hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                 max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                 initializer_range=0.3)).eval()
+    ids, mask = left_padded([tok(t)["input_ids"] for t in PROMPTS[3]])
+    ref = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                      pad_token_id=0)[:, ids.shape[1]:].tolist()
+    assert generate_ids(lm, ids, mask, 24, registers=registers(K=2, seed=5)) == ref
+
+
 def test_stop_strings_and_eos_end_as_in_plain_generate():
     tok = char_tokenizer("abc")
     lm = tiny("llama", len(tok))

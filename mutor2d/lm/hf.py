@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -217,8 +218,7 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     drafted (mutor2d.lm.speculative; ``registers``: a run folder or its ``Registers``); ``stats``: a
     ``speculative.DecodeStats`` that receives the counts. -> the decoded new text of each prompt
     (special tokens skipped)."""
-    import time
-    from . import speculative
+    from . import speculative                 # it imports this module
     if decode not in ("plain", "registers"):
         raise ValueError(f"decode={decode!r}: expected 'plain' or 'registers'")
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
