@@ -3,8 +3,9 @@
 Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / chat / GSM8K / MATH /
 star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pure Python),
 packing (prompt + answer + registers -> one padded sequence, rules from mutor2d.registers),
-model (MutorLM: the training forward and loss), hf (load / LoRA / save), run (the engine's parts for
-LM runs: the same loop, resume, stop signals and guards as image runs).
+model (MutorLM: the training forward and loss), hf (load / LoRA / save / generate), speculative (exact
+register-drafted decoding with a run's register embedding), run (the engine's parts for LM runs: the
+same loop, resume, stop signals and guards as image runs).
 Importing this package needs only torch and yaml; transformers and peft load on use.
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl

@@ -10,7 +10,8 @@
   ``base_model_name_or_path`` is the base reference as given); full -> the whole model
   (model.safetensors); both + ``register_embedding.safetensors`` + the tokenizer. The folder loads in
   plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft
-  and its base in place). Registers are training-only.
+  and its base in place). The register embedding is read only by register decoding
+  (mutor2d.lm.speculative).
 * :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
   decoding through the model's own ``generate``, or register-drafted with the same tokens
   (``decode="registers"``, mutor2d.lm.speculative).
@@ -189,7 +190,8 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
     name) with the adapters; ``merge=True`` folds them into the base weights (peft
     ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
-    returns the peft ``PeftModel``. Registers are training-only and not part of it."""
+    returns the peft ``PeftModel``. The register embedding is not part of it
+    (``speculative.load_registers(folder)`` reads it for register decoding)."""
     folder = Path(folder)
     adapter = folder / ADAPTER_CONFIG
     if not adapter.is_file():
