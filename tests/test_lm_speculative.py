@@ -22,6 +22,7 @@ from mutor2d.lm.speculative import (Decoding, DecodeStats, Registers, Rows, cach
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
 
 WIDTH = 32
+CHARS = "abcdef"                       # 10 ids: small enough that drafts are kept, varied outputs
 
 
 def tiny(family: str, vocab: int, init: float = 0.3):
@@ -66,7 +67,7 @@ PROMPTS = {1: ["abca"], 3: ["abca", "b", "cabbac"]}
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_greedy_is_plain_generate_token_for_token(family, batch, lora):
-    tok = char_tokenizer("abc")
+    tok = char_tokenizer(CHARS)
     lm = tiny(family, len(tok))
     lm = lm if lora == "none" else with_lora(lm, lora == "merged")
     prompts = [tok(t)["input_ids"] for t in PROMPTS[batch]]
@@ -86,7 +87,7 @@ def test_greedy_with_a_sliding_window_is_plain_generate(family):
     ids in the mask, so holes in the cache do not move it."""
     from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
     cls, cfg = {"gemma2": (Gemma2ForCausalLM, Gemma2Config), "mistral": (MistralForCausalLM, MistralConfig)}[family]
-    tok = char_tokenizer("abc")
+    tok = char_tokenizer(CHARS)
     torch.manual_seed(0)
     lm = cls(cfg(vocab_size=len(tok), hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
@@ -99,13 +100,24 @@ def test_greedy_with_a_sliding_window_is_plain_generate(family):
 
 
 def test_stop_strings_and_eos_end_as_in_plain_generate():
-    tok = char_tokenizer("abc")
+    """Stop strings end rows where transformers' criteria end plain generate (a stop string in a special
+    token's text, "a" in <pad>; one across the prompt's end, "af"), or, on a vocabulary they cannot
+    map, where the cut text ends; EOS ends rows as in plain generate."""
+    tok = char_tokenizer(CHARS)
     lm = tiny("llama", len(tok))
     prompts = [tok(t)["input_ids"] for t in PROMPTS[3]]
     plain = hf.generate(lm, tok, prompts, 30)
-    for stop in (["a"], ["bc", "ca"]):
+    for stop in (["a"], ["bc", "ca"], ["af", "fb"], ["ff"]):
         cut = hf.generate(lm, tok, prompts, 30, stop)
-        assert hf.generate(lm, tok, prompts, 30, stop, decode="registers", registers=registers()) == cut
+        assert hf.generate(lm, tok, prompts, 30, stop, decode="registers", registers=registers()) == cut, stop
+    narrow = char_tokenizer("0123456789+=\n")                 # no letters: transformers' criteria refuse it
+    digits = tiny("gpt2", len(narrow))
+    ids = [narrow("1+2=")["input_ids"], narrow("3=")["input_ids"]]
+    assert not hf.maps_stop_strings(narrow, ["3"]) and hf.maps_stop_strings(tok, ["a"])
+    for stop in (["9"], ["\nQuestion:", "4"]):
+        cut = hf.generate(digits, narrow, ids, 12, stop)
+        assert cut != hf.generate(digits, narrow, ids, 12)
+        assert hf.generate(digits, narrow, ids, 12, stop, decode="registers", registers=registers()) == cut, stop
     lm.generation_config.eos_token_id = 4                    # 'a' ends a sequence: outputs stop at it
     ended = hf.generate(lm, tok, prompts, 30)
     assert hf.generate(lm, tok, prompts, 30, decode="registers", registers=registers()) == ended
@@ -115,13 +127,13 @@ def test_stop_strings_and_eos_end_as_in_plain_generate():
 def test_kv_cache_after_every_round_is_plain_decodings():
     """After each round a row's cached slots (holes left by drafts another row kept excluded) hold the
     keys and values plain decoding computes for the same tokens; batch 1 has no holes at all."""
-    tok = char_tokenizer("abc")
+    tok = char_tokenizer(CHARS)
     lm = tiny("llama", len(tok))
     for texts in (PROMPTS[1], PROMPTS[3]):
         prompts = [tok(t)["input_ids"] for t in texts]
         ids, mask = left_padded(prompts)
         state = Rows(len(prompts), 40, (), (), None)
-        dec = Decoding(lm, registers(), SamplingRules(temperature=0.0), state)
+        dec = Decoding(lm, registers(seed=5), SamplingRules(temperature=0.0), state)
         dec.prefill(ids, mask)
         for _ in range(6):
             dec.round(dec.alive())
@@ -139,6 +151,27 @@ def test_kv_cache_after_every_round_is_plain_decodings():
                     torch.testing.assert_close(v[b][:, ok], rv[0], atol=1e-5, rtol=1e-5)
         assert len(cached[0][0][0, 0]) == dec.keys.ok.shape[1]     # registers never stay
         assert sum(dec.stats.accepted) > 0
+
+
+def test_synced_rows_stay_in_the_batch_and_give_the_same_tokens():
+    """``synced`` (FSDP2): done rows keep stepping, ignored, until every process is done (one process
+    here); the outputs are those of the unsynced decoder."""
+    import socket
+    import torch.distributed as dist
+    tok = char_tokenizer(CHARS)
+    lm = tiny("llama", len(tok))
+    lm.generation_config.eos_token_id = 4                    # 'a' ends a sequence: rows end at different times
+    prompts = [tok(t)["input_ids"] for t in PROMPTS[3]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        synced = hf.generate(lm, tok, prompts, 20, decode="registers", registers=registers(), synced=True)
+    finally:
+        dist.destroy_process_group()
+    assert synced == hf.generate(lm, tok, prompts, 20, decode="registers", registers=registers())
+    assert len({len(t) for t in synced}) > 1
 
 
 # ----------------------------------------------------------------------------- sampling, exactly

@@ -204,6 +204,17 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     return (model.merge_and_unload() if merge else model).eval()
 
 
+def maps_stop_strings(tokenizer, stop) -> bool:
+    """Whether transformers can build its stop-string criteria for ``stop`` on this vocabulary (then
+    plain ``generate`` ends at them; else the text is only cut)."""
+    from transformers import StopStringCriteria
+    try:
+        StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stop))
+    except ValueError:
+        return False
+    return bool(stop)
+
+
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """``text`` up to the first occurrence of any stop string."""
     return text[:min([text.find(s) for s in stop if s in text], default=len(text))]
@@ -230,7 +241,7 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
         regs = registers if isinstance(registers, speculative.Registers) else speculative.load_registers(registers)
         new = speculative.generate_ids(lm, batch["input_ids"], batch["attention_mask"], max_new_tokens,
                                        registers=regs, eos=eos, stop=stop, tokenizer=tokenizer, stats=stats,
-                                       synced=synced)
+                                       synced=synced, raw_stop=maps_stop_strings(tokenizer, stop))
         return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
     settings = dict(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                     do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,

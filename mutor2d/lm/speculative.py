@@ -291,26 +291,39 @@ def _any(alive: bool, synced: bool, device) -> bool:
 
 
 class Rows:
-    """The per-row decoding state on the host: emitted tokens, done flags, the stop rules."""
+    """The per-row decoding state on the host: emitted tokens, done flags, the stop rules.
 
-    def __init__(self, B: int, max_new_tokens: int, eos, stop, tokenizer):
+    A row ends at the token that is EOS, that completes a stop string (an occurrence overlapping this
+    token) or that reaches ``max_new_tokens``. ``raw_stop``:
+    stop strings are matched as transformers' StopStringCriteria matches them in plain ``generate``
+    (special tokens' text included, and the prompt's end, ``prompts`` the real prompt ids of each row);
+    else in the generated text without special tokens (where plain ``generate`` had no criteria and
+    the caller cuts the text). Only a window of the last tokens is decoded."""
+
+    def __init__(self, B: int, max_new_tokens: int, eos=(), stop=(), tokenizer=None, prompts=None,
+                 raw_stop: bool = False):
         self.out, self.done = [[] for _ in range(B)], [False] * B
         self.max_new, self.eos, self.stop, self.tokenizer = max_new_tokens, set(eos), list(stop), tokenizer
         if self.stop and tokenizer is None:
             raise ValueError(f"stop={self.stop}: stop strings need the tokenizer")
+        self.raw, self.window = raw_stop, 2 * max(map(len, self.stop), default=0) + 4
+        self.context = [list(p) for p in prompts] if raw_stop else [[] for _ in range(B)]
+
+    def _completes_stop(self, row: int) -> bool:
+        """Whether a stop string occurs in the text of the row's last tokens ending past the text
+        before its last token (overlapping that token)."""
+        seq = (self.context[row] + self.out[row])[-self.window:]
+        now, before = (self.tokenizer.decode(s, skip_special_tokens=not self.raw) for s in (seq, seq[:-1]))
+        return any(now.find(s, max(len(before) - len(s) + 1, 0)) >= 0 for s in self.stop)
 
     def emit(self, row: int, tokens: list[int]) -> None:
-        """Append a round's tokens to ``row``: cut after EOS or at max_new_tokens; done then, or
-        when the text holds a stop string."""
+        """Append a round's tokens to ``row`` up to the one that ends it (see the class doc)."""
         out = self.out[row]
         for t in tokens:
             out.append(t)
-            if t in self.eos or len(out) >= self.max_new:
+            if t in self.eos or len(out) >= self.max_new or (self.stop and self._completes_stop(row)):
                 self.done[row] = True
                 return
-        if self.stop:
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            self.done[row] = any(s in text for s in self.stop)
 
 
 class Decoding:
@@ -425,13 +438,15 @@ class Decoding:
 def generate_ids(lm, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, *,
                  registers: Registers | None = None, rules: SamplingRules = GREEDY, eos=(), stop=(),
                  tokenizer=None, generator: torch.Generator | None = None, stats: DecodeStats | None = None,
-                 synced: bool = False) -> list[list[int]]:
+                 synced: bool = False, raw_stop: bool = False) -> list[list[int]]:
     """New tokens of each left-padded prompt (input_ids, attention_mask (B, P)), register-drafted
     (``registers`` None: plain decoding, one token per forward, by the same loop) -> per row its
-    tokens, ending at the first ``eos`` id (kept), once the text holds a ``stop`` string (decoded
-    with ``tokenizer``; the caller cuts the text) or after ``max_new_tokens``."""
+    tokens, ending at the first ``eos`` id (kept), at the token completing a ``stop`` string (decoded
+    with ``tokenizer``, matched as ``raw_stop`` says: Rows; the caller cuts the text) or after
+    ``max_new_tokens``."""
     t0 = time.perf_counter()
-    state = Rows(input_ids.shape[0], max_new_tokens, eos, stop, tokenizer)
+    prompts = [row[keep.bool()].tolist() for row, keep in zip(input_ids, attention_mask)] if raw_stop else None
+    state = Rows(input_ids.shape[0], max_new_tokens, eos, stop, tokenizer, prompts, raw_stop)
     decoding = Decoding(lm, registers, rules, state, generator, stats, synced)
     decoding.prefill(input_ids, attention_mask)
     decoding.run()
