@@ -318,6 +318,9 @@ def test_online_evaluation_decodes_with_the_runs_setting(tmp_path):
     cfg["objective"] = {"name": "ntp"}
     with pytest.raises(ConfigError, match="no registers to draft with"):
         lm_pkg.train(cfg, tmp_path / "ntp")
+    cfg["eval"]["decode"] = "auto"                            # no registers: plain
+    out = lm_pkg.train(cfg, tmp_path / "ntp_auto")
+    assert {json.loads(p.read_text())["sampling"]["decode"] for p in (out / "eval").glob("*.json")} == {"plain"}
 
 
 def test_bench_quick_json(tmp_path):

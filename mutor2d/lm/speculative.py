@@ -43,6 +43,7 @@ from torch import Tensor
 
 from ..attention import NEVER, Visibility
 from ..config import make
+from ..sampling.auto import can_draft as objective_drafts
 from ..sampling.rules import SamplingRules, draw
 from ..sampling.speculative import Drafts, useful_draft, verify
 from .hf import REGISTER_FILE, position_limit
@@ -105,7 +106,7 @@ def registers_of(model, objective, draft: int | None = None) -> Registers:
 def can_draft(folder: str | Path) -> bool:
     """Whether a saved folder has a register embedding whose objective drafts (``--decode auto``)."""
     objective = run_objective(folder) if (Path(folder) / REGISTER_FILE).is_file() else None
-    return objective is not None and objective.uses_registers() and bool(objective.register_spec().draft_offsets())
+    return objective is not None and objective_drafts(objective)
 
 
 def resolve(decode: str, folder: str | Path) -> str:
@@ -479,6 +480,6 @@ def record_fields(mode: str, registers: Registers | None, stats: DecodeStats) ->
 def run_decoding(decode: str, model, objective) -> tuple[str, Registers | None]:
     """(mode, drafter) of a MutorLM being trained under ``objective`` for ``eval.decode``: auto means
     registers when the model has a register embedding whose objective drafts, else plain."""
-    drafts = model.has_registers and objective.uses_registers() and bool(objective.register_spec().draft_offsets())
-    mode = ("registers" if drafts else "plain") if decode == "auto" else decode
+    mode = ("registers" if model.has_registers and objective_drafts(objective) else "plain") if decode == "auto" \
+        else decode
     return mode, registers_of(model, objective) if mode == "registers" else None
