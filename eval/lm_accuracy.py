@@ -1,12 +1,14 @@
 """Exact-match accuracy (GSM8K / MATH answers, word paths) of a fine-tuned language model, or of saved outputs.
 
     python eval/lm_accuracy.py --ckpt RUN [--data FILE.jsonl] [--kind gsm8k|math|path] [--limit N]
-        [--max-new-tokens N] [--batch-size B] [--stop TEXT ...] [--out PRED.jsonl]
+        [--max-new-tokens N] [--batch-size B] [--stop TEXT ...] [--out PRED.jsonl] [--decode plain|registers|auto]
     accelerate launch eval/lm_accuracy.py --ckpt RUN --data FILE.jsonl        # each process a share
     python eval/lm_accuracy.py --score PRED.jsonl --kind gsm8k|math|path       # no model
 
 Generation is greedy through the model's own ``generate`` (mutor2d.lm.hf.load_for_inference: LoRA
-merged), left-padded batches, stopping at EOS, at a stop string or after --max-new-tokens. Each item
+merged), left-padded batches, stopping at EOS, at a stop string or after --max-new-tokens; with
+--decode registers the same tokens come register-drafted (mutor2d.lm.speculative: fewer forwards
+per token; auto: registers when the run has them). Each item
 goes to PRED.jsonl (index, prompt, output, extracted, gold, correct; default RUN/eval/
 predictions_<data>[_stepN].jsonl) as soon as its batch is done: a rerun skips items already there.
 A JSON record goes to RUN/eval/ (eval/leaderboard.py shows its accuracy). The last line printed is
@@ -48,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="weights dtype for generation (default float32)")
     ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
+    ap.add_argument("--decode", choices=["plain", "registers", "auto"], default="plain",
+                    help="plain generate, register-drafted (exact: the same outputs), or registers when the run "
+                         "has a register embedding whose objective drafts (default plain)")
+    ap.add_argument("--draft", type=int, default=None, metavar="K",
+                    help="register drafts per forward (default: the objective's d_max - 1)")
     return ap
 
 
@@ -59,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--score needs --kind gsm8k|math|path")
     if args.ckpt and not args.data:
         ap.error("--ckpt needs --data FILE.jsonl")
+    if args.draft is not None and args.draft < 1:
+        ap.error(f"--draft {args.draft}: expected >= 1")
     for flag in ("limit", "max_new_tokens", "batch_size"):
         if getattr(args, flag) < (0 if flag == "limit" else 1):
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= {0 if flag == 'limit' else 1}")
@@ -99,18 +108,22 @@ def guess_kind(located: list[tuple[str, dict]], data_name: str) -> str:
 
 def generate_all(args, located, kind: str, out: Path):
     """This process's share of the items: greedy outputs appended to its part file; once every
-    process is done, returns accelerate's PartialState."""
+    process is done, returns (accelerate's PartialState, the decoding settings of the record)."""
     from accelerate import PartialState
-    from mutor2d.lm import data, hf
+    from mutor2d.lm import data, hf, speculative
     state = PartialState()
     tokenizer = hf.load_tokenizer(args.ckpt)
     items = data.eval_prompts(located, tokenizer)                 # every line checked before the model loads
+    mode = speculative.resolve(args.decode, args.ckpt)
+    registers = speculative.load_registers(args.ckpt, args.draft) if mode == "registers" else None
     model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
+    stats = speculative.DecodeStats()
     accuracy.predict(items, lambda batch: hf.generate(model, tokenizer, [it["prompt_ids"] for it in batch],
-                                                      args.max_new_tokens, args.stop),
+                                                      args.max_new_tokens, args.stop, decode=mode,
+                                                      registers=registers, stats=stats),
                      out, kind, state.process_index, state.num_processes, args.batch_size)
     state.wait_for_everyone()
-    return state
+    return state, speculative.record_fields(mode, registers, stats)
 
 
 def evaluate(args) -> dict | None:
@@ -125,11 +138,11 @@ def evaluate(args) -> dict | None:
     out = Path(args.out) if args.out else run_dir / "eval" / f"predictions_{Path(args.data).stem}{suffix}.jsonl"
     with io.exit_on_write_error(str(out)):         # the model's files are read as LMModelError, not OSError
         out.parent.mkdir(parents=True, exist_ok=True)
-        state = generate_all(args, located, kind, out)
+        state, decoding = generate_all(args, located, kind, out)
         if not state.is_main_process:
             return None
         generation = {"max_new_tokens": args.max_new_tokens, "stop": args.stop, "batch_size": args.batch_size,
-                      "prompt_attention": hf.saved_prompt_attention(ckpt)}
+                      "prompt_attention": hf.saved_prompt_attention(ckpt), **decoding}
         result, path = accuracy.write_scores(out, len(located), kind, run_dir / "eval", run_config=cfg, step=step,
                                              data=str(args.data), checkpoint=str(ckpt), generation=generation)
     return {**result, "predictions": str(out), "record": str(path)}

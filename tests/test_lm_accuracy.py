@@ -398,9 +398,9 @@ def test_train_each_format_then_evaluate(tmp_path, base, fmt, capsys, monkeypatc
         again = script.main(args + ["--out", str(tmp_path / "b.jsonl")])
         assert [p["output"] for p in accuracy.read_predictions(again["predictions"])] == [p["output"] for p in preds]
     # a rerun generates nothing (resumed); fake outputs on a new file: --score agrees with generation
-    monkeypatch.setattr(hf, "generate", lambda lm, tok, ids, n, stop: pytest.fail("regenerated"))
+    monkeypatch.setattr(hf, "generate", lambda lm, tok, ids, n, stop, **kw: pytest.fail("regenerated"))
     assert script.main(args) == {**result, "record": result["record"]}
-    monkeypatch.setattr(hf, "generate", lambda lm, tok, ids, n, stop: [f"#### {len(p) % 3}" for p in ids])
+    monkeypatch.setattr(hf, "generate", lambda lm, tok, ids, n, stop, **kw: [f"#### {len(p) % 3}" for p in ids])
     faked = script.main(args + ["--out", str(tmp_path / "fake.jsonl")])
     assert 0 < faked["accuracy"] < 1
     assert script.main(["--score", faked["predictions"], "--kind", "gsm8k"])["accuracy"] == faked["accuracy"]

@@ -5,8 +5,9 @@ Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), dat
 star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pure Python),
 packing (a batch in the canonical frame the objectives read, and its physical sequence), model
 (MutorLM: the transformers model, register embedding and extra heads; FramedLM: the objectives'
-model interface on one batch; no loss code), hf (load / LoRA / save), run (the engine's parts for
-LM runs: the same loop, resume, stop signals and guards as image runs).
+model interface on one batch; no loss code), hf (load / LoRA / save / generate), speculative (exact
+register-drafted decoding with a run's register embedding), run (the engine's parts for LM runs: the
+same loop, resume, stop signals and guards as image runs).
 Importing this package needs only torch and yaml; transformers and peft load on use.
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl

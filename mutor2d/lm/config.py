@@ -94,7 +94,8 @@ class LMEvalConfig:
     greedily, ``batch_size`` prompts per generate call, stopping at EOS, a ``stop`` string or after
     ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file; path: the whole answer
     word for word, e.g. a star-graph path). Runs every ``train.eval_every`` steps and after the last
-    step when ``path`` is set ("" = off)."""
+    step when ``path`` is set ("" = off). ``decode``: plain, registers (the same outputs, register-drafted;
+    mutor2d.lm.speculative) or auto (registers when the objective drafts)."""
     path: str = ""
     name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
     kind: Literal["", "gsm8k", "math", "path"] = ""
@@ -102,6 +103,7 @@ class LMEvalConfig:
     max_new_tokens: int = 256
     batch_size: int = 16
     stop: list[str] = field(default_factory=lambda: ["\nQuestion:", "\nProblem:"])
+    decode: Literal["plain", "registers", "auto"] = "plain"
 
     def check(self) -> None:
         at_least("eval.limit", self.limit, 0)

@@ -10,15 +10,18 @@
   ``base_model_name_or_path`` is the base reference as given); full -> the whole model
   (model.safetensors); both + ``register_embedding.safetensors`` + the tokenizer. The folder loads in
   plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft
-  and its base in place). Registers are training-only.
+  and its base in place). The register embedding is read only by register decoding
+  (mutor2d.lm.speculative).
 * :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
-  decoding through the model's own ``generate``.
+  decoding through the model's own ``generate``, or register-drafted with the same tokens
+  (``decode="registers"``, mutor2d.lm.speculative).
 """
 from __future__ import annotations
 
 import json
 import pickle
 import re
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -195,7 +198,8 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
     name) with the adapters; ``merge=True`` folds them into the base weights (peft
     ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
-    returns the peft ``PeftModel``. Registers are training-only and not part of it. A model trained
+    returns the peft ``PeftModel``. The register embedding is not part of it
+    (``speculative.load_registers(folder)`` reads it for register decoding). A model trained
     with ``prompt_attention: bidirectional`` comes back with its ``generate`` prefilling the prompt
     that way (:func:`with_prompt_attention`); plain transformers loading cannot know it."""
     folder = Path(folder)
@@ -262,6 +266,17 @@ def prefill_prompts(lm, input_ids, attention_mask):
     return cache
 
 
+def maps_stop_strings(tokenizer, stop) -> bool:
+    """Whether transformers can build its stop-string criteria for ``stop`` on this vocabulary (then
+    plain ``generate`` ends at them; else the text is only cut)."""
+    from transformers import StopStringCriteria
+    try:
+        StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stop))
+    except ValueError:
+        return False
+    return bool(stop)
+
+
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """``text`` up to the first occurrence of any stop string."""
     return text[:min([text.find(s) for s in stop if s in text], default=len(text))]
@@ -269,26 +284,45 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 @torch.no_grad()
 def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             stop: list[str] = (), synced: bool = False, prompt_attention: str | None = None) -> list[str]:
+             stop: list[str] = (), synced: bool = False, prompt_attention: str | None = None,
+             decode: str = "plain", registers=None, stats=None) -> list[str]:
     """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
     each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
     ``synced``: collective (transformers' ``synced_gpus``): every process keeps stepping until all
     are done, as a sharded (FSDP2) forward needs. ``prompt_attention``: the run's rule (None: the
     one :func:`load_for_inference` gave ``lm``, else causal); bidirectional prefills with
-    :func:`prefill_prompts`. -> the decoded new text of each prompt (special tokens skipped)."""
+    :func:`prefill_prompts`. ``decode="registers"``: the same tokens, register-drafted
+    (mutor2d.lm.speculative; ``registers``: a run folder or its ``Registers``); ``stats``: a
+    ``speculative.DecodeStats`` that receives the counts. -> the decoded new text of each prompt
+    (special tokens skipped)."""
+    from . import speculative                 # it imports this module
+    if decode not in ("plain", "registers"):
+        raise ValueError(f"decode={decode!r}: expected 'plain' or 'registers'")
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
+    eos = speculative.eos_ids(lm)
+    if decode == "registers":
+        regs = registers if isinstance(registers, speculative.Registers) else speculative.load_registers(registers)
+        new = speculative.generate_ids(lm, batch["input_ids"], batch["attention_mask"], max_new_tokens,
+                                       registers=regs, eos=eos, stop=stop, tokenizer=tokenizer, stats=stats,
+                                       synced=synced, raw_stop=maps_stop_strings(tokenizer, stop),
+                                       prompt_attention=rule)
+        return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
     def run(**extra):
         if rule == "bidirectional":
             extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
         return lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                            pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
+    t0 = time.perf_counter()
     try:                                       # stop strings end generation early...
         out = run(stop_strings=list(stop) or None, tokenizer=tokenizer)
     except ValueError:                         # ...where transformers can map them onto the vocabulary (not
         out = run()                            # character-level ones): the cut below gives the same text
-    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    new = out[:, batch["input_ids"].shape[1]:]
+    if stats is not None:
+        stats.add_plain(new, [*eos, tokenizer.pad_token_id], time.perf_counter() - t0)
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
     return [cut_at_stop(t, list(stop)) for t in texts]

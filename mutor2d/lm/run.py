@@ -31,6 +31,7 @@ from .hf import (build, generate, load_causal_lm, load_model_config, load_tokeni
                  with_pad_token)
 from .model import MutorLM, frame_batch
 from .packing import LMBatch
+from .speculative import DecodeStats, record_fields, run_decoding
 
 
 class Examples(Dataset):
@@ -126,6 +127,8 @@ class LMRun:
 
     def hooks(self, run, log) -> list:
         online = [OnlineAccuracy(self.eval_items, self.eval_kind, self.tokenizer, log)] if self.eval_items else []
+        if online and run.cfg.eval.decode == "registers":
+            run_decoding("registers", run.model, run.cfg.objective)      # one-line error before training
         return [self.snapshot, *online]
 
     def snapshot(self, run, status) -> None:
@@ -202,13 +205,16 @@ class OnlineAccuracy:
         out.parent.mkdir(parents=True, exist_ok=True)
 
         def answer(batch: list[dict]) -> list[str]:
+            mode, registers = self.decoding
             return generate(run.model.lm, self.tokenizer, [it["prompt_ids"] for it in batch], e.max_new_tokens,
-                            e.stop, synced=sharded, prompt_attention=run.cfg.model.prompt_attention)
+                            e.stop, synced=sharded, prompt_attention=run.cfg.model.prompt_attention,
+                            decode=mode, registers=registers, stats=self.stats)
 
         def agree(batches: int) -> int:
             return int(acc.gather(torch.tensor([batches], device=run.device)).max())
 
         with preserved_rng(run.device), generating(run, sharded):
+            self.decoding, self.stats = run_decoding(e.decode, run.model, run.cfg.objective), DecodeStats()
             accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size,
                              agree if sharded else None)
         acc.wait_for_everyone()
@@ -218,7 +224,8 @@ class OnlineAccuracy:
     def record(self, run, step: int, out: Path) -> None:
         """Score the merged predictions, write the evaluation record and the log line."""
         e = run.cfg.eval
-        generation = {"max_new_tokens": e.max_new_tokens, "stop": e.stop, "batch_size": e.batch_size}
+        generation = {"max_new_tokens": e.max_new_tokens, "stop": e.stop, "batch_size": e.batch_size,
+                      **record_fields(*self.decoding, self.stats)}
         result, _ = accuracy.write_scores(out, len(self.items), self.kind, run.run_dir / "eval",
                                           run_config=run.cfg.to_dict(), step=step, data=e.path,
                                           checkpoint=str(run.run_dir), generation=generation)
