@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .model import MutorLM, head_layers
+from ..attention import NEVER, Visibility
+from .model import REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
 
-REGISTER_FILE = "register_embedding.safetensors"
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
 ADAPTER_CONFIG = "adapter_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,13 +84,6 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
     return _load(AutoModelForCausalLM, path, "transformers model", key, dtype=DTYPES[dtype],
                  attn_implementation=attn_implementation,
                  adapter_kwargs={"local_files_only": True})   # transformers does not pass it on itself
-
-
-def position_limit(config) -> int | None:
-    """The number of positions a transformers model ``config`` declares (max_position_embeddings, or
-    GPT-2's n_positions); None if none."""
-    config = getattr(config, "text_config", None) or config
-    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def load_model_config(path: str | Path, key: str = "model.hf"):
@@ -234,33 +227,23 @@ def with_prompt_attention(model, rule: str):
     return model
 
 
-def cache_kwarg(lm) -> str:
-    """The name ``lm``'s forward and generate take a KV cache under (``cache`` since transformers 5.24,
-    ``past_key_values`` before)."""
-    import inspect
-    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
-def prefill_prompts(lm, input_ids, attention_mask):
-    """A DynamicCache of left-padded prompts (B, L) without their last token, each prompt token having
+def prefill_prompts(lm, input_ids, mask):
+    """A DynamicCache of left-padded prompts ``input_ids`` (B, L) (``mask`` 1 on real tokens) without their last token, each prompt token having
     seen the whole prompt (padding excluded). ``generate`` then runs the last prompt token over it: that
     token sees the whole prompt either way, so the cache and its logits are those of a bidirectional
     prefill of the whole prompt. (Its layers keep every token, which a cache built from a sliding-window
     config would not: it could not drop the last one again.)"""
     from transformers import DynamicCache
-    from ..attention import NEVER, Visibility
-    from .model import attention_mask as rule_mask
-    real = attention_mask.bool()
+    real = mask.bool()
     B, L = input_ids.shape
     vis = Visibility(torch.where(real, torch.arange(L, device=real.device), NEVER),
                      torch.where(real, L - 1, -1))
-    position_ids = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
     config = lm.config
     cache = DynamicCache()            # full layers, also for sliding-window models (the mask applies the window)
     dtype = lm.get_input_embeddings().weight.dtype
-    lm(input_ids=input_ids, attention_mask=rule_mask(config, vis, position_ids, dtype), position_ids=position_ids,
+    lm(input_ids=input_ids, attention_mask=attention_mask(config, vis, position_ids, dtype), position_ids=position_ids,
        use_cache=True, logits_to_keep=1, **{cache_kwarg(lm): cache})
     cache.crop(-1)
     return cache

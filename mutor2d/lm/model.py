@@ -22,6 +22,7 @@ shared final norm and LM head (:func:`head_layers`).
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,21 @@ from ..registers import RegisterSpec
 from .packing import Frame, LMBatch, canonical, frame, line_width
 
 LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: Llama/Gemma/Mistral/Qwen, GPT-2
+REGISTER_FILE = "register_embedding.safetensors"         # the register embedding in a saved folder (lm.hf.save)
+
+
+def cache_kwarg(module) -> str:
+    """The name a transformers model (inside a peft wrapper, its base model) or decoder takes its KV
+    cache under: ``cache`` since transformers 5.24, ``past_key_values`` before."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def position_limit(config) -> int | None:
+    """The number of positions a transformers model ``config`` declares (max_position_embeddings, or
+    GPT-2's n_positions); None if none."""
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 class MutorLM(nn.Module):
@@ -224,21 +240,23 @@ def head_layers(lm: nn.Module, count: int) -> nn.ModuleList:
     return heads.requires_grad_(True)
 
 
-def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype):
+def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype, key_pos: Tensor | None = None):
     """The mask a transformers model of ``config`` takes for rule ``vis``: its FlexAttention BlockMask
     when the model runs flex_attention, else the additive 4D mask.
 
     Sliding-window models: a 4D mask replaces the model's own, so the window is applied here
-    (query position - key position < window, positions ``pos`` (B, L); an extra slot counts at
-    its own position id): for every layer (Mistral), or for the "sliding_attention" layers
-    through the per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
+    (query position - key position < window; query positions ``pos`` (B, Lq), key positions
+    ``key_pos`` (B, Lk), default ``pos``: queries and keys one sequence; an extra slot counts at its
+    own position id): for every layer (Mistral), or for the "sliding_attention" layers through the
+    per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
     if getattr(config, "_attn_implementation", None) == "flex_attention":
         return vis.block_mask()
     allowed = vis.dense_mask()
     window = getattr(config, "sliding_window", None)
     if not window:
         return _additive(allowed, dtype)
-    windowed = _additive(allowed & ((pos[:, None, :, None] - pos[:, None, None, :]) < window), dtype)
+    key_pos = pos if key_pos is None else key_pos
+    windowed = _additive(allowed & ((pos[:, None, :, None] - key_pos[:, None, None, :]) < window), dtype)
     if getattr(config, "layer_types", None) is None:
         return windowed
     return {"full_attention": _additive(allowed, dtype), "sliding_attention": windowed}

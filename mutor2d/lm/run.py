@@ -27,9 +27,8 @@ from ..objectives import ObjectiveConfig
 from . import accuracy
 from .config import LMRunConfig, from_dict
 from .data import collate, eval_prompts, load_located, tokenize
-from .hf import (build, generate, load_causal_lm, load_model_config, load_tokenizer, position_limit, save,
-                 with_pad_token)
-from .model import MutorLM, frame_batch
+from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
+from .model import MutorLM, frame_batch, position_limit
 from .packing import LMBatch
 from .speculative import DecodeStats, record_fields, run_decoding
 

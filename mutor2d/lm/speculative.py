@@ -31,7 +31,6 @@ applied from position ids as in training), so ``sdpa`` or ``eager`` attention, n
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from ..config import make
 from ..sampling.auto import can_draft as objective_drafts
 from ..sampling.rules import SamplingRules, draw
 from ..sampling.speculative import Drafts, useful_draft, verify
-from .hf import REGISTER_FILE, position_limit
+from .model import REGISTER_FILE, attention_mask, cache_kwarg, position_limit
 
 MODES = ("plain", "registers", "auto")
 GREEDY = SamplingRules(temperature=0.0)
@@ -176,28 +175,13 @@ class CausalStep:
                              "load the model with sdpa or eager")
         self.decoder, self.embed = base.get_decoder(), base.get_input_embeddings()
         self.head, self.cap = base.get_output_embeddings(), getattr(self.config, "final_logit_softcapping", None)
-        self.window = getattr(self.config, "sliding_window", None)
-        self.layer_types = getattr(self.config, "layer_types", None)
-        params = inspect.signature(self.decoder.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"   # transformers >= 5.x names it cache
+        self.cache_arg = cache_kwarg(self.decoder)
         self.device = self.embed.weight.device
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V) (Gemma 2's soft-capping included)."""
         logits = self.head(hidden)
         return torch.tanh(logits / self.cap) * self.cap if self.cap else logits
-
-    def mask(self, allowed: Tensor, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype):
-        """allowed (b, 1, Q, Lk) bool -> the additive mask(s) the decoder takes, the sliding window
-        (q_pos - k_pos < window) applied as in training: to every layer, or per layer type."""
-        def additive(ok: Tensor) -> Tensor:
-            return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)
-        if not self.window:
-            return additive(allowed)
-        windowed = additive(allowed & ((q_pos[:, None, :, None] - k_pos[:, None, None, :]) < self.window))
-        if self.layer_types is None:
-            return windowed
-        return {"full_attention": additive(allowed), "sliding_attention": windowed}
 
     def __call__(self, cache, keys: "CacheKeys", ids: Tensor, pos: Tensor, real: Tensor,
                  register: Tensor | None = None, reg_pos: Tensor | None = None,
@@ -224,7 +208,7 @@ class CausalStep:
         if open_prefix_len > 1:
             vis = open_prefix(vis, L + open_prefix_len)
         q_pos = torch.cat(positions, 1)
-        mask = self.mask(vis.dense_mask(), q_pos, torch.cat([keys.pos, q_pos], 1), embeds.dtype)
+        mask = attention_mask(self.config, vis, q_pos, embeds.dtype, key_pos=torch.cat([keys.pos, q_pos], 1))
         out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=q_pos, use_cache=True,
                            **{self.cache_arg: cache})
         return out[0]
