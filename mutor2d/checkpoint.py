@@ -112,9 +112,10 @@ def load(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A mutor2d training checkpoint as a dict (see module doc); of a sharded one, its meta
     (mutor2d.sharded_checkpoint: no weights, ``"dcp"`` holds the folder)."""
     if sharded_checkpoint.is_sharded_checkpoint(path):
+        meta = sharded_checkpoint.read_meta(path)
         if not mmap:                              # a full read: its files' checksums too
-            sharded_checkpoint.verify(Path(path))
-        return Checkpoint(sharded_checkpoint.read_meta(path), path)
+            sharded_checkpoint.verify(Path(path), meta)
+        return Checkpoint(meta, path)
     obj = safe_load(path, mmap=mmap)
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")

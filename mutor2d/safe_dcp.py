@@ -176,12 +176,11 @@ def _is_zip(buffer) -> bool:
     return start == b"PK\x03\x04"
 
 
-def load(folder: str | Path, state: dict) -> None:
-    """``dcp.load(state)`` from ``folder`` by the rules above; UnsafeFileError (one line) on a refusal
-    or an entry DCP cannot read."""
+def load(folder: str | Path, state: dict, checked: dcp_metadata.Metadata) -> None:
+    """``dcp.load(state)`` from ``folder`` whose metadata :func:`read_metadata` gave as ``checked``, by
+    the rules above; UnsafeFileError (one line) on a refusal or an entry DCP cannot read."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    checked = read_metadata(folder)
     try:
         dcp.load(state, storage_reader=CheckedReader(folder, checked), planner=PlainLoadPlanner(folder))
     except CheckpointException as e:

@@ -87,15 +87,18 @@ def files_sha256(folder: Path) -> dict[str, str]:
     return {f.name: io.file_sha256(f) for f in sorted(Path(folder).iterdir()) if f.is_file() and f.name != META}
 
 
-def verify(path: Path) -> None:
-    """CheckpointError when a file differs from the SHA-256 meta.pt recorded at save (checkpoints written
-    before file checksums skip this), or when a stored value is not plain data (mutor2d.safe_dcp)."""
+def verify(path: Path, meta: dict | None = None):
+    """The checked DCP metadata of the checkpoint (mutor2d.safe_dcp); CheckpointError when a file differs
+    from the SHA-256 meta.pt recorded at save (checkpoints written before file checksums skip this), or
+    when a stored value is not plain data. ``meta``: its meta.pt as ``read_meta`` gave it, if read."""
     from . import safe_dcp
-    expected = read_meta(path).get("files_sha256")
+    expected = (meta if meta is not None else read_meta(path)).get("files_sha256")
     if expected is not None and files_sha256(path) != expected:
         raise io.UnsafeFileError(f"checkpoint {str(path)!r}: its files do not match the checksum stored at save "
                                  f"(corrupt or changed since)")
-    safe_dcp.check_entries(path, safe_dcp.read_metadata(path))
+    checked = safe_dcp.read_metadata(path)
+    safe_dcp.check_entries(path, checked)
+    return checked
 
 
 def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
@@ -103,11 +106,16 @@ def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
     after checking its files (checksums, plain stored values) unless the caller has (``verified``); DCP
     reads through mutor2d.safe_dcp either way."""
     from . import safe_dcp
-    if not verified:
-        verify(Path(path))
+    path = Path(path)
+    _read(path, state, safe_dcp.read_metadata(path) if verified else verify(path))
+
+
+def _read(path: Path, state: dict, checked) -> None:
+    """``state``'s tensors from the checkpoint whose checked DCP metadata is ``checked``."""
+    from . import safe_dcp
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": without a group, it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        safe_dcp.load(Path(path), state)
+        safe_dcp.load(path, state, checked)
 
 
 def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
@@ -116,12 +124,13 @@ def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from . import safe_dcp
+    path = Path(path)
     meta = read_meta(path)
+    checked = verify(path, meta)
     part, prefix = ("ema", "ema.") if use_ema and meta["has_ema"] else ("model", "model.model.")
-    stored = safe_dcp.read_metadata(path).state_dict_metadata
-    weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in stored.items()
+    weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
+               for k, m in checked.state_dict_metadata.items()
                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     nested = {f"{prefix[len(part) + 1:]}{k}": v for k, v in weights.items()}
-    load(path, {part: nested})
+    _read(path, {part: nested}, checked)
     return weights, meta
