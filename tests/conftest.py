@@ -17,6 +17,23 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+TINY_DIGITS = ["model.preset=tiny", "data.levels=5", "objective.d_max=3", "optim.warmup_steps=1",
+               "train.batch_size=8", "train.max_steps=2", "train.log_every=1", "train.ckpt_every=0",
+               "train.keep_ckpts=0", "train.tracker=none", "train.sample_every=0", "sample.classes=[0,7]",
+               "sample.per_class=2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_digits_run(tmp_path_factory):
+    """A 2-step digits MuToR-2D run, trained once for the session; read only (tests write their
+    variants into their own tmp_path)."""
+    from mutor2d import config
+    from mutor2d.engine import train
+    out = tmp_path_factory.mktemp("tiny_digits") / "run"
+    train(config.load("digits_mutor2d.yaml", TINY_DIGITS), out)
+    return out
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """A subprocess that ran past its (scaled) limit fails the test in one line saying so."""

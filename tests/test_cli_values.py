@@ -17,13 +17,12 @@ from mutor2d.checks import ConfigError
 from mutor2d.engine import train
 from mutor2d.lm import data as lm_data
 from mutor2d.tokenizer import codes
+from conftest import TINY_DIGITS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
-TINY = ["model.preset=tiny", "data.levels=5", "objective.d_max=3", "optim.warmup_steps=1", "train.batch_size=8",
-        "train.max_steps=2", "train.log_every=1", "train.ckpt_every=0", "train.keep_ckpts=0", "train.tracker=none",
-        "train.sample_every=0", "sample.classes=[0,7]", "sample.per_class=2"]
+TINY = TINY_DIGITS
 
 
 def script(path: str, name: str):
@@ -35,10 +34,8 @@ def script(path: str, name: str):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli_values") / "run"
-    train(config.load("digits_mutor2d.yaml", TINY), out)
-    return out
+def run(tiny_digits_run):
+    return tiny_digits_run
 
 
 @pytest.fixture(scope="module")

@@ -17,27 +17,23 @@ from pathlib import Path
 import pytest
 
 from mutor2d import checkpoint, config, io
-from mutor2d.engine import train
 from mutor2d.lm import data as lm_data
 
 pytest.importorskip("huggingface_hub")
 from mutor2d import hub  # noqa: E402
+from conftest import TINY_DIGITS  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = limit(120)
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
-TINY = ["model.preset=tiny", "data.levels=5", "objective.d_max=3", "optim.warmup_steps=1", "train.batch_size=8",
-        "train.max_steps=2", "train.log_every=1", "train.ckpt_every=0", "train.keep_ckpts=0", "train.tracker=none",
-        "train.sample_every=0", "sample.classes=[0,7]", "sample.per_class=2"]
+TINY = TINY_DIGITS
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hardening") / "run"
-    train(config.load("digits_mutor2d.yaml", TINY), out)
-    return out
+def run(tiny_digits_run):
+    return tiny_digits_run
 
 
 @pytest.fixture(scope="module")
