@@ -42,6 +42,7 @@ def test_arith_converter_writes_lines_the_gsm8k_reader_takes(tmp_path):
 
 
 def load_study():
+    pytest.importorskip("transformers", reason="the study trains Hugging Face models: pip install -e '.[lm]'")
     spec = importlib.util.spec_from_file_location("lm_study", ROOT / "eval" / "lm_study.py")
     study = importlib.util.module_from_spec(spec)
     sys.modules["lm_study"] = study                     # its dataclasses look their module up
