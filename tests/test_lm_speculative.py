@@ -352,3 +352,7 @@ def test_register_decoding_stays_exact_under_bidirectional_prompts(family):
     drafted = hf.generate(lm, tok, prompts, 24, prompt_attention="bidirectional", decode="registers",
                           registers=registers())
     assert drafted == plain and plain != hf.generate(lm, tok, prompts, 24)
+    ids, mask = left_padded(prompts)                   # a model load_for_inference marked: its own rule
+    marked = generate_ids(hf.with_prompt_attention(lm, "bidirectional"), ids, mask, 24, registers=registers())
+    assert marked == generate_ids(lm, ids, mask, 24, registers=registers(), prompt_attention="bidirectional")
+    assert marked != generate_ids(lm, ids, mask, 24, registers=registers(), prompt_attention="causal")

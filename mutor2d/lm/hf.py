@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..attention import NEVER, Visibility
-from .model import REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
+from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
 ADAPTER_CONFIG = "adapter_config.json"
@@ -206,9 +206,6 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     with refusing_pickles("adapter", folder):
         model = PeftModel.from_pretrained(base, folder, is_trainable=False)
     return with_prompt_attention((model.merge_and_unload() if merge else model).eval(), rule)
-
-
-PROMPT_ATTR = "mutor2d_prompt_attention"
 
 
 def with_prompt_attention(model, rule: str):

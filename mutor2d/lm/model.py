@@ -34,6 +34,7 @@ from .packing import Frame, LMBatch, canonical, frame, line_width
 
 LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: Llama/Gemma/Mistral/Qwen, GPT-2
 REGISTER_FILE = "register_embedding.safetensors"         # the register embedding in a saved folder (lm.hf.save)
+PROMPT_ATTR = "mutor2d_prompt_attention"                 # a loaded model's prompt rule (lm.hf.with_prompt_attention)
 
 
 def cache_kwarg(module) -> str:

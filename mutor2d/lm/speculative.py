@@ -45,7 +45,7 @@ from ..config import make
 from ..sampling.auto import can_draft as objective_drafts
 from ..sampling.rules import SamplingRules, draw
 from ..sampling.speculative import Drafts, useful_draft, verify
-from .model import REGISTER_FILE, attention_mask, cache_kwarg, position_limit
+from .model import PROMPT_ATTR, REGISTER_FILE, attention_mask, cache_kwarg, position_limit
 
 MODES = ("plain", "registers", "auto")
 GREEDY = SamplingRules(temperature=0.0)
@@ -427,17 +427,18 @@ class Decoding:
 def generate_ids(lm, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, *,
                  registers: Registers | None = None, rules: SamplingRules = GREEDY, eos=(), stop=(),
                  tokenizer=None, generator: torch.Generator | None = None, stats: DecodeStats | None = None,
-                 synced: bool = False, raw_stop: bool = False, prompt_attention: str = "causal") -> list[list[int]]:
+                 synced: bool = False, raw_stop: bool = False, prompt_attention: str | None = None) -> list[list[int]]:
     """New tokens of each left-padded prompt (input_ids, attention_mask (B, P)), register-drafted
     (``registers`` None: plain decoding, one token per forward, by the same loop) -> per row its
     tokens, ending at the first ``eos`` id (kept), at the token completing a ``stop`` string (decoded
     with ``tokenizer``, matched as ``raw_stop`` says: Rows; the caller cuts the text) or after
-    ``max_new_tokens``. ``prompt_attention`` bidirectional: the prefill opens the prompt to itself
-    (registers and decoding as before)."""
+    ``max_new_tokens``. ``prompt_attention`` bidirectional (None: the rule load_for_inference gave
+    ``lm``, else causal): the prefill opens the prompt to itself (registers and decoding as before)."""
     t0 = time.perf_counter()
     prompts = [row[keep.bool()].tolist() for row, keep in zip(input_ids, attention_mask)] if raw_stop else None
     state = Rows(input_ids.shape[0], max_new_tokens, eos, stop, tokenizer, prompts, raw_stop)
-    decoding = Decoding(lm, registers, rules, state, generator, stats, synced, prompt_attention)
+    rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
+    decoding = Decoding(lm, registers, rules, state, generator, stats, synced, rule)
     decoding.prefill(input_ids, attention_mask)
     decoding.run()
     decoding.stats.tokens += sum(len(o) for o in state.out)
