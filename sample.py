@@ -41,10 +41,12 @@ from pathlib import Path
 
 import torch
 
-from mutor2d import checkpoint, config, generation, io
+from mutor2d import config, io
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
 from mutor2d.checks import physical_memory
 from mutor2d.cli import HelpFormatter
-from mutor2d.generation import NpzJob, SampleFileError, balanced_prefixes, parse_classes
+from mutor2d.sampling.images import NpzJob, SampleFileError, balanced_prefixes, parse_classes
 from mutor2d.sampling import compile_decoder, decode_modes
 from mutor2d.sampling.rules import PER_CLASS_LIMIT
 from mutor2d.sampling.auto import auto_decode, can_draft

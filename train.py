@@ -96,14 +96,14 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
 
 def load_config(data: dict, overrides: list[str]):
     """The run config of a YAML mapping or a checkpoint's stored config: ``task: lm`` is a language-model
-    run (mutor2d.lm.config), ``task: vq`` a VQ tokenizer run (mutor2d.tokenizer.vq_train), anything else
+    run (mutor2d.lm.config), ``task: vq`` a VQ tokenizer run (mutor2d.vq.run), anything else
     an image run."""
     task = data.get("task", data.get("kind"))
     if task == "lm":
         from mutor2d import lm as lm_lib
         return lm_lib.load_config(data, overrides)
     if task == "vq":
-        from mutor2d.tokenizer import vq_train
+        from mutor2d.vq import run as vq_train
         return vq_train.load_config(data, overrides)
     return config_lib.from_dict(config_lib.apply_overrides(data, overrides))
 

@@ -48,7 +48,7 @@ def worker(args) -> None:
     from mutor2d.engine.loop import train_step
     from mutor2d.engine.setup import build_run
     torch.set_num_threads(1)
-    from mutor2d.data import build_dataset
+    from mutor2d.data.tokens import build_dataset
     from mutor2d.engine.setup import build_scheduler, make_accelerator  # noqa: F401 (imports timm)
     import timm.utils  # noqa: F401
     cfg = C.from_dict(C.apply_overrides({}, overrides(args, args.sharding)))
@@ -84,7 +84,7 @@ def measure(args, sharding: str) -> list[dict]:
 
 def theory(args, params: float) -> dict:
     """Bytes per process from the parameter count (see module doc)."""
-    from mutor2d.model import Shape
+    from mutor2d.model.gpt import Shape
     s = Shape(args.layers, args.heads, args.dim)
     block = 4 * s.dim * s.dim + 3 * s.dim * s.ffn_dim + 2 * s.dim
     ddp, fsdp = 20 * params, 16 * params / args.processes + 12 * block

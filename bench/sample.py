@@ -37,10 +37,11 @@ import time
 import torch
 
 import common
-from mutor2d import checkpoint, generation
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
 from mutor2d.cli import HelpFormatter
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import grid_arg, regular_position_ids
 from mutor2d.config import make
 from mutor2d.sampling import compile_decoder, generate, sample_logits

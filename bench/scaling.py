@@ -33,9 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mutor2d.cli import HelpFormatter                 # noqa: E402
-from mutor2d.model import ModelConfig             # noqa: E402
+from mutor2d.model.gpt import ModelConfig             # noqa: E402
 from mutor2d.engine.speed import PEAK_BF16_FLOPS, train_flops  # noqa: E402
-from mutor2d.model import GPT                      # noqa: E402
+from mutor2d.model.gpt import GPT                      # noqa: E402
 from mutor2d.registers import RegisterSpec, make_layout  # noqa: E402
 
 GiB = 1024 ** 3

@@ -29,11 +29,11 @@ import dataclasses
 import torch
 
 import common
-from mutor2d.attention import Visibility
+from mutor2d.model.attention import Visibility
 from mutor2d import config as config_lib
 from mutor2d.cli import HelpFormatter
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT, model_shape
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT, model_shape
 from mutor2d.objectives import Batch, RegisterObjective
 from mutor2d.registers import Layout, LayoutError, grid_arg
 

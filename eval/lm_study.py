@@ -10,7 +10,7 @@ Tasks (a task is data + tokenizer + scorer + methods; the study is the same for 
 * ``arith`` (default): multi-step arithmetic word problems in GSM8K's format (mutor2d.lm.arith),
   character tokenizer, GSM8K exact match of the final number; next-token, MuToR-1D d_max 2 and 4,
   multi-head d_max 4 (a = 0.3).
-* ``stargraph``: path-star graphs (mutor2d.stargraph via mutor2d.lm.data.stargraph_records), one
+* ``stargraph``: path-star graphs (mutor2d.data.stargraph via mutor2d.lm.data.stargraph_records), one
   word per node id / delimiter (word tokenizer), exact match of the whole answer path (kind
   ``path``); next-token and MuToR-1D with the authors' star-graph setting d = 2..4, a = 0.5.
   Degree 2, path length 5, 20 node labels, Llama init std 0.08 (at 50 labels and 5,000 graphs

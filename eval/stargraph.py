@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from mutor2d import checkpoint, io          # the command line parses before torch is imported (in main)
+from mutor2d import io
+from mutor2d import checkpoint          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
@@ -71,7 +72,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
 
-    from mutor2d.stargraph import solve_rates, teacher_forced_accuracy
+    from mutor2d.data.stargraph import solve_rates, teacher_forced_accuracy
     load_plugins()
     path = checkpoint.resolve(args.ckpt)
     model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)

@@ -29,7 +29,7 @@ from .checks import ConfigError, at_most, check_type, fail
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SECTIONS = ("model", "data", "objective", "optim", "train", "sample")
 EVAL_PER_CLASS_LIMIT = 10_000      # train.eval_per_class: samples per class of one online evaluation
-PART_MODULES = ("mutor2d.model", "mutor2d.data", "mutor2d.stargraph", "mutor2d.objectives",
+PART_MODULES = ("mutor2d.model.gpt", "mutor2d.data.tokens", "mutor2d.data.stargraph", "mutor2d.objectives",
                 "mutor2d.engine.optim", "mutor2d.engine.loop", "mutor2d.sampling")
 
 
@@ -115,8 +115,8 @@ class RunConfig:
         return {s: section_dict(getattr(self, s)) for s in SECTIONS}
 
     def run_kind(self):
-        """The engine's parts for an image run (mutor2d.engine.image)."""
-        from .engine.image import ImageRun
+        """The engine's parts for an image run (mutor2d.image.run)."""
+        from .image.run import ImageRun
         return ImageRun()
 
     def check(self) -> "RunConfig":

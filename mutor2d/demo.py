@@ -32,9 +32,11 @@ from urllib.parse import urlencode
 import numpy as np
 import torch
 
-from . import checkpoint, config, generation
+from . import config
+from . import checkpoint
+from .sampling import images as generation
 from .cli import HelpFormatter
-from .conditioning import class_names
+from .model.conditioning import class_names
 from .plugins import load_plugins
 from .sampling import decode_modes
 from .sampling.auto import auto_decode, can_draft

@@ -35,7 +35,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard, ModelHubMixin, snapshot_download
 
-from . import checkpoint, io
+from . import io
+from . import checkpoint
 from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
 from .cli import HelpFormatter
 
@@ -103,8 +104,8 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
         never an older training grid."""
         from dataclasses import replace
 
-        from . import generation
-        from .data import build_tokenizer
+        from .sampling import images as generation
+        from .data.tokens import build_tokenizer
         model = checkpoint.open_model(weights, device=next(self.model.parameters()).device)[0]
         s, grid = self.cfg.sample, tuple(self.meta["grid"])
         s = replace(s, per_class=min(s.per_class, CARD_PER_CLASS))

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .attention import NEVER, Visibility
+from .model.attention import NEVER, Visibility
 from .cli import HelpFormatter
 
 RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.kind may be

@@ -61,7 +61,8 @@ def _replace_stored_value(folder: Path, md, fqn: str, value) -> None:
 
 def _resign(folder: Path) -> None:
     """meta.pt with the SHA-256 of the files as they now are, under a valid content checksum."""
-    from mutor2d import io, sharded_checkpoint
+    from mutor2d import io
+    from mutor2d.checkpoint import sharded as sharded_checkpoint
     meta = io.read_torch_file(folder / "meta.pt")
     meta = {k: v for k, v in meta.items() if k != io.CHECKSUM_KEY}
     meta["files_sha256"] = sharded_checkpoint.files_sha256(folder)
@@ -109,7 +110,7 @@ def crafted_copy(src: Path, dst: Path, kind: str, marker: Path) -> Path:
 def names_torch_wrote(folder: Path) -> set[tuple[str, str]]:
     """(module, name) of every callable the ``.metadata`` of our own, real, sharded checkpoint names (read
     with a plain unpickler: the file was written by torch in the test); its stored values checked too."""
-    from mutor2d import safe_dcp
+    from mutor2d.checkpoint import safe_dcp
     seen = set()
 
     class Recorder(pickle.Unpickler):
@@ -123,6 +124,6 @@ def names_torch_wrote(folder: Path) -> set[tuple[str, str]]:
 
 
 def refused_names(names) -> set[tuple[str, str]]:
-    """Those of ``names`` that mutor2d.safe_dcp's unpickler would refuse."""
-    from mutor2d import safe_dcp
+    """Those of ``names`` that mutor2d.checkpoint.safe_dcp's unpickler would refuse."""
+    from mutor2d.checkpoint import safe_dcp
     return {n for n in names if n not in safe_dcp.ALLOWED and not safe_dcp._is_torch_dtype(*n)}

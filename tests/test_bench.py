@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutor2d.attention import BACKENDS, Visibility
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.attention import BACKENDS, Visibility
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.sampling import generate
 from timeouts import limit

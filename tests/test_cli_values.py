@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from mutor2d import checkpoint, config, generation, io
+from mutor2d import config, io
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
 from mutor2d.checks import ConfigError
 from mutor2d.engine import train
 from mutor2d.lm import data as lm_data

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
-from mutor2d.data import build_dataset, collate
+from mutor2d.data.tokens import build_dataset, collate
 from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
 from timeouts import limit

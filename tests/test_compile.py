@@ -11,10 +11,10 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from mutor2d.attention import BACKENDS
+from mutor2d.model.attention import BACKENDS
 from mutor2d.config import make
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout
 

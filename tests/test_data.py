@@ -14,10 +14,9 @@ from PIL import Image
 
 from mutor2d import config
 from mutor2d.config import make
-from mutor2d.data import CodeDataset, build_dataset, build_tokenizer, collate
+from mutor2d.data.tokens import CodeDataset, build_dataset, build_tokenizer, collate
 from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, tokenizer_kind
-from mutor2d.tokenizer.codes import (CodesError, augment, augmentation_names, center_crop_arr, extract, open_store,
-                                     scan_image_folder)
+from mutor2d.tokenizer.codes import CodesError, augment, augmentation_names, center_crop_arr, extract, open_store, scan_image_folder
 from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
 from timeouts import limit
 
@@ -90,7 +89,7 @@ def test_digits_pixel_default():
 
 
 def test_digits_validation_split_and_nested_fractions():
-    from mutor2d.data import digits_indices
+    from mutor2d.data.tokens import digits_indices
     old = np.random.default_rng(1234).permutation(1797)           # the first protocol's 80/20 split
     assert np.array_equal(digits_indices("train", 1234), old[:1438])
     assert np.array_equal(digits_indices("test", 1234, 0.15, 0.25), old[1438:])   # test never moves
@@ -318,7 +317,7 @@ def test_registries_and_tokenizer_properties():
     grey = torch.rand(3, 8, 8)
     assert torch.equal(tok.encode(grey[:, None].expand(-1, 3, -1, -1)), tok.encode(grey))
     # the digits' pixel codes are exactly the quantised grey levels (as before the registries)
-    from mutor2d.data import digits_images
+    from mutor2d.data.tokens import digits_images
     images, labels = digits_images("train", 1234)
     ds = build_dataset(make("data"), "train")
     assert torch.equal(ds.codes, (images.clamp(0, 1) * 16).round().long()) and torch.equal(ds.labels, labels)

@@ -5,8 +5,8 @@ cache per call, in a bounded number of graphs (no recompile per step or per cach
 import pytest
 import torch
 
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
 from mutor2d.sampling import compile_decoder, generate
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest.importorskip("gradio")
 from test_hub import tiny_run  # noqa: E402
 
-from mutor2d import generation  # noqa: E402
+from mutor2d.sampling import images as generation  # noqa: E402
 from mutor2d import demo as demo_lib  # noqa: E402
 from mutor2d.sampling import SamplingRules, decoding_mode, run_decoder  # noqa: E402
 from mutor2d.sampling.auto import CROSSOVER, auto_decode  # noqa: E402

@@ -303,9 +303,9 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
     """A generator that returns real test digits of the asked classes scores near the floor with
     high accuracy; an untrained model runs through the real sampler and keeps its training mode."""
     from mutor2d import config as C
-    from mutor2d import generation
-    from mutor2d.data import build_dataset, build_tokenizer
-    from mutor2d.model import GPT
+    from mutor2d.sampling import images as generation
+    from mutor2d.data.tokens import build_dataset, build_tokenizer
+    from mutor2d.model.gpt import GPT
 
     cfg = C.load(None, ["data.name=digits", "model.preset=tiny", "model.vocab_size=17", "model.num_classes=10"])
     test = build_dataset(cfg.data, "test")

@@ -233,7 +233,7 @@ if __name__ == "__main__":
 def test_llamagen_384_configs():
     """configs/llamagen_{xl,xxl,3b}_384_{ntp,mutor2d}.yaml: LlamaGen's 384-px recipe; XXL and 3B shard."""
     from mutor2d import config as C
-    from mutor2d.model import model_shape
+    from mutor2d.model.gpt import model_shape
     shapes = {"xl": (36, 20, 1280), "xxl": (48, 24, 1536), "3b": (24, 32, 3200)}
     for size, shape in shapes.items():
         for objective in ("ntp", "mutor2d"):
@@ -330,7 +330,7 @@ def test_every_class_torch_writes_for_our_states_is_allowed(two_process_runs):
     objective, EMA, optimizer, sharded by FSDP2 over 2 processes; the LM ones: test_fsdp_lm.py): each
     name their pickles hold is allowed, their stored values pass, and nothing is allowed that torch
     does not write (beyond the other dtypes and path classes)."""
-    from mutor2d import safe_dcp
+    from mutor2d.checkpoint import safe_dcp
     folders = sorted(two_process_runs.glob("*/checkpoints/step_*.dcp"))
     assert len(folders) >= 10
     seen = set().union(*map(hostile.names_torch_wrote, folders))

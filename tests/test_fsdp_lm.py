@@ -151,7 +151,7 @@ def test_a_crafted_lm_checkpoint_runs_no_code(two_process_runs, finetune, kind, 
 
 
 def test_every_class_torch_writes_for_our_lm_states_is_allowed(two_process_runs):
-    """The allow-list of mutor2d.safe_dcp against the LM states' DCP files (full and LoRA, sharded)."""
+    """The allow-list of mutor2d.checkpoint.safe_dcp against the LM states' DCP files (full and LoRA, sharded)."""
     folders = sorted(two_process_runs.glob("*/checkpoints/step_*.dcp"))
     assert len(folders) == 6
     seen = set().union(*map(hostile.names_torch_wrote, folders))

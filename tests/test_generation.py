@@ -1,4 +1,4 @@
-"""mutor2d.generation, the one path from a model to images: labels and seeds, grids, sample-file
+"""mutor2d.sampling.images, the one path from a model to images: labels and seeds, grids, sample-file
 metadata, a checkpoint opened for sampling; sample.py's one-line errors for a wrong grid, seed or
 device."""
 import dataclasses
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from mutor2d import checkpoint, config, generation
-from mutor2d.generation import SampleFileError
+from mutor2d import config
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
+from mutor2d.sampling.images import SampleFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 V, C = 17, 10
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A run folder with one checkpoint of a tiny random class-conditional digits model (8x8)."""
-    from mutor2d.model import GPT
+    from mutor2d.model.gpt import GPT
     folder = tmp_path_factory.mktemp("run")
     cfg = config.load(None, ["data.name=digits", "model.preset=tiny", f"model.vocab_size={V}",
                              f"model.num_classes={C}", "sample.per_class=3", "sample.classes=[2,5]",
@@ -140,7 +142,7 @@ def test_sample_py_cuda_without_cuda_is_a_one_line_error(run, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def mutor_run(tmp_path_factory):
     """A checkpoint of a tiny random MuToR-2D (D = 4) digits model (it has a register embedding)."""
-    from mutor2d.model import GPT
+    from mutor2d.model.gpt import GPT
     folder = tmp_path_factory.mktemp("mutor")
     cfg = config.load(None, ["data.name=digits", "model.preset=tiny", f"model.vocab_size={V}",
                              f"model.num_classes={C}", "objective.name=mutor-2d", "objective.d_max=4"])
@@ -292,8 +294,8 @@ def test_sample_py_without_the_codes_folder(tmp_path, capsys):
     """A codes-trained checkpoint samples on a machine without its codes folder: one warning line, once."""
     from PIL import Image
 
-    from mutor2d.data import build_tokenizer
-    from mutor2d.model import GPT
+    from mutor2d.data.tokens import build_tokenizer
+    from mutor2d.model.gpt import GPT
     from mutor2d.tokenizer.codes import extract
     from mutor2d.tokenizer.vq import VQTokenizer
     model = tiny_vq_tokenizer().model

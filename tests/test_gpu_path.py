@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mutor2d import checkpoint, config, generation
+from mutor2d import config
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
 from mutor2d.engine import speed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +45,9 @@ def test_peak_flops_per_card_and_from_the_environment(monkeypatch):
 def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
     """A VQ tokenizer built on the CPU (as build_hooks does) decodes the training grid on the GPU, and
     the grid is sample.py's on the same checkpoint and device, byte for byte."""
-    from mutor2d.data import build_tokenizer
+    from mutor2d.data.tokens import build_tokenizer
     from mutor2d.engine.hooks import SampleGrids, StepStatus
-    from mutor2d.model import GPT
+    from mutor2d.model.gpt import GPT
     from mutor2d.tokenizer.vq import VQModel, vq_config
     torch.manual_seed(0)
     vq = VQModel(vq_config("tiny", codebook_size=17, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mutor2d import checkpoint, config, io
+from mutor2d import config, io
+from mutor2d import checkpoint
 from mutor2d.lm import data as lm_data
 
 pytest.importorskip("huggingface_hub")
@@ -172,8 +173,8 @@ def test_a_flipped_byte_in_hub_weights_is_one_line_everywhere(saved, tmp_path, c
     assert e.value.code == 2 and "model.safetensors" in line and "corrupt" in line
     with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
         hub.MutorModel.from_pretrained(str(bad))
-    from mutor2d.engine.image import init_weights
-    from mutor2d.model import GPT
+    from mutor2d.image.run import init_weights
+    from mutor2d.model.gpt import GPT
     with pytest.raises(ValueError, match="corrupt"):                       # train.init_from
         init_weights(GPT(config.load("digits_mutor2d.yaml", TINY).model, register_token=True), str(bad))
     pytest.importorskip("gradio")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutor2d import checkpoint, config
+from mutor2d import config
+from mutor2d import checkpoint
 from mutor2d.engine import train
 
 pytest.importorskip("huggingface_hub")

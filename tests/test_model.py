@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutor2d.attention import NEVER, Visibility
+from mutor2d.model.attention import NEVER, Visibility
 from mutor2d.config import make
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT, load_llamagen, model_shape
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT, load_llamagen, model_shape
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
 
@@ -322,7 +322,7 @@ def test_decode_with_extra_tokens_matches_full_forward_and_never_writes_the_cach
 
 
 def test_backend_registry_and_auto():
-    from mutor2d.attention import BACKENDS, resolve_backend
+    from mutor2d.model.attention import BACKENDS, resolve_backend
     assert set(BACKENDS) >= {"sdpa", "flex"}
     assert resolve_backend("auto", torch.device("cpu")) == "sdpa"
     assert resolve_backend("auto", torch.device("cuda")) == "flex"

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import config as C
-from mutor2d.model import GPT
+from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch, MultiHead, ObjectiveResult, RegisterObjective, masked_ce
 from mutor2d.registers import RegisterSpec, make_layout
 

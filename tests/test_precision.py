@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mutor2d import config as C
-from mutor2d.model import GPT
+from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch
 from mutor2d.sampling import generate
 

@@ -1,4 +1,4 @@
-"""``prompt_attention: bidirectional`` (mutor2d.attention.open_prefix): prompt tokens see the whole prompt
+"""``prompt_attention: bidirectional`` (mutor2d.model.attention.open_prefix): prompt tokens see the whole prompt
 (padding excluded) and never an answer token or a register; answer tokens stay causal; registers keep
 their rule. For the image GPT with a prompt prefix and for tiny Llama, Gemma-2, Mistral, Qwen-2 and GPT-2
 models; cached generation (a bidirectional prefill, then ordinary decoding) equals a full recompute
@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_lm import DENSE, FAMILIES, framed, ragged_batch, run_layout  # noqa: E402
 
-from mutor2d.attention import NEVER, Visibility, causal_rule, open_prefix  # noqa: E402
+from mutor2d.model.attention import NEVER, Visibility, causal_rule, open_prefix  # noqa: E402
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d.lm.model import MutorLM, attention_mask  # noqa: E402
 from mutor2d.registers import make_layout, regular_position_ids  # noqa: E402
@@ -161,7 +161,7 @@ def test_every_paper_config_prompts_bidirectionally():
 # ----------------------------------------------------------------------------- the image GPT
 
 def _prompt_gpt(rule: str):
-    from mutor2d.model import GPT, ModelConfig
+    from mutor2d.model.gpt import GPT, ModelConfig
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=2, n_head=2, dim=32, vocab_size=24, conditioning="prompt", rope="1d",
                       token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0, prompt_attention=rule)

@@ -18,7 +18,7 @@ import yaml
 from PIL import Image
 
 from mutor2d import config
-from mutor2d.attention import BACKENDS
+from mutor2d.model.attention import BACKENDS
 from mutor2d.engine import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins

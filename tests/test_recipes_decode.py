@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from mutor2d import checkpoint, config, generation
+from mutor2d import config
+from mutor2d import checkpoint
+from mutor2d.sampling import images as generation
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +69,7 @@ def load_script(path: str):
 def imported(plugins, monkeypatch):
     """The plugins imported into this process as a command would (MUTOR2D_PLUGINS at config build);
     unregistered after, so other test modules see the shipped modes and kinds only."""
-    from mutor2d.conditioning import CONDITIONING
+    from mutor2d.model.conditioning import CONDITIONING
     monkeypatch.syspath_prepend(str(plugins))
     monkeypatch.setenv("MUTOR2D_PLUGINS", "greedy_twice,text_vectors")
     config.import_parts()

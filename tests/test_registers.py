@@ -8,9 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mutor2d import config as C
-from mutor2d.attention import NEVER
-from mutor2d.registers import (Layout, LayoutError, RegisterSpec, candidate_offsets, dense_slots, make_layout,
-                               offset_targets, regular_position_ids)
+from mutor2d.model.attention import NEVER
+from mutor2d.registers import Layout, LayoutError, RegisterSpec, candidate_offsets, dense_slots, make_layout, offset_targets, regular_position_ids
 from timeouts import limit
 
 

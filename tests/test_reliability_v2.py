@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from mutor2d import checkpoint as ckpt_lib
-from mutor2d import generation, io
+from mutor2d import io
+from mutor2d.sampling import images as generation
 from mutor2d.config import ConfigError
 from mutor2d.engine import Diverged, TrainModule, read_log, train
 from mutor2d.engine.lock import LOCK_NAME, RunLocked, acquire, run_lock
@@ -163,7 +164,7 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
 
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
     from mutor2d.tokenizer.vq import VQError, load_vq
-    from mutor2d.tokenizer.vq_train import load_config, train as train_vq
+    from mutor2d.vq.run import load_config, train as train_vq
     train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=4", "train.batch_size=4",
                                        "train.max_steps=1", "train.eval_every=0", f"train.out_dir={tmp_path / 'vq'}"]))
     path = ckpt_lib.checkpoint_path(tmp_path / "vq", 1)
@@ -276,7 +277,7 @@ def test_disk_full_while_saving_exits_74_naming_the_folder_and_keeps_earlier_che
 
 
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
-    monkeypatch.setattr("mutor2d.engine.image.build_networks", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr("mutor2d.image.run.build_networks", lambda *a, **k: pytest.fail("the model was built"))
     with pytest.raises(ConfigError, match=r"^train.batch_size=100000 is larger than the dataset \(\d+ examples\)"):
         train(tiny("train.batch_size=100000"), tmp_path / "r")
     assert not (tmp_path / "r").exists()

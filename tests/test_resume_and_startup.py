@@ -85,7 +85,7 @@ def train_lm(run: Path, resume=None):
 
 
 def train_vq(run: Path, resume=None):
-    from mutor2d.tokenizer.vq_train import load_config, train as vq_train
+    from mutor2d.vq.run import load_config, train as vq_train
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=2",
             "train.log_every=1", "train.ckpt_every=1", "train.eval_every=1", f"train.out_dir={run}"]
     return vq_train(load_config("vq_digits", sets), resume=resume)
@@ -235,8 +235,9 @@ def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tm
     """A training grid older than the checkpoint (Ctrl-C between sample intervals) is never the card's."""
     import shutil
     pytest.importorskip("huggingface_hub")
-    from mutor2d import generation, hub
-    from mutor2d.data import build_tokenizer
+    from mutor2d import hub
+    from mutor2d.sampling import images as generation
+    from mutor2d.data.tokens import build_tokenizer
     run = tmp_path / "run"
     shutil.copytree(image_run, run)
     (run / "samples" / "step_00000002.png").write_bytes(b"a grid of older weights")

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from mutor2d import checkpoint, config
-from mutor2d.model import ModelConfig
+from mutor2d import config
+from mutor2d import checkpoint
+from mutor2d.model.gpt import ModelConfig
 from mutor2d.tokenizer import PixelTokenizer
-from mutor2d.model import GPT
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
-from mutor2d.generation import (NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes,
-                                  read_npz, sample_batches, save_grid, shard_dir, spread_classes)
+from mutor2d.sampling.images import NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes, read_npz, sample_batches, save_grid, shard_dir, spread_classes
 from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, sample_logits
 
 from test_generation import cli_error
@@ -353,7 +353,7 @@ def test_grid_labels_sit_in_a_left_margin_beside_unchanged_cells(tmp_path):
 def test_class_rows_are_named_by_the_class_names():
     from types import SimpleNamespace
 
-    from mutor2d.conditioning import conditioning
+    from mutor2d.model.conditioning import conditioning
     kind = conditioning("class")
     assert kind.row_label(SimpleNamespace(num_classes=10), 7) == "7"
     assert kind.row_label(SimpleNamespace(num_classes=1000), 207) == "207: golden retriever"

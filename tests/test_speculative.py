@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mutor2d.config import ConfigError, make
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import RegisterSpec, regular_position_ids
 from mutor2d.sampling import SamplingRules as Rules, generate, speculative
 from mutor2d.sampling.plain import decode_plain

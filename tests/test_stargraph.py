@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from mutor2d import stargraph
+from mutor2d.data.tokens import stargraph
 from mutor2d import config as config_lib
 from mutor2d.config import ConfigError, make
-from mutor2d.stargraph import (ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape,
-                               make_graphs, shortcut_answer)
+from mutor2d.data.stargraph import ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, make_graphs, shortcut_answer
 
 
 def test_graph_structure():
@@ -69,10 +68,10 @@ from pathlib import Path
 
 from mutor2d import sampling
 from mutor2d.evaluation import records
-from mutor2d.model import ModelConfig
-from mutor2d.model import GPT
+from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
-from mutor2d.stargraph import StarGraphs, solve_rates, teacher_forced_accuracy
+from mutor2d.data.stargraph import StarGraphs, solve_rates, teacher_forced_accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
 

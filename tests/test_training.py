@@ -107,7 +107,7 @@ def test_step_batches_same_global_batch_for_any_world_and_restartable():
 
 
 def test_weight_decay_groups_follow_llamagen():
-    from mutor2d.model import GPT
+    from mutor2d.model.gpt import GPT
     cfg = tiny("model.vocab_size=5", "model.num_classes=10")
     model = GPT(cfg.model, register_token=True)
     groups = param_groups(TrainModule(model, cfg.objective.build(model), (8, 8)), 0.05)

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 
 from mutor2d.config import ConfigError
 from mutor2d.tokenizer.lpips import LPIPS, load_lpips
-from mutor2d.tokenizer.vq import (PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq,
-                        load_vq_state, vq_config)
+from mutor2d.tokenizer.vq import PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq, load_vq_state, vq_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -305,7 +304,7 @@ def test_lpips_from_local_files(tmp_path):
 # ----------------------------------------------------------------------------- training
 
 def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
-    from mutor2d.tokenizer.vq_train import load_config, train
+    from mutor2d.vq.run import load_config, train
     out = tmp_path / "run"
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
             "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]  # train.lr: old key
@@ -331,7 +330,7 @@ def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
 
 
 def test_vq_config_errors():
-    from mutor2d.tokenizer.vq_train import load_config
+    from mutor2d.vq.run import load_config
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
     with pytest.raises(ConfigError, match="objective.rec_loss"):
@@ -350,7 +349,7 @@ def test_vq_config_errors():
 def test_train_vq_on_an_image_folder(tmp_path, capsys):
     import numpy as np
     from PIL import Image
-    from mutor2d.tokenizer.vq_train import FolderImages, load_config, train
+    from mutor2d.vq.run import FolderImages, load_config, train
     rng = np.random.default_rng(0)
     for c in ("cat", "dog"):
         (tmp_path / "imgs" / c).mkdir(parents=True)
@@ -387,7 +386,7 @@ def test_train_vq_script_reports_bad_config_in_one_line(capsys):
 def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A VQ run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the losses and
     final weights of an uninterrupted run of the same steps (the stopped run is a process of its own)."""
-    from mutor2d.tokenizer.vq_train import load_config, train
+    from mutor2d.vq.run import load_config, train
 
     from test_training import PY, losses, losses_so_far, stop_after
     sets = ["--set", "model.preset=tiny", "--set", "data.eval_images=4", "--set", "train.batch_size=4",

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from mutor2d.engine import run_entry
-    from mutor2d.tokenizer.vq_train import load_config, train
+    from mutor2d.vq.run import load_config, train
 
     def start() -> dict:
         load_plugins()

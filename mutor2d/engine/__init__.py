@@ -6,7 +6,7 @@ from pathlib import Path
 from .hooks import read_log
 from .loop import PREEMPTED_EXIT, Diverged, Preempted, exit_code, run_entry, train
 from .optim import param_groups
-from .image import TrainModule
+from ..image.run import TrainModule
 from .data_order import StepBatches
 
 __all__ = ["train", "exit_code", "run_entry", "read_log", "Preempted", "Diverged", "PREEMPTED_EXIT", "TrainModule", "param_groups",

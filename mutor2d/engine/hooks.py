@@ -16,7 +16,7 @@ import torch
 
 from .. import checkpoint as ckpt_lib
 from ..io import warn
-from .checkpointer import Retention
+from ..checkpoint.resume import Retention
 from .rng import preserved_rng, rng_state
 from .setup import RunState
 from .sharding import all_finite, is_sharded, save_sharded
@@ -217,7 +217,7 @@ def on_device(tokenizer, device: torch.device):
     """The tokenizer with its weights (if it has any) on the training device, so that sample grids and
     evaluations decode where the model samples, as sample.py does. The tokenizer is not part of the
     trained model: nothing of it reaches the optimizer, the EMA or a checkpoint."""
-    from ..generation import tokenizer_to
+    from ..sampling.images import tokenizer_to
     return tokenizer_to(tokenizer, device)
 
 
@@ -232,7 +232,7 @@ class SampleGrids:
             return
         model = run.sampling_model()              # every process: FSDP gathers the shards
         if run.main:
-            from ..generation import write_grid
+            from ..sampling.images import write_grid
             path = run.run_dir / "samples" / f"step_{status.done:08d}.png"
             with preserved_rng(run.device):
                 write_grid(model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
@@ -270,7 +270,7 @@ def image_hooks(run: RunState, log: JsonLog) -> list:
     """Sample grids (and the online digits evaluation when train.eval_every) for class-conditional runs;
     ConfigError if the data's tokenizer cannot be built."""
     from ..config import ConfigError
-    from ..generation import grid_classes
+    from ..sampling.images import grid_classes
     cfg = run.cfg
     if not cfg.model.kind().per_class:
         return []

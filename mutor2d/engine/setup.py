@@ -1,7 +1,7 @@
 """Building a run from its config: accelerator, data, networks, optimizer, schedule, EMA, resume point.
 
 One engine serves every run kind. A run config names its kind (``cfg.run_kind()``); the kind supplies
-only its parts (:class:`RunKind`): the image GPT (mutor2d.engine.image), Hugging Face causal LMs
+only its parts (:class:`RunKind`): the image GPT (mutor2d.image.run), Hugging Face causal LMs
 (mutor2d.lm.run) and the VQ tokenizer (mutor2d.tokenizer.vq_run). The engine owns the rest: resume,
 stop signals, the non-finite guard, checkpoints and their rotation, the log and the data order.
 
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from ..config import ConfigError
 from ..io import warn
-from .checkpointer import find_resume, remove_stale_temps
+from ..checkpoint.resume import find_resume, remove_stale_temps
 from .data_order import StepBatches
 from .health import Health
 from .optim import build_scheduler, load_optimizer_state

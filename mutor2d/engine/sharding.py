@@ -181,7 +181,7 @@ def full_state(state: dict, main: bool) -> dict | None:
 def gathered_model(model: nn.Module, ema, main: bool, device: torch.device):
     """Collective: a plain GPT holding the sharded model's weights (EMA when kept) on the main process,
     in eval mode; None on the others."""
-    from ..model import GPT
+    from ..model.gpt import GPT
     state = full_state(ema.state_dict() if ema is not None else dict(model.named_parameters()), main)
     if not main:
         return None
@@ -194,12 +194,12 @@ def gathered_model(model: nn.Module, ema, main: bool, device: torch.device):
 # ----------------------------------------------------------------------------- sharded checkpoints
 
 def save_sharded(run, step: int):
-    """Collective: RUN/checkpoints/step_N.dcp/ (mutor2d.sharded_checkpoint); its path (rotation is the
+    """Collective: RUN/checkpoints/step_N.dcp/ (mutor2d.checkpoint.sharded); its path (rotation is the
     checkpointer's, engine/checkpointer.Retention)."""
     from accelerate.utils import gather_object
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from .. import checkpoint as ckpt_lib
-    from .. import sharded_checkpoint
+    from ..checkpoint import sharded as sharded_checkpoint
     from .rng import rng_state
     states = gather_object([rng_state(run.layout_gen, run.device)])
     model_state, optim_state = get_state_dict(run.module, run.optimizer.optimizer)
@@ -217,7 +217,7 @@ def load_sharded(path, module: nn.Module, optimizer) -> None:
     (FSDP2-sharded, DDP-wrapped or plain; any process count): DCP reads each process's part. The files'
     checksums were checked when the resume point was read (engine.checkpointer.find_resume)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from .. import sharded_checkpoint
+    from ..checkpoint import sharded as sharded_checkpoint
     model_state, optim_state = get_state_dict(module, optimizer)
     sharded_checkpoint.load(path, {"model": model_state, "optim": optim_state}, verified=True)
     set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
@@ -226,6 +226,6 @@ def load_sharded(path, module: nn.Module, optimizer) -> None:
 def load_sharded_ema(path, ema) -> None:
     """The checkpoint's EMA (if it kept one) into ``ema`` (ShardedEma or ModelEmaV3), in place (checked
     by find_resume, as ``load_sharded``)."""
-    from .. import sharded_checkpoint
+    from ..checkpoint import sharded as sharded_checkpoint
     if sharded_checkpoint.read_meta(path)["has_ema"]:
         sharded_checkpoint.load(path, {"ema": ema_state(ema)}, verified=True)

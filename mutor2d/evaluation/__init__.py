@@ -7,5 +7,5 @@
   online    the digits metric during training, and its floor (real held-out images)
   study     the digits study: train, sample, score and summarise a set of methods and seeds
 
-Images come from models through ``mutor2d.generation``. Scripts in eval/ parse arguments only.
+Images come from models through ``mutor2d.sampling.images``. Scripts in eval/ parse arguments only.
 """

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
-from ..data import digits_num_classes
+from ..data.tokens import digits_num_classes
 from ..io import write_atomic
 from .sources import DIGITS_DATA_SEED, MetricsError, digits_uint8, load_tensors
 

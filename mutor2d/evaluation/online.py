@@ -1,6 +1,6 @@
 """The embedded digits metric during training, and its floor.
 
-``online_digits_eval`` samples ``per_class`` images of every class through ``mutor2d.generation``
+``online_digits_eval`` samples ``per_class`` images of every class through ``mutor2d.sampling.images``
 (the same path as sample.py, one batch, seeded from ``seed``) and scores them with the digits
 classifier against the digits train split (the classifier's training data). Real held-out images
 scored the same way give the floor (``digits_floor``): the best a generator can expect at that
@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .. import generation
+from ..sampling import images as generation
 from ..sampling import PlainDecode
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .metrics import compute_metrics

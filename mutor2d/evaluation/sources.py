@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..data import digits_images
-from ..generation import to_uint8
+from ..data.tokens import digits_images
+from ..sampling.images import to_uint8
 
 DIGITS_DATA_SEED = 1234  # data.data_seed default: the split the digits runs train on
 LAZY_BYTES = 1 << 30     # npz image arrays above this size are streamed, not loaded

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
-from .. import generation
+from ..sampling import images as generation
 from ..engine.loop import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
 from . import records
@@ -101,7 +101,7 @@ def heldout_nll(model, data_cfg, split: str = "test") -> float:
     """Teacher-forced next-token cross-entropy (nats per token) of a held-out digits split ("test",
     or "val" when data.val_fraction > 0): the model's NTP head on the regular sequence, registers
     absent."""
-    from ..data import build_dataset, collate
+    from ..data.tokens import build_dataset, collate
     from ..registers import regular_position_ids
     ds = build_dataset(data_cfg, split)
     total, count = 0.0, 0
@@ -524,7 +524,7 @@ class Study:
         bad = [m for m in self.fraction_methods if m not in self.methods]
         if self.fractions and (bad or not self.fraction_methods):
             raise StudyError(f"--fraction-methods {','.join(self.fraction_methods)!r}: expected some of --methods")
-        from ..data import build_dataset
+        from ..data.tokens import build_dataset
         classes = build_dataset(base.data, "train").num_classes
         if self.num < classes or self.num % classes:
             raise StudyError(f"--num {self.num}: expected a positive multiple of the {classes} classes")

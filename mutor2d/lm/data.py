@@ -289,7 +289,7 @@ def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, se
     * ``bn``: Bachmann & Nagarajan's own text, prompt "u,v|u,v|...|u,v/s,g=", answer "s,a1,...,g"
       (through a BPE tokenizer such as GPT-2's the commas are tokens, so register offsets count
       tokens, not nodes)."""
-    from ..stargraph import NUM_SPECIAL, StarGraphShape, make_graphs
+    from ..data.stargraph import NUM_SPECIAL, StarGraphShape, make_graphs
     if fmt not in STARGRAPH_FORMATS:
         raise DataError(f"--format {fmt!r}: expected one of {', '.join(STARGRAPH_FORMATS)}")
     shape = StarGraphShape(degree, path_len, num_nodes)
@@ -300,14 +300,14 @@ def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, se
 
 
 def _stargraph_words(prompt: list[int], answer: list[int], node: list[str]) -> dict:
-    from ..stargraph import ANSWER, EDGE, QUERY
+    from ..data.stargraph import ANSWER, EDGE, QUERY
     word = {QUERY: "/", ANSWER: "=", EDGE: "|"}
     text = [word.get(t, node[t]) for t in prompt]
     return {"prompt": " ".join(text), "answer": " " + " ".join(node[t] for t in answer)}
 
 
 def _stargraph_bn(prompt: list[int], answer: list[int], node: list[str]) -> dict:
-    """The prompt tokens are E triples "u v EDGE", then QUERY s g ANSWER (mutor2d.stargraph)."""
+    """The prompt tokens are E triples "u v EDGE", then QUERY s g ANSWER (mutor2d.data.stargraph)."""
     edges = [f"{node[prompt[i]]},{node[prompt[i + 1]]}" for i in range(0, len(prompt) - 4, 3)]
     source, goal = node[prompt[-3]], node[prompt[-2]]
     return {"prompt": "|".join(edges) + f"/{source},{goal}=", "answer": ",".join(node[t] for t in answer)}

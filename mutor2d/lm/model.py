@@ -27,7 +27,7 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from ..attention import Visibility, causal_rule, open_prefix
+from ..model.attention import Visibility, causal_rule, open_prefix
 from ..objectives import Batch
 from ..registers import RegisterSpec
 from .packing import Frame, LMBatch, canonical, frame, line_width

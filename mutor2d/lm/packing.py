@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..attention import NEVER, Visibility
+from ..model.attention import NEVER, Visibility
 from ..registers import RegisterSpec, num_anchors
 
 

@@ -40,7 +40,7 @@ import yaml
 from safetensors.torch import load_file
 from torch import Tensor
 
-from ..attention import NEVER, Visibility, open_prefix
+from ..model.attention import NEVER, Visibility, open_prefix
 from ..config import make
 from ..sampling.auto import can_draft as objective_drafts
 from ..sampling.rules import SamplingRules, draw

@@ -14,17 +14,17 @@ from torch import Tensor
 
 from ..checks import ConfigError, at_least, fraction
 from ..config import Variant
-from ..attention import Visibility
+from ..model.attention import Visibility
 from ..registers import LayoutError, RegisterSpec
 
 
 class TokenModel(Protocol):
-    """What an objective calls on its model: the image GPT (mutor2d.model.GPT) and a transformers
+    """What an objective calls on its model: the image GPT (mutor2d.model.gpt.GPT) and a transformers
     causal LM on one batch (mutor2d.lm.model.FramedLM) alike.
 
     A sequence is P prefix slots, the regular tokens after them (T regular slots in all), then E
     extra (register) slots; positions (B, T + E, 2) are (row, col) ids (mutor2d.registers); vis is
-    the visibility rule over all slots (mutor2d.attention.Visibility), None = plain causal, E = 0.
+    the visibility rule over all slots (mutor2d.model.attention.Visibility), None = plain causal, E = 0.
     Hidden states are what ``logits`` takes."""
     sparse_logits: bool  # True: logits only at valid rows (token_ce); False: every row, masked (no host sync)
 
@@ -38,7 +38,7 @@ class TokenModel(Protocol):
                prefix_len: int | None = None) -> Tensor:
         """Embeddings (B, L, D) -> last hidden states (B, L, D) under ``vis``; ``prefix_len``: the P
         prefix slots at the front (a model with ``prompt_attention: bidirectional`` opens them to each
-        other, mutor2d.attention.open_prefix; pass it always)."""
+        other, mutor2d.model.attention.open_prefix; pass it always)."""
 
     def logits(self, h: Tensor) -> Tensor:
         """Hidden states (..., D) -> logits (..., V)."""

@@ -16,8 +16,7 @@ import torch.nn as nn
 
 from ..config import ConfigError, register_variant
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix,
-                   token_ce)
+from .base import Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix, token_ce
 
 
 @register_variant("objective", "multihead")

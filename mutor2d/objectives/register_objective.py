@@ -15,8 +15,7 @@ import torch.nn as nn
 
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import (Batch, ObjectiveConfig, ObjectiveResult, TokenModel, WeightSchedule, check_offsets,
-                   check_offset_distribution, check_register_fields, check_weight_schedule, mix, token_ce)
+from .base import Batch, ObjectiveConfig, ObjectiveResult, TokenModel, WeightSchedule, check_offsets, check_offset_distribution, check_register_fields, check_weight_schedule, mix, token_ce
 
 
 @register_variant("objective", "ntp")

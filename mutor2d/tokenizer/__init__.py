@@ -9,12 +9,11 @@ tokenizer: a module with its class and a builder decorated ``@register_tokenizer
 by mutor2d (below) or by MUTOR2D_PLUGINS (mutor2d.plugins).
 
 Modules: base (protocol, registry), pixel (PixelTokenizer), vq (LlamaGen-layout VQ model and
-VQTokenizer), vq_train (VQ training), codes (pre-tokenised image stores), lpips (perceptual loss).
+VQTokenizer), codes (pre-tokenised image stores), lpips (perceptual loss).
 Weight files are read with mutor2d.io.read_torch_file (weights_only=True: never runs code from a file).
 """
 from . import pixel, vq  # noqa: F401 (the built-in kinds register themselves)
-from .base import (TOKENIZERS, Tokenizer, build_tokenizer, parse_tokenizer, register_tokenizer,
-                   settings_sha256, tokenizer_kind)
+from .base import TOKENIZERS, Tokenizer, build_tokenizer, parse_tokenizer, register_tokenizer, settings_sha256, tokenizer_kind
 from .pixel import PixelTokenizer
 
 __all__ = ["TOKENIZERS", "PixelTokenizer", "Tokenizer", "build_tokenizer", "parse_tokenizer",

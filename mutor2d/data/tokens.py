@@ -14,7 +14,7 @@ tokenizer that turns its tokens into images:
   codes   a folder written by tokenizers/extract_codes.py (``data.path``; ``data.test_path`` for the
           test split): one random augmentation per sample, drawn from torch's RNG (seeded per
           DataLoader worker).
-  stargraph  the 1D path-star task (mutor2d.stargraph).
+  stargraph  the 1D path-star task (mutor2d.data.stargraph).
 Adding a dataset: one DataConfig subclass registered with ``@register_variant("data", NAME)``.
 """
 from __future__ import annotations
@@ -31,13 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from . import tokenizer as tokenizer_lib
-from .checks import at_least, at_most, check_seed, fail
-from .config import Variant, register_variant
-from .io import warn
-from .tokenizer import Tokenizer
-from .tokenizer.codes import open_store
-from .tokenizer.pixel import LEVELS_LIMIT
+from .. import tokenizer as tokenizer_lib
+from ..checks import at_least, at_most, check_seed, fail
+from ..config import Variant, register_variant
+from ..io import warn
+from ..tokenizer import Tokenizer
+from ..tokenizer.codes import open_store
+from ..tokenizer.pixel import LEVELS_LIMIT
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16
 

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _create_file_view, _StorageInfo
 
-from .io import UnsafeFileError
+from ..io import UnsafeFileError
 
 METADATA_FILE = ".metadata"
 _DCP_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",

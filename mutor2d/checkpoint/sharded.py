@@ -15,7 +15,7 @@ Rules:
     (``files_sha256``), checked before the tensors are read; a mismatch is "unreadable" (named and set
     aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
   * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; DCP's ``.metadata``
-    (a pickle) is read and checked by mutor2d.safe_dcp before anything else is, and DCP loads through
+    (a pickle) is read and checked by mutor2d.checkpoint.safe_dcp before anything else is, and DCP loads through
     safe_dcp's reader and planner. The checksums guard against corruption, not against a stranger, who
     writes meta.pt too: a crafted folder is refused by those readers, named like an unreadable one.
 """
@@ -26,7 +26,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from . import io
+from .. import io
 
 SUFFIX = ".dcp"
 META = "meta.pt"
@@ -88,7 +88,7 @@ def files_sha256(folder: Path) -> dict[str, str]:
 
 
 def verify(path: Path, meta: dict | None = None):
-    """The checked DCP metadata of the checkpoint (mutor2d.safe_dcp); CheckpointError when a file differs
+    """The checked DCP metadata of the checkpoint (mutor2d.checkpoint.safe_dcp); CheckpointError when a file differs
     from the SHA-256 meta.pt recorded at save (checkpoints written before file checksums skip this), or
     when a stored value is not plain data. ``meta``: its meta.pt as ``read_meta`` gave it, if read."""
     from . import safe_dcp
@@ -104,7 +104,7 @@ def verify(path: Path, meta: dict | None = None):
 def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
     """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint,
     after checking its files (checksums, plain stored values) unless the caller has (``verified``); DCP
-    reads through mutor2d.safe_dcp either way."""
+    reads through mutor2d.checkpoint.safe_dcp either way."""
     from . import safe_dcp
     path = Path(path)
     _read(path, state, safe_dcp.read_metadata(path) if verified else verify(path))

@@ -17,8 +17,8 @@ import torch.nn as nn
 
 from .. import config as config_lib
 from ..config import ConfigError, RunConfig
-from ..data import build_dataset, collate
-from ..model import GPT
+from ..data.tokens import build_dataset, collate
+from ..model.gpt import GPT
 from ..objectives import Batch
 
 
@@ -68,11 +68,11 @@ class ImageRun:
         return state
 
     def hooks(self, run, log) -> list:
-        from .hooks import image_hooks
+        from ..engine.hooks import image_hooks
         return image_hooks(run, log)
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
-        from .hooks import image_rates
+        from ..engine.hooks import image_rates
         return image_rates(run, steps, applied, dt, sums)
 
     def finish(self, run) -> None:
@@ -121,8 +121,8 @@ def init_weights(model: GPT, source: str) -> None:
     """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
     GPT checkpoint; optimizer, step and data order start fresh."""
     from .. import checkpoint as ckpt_lib
-    from .. import sharded_checkpoint
-    from ..model import load_llamagen
+    from ..checkpoint import sharded as sharded_checkpoint
+    from ..model.gpt import load_llamagen
     try:
         path = ckpt_lib.resolve(source)
         if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):

@@ -31,12 +31,12 @@ from torch.utils.data import Dataset
 
 from .. import config as config_lib
 from ..config import ConfigError, fail
-from ..data import digits_images, digits_rgb
+from ..data.tokens import digits_images, digits_rgb
 from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveResult
-from .codes import center_crop_arr, scan_image_folder
-from .vq import PRESETS, VQConfig, VQError, VQModel
+from ..tokenizer.codes import center_crop_arr, scan_image_folder
+from ..tokenizer.vq import PRESETS, VQConfig, VQError, VQModel
 
 TASK = "vq"
 SECTIONS = ("model", "data", "objective", "optim", "train")
@@ -312,7 +312,7 @@ class VQRun:
         return train_set, cfg
 
     def build_networks(self, cfg: VQRunConfig, saved: dict | None, dataset):
-        from .lpips import load_lpips
+        from ..tokenizer.lpips import load_lpips
         torch.manual_seed(cfg.train.seed)
         model = VQModel(cfg.model)
         if saved is not None and "model" in saved:   # a sharded checkpoint loads after sharding

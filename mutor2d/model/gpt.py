@@ -22,9 +22,9 @@ from torch import Tensor
 
 from .attention import BACKENDS, NEVER, PROMPT_ATTENTION, Visibility, causal_rule, get_backend, open_prefix
 from .conditioning import CONDITIONING, conditioning
-from .checks import ConfigError, at_least, fail, fraction
-from .config import register_section
-from .io import read_torch_file
+from ..checks import ConfigError, at_least, fail, fraction
+from ..config import register_section
+from ..io import read_torch_file
 
 PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..3B are LlamaGen's GPT sizes
     "tiny": (2, 2, 64),
@@ -50,7 +50,7 @@ class ModelConfig:
     dim: int | None = None
     vocab_size: int = 16384
     num_classes: int = 1000          # class-conditional prefix; ignored for prompt prefixes
-    conditioning: str = "class"      # what the prefix is: a kind of mutor2d.conditioning.CONDITIONING
+    conditioning: str = "class"      # what the prefix is: a kind of mutor2d.model.conditioning.CONDITIONING
     rope: Literal["2d", "1d"] = "2d"
     rope_base: float = 10000.0
     cls_rope: Literal["identity", "zeros"] = "identity"  # "zeros" = LlamaGen's class-token rotation
@@ -61,7 +61,7 @@ class ModelConfig:
     resid_dropout: float = 0.1
     ffn_dropout: float = 0.1
     class_dropout: float = 0.1       # labels dropped to the null class (CFG)
-    attention: str = "auto"          # "auto" (flex on CUDA, else sdpa) or a backend of mutor2d.attention.BACKENDS
+    attention: str = "auto"          # "auto" (flex on CUDA, else sdpa) or a backend of mutor2d.model.attention.BACKENDS
     prompt_attention: str = "causal"  # "bidirectional": prefix tokens see the whole prefix (attention.open_prefix)
 
     @classmethod
@@ -72,7 +72,7 @@ class ModelConfig:
         return data
 
     def kind(self):
-        """The conditioning kind (mutor2d.conditioning.CONDITIONING)."""
+        """The conditioning kind (mutor2d.model.conditioning.CONDITIONING)."""
         return conditioning(self.conditioning)
 
     def build(self, register_token: bool = False) -> "GPT":

@@ -27,7 +27,7 @@ from ..config import ConfigError
 
 
 def remove_stale_temps(run_dir: Path) -> None:
-    from .. import sharded_checkpoint
+    from . import sharded as sharded_checkpoint
     folder = run_dir / "checkpoints"
     for tmp in io.remove_stale_temps(folder) + sharded_checkpoint.remove_stale_temps(folder):
         warn(f"removed {tmp}, left by a save that was killed mid-write")

@@ -10,7 +10,7 @@ with a one-line error and never runs. Layout:
   a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
   health: the loss / gradient-norm history of recent healthy updates (mutor2d.engine.health).
 Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
-(mutor2d.sharded_checkpoint); the newest readable one is the resume point.
+(mutor2d.checkpoint.sharded); the newest readable one is the resume point.
 A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
 EX_IOERR) and leaves the earlier checkpoints as they were.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
@@ -27,10 +27,10 @@ import re
 import shutil
 from pathlib import Path
 
-from . import config as config_lib
-from . import io
-from . import sharded_checkpoint
-from .cli import HelpFormatter
+from .. import config as config_lib
+from .. import io
+from . import sharded as sharded_checkpoint
+from ..cli import HelpFormatter
 
 _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
@@ -110,7 +110,7 @@ def safe_load(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = Fa
 
 def load(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A mutor2d training checkpoint as a dict (see module doc); of a sharded one, its meta
-    (mutor2d.sharded_checkpoint: no weights, ``"dcp"`` holds the folder)."""
+    (mutor2d.checkpoint.sharded: no weights, ``"dcp"`` holds the folder)."""
     if sharded_checkpoint.is_sharded_checkpoint(path):
         meta = sharded_checkpoint.read_meta(path)
         if not mmap:                              # a full read: its files' checksums too
@@ -298,6 +298,3 @@ def main(argv=None) -> None:
         out = save_safetensors(*parts, args.out)
     print(f"wrote {out}")
 
-
-if __name__ == "__main__":
-    main()

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .conditioning import Conditioning, conditioning
-from .io import write_atomic
-from .sampling import SamplingRules, decoding_mode, run_decoder, unwrap_model
+from ..model.conditioning import Conditioning, conditioning
+from ..io import write_atomic
+from . import SamplingRules, decoding_mode, run_decoder, unwrap_model
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -115,7 +115,7 @@ def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
     """'HxW' -> (H, W), both >= 1 (the registers module's parser; a one-line ValueError here)."""
     import argparse
 
-    from .registers import grid_arg
+    from ..registers import grid_arg
     try:
         H, W = grid_arg(text)
     except argparse.ArgumentTypeError as e:
@@ -323,8 +323,8 @@ def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str
     """Load a checkpoint for sampling: one metadata read, one weights read. Its conditioning kind must
     have a set of prefixes to pick from (``choices``: class labels do, prompts do not). The model's
     grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
-    from . import checkpoint
-    from .data import build_tokenizer
+    from .. import checkpoint
+    from ..data.tokens import build_tokenizer
     model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)   # one read
     step = meta["step"]
     try:

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .checks import ConfigError, at_least, check_seed
-from .config import register_variant
-from .data import DataConfig
+from ..checks import ConfigError, at_least, check_seed
+from ..config import register_variant
+from .tokens import DataConfig
 
 QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL
 NUM_SPECIAL = 3
@@ -175,7 +175,7 @@ def shortcut_answer(prompt: torch.Tensor, shape: StarGraphShape, first_step: int
 def solve_rates(model, dataset: StarGraphs, batch_size: int = 256, device="cpu") -> dict:
     """Greedy decoding of every test graph: exact-path solve rate and first-step accuracy
     (the node after the source, the one the shortcut can only guess)."""
-    from .sampling import generate
+    from ..sampling import generate
     solved = first = 0
     for s in range(0, len(dataset), batch_size):
         prompts = dataset.prompts[s:s + batch_size].to(device)
@@ -195,7 +195,7 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
     register token) of registers at each offset d, by target position. This is the diagnostic
     that moves first when registers start to plan. Returns {"ntp": [acc per position],
     "reg": {d: [acc per target position, None where no register targets it]}}."""
-    from .registers import RegisterSpec, make_layout
+    from ..registers import RegisterSpec, make_layout
     N = dataset.shape.path_len
     P = dataset.shape.prompt_len
     ntp_hits, n = torch.zeros(N), 0

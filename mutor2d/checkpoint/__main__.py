@@ -1,0 +1,4 @@
+"""``python -m mutor2d.checkpoint``: inspect, verify and export checkpoints (see the package doc)."""
+from . import main
+
+main()
