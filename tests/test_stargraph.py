@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mutor2d.data.tokens import stargraph
+from mutor2d.data import stargraph
 from mutor2d import config as config_lib
 from mutor2d.config import ConfigError, make
 from mutor2d.data.stargraph import ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, make_graphs, shortcut_answer
