@@ -95,21 +95,17 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
 
 
 def load_config(data: dict, overrides: list[str]):
-    """The run config of a YAML mapping or a checkpoint's stored config: ``task: lm`` is a language-model
-    run (mutor2d.lm.config), ``task: vq`` a VQ tokenizer run (mutor2d.vq.run), anything else
-    an image run."""
-    task = data.get("task", data.get("kind"))
-    if task == "lm":
-        from mutor2d import lm as lm_lib
-        return lm_lib.load_config(data, overrides)
-    if task == "vq":
-        from mutor2d.vq import run as vq_train
-        return vq_train.load_config(data, overrides)
-    return config_lib.from_dict(config_lib.apply_overrides(data, overrides))
+    """The run config of a YAML mapping or a checkpoint's stored config, of the kind its ``task`` names
+    (image when left out; lm, vq or a plugin's: mutor2d.config.run_config_class)."""
+    return config_lib.load(data, overrides)
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def main(argv=None) -> Path:
+    return execute(parse_args(argv))
+
+
+def execute(args: argparse.Namespace) -> Path:
+    """Run the parsed command line (train.py's, or a shim's with the same options) -> the run folder."""
     from mutor2d.engine import run_entry
 
     def start() -> Path:
@@ -118,6 +114,7 @@ def main(argv=None) -> None:
     run_dir = run_entry(start)
     if os.environ.get("RANK", "0") == "0":           # one line per run, not per process
         print(f"run folder: {run_dir}")
+    return run_dir
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
 
-    from mutor2d.data.stargraph import solve_rates, teacher_forced_accuracy
+    from mutor2d.evaluation.stargraph import solve_rates, teacher_forced_accuracy
     load_plugins()
     path = checkpoint.resolve(args.ckpt)
     model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)

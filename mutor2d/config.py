@@ -1,36 +1,39 @@
-"""YAML run configs, checked into dataclasses when they load.
+"""YAML run configs, checked into dataclasses when they load: one config system for every run kind.
 
-A run config has one section per part: model, data, objective, optim, train, sample. Each part's
-dataclass lives beside the code it configures and registers itself with one decorator:
-``@register_section("model")`` for a plain section, ``@register_variant("objective", "mutor-2d")``
-for a variant of a *tagged* section (``name`` picks the variant; only its fields are accepted). A
-tagged sub-section nests in a plain one under a dotted name (``sample.decode``: a field of the sample
-dataclass whose default is ``make("sample.decode")``).
-This module holds only what every part shares: the registry, the run config, ``--set`` overrides,
-legacy upgrades and the YAML loader (type and range checks: mutor2d.checks). The first time a config
-is built it imports the parts' modules (``PART_MODULES``) and the plugins named in ``MUTOR2D_PLUGINS``,
-so no import order matters. Every section has ``check()``; a bad value fails before a run starts,
-with a one-line :class:`ConfigError` naming the key.
+A run config names its kind with ``task:`` (image when left out, lm, vq, or a plugin's) and has one
+section per part. Each kind's config root (a :class:`ConfigRoot` dataclass, ``@register_run_config``
+in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives beside the code it
+configures and registers itself with one decorator: ``@register_section("model")`` for a plain
+section, ``@register_variant("objective", "mutor-2d")`` for a variant of a *tagged* section (``name``
+picks the variant; only its fields are accepted). A tagged sub-section nests in a plain one under a
+dotted name (``sample.decode``: a field of the sample dataclass whose default is ``make("sample.decode")``).
+This module holds only what every kind shares: the registries, building a config (``from_dict``,
+``load``) and writing it (``to_dict``, ``dump``), ``--set`` overrides and the YAML loader (type and
+range checks: mutor2d.checks); each section and each root owns its legacy upgrade (``upgrade``). The
+first use of a registry imports every module of the sections' home packages (``SECTION_HOMES``) and
+the plugins named in ``MUTOR2D_PLUGINS``, so no import order matters and no list of modules is kept.
+Every section has ``check()``; a bad value fails before a run starts, with a one-line
+:class:`ConfigError` naming the key.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import os
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
-from .checks import ConfigError, at_most, check_type, fail
+from .checks import ConfigError, check_type, fail
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-SECTIONS = ("model", "data", "objective", "optim", "train", "sample")
-EVAL_PER_CLASS_LIMIT = 10_000      # train.eval_per_class: samples per class of one online evaluation
-PART_MODULES = ("mutor2d.model.gpt", "mutor2d.data.tokens", "mutor2d.data.stargraph", "mutor2d.objectives",
-                "mutor2d.engine.optim", "mutor2d.engine.loop", "mutor2d.sampling")
+SECTION_HOMES = {"model": "model", "data": "data", "objective": "objectives", "optim": "engine",
+                 "train": "image", "sample": "sampling", "sample.decode": "sampling"}
+# where each registered section's parts live: every module of that package of mutor2d is imported
+# on the first use of the registry, so a new part is one new file there (or a plugin module)
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -57,11 +60,21 @@ def register_variant(section: str, name: str):
     return add
 
 
+_PARTS_IMPORTED = False
+
+
 def import_parts() -> None:
     """Import every part's module and every plugin module once, so their sections are registered."""
+    import pkgutil
     from .plugins import load_plugins
-    for module in PART_MODULES:
-        importlib.import_module(module)
+    global _PARTS_IMPORTED
+    if not _PARTS_IMPORTED:
+        _PARTS_IMPORTED = True
+        for home in sorted(set(SECTION_HOMES.values())):
+            package = importlib.import_module(f"{__package__}.{home}")
+            for module in pkgutil.iter_modules(package.__path__):
+                if module.name != "__main__":
+                    importlib.import_module(f"{package.__name__}.{module.name}")
     load_plugins()
 
 
@@ -98,49 +111,109 @@ def make(section: str, **fields):
     return built
 
 
-# ----------------------------------------------------------------------------- the run
+# ----------------------------------------------------------------------------- run configs
 
-@dataclass
-class RunConfig:
-    """Every section of an image run; defaults are the registered sections' defaults."""
-    model: Any = field(default_factory=lambda: make("model"))
-    data: Any = field(default_factory=lambda: make("data"))
-    objective: Any = field(default_factory=lambda: make("objective"))
-    optim: Any = field(default_factory=lambda: make("optim"))
-    train: Any = field(default_factory=lambda: make("train"))
-    sample: Any = field(default_factory=lambda: make("sample"))
+RUN_CONFIGS: dict[str, type] = {}                             # task -> config root
+DEFAULT_TASK = "image"                                       # a config without ``task:``
+
+
+def register_run_config(task: str):
+    """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``."""
+    def add(cls):
+        cls.task = task
+        RUN_CONFIGS[task] = cls
+        return cls
+    return add
+
+
+def task_of(data: dict) -> str:
+    """The run kind a config mapping names: ``task``, or the legacy ``kind`` key, else the default."""
+    return data.get("task", data.get("kind", DEFAULT_TASK))
+
+
+def run_config_class(task: Any) -> type:
+    """The config root of ``task``; a kind of mutor2d is the package ``mutor2d.TASK`` (its ``config``
+    module registers it), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
+    from .plugins import load_plugins
+    load_plugins()
+    if isinstance(task, str) and task not in RUN_CONFIGS and task.isidentifier():
+        try:
+            importlib.import_module(f"{__package__}.{task}.config")
+        except ModuleNotFoundError as e:
+            if e.name not in (f"{__package__}.{task}", f"{__package__}.{task}.config"):
+                raise
+    if not isinstance(task, str) or task not in RUN_CONFIGS:
+        raise ConfigError(f"task: expected a run kind, one of {known_tasks()}, got {task!r}")
+    return RUN_CONFIGS[task]
+
+
+def known_tasks() -> list[str]:
+    """Every task this install knows: the registered ones and the packages of mutor2d with a config module."""
+    import pkgutil
+    here = Path(__file__).parent
+    found = {m.name for m in pkgutil.iter_modules([str(here)]) if m.ispkg and (here / m.name / "config.py").exists()}
+    return sorted(found | set(RUN_CONFIGS))
+
+
+class ConfigRoot:
+    """Base of a run kind's config: a dataclass with one field per section (``sections`` in order).
+
+    One way to build, dump and upgrade every kind: ``from_dict`` applies the kind's legacy ``upgrade``,
+    builds each section over the kind's default for it (``build``; a tagged section picks its variant)
+    and runs ``check``; ``to_dict`` gives the plain mapping back, ``task`` first."""
+    task: ClassVar[str] = ""
+    sections: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        """The mapping of a config written by an older version, in today's layout (default: as is)."""
+        return data
+
+    @classmethod
+    def default(cls, section: str):
+        """This kind's default value of ``section``."""
+        return {f.name: f for f in dataclasses.fields(cls)}[section].default_factory()
+
+    @classmethod
+    def build(cls, section: str, value: Any):
+        """Section ``section`` of this kind from its mapping ``value``."""
+        default = cls.default(section)
+        if isinstance(default, Variant):                  # a tagged section: ``name`` picks the variant
+            return build_tagged(section, value)
+        return build_over(default, value, f"{section}.")
+
+    @classmethod
+    def from_dict(cls, data: Any):
+        """A fully checked config of this kind from a plain mapping (a YAML file, a checkpoint's config)."""
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            fail("config", "a mapping of sections", data)
+        data = cls.upgrade(dict(data))
+        task = data.pop("task", cls.task)
+        if task != cls.task:
+            fail("task", repr(cls.task), task)
+        for s in data:
+            if s not in cls.sections:
+                raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(cls.sections)})")
+        return cls(**{s: cls.build(s, v) for s, v in data.items()}).check()
+
+    @classmethod
+    def load(cls, source: Any = None, overrides: list[str] | None = None):
+        """A config of this kind from a YAML path or name under configs/, a mapping (not modified) or
+        a config, with ``--set section.key=value`` overrides applied in order."""
+        data = source.to_dict() if isinstance(source, ConfigRoot) else copy.deepcopy(source) \
+            if isinstance(source, dict) else read_mapping(source) if source is not None else {}
+        return cls.from_dict(apply_overrides(cls.upgrade(data), overrides or [], sections=("task", *cls.sections)))
 
     def to_dict(self) -> dict:
-        """Plain dict (tagged sections lead with their ``name``); ``from_dict`` reads it back."""
-        return {s: section_dict(getattr(self, s)) for s in SECTIONS}
+        """Plain dict, ``task`` first (tagged sections lead with their ``name``); ``from_dict`` reads it back."""
+        return {"task": self.task, **{s: section_dict(getattr(self, s)) for s in self.sections}}
 
-    def run_kind(self):
-        """The engine's parts for an image run (mutor2d.image.run)."""
-        from .image.run import ImageRun
-        return ImageRun()
-
-    def check(self) -> "RunConfig":
-        """Every section's rules, then the rules across sections."""
-        for s in SECTIONS:
+    def check(self):
+        """Every section's rules; a kind adds the rules across its sections."""
+        for s in self.sections:
             getattr(self, s).check()
-        kind = self.model.kind()
-        at_most("train.eval_per_class", self.train.eval_per_class, EVAL_PER_CLASS_LIMIT,
-                "samples per class of each online evaluation, made in memory")
-        if self.train.eval_every and (self.data.name != "digits" or not kind.per_class):
-            raise ConfigError(f"train.eval_every: the online evaluation needs data.name=digits with class "
-                              f"labels, got data.name={self.data.name!r}, model.conditioning={kind.name!r}")
-        if not kind.guidable and self.sample.cfg_scale != 1:
-            raise ConfigError(f"sample.cfg_scale={self.sample.cfg_scale}: classifier-free guidance needs "
-                              f"a null prefix (model.conditioning={kind.name!r} has none); use 1")
         return self
-
-    def check_data(self, grid: tuple[int, int], prefix_len: int, num_classes: int | None = None) -> None:
-        """Rules that need the data: its body grid (H, W), prefix length and class count."""
-        self.model.check_grid(grid)
-        self.objective.check_grid(grid, prefix_len)
-        self.sample.decode.fit(self.objective, grid)
-        if num_classes is not None and self.model.kind().per_class:
-            self.sample.check_classes(num_classes)
 
 
 def section_dict(section) -> dict:
@@ -174,7 +247,9 @@ def build_over(default, data: Any, prefix: str):
     """A section of ``default``'s type: ``data``'s fields over ``default``'s values (a run kind's defaults)."""
     if data is not None and not isinstance(data, dict):
         fail(prefix.rstrip("."), "a mapping", data)
-    return build_section(type(default), {**section_dict(default), **(data or {})}, prefix)
+    cls = type(default)
+    data = cls.upgrade(dict(data or {})) if hasattr(cls, "upgrade") else data or {}
+    return build_section(cls, {**section_dict(default), **data}, prefix)
 
 
 def build_plain(section: str, data: Any):
@@ -204,17 +279,12 @@ LEGACY_KEYS = {
 }
 
 
-def from_dict(data: dict | None) -> RunConfig:
-    """A fully checked RunConfig from a plain dict (a YAML file, a checkpoint's stored config)."""
-    data = {} if data is None else data
-    if not isinstance(data, dict):
+def from_dict(data: Any):
+    """The checked run config of a plain mapping (a YAML file, a checkpoint's stored config), of the
+    kind its ``task`` names (default: image)."""
+    if not isinstance(data, (dict, type(None))):
         fail("config", "a mapping of sections", data)
-    kwargs = {}
-    for s, value in data.items():
-        if s not in SECTIONS:
-            raise ConfigError(f"unknown config section '{s}' (known: {', '.join(SECTIONS)})")
-        kwargs[s] = build_tagged(s, value) if s in VARIANTS else build_plain(s, value)
-    return RunConfig(**kwargs).check()
+    return run_config_class(task_of(data or {})).from_dict(data)
 
 
 # ----------------------------------------------------------------------------- files and overrides
@@ -245,14 +315,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def apply_overrides(data: dict, overrides: list[str], sections=SECTIONS) -> dict:
+def apply_overrides(data: dict, overrides: list[str], sections: tuple[str, ...] | None = None) -> dict:
     """Apply ``--set section.key=value`` items in order. Switching a tagged section to another variant
     (``--set objective.name=ntp`` on a mutor-2d file) keeps only the fields the new variant has."""
     for item in overrides or []:
         keys, value = parse_override(item)
         node = data
         for k in keys[:-1]:
-            if node is data and k not in sections:
+            if node is data and sections is not None and k not in sections:
                 raise ConfigError(f"--set {item}: unknown config section '{k}'")
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
@@ -291,16 +361,17 @@ def read_mapping(name: str | os.PathLike) -> dict:
     data = read_yaml(path)
     if data is None:
         raise ConfigError(f"config {str(path)!r} is empty; expected a mapping of sections "
-                          f"({', '.join(SECTIONS)}; '{{}}' for every default)")
+                          f"('{{}}' for every default)")
     if not isinstance(data, dict):
         fail(str(path), "a mapping of sections", data)
     return data
 
 
-def load(name: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (by path or name under configs/), apply ``--set`` overrides, check it."""
-    data = read_mapping(name) if name is not None else {}
-    return from_dict(apply_overrides(data, overrides or []))
+def load(name: str | os.PathLike | dict | None = None, overrides: list[str] | None = None):
+    """A YAML config (a path or a name under configs/, or a mapping, which is not modified) with
+    ``--set section.key=value`` overrides -> the checked config of the kind its ``task`` names."""
+    data = copy.deepcopy(name) if isinstance(name, dict) else read_mapping(name) if name is not None else {}
+    return run_config_class(task_of(data)).load(data, overrides)
 
 
 def dump(cfg) -> str:

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mutor2d import config as C
+from mutor2d.image.config import ImageRunConfig
 from mutor2d.sampling.rules import check_sampling
 
 # A valid starting point per variant; the fuzzed field replaces its value.
@@ -60,7 +61,7 @@ def test_any_value_loads_or_names_the_field(target, value):
         assert "\n" not in msg
         assert f"{section}." in msg and name in msg, (target, value, msg)
         return
-    assert isinstance(cfg, C.RunConfig)
+    assert isinstance(cfg, ImageRunConfig)
     assert C.from_dict(cfg.to_dict()) == cfg          # whatever loads also round-trips
 
 

@@ -14,7 +14,8 @@ import torch
 
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.config import ConfigError
-from mutor2d.engine import Diverged, TrainModule, read_log, train
+from mutor2d.engine import Diverged, read_log, train
+from mutor2d.image.run import TrainModule
 from mutor2d.checkpoint.resume import rotate
 
 from test_training import PY, ROOT, env, losses, losses_so_far, tiny, write_yaml

@@ -19,7 +19,8 @@ from mutor2d import checkpoint as ckpt_lib
 from mutor2d import io
 from mutor2d.sampling import images as generation
 from mutor2d.config import ConfigError
-from mutor2d.engine import Diverged, TrainModule, read_log, train
+from mutor2d.engine import Diverged, read_log, train
+from mutor2d.image.run import TrainModule
 from mutor2d.engine.lock import LOCK_NAME, RunLocked, acquire, run_lock
 
 from test_training import PY, ROOT, env, losses_so_far, tiny, write_yaml
@@ -164,7 +165,8 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
 
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
     from mutor2d.tokenizer.vq import VQError, load_vq
-    from mutor2d.vq.run import load_config, train as train_vq
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train as train_vq
     train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=4", "train.batch_size=4",
                                        "train.max_steps=1", "train.eval_every=0", f"train.out_dir={tmp_path / 'vq'}"]))
     path = ckpt_lib.checkpoint_path(tmp_path / "vq", 1)

@@ -85,7 +85,8 @@ def train_lm(run: Path, resume=None):
 
 
 def train_vq(run: Path, resume=None):
-    from mutor2d.vq.run import load_config, train as vq_train
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train as vq_train
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=2",
             "train.log_every=1", "train.ckpt_every=1", "train.eval_every=1", f"train.out_dir={run}"]
     return vq_train(load_config("vq_digits", sets), resume=resume)

@@ -71,7 +71,8 @@ from mutor2d.evaluation import records
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
-from mutor2d.data.stargraph import StarGraphs, solve_rates, teacher_forced_accuracy
+from mutor2d.data.stargraph import StarGraphs
+from mutor2d.evaluation.stargraph import solve_rates, teacher_forced_accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,9 @@ import yaml
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d import config as C
 from mutor2d.config import ConfigError
-from mutor2d.engine import StepBatches, TrainModule, param_groups, read_log, train
+from mutor2d.image.config import ImageRunConfig
+from mutor2d.engine import StepBatches, param_groups, read_log, train
+from mutor2d.image.run import TrainModule
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +41,7 @@ TINY = {
 }
 
 
-def tiny(*overrides: str) -> C.RunConfig:
+def tiny(*overrides: str) -> ImageRunConfig:
     return C.from_dict(C.apply_overrides(json.loads(json.dumps(TINY)), list(overrides)))
 
 

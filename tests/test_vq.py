@@ -304,7 +304,8 @@ def test_lpips_from_local_files(tmp_path):
 # ----------------------------------------------------------------------------- training
 
 def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
-    from mutor2d.vq.run import load_config, train
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train
     out = tmp_path / "run"
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
             "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]  # train.lr: old key
@@ -319,18 +320,18 @@ def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
     tok = VQTokenizer.from_checkpoint(out)  # the run folder resolves to its newest checkpoint
     assert tok.grid == (4, 4) and tok.vocab_size == PRESETS["tiny"]["codebook_size"]
     capsys.readouterr()
-    train(load_config("vq_digits", sets[:-2] + ["train.max_steps=4", f"train.out_dir={out}"]))
+    train(load_config("vq_digits", sets[:-2] + ["train.max_steps=4", f"train.out_dir={out}"]), resume="auto")
     assert "resuming from step 3" in capsys.readouterr().out
     assert [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
             if "loss" in e] == [1, 2, 3, 4]
     saved = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)  # no allow-list needed
     assert saved["step"] == 4 and saved["config"]["task"] == "vq"
     with pytest.raises(ConfigError, match="model.codebook_size=16 differs from the checkpoint's"):
-        train(load_config("vq_digits", sets[:-1] + ["model.codebook_size=16", f"train.out_dir={out}"]))
+        train(load_config("vq_digits", sets[:-1] + ["model.codebook_size=16", f"train.out_dir={out}"]), resume="auto")
 
 
 def test_vq_config_errors():
-    from mutor2d.vq.run import load_config
+    from mutor2d.vq.config import load_config
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
     with pytest.raises(ConfigError, match="objective.rec_loss"):
@@ -349,7 +350,8 @@ def test_vq_config_errors():
 def test_train_vq_on_an_image_folder(tmp_path, capsys):
     import numpy as np
     from PIL import Image
-    from mutor2d.vq.run import FolderImages, load_config, train
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import FolderImages, train
     rng = np.random.default_rng(0)
     for c in ("cat", "dog"):
         (tmp_path / "imgs" / c).mkdir(parents=True)
@@ -386,7 +388,8 @@ def test_train_vq_script_reports_bad_config_in_one_line(capsys):
 def test_vq_run_stops_on_sigterm_and_resumes_exactly(tmp_path):
     """A VQ run is an engine run: SIGTERM -> checkpoint, exit 75 -> --resume auto gives the losses and
     final weights of an uninterrupted run of the same steps (the stopped run is a process of its own)."""
-    from mutor2d.vq.run import load_config, train
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train
 
     from test_training import PY, losses, losses_so_far, stop_after
     sets = ["--set", "model.preset=tiny", "--set", "data.eval_images=4", "--set", "train.batch_size=4",

@@ -1,38 +1,41 @@
 """Train a VQ image tokenizer (LlamaGen layout) on the embedded digits or an image folder.
 
     python tokenizers/train_vq.py configs/vq_digits.yaml
-    python tokenizers/train_vq.py configs/vq_digits.yaml --set train.max_steps=200 --set train.out_dir=runs/vq_small
+    python tokenizers/train_vq.py configs/vq_digits.yaml --set train.max_steps=200 --out runs/vq_small
     accelerate launch tokenizers/train_vq.py configs/vq16_folder.yaml --set data.path=/data/imagenet/train
 
-The same engine as train.py (which also takes these configs: ``train.py --config vq_digits.yaml``), with
-one difference: a rerun resumes from the newest checkpoint in train.out_dir (``--resume auto``). Exit
-codes as train.py's (75: stopped by a signal after a checkpoint). Use the result as a tokenizer with
-``data.tokenizer: RUN/checkpoints/step_XXXXXXXX.pt`` (or the run folder itself).
+train.py with the config as an optional first argument (default vq_digits) and the last
+reconstruction metrics printed at the end: the same entry, options, resume rule (``--resume auto``
+continues a run folder) and exit codes (75: stopped by a signal after a checkpoint). ``train.py
+--config vq_digits.yaml`` trains the same run. Use the result as a tokenizer with ``data.tokenizer:
+RUN/checkpoints/step_XXXXXXXX.pt`` (or the run folder itself).
 """
-import argparse
+import os
+import sys
+from pathlib import Path
 
-from mutor2d.cli import HelpFormatter   # the command line parses before torch is imported (in main)
-from mutor2d.plugins import load_plugins
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import train as train_entry  # noqa: E402  (the command line parses before torch is imported)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("config", nargs="?", default="vq_digits", help="YAML path or name under configs/")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override a config value (repeatable)")
+def build_parser():
+    ap = train_entry.build_parser()
+    ap.description = __doc__
+    ap.add_argument("config_file", nargs="?", metavar="CONFIG",
+                    help="YAML path or name under configs/ (as --config; default vq_digits)")
     return ap
 
 
-def main(argv=None):
+def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
-    from mutor2d.engine import run_entry
-    from mutor2d.vq.run import load_config, train
-
-    def start() -> dict:
-        load_plugins()
-        return train(load_config(args.config, args.overrides))
-    metrics = run_entry(start)
-    print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    args.config = args.config or args.config_file or (None if args.resume not in (None, "auto") else "vq_digits")
+    run_dir = train_entry.execute(args)
+    if os.environ.get("RANK", "0") == "0":
+        from mutor2d.engine import read_log
+        evals = [r["eval"] for r in read_log(run_dir) if "eval" in r]
+        if evals:
+            print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in evals[-1].items()))
+    return run_dir
 
 
 if __name__ == "__main__":

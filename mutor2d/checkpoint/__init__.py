@@ -5,7 +5,7 @@ loads with ``torch.load(weights_only=True)``: a file that holds any other Python
 with a one-line error and never runs. Layout:
   model: GPT state dict; ema: EMA state dict or None; objective: state of the objective module
   (multi-head heads) or {}; optimizer: state dict; step: int; rng: one RNG state per process
-  (mutor2d.engine.rng); config: the resolved RunConfig as a plain dict; grid: [H, W].
+  (mutor2d.engine.rng); config: the resolved run config as a plain dict (its ``task`` first); grid: [H, W].
   sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
   a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
   health: the loss / gradient-norm history of recent healthy updates (mutor2d.engine.health).
@@ -218,7 +218,7 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
 
 
 def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
-    """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, RunConfig,
+    """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, ImageRunConfig,
     meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them."""
     state, meta = load_weights(path, use_ema)
     cfg = config_lib.from_dict(meta["config"])
@@ -230,7 +230,7 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
 
 
 def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
-    """(model in eval mode, RunConfig, step) of a checkpoint or export; see ``open_model``."""
+    """(model in eval mode, ImageRunConfig, step) of a checkpoint or export; see ``open_model``."""
     model, cfg, meta = open_model(path, use_ema, device)
     return model, cfg, meta["step"]
 

@@ -20,6 +20,7 @@ Rules:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -31,8 +32,8 @@ from typing import Literal
 import torch
 
 from ..checks import ConfigError, at_least, check_seed, fail
-from ..config import register_section
 from .hooks import CheckpointHook, Logger, StepStatus
+from .kinds import run_kind
 from .lock import run_lock
 from .setup import RunState, build_run
 from .sharding import global_tensor, is_sharded
@@ -41,11 +42,11 @@ PREEMPTED_EXIT = 75
 ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before printing an input error
 
 
-@register_section("train")
 @dataclass
 class TrainConfig:
-    """The loop's settings: batch and steps, precision, cadence of logs, checkpoints, samples and
-    online evaluation, EMA, compilation, tracker, where the run goes and what it starts from."""
+    """The loop's settings, shared by every run kind: batch and steps, precision, cadence of logs,
+    checkpoints and online evaluation, EMA, tracker, sharding, guards, where the run goes. A kind adds
+    its own fields by subclassing (mutor2d.image.config.ImageTrainConfig)."""
     batch_size: int = 64             # global batch (split over processes)
     max_steps: int = 1000
     grad_accum: int = 1
@@ -55,16 +56,11 @@ class TrainConfig:
     ckpt_every: int = 500
     keep_ckpts: int = 2              # newest checkpoints kept by rotation (0 = all)
     keep_every: int = 0              # also keep every checkpoint of a multiple of this step, to score later
-    sample_every: int = 0            # 0 = only at the end
     eval_every: int = 0              # online embedded-metric evaluation (digits); 0 = off
-    eval_per_class: int = 20         # samples per class for the online evaluation
     ema: bool = False
     ema_decay: float = 0.9999
-    compile: bool = False
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
-    init_from: str = ""              # fresh runs: start from these weights (a mutor2d checkpoint or
-                                     # run folder, or a LlamaGen GPT checkpoint); "" = random init
     max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/grad/weights)
                                      # before the run stops with an error
     sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
@@ -76,9 +72,9 @@ class TrainConfig:
     blowup_window: int = 50
 
     def check(self) -> None:
-        for k in ("batch_size", "grad_accum", "log_every", "eval_per_class", "blowup_window"):
+        for k in ("batch_size", "grad_accum", "log_every", "blowup_window"):
             at_least(f"train.{k}", getattr(self, k), 1)
-        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "sample_every", "eval_every",
+        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "eval_every",
                   "max_nonfinite"):
             at_least(f"train.{k}", getattr(self, k), 0)
         if self.batch_size % self.grad_accum:
@@ -92,12 +88,21 @@ class TrainConfig:
         if self.fsdp_offload and self.sharding != "fsdp":
             fail("train.fsdp_offload", "false unless train.sharding=fsdp", self.fsdp_offload)
 
-    def refuse(self, settings: dict, run_kind: str) -> None:
-        """ConfigError for a field not at its value in ``settings`` (field -> the only value a
-        ``run_kind`` run takes: image-run settings such as sample grids in a VQ or LM run)."""
-        for key, off in settings.items():
-            if getattr(self, key) != off:
-                fail(f"train.{key}", f"{off!r} for {run_kind} (an image-run setting)", getattr(self, key))
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        """Configs written when every kind's train section held the image-run settings: those at their
+        off value are dropped where ``cls`` lacks them; another value is a one-line error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key, off in IMAGE_RUN_SETTINGS.items():
+            if key in data and key not in names:
+                value = data.pop(key)
+                if value != off and key != "eval_per_class":
+                    fail(f"train.{key}", f"{off!r} (an image-run setting)", value)
+        return data
+
+
+IMAGE_RUN_SETTINGS = {"sample_every": 0, "eval_per_class": 20, "compile": False, "init_from": ""}
+# train.* fields every kind's config held before the image kind owned them, with their off values
 
 
 class Preempted(Exception):
@@ -240,9 +245,10 @@ def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
     checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder.
     Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
-    holds (RunLocked). ``kind``: the run kind's parts (default ``cfg.run_kind()``)."""
+    holds (RunLocked). ``kind``: the run kind's parts (default: those registered for ``cfg.task``,
+    mutor2d.engine.kinds)."""
     with run_lock(run_dir):
-        return _train(cfg, run_dir, resume, kind or cfg.run_kind())
+        return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)())
 
 
 def _train(cfg, run_dir, resume: str | None, kind) -> Path:

@@ -1,8 +1,8 @@
 """Building a run from its config: accelerator, data, networks, optimizer, schedule, EMA, resume point.
 
-One engine serves every run kind. A run config names its kind (``cfg.run_kind()``); the kind supplies
-only its parts (:class:`RunKind`): the image GPT (mutor2d.image.run), Hugging Face causal LMs
-(mutor2d.lm.run) and the VQ tokenizer (mutor2d.tokenizer.vq_run). The engine owns the rest: resume,
+One engine serves every run kind. A run config names its kind (``task``); the kind supplies only its
+parts (:class:`RunKind`, registered by task in mutor2d.engine.kinds): the image GPT (mutor2d.image.run),
+Hugging Face causal LMs (mutor2d.lm.run) and the VQ tokenizer (mutor2d.vq.run). The engine owns the rest: resume,
 stop signals, the non-finite guard, checkpoints and their rotation, the log and the data order.
 
 Rules:
@@ -40,8 +40,6 @@ class RunKind(Protocol):
     generator (the process's layout stream) and returns an ObjectiveResult."""
     name: str
 
-    def load_config(self, data: dict): ...          # a checkpoint's stored config -> the run config
-
     def prepare_data(self, cfg) -> tuple: ...       # (train dataset, cfg resolved against the data)
 
     def collate(self, items: list): ...             # dataset items -> one batch
@@ -56,6 +54,9 @@ class RunKind(Protocol):
     def hooks(self, run, log) -> list: ...          # periodic jobs of this kind (after log and checkpoint)
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict: ...  # throughput
+
+    def plain_copy(self, model: nn.Module) -> nn.Module: ...   # a new unsharded model of the same
+    # architecture (RunState.sampling_model gathers FSDP shards into it; kinds whose hooks sample)
 
     def finish(self, run) -> None: ...              # after the last step (e.g. the LM's adapter folder)
 
@@ -103,18 +104,18 @@ class RunState:
 
     def sampling_model(self) -> nn.Module | None:
         """``sample_model`` on the main process, None on the others; under FSDP every process must
-        call it (the shards are gathered into a plain GPT on the main process)."""
+        call it (the shards are gathered into the kind's ``plain_copy`` on the main process)."""
         if sharding.is_sharded(self.module):
-            return sharding.gathered_model(self.model, self.ema, self.main, self.device)
+            return sharding.gathered_model(self.model, self.ema, self.main, self.device, self.kind.plain_copy)
         return self.sample_model if self.main else None
 
 
 RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not what it is
 
 
-def check_resume_config(cfg, kind: RunKind, saved: dict) -> None:
+def check_resume_config(cfg, saved: dict) -> None:
     """The model, objective and data sections of a resumed run must equal the checkpoint's."""
-    old = kind.load_config(saved)
+    old = type(cfg).from_dict(saved)
     for section in ("model", "objective", "data"):
         a, b = old.to_dict()[section], cfg.to_dict()[section]
         for key in sorted((set(a) | set(b)) - {k for s, k in RESUME_MAY_CHANGE if s == section}):
@@ -202,7 +203,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         remove_stale_temps(run_dir)
     resume_path, saved = find_resume(resume, run_dir, acc.is_main_process)
     if saved is not None:
-        check_resume_config(cfg, kind, saved["config"])
+        check_resume_config(cfg, saved["config"])
     start = int(saved["step"]) if saved is not None else 0
     if saved is not None and start >= cfg.train.max_steps and kind.finished(run_dir):
         if acc.is_main_process:

@@ -14,7 +14,7 @@ Rules:
   * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
     foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update).
   * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
-    into a plain GPT on the main process. The LM's online accuracy generates on the sharded model
+    into an unsharded model on the main process. The LM's online accuracy generates on the sharded model
     itself, every process in step (mutor2d.lm.run.OnlineAccuracy).
 """
 from __future__ import annotations
@@ -178,15 +178,15 @@ def full_state(state: dict, main: bool) -> dict | None:
     return out if main else None
 
 
-def gathered_model(model: nn.Module, ema, main: bool, device: torch.device):
-    """Collective: a plain GPT holding the sharded model's weights (EMA when kept) on the main process,
-    in eval mode; None on the others."""
-    from ..model.gpt import GPT
+def gathered_model(model: nn.Module, ema, main: bool, device: torch.device, plain_copy):
+    """Collective: an unsharded model holding the sharded model's weights (EMA when kept) on the main
+    process, in eval mode; None on the others. ``plain_copy(model)``: a new unsharded model of the same
+    architecture (the run kind's ``plain_copy``)."""
     state = full_state(ema.state_dict() if ema is not None else dict(model.named_parameters()), main)
     if not main:
         return None
     with torch.device(device):
-        plain = GPT(model.cfg, register_token=model.has_register_token)
+        plain = plain_copy(model)
     plain.load_state_dict(state, strict=True)
     return plain.eval()
 

@@ -1,4 +1,4 @@
-"""Evaluation of generated images, one job per module:
+"""Evaluation of trained models, one job per module:
 
   sources   image sources (sample npz files, ADM reference batches, image folders, digits:SPLIT)
   digits    the embedded digits classifier, registered as a torch-fidelity feature extractor
@@ -6,6 +6,7 @@
   records   evaluation records (JSON) and the leaderboard table and plot over them
   online    the digits metric during training, and its floor (real held-out images)
   study     the digits study: train, sample, score and summarise a set of methods and seeds
+  stargraph solve rates and teacher-forced accuracy on the path-star graph task
 
 Images come from models through ``mutor2d.sampling.images``. Scripts in eval/ parse arguments only.
 """

@@ -16,10 +16,13 @@ import torch
 import torch.nn as nn
 
 from .. import config as config_lib
-from ..config import ConfigError, RunConfig
+from ..checks import ConfigError
 from ..data.tokens import build_dataset, collate
+from ..engine.kinds import register_run_kind
 from ..model.gpt import GPT
 from ..objectives import Batch
+from .config import ImageRunConfig
+from .hooks import image_hooks, image_rates
 
 
 class TrainModule(nn.Module):
@@ -39,15 +42,12 @@ class TrainModule(nn.Module):
         return self.objective(self.model, Batch(body, prefix, self.grid, lengths), generator)
 
 
+@register_run_kind("image")
 class ImageRun:
     """The parts of an image run for the engine (see mutor2d.engine.setup.RunKind)."""
-    name = "image"
     collate = staticmethod(collate)
 
-    def load_config(self, data: dict) -> RunConfig:
-        return config_lib.from_dict(data)
-
-    def prepare_data(self, cfg: RunConfig):
+    def prepare_data(self, cfg: ImageRunConfig):
         """(train dataset, cfg with the data's vocabulary and classes, checked against its grid)."""
         try:
             dataset = build_dataset(cfg.data, "train")
@@ -55,7 +55,7 @@ class ImageRun:
             raise ConfigError(str(e)) from None
         return dataset, resolve_config(cfg, dataset)
 
-    def build_networks(self, cfg: RunConfig, saved: dict | None, dataset) -> tuple[GPT, TrainModule]:
+    def build_networks(self, cfg: ImageRunConfig, saved: dict | None, dataset) -> tuple[GPT, TrainModule]:
         model, objective = build_networks(cfg, saved)
         return model, TrainModule(model, objective, tuple(int(v) for v in dataset.grid))
 
@@ -68,12 +68,14 @@ class ImageRun:
         return state
 
     def hooks(self, run, log) -> list:
-        from ..engine.hooks import image_hooks
         return image_hooks(run, log)
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
-        from ..engine.hooks import image_rates
         return image_rates(run, steps, applied, dt, sums)
+
+    def plain_copy(self, model: GPT) -> GPT:
+        """A new GPT of ``model``'s architecture (FSDP shards are gathered into it for sampling)."""
+        return GPT(model.cfg, register_token=model.has_register_token)
 
     def finish(self, run) -> None:
         """Nothing to write after the last step: the checkpoints are the result."""
@@ -82,7 +84,7 @@ class ImageRun:
         return True
 
 
-def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
+def resolve_config(cfg: ImageRunConfig, dataset) -> ImageRunConfig:
     """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""
     m, defaults = cfg.model, config_lib.make("model")
     updates = {}
@@ -101,7 +103,7 @@ def resolve_config(cfg: RunConfig, dataset) -> RunConfig:
     return cfg
 
 
-def build_networks(cfg: RunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
+def build_networks(cfg: ImageRunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
     """The GPT and its objective, initialised from train.seed, then from the checkpoint or init_from."""
     torch.manual_seed(cfg.train.seed)
     model = cfg.model.build(register_token=cfg.objective.uses_registers())

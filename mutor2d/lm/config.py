@@ -23,17 +23,14 @@ Configs written before the one engine (``train.save_every``, ``train.padding_sid
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-import yaml
 
 from ..checks import ConfigError, at_least, fail
-from ..config import apply_overrides, build_over, build_section, build_tagged, read_mapping, variant_class
+from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
 from ..engine.loop import TrainConfig
 from ..engine.optim import OptimConfig
 from ..objectives import ObjectiveConfig
@@ -138,17 +135,15 @@ class LMOptimConfig(OptimConfig):
         return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
 
 
-IMAGE_ONLY = {"ema": False, "sample_every": 0, "init_from": "", "compile": False}
-
-
 def lm_train_config(**fields) -> TrainConfig:
     """The shared TrainConfig with fine-tuning defaults."""
     return TrainConfig(**{"batch_size": 8, "ckpt_every": 500, "max_nonfinite": 20, **fields})
 
 
+@register_run_config(TASK)
 @dataclass
-class LMRunConfig:
-    task: Literal["lm"] = TASK
+class LMRunConfig(ConfigRoot):
+    sections = SECTIONS
     model: LMModelConfig = field(default_factory=LMModelConfig)
     data: LMDataConfig = field(default_factory=LMDataConfig)
     objective: ObjectiveConfig = field(default_factory=lambda: _objective({}))
@@ -157,28 +152,23 @@ class LMRunConfig:
     eval: LMEvalConfig = field(default_factory=LMEvalConfig)
 
     def check(self) -> "LMRunConfig":
-        for s in SECTIONS:
-            getattr(self, s).check()
-        self.train.refuse(IMAGE_ONLY, f"task: {TASK}")
+        super().check()
+        if self.train.ema:
+            fail("train.ema", f"False for task: {TASK} (an image-run setting)", self.train.ema)
         if self.train.eval_every and not self.eval.path:
             fail("train.eval_every", "0 unless eval.path names an evaluation file", self.train.eval_every)
         return self
 
-    def run_kind(self):
-        """The engine's parts for a language-model run (mutor2d.lm.run)."""
-        from .run import LMRun
-        return LMRun()
+    @classmethod
+    def build(cls, section: str, value: Any):
+        """The objective gets the line defaults of its variant and must train on a line."""
+        return _objective(value) if section == "objective" else super().build(section, value)
 
-    def to_dict(self) -> dict:
-        """Plain dict (the objective leads with its ``name``); ``load`` reads it back."""
-        out = {"task": self.task, **{s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}}
-        out["objective"] = {"name": self.objective.name, **out["objective"]}
-        out["optim"]["betas"] = list(out["optim"]["betas"])
-        return out
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        return upgrade(data)
 
 
-SECTION_TYPES = {"model": LMModelConfig, "data": LMDataConfig, "optim": LMOptimConfig,
-                 "train": TrainConfig, "eval": LMEvalConfig}
 MOVED_TO_DATA = ("padding_side", "group_by_length")     # train.* keys of configs before the one engine
 
 
@@ -210,28 +200,8 @@ def upgrade(data: dict) -> dict:
     return data
 
 
-def from_dict(data: Any) -> LMRunConfig:
-    """A fully checked LMRunConfig from a plain dict (``task`` may be left out)."""
-    if not isinstance(data, dict):
-        fail("config", "a mapping of sections", data)
-    data, kwargs = upgrade(data), {}
-    for s, value in data.items():
-        if s == "task":
-            if value != TASK:
-                fail("task", repr(TASK), value)
-        elif s == "objective":
-            kwargs[s] = _objective(value)
-        elif s == "train":
-            kwargs[s] = build_over(lm_train_config(), value, "train.")
-        elif s in SECTION_TYPES:
-            kwargs[s] = build_section(SECTION_TYPES[s], value, f"{s}.")
-        else:
-            raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(SECTIONS)})")
-    return LMRunConfig(**kwargs).check()
-
-
 def is_lm_config(name: str | os.PathLike) -> bool:
-    """True when the YAML ``name`` has top-level ``task: lm`` (train.py dispatch)."""
+    """True when the YAML ``name`` has top-level ``task: lm``."""
     try:
         return read_mapping(name).get("task") == TASK
     except ConfigError:
@@ -239,16 +209,6 @@ def is_lm_config(name: str | os.PathLike) -> bool:
 
 
 def load(cfg: str | os.PathLike | dict | LMRunConfig, overrides: list[str] | None = None) -> LMRunConfig:
-    """A YAML path/name, a dict or an LMRunConfig (+ ``section.key=value`` overrides) -> checked
-    LMRunConfig. A dict passed in is not modified."""
-    if isinstance(cfg, LMRunConfig):
-        data = cfg.to_dict()
-    elif isinstance(cfg, dict):
-        data = copy.deepcopy(cfg)
-    else:
-        data = read_mapping(cfg)
-    return from_dict(apply_overrides(data, overrides or [], sections=("task", *SECTIONS)))
-
-
-def dump(cfg: LMRunConfig) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    """A YAML path/name, a dict (``task`` may be left out; not modified) or an LMRunConfig
+    (+ ``section.key=value`` overrides) -> checked LMRunConfig."""
+    return LMRunConfig.load(cfg, overrides)

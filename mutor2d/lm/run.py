@@ -23,9 +23,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, fail
+from ..engine.kinds import register_run_kind
 from ..objectives import ObjectiveConfig
 from . import accuracy
-from .config import LMRunConfig, from_dict
+from .config import LMRunConfig
 from .data import collate, eval_prompts, load_located, tokenize
 from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
 from .model import MutorLM, frame_batch, position_limit
@@ -64,18 +65,15 @@ class LMTrainModule(nn.Module):
         return self.objective(view, canonical, generator)
 
 
+@register_run_kind("lm")
 class LMRun:
     """The parts of a language-model run for the engine. ``model`` / ``tokenizer``: transformers
     objects to fine-tune instead of loading ``model.hf`` (which then only names the base; default:
     the model's ``name_or_path``)."""
-    name = "lm"
 
     def __init__(self, model=None, tokenizer=None):
         self.given_model, self.tokenizer, self.trainable = model, tokenizer, set()
         self.eval_items, self.eval_kind = [], ""
-
-    def load_config(self, data: dict) -> LMRunConfig:
-        return from_dict(data)
 
     def prepare_data(self, cfg: LMRunConfig):
         """(Examples, cfg): every line read and validated, tokenized, and checked against the model's

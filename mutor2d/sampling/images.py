@@ -286,7 +286,7 @@ def write_grid(model, tokenizer, grid: tuple[int, int], sample_cfg, classes: lis
 
 @dataclass
 class Loaded:
-    """A checkpoint opened for sampling: the model (eval mode), its RunConfig, training step,
+    """A checkpoint opened for sampling: the model (eval mode), its ImageRunConfig, training step,
     tokenizer (on the model's device), token grid (H, W), and whether EMA weights were used."""
     model: torch.nn.Module
     cfg: object

@@ -1,4 +1,5 @@
-"""VQ tokenizer training as an engine run: config, image data, the loss, reconstruction metrics.
+"""VQ tokenizer training as an engine run: image data, the loss, reconstruction metrics (config:
+mutor2d.vq.config).
 
 Loss = rec_weight * rec(x, x_hat) + codebook_weight * (codebook + commitment)
        + perceptual_weight * LPIPS(x, x_hat)          (only when perceptual weight files are given)
@@ -9,170 +10,27 @@ with safe rotation, a run lock, log.jsonl and a progress bar. Checkpoints hold t
 and the config with ``task: vq`` and the resolved architecture, so load_vq rebuilds it. Every
 ``train.eval_every`` steps (and at the end) per-pixel L1 / MSE / PSNR on [0, 1] images of a held-out
 set and the fraction of the codebook they use go to log.jsonl as ``{"step", "eval": {...}}``.
-
-Configs written before the one engine (a flat ``train`` section holding the optimizer and loss keys,
-``kind: vq``) are upgraded on read.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .. import config as config_lib
-from ..config import ConfigError, fail
+from ..checks import ConfigError
 from ..data.tokens import digits_images, digits_rgb
-from ..engine.loop import TrainConfig
-from ..engine.optim import OptimConfig
+from ..engine.hooks import due
+from ..engine.kinds import register_run_kind
 from ..objectives import ObjectiveResult
 from ..tokenizer.codes import center_crop_arr, scan_image_folder
-from ..tokenizer.vq import PRESETS, VQConfig, VQError, VQModel
-
-TASK = "vq"
-SECTIONS = ("model", "data", "objective", "optim", "train")
-
-
-@dataclass
-class VQDataConfig:
-    """digits: the embedded sklearn digits (train split; eval on the first ``eval_images`` of the
-    test split), upsampled to the VQ's image size. folder: an ImageFolder tree at ``path`` (eval on
-    the first ``eval_images`` of ``eval_path`` if given, else of the training images, centre-cropped)."""
-    name: Literal["digits", "folder"] = "digits"
-    path: str | None = None
-    eval_path: str | None = None
-    eval_images: int = 512
-    crop_range: float = 1.1          # folder: random crop out of an ADM centre crop this much larger
-    flip: bool = True                # folder: random horizontal flips
-    num_workers: int = 0
-    data_seed: int = 1234
-
-    def check(self) -> None:
-        if self.name == "folder" and not self.path:
-            raise ConfigError("data.path: data.name='folder' needs the image folder (root/CLASS/IMAGE)")
-        if not self.crop_range >= 1.0:
-            raise ConfigError(f"data.crop_range: expected >= 1.0, got {self.crop_range}")
-        for key in ("eval_images", "num_workers", "data_seed"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"data.{key}: expected >= 0, got {getattr(self, key)}")
-
-
-@dataclass
-class VQLossConfig:
-    """The loss: reconstruction (L2 or L1), codebook and commitment terms, and LPIPS when weight files
-    are given (mutor2d.tokenizer.lpips)."""
-    rec_loss: Literal["l2", "l1"] = "l2"
-    rec_weight: float = 1.0
-    codebook_weight: float = 1.0
-    perceptual_weight: float = 1.0   # used only when perceptual_weights is non-empty
-    perceptual_weights: list[str] = field(default_factory=list)
-
-    def check(self) -> None:
-        for key in ("rec_weight", "codebook_weight", "perceptual_weight"):
-            if getattr(self, key) < 0:
-                fail(f"objective.{key}", ">= 0", getattr(self, key))
-
-
-LOSS_KEYS = {f.name for f in dataclasses.fields(VQLossConfig)}
-OPTIM_KEYS = {"lr", "betas", "weight_decay", "grad_clip"}
-IMAGE_ONLY = {"sample_every": 0, "init_from": "", "compile": False}
-
-
-def vq_optim(**fields) -> OptimConfig:
-    return OptimConfig(**{"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.05, **fields})
-
-
-def vq_train(**fields) -> TrainConfig:
-    return TrainConfig(**{"log_every": 50, "eval_every": 500, "ckpt_every": 500, "out_dir": "runs/vq",
-                          "tracker": "none", **fields})
-
-
-@dataclass
-class VQRunConfig:
-    model: VQConfig
-    data: VQDataConfig = field(default_factory=VQDataConfig)
-    objective: VQLossConfig = field(default_factory=VQLossConfig)
-    optim: OptimConfig = field(default_factory=vq_optim)
-    train: TrainConfig = field(default_factory=vq_train)
-
-    def to_dict(self) -> dict:
-        return {"task": TASK, "model": self.model.to_dict(),
-                **{s: config_lib.section_dict(getattr(self, s)) for s in SECTIONS[1:]}}
-
-    def check(self) -> "VQRunConfig":
-        for s in SECTIONS[1:]:
-            getattr(self, s).check()
-        self.train.refuse(IMAGE_ONLY, "a VQ run")
-        return self
-
-    def run_kind(self):
-        return VQRun()
-
-
-def upgrade(data: dict) -> dict:
-    """Before the one engine a VQ config had ``kind: vq`` and one flat ``train`` section holding the
-    optimizer (lr, betas, weight_decay, grad_clip) and loss keys: move them to optim and objective."""
-    data = {k: v for k, v in data.items() if k not in ("kind", "task")}
-    train = data.get("train")
-    if isinstance(train, dict) and (set(train) & (OPTIM_KEYS | LOSS_KEYS)):
-        for section, keys in (("optim", OPTIM_KEYS), ("objective", LOSS_KEYS)):
-            moved = {k: train[k] for k in keys if k in train}
-            if moved:
-                data[section] = {**(data.get(section) or {}), **moved}     # an old-style --set wins
-        data["train"] = {k: v for k, v in train.items() if k not in OPTIM_KEYS | LOSS_KEYS}
-    return data
-
-
-def load_config(name: str | os.PathLike | dict | None = None, overrides: list[str] | None = None) -> VQRunConfig:
-    """A VQ YAML (path or configs/NAME, or a dict) with ``--set section.key=value`` overrides.
-
-    ``model`` holds ``preset`` (mutor2d.tokenizer.vq.PRESETS) plus any VQConfig field to override."""
-    data = dict(name) if isinstance(name, dict) else (config_lib.read_mapping(name) if name is not None else {})
-    return from_dict(config_lib.apply_overrides(upgrade(data), overrides or [], sections=SECTIONS))
-
-
-def from_dict(data: dict) -> VQRunConfig:
-    """A checked VQRunConfig from a plain dict (a YAML file or a checkpoint's stored config)."""
-    data = upgrade(data or {})
-    unknown = sorted(set(data) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"unknown VQ config section '{unknown[0]}' (known: {', '.join(SECTIONS)})")
-    return VQRunConfig(
-        _vq_model(data.get("model") or {}),
-        config_lib.build_section(VQDataConfig, data.get("data") or {}, "data."),
-        config_lib.build_section(VQLossConfig, data.get("objective") or {}, "objective."),
-        config_lib.build_over(vq_optim(), data.get("optim"), "optim."),
-        config_lib.build_over(vq_train(), data.get("train"), "train."),
-    ).check()
-
-
-def _vq_model(model) -> VQConfig:
-    if not isinstance(model, dict):
-        raise ConfigError(f"model: expected a mapping (preset and VQ fields), got {model!r}")
-    model = dict(model)
-    preset = model.pop("preset", "vq16")
-    if preset not in PRESETS:
-        raise ConfigError(f"model.preset: expected a vq preset, one of {sorted(PRESETS)}, got {preset!r}")
-    try:
-        return config_lib.build_section(VQConfig, {**PRESETS[preset], **model}, "model.").validate()
-    except VQError as e:
-        raise ConfigError(str(e)) from None
-
-
-def dump(cfg: VQRunConfig) -> str:
-    d = cfg.to_dict()
-    d["model"] = {"preset": "vq16", **d["model"]}  # fully resolved: the preset base is irrelevant
-    return yaml.safe_dump(d, sort_keys=False)
-
+from ..tokenizer.vq import VQModel
+from .config import VQDataConfig, VQLossConfig, VQRunConfig
 
 # ----------------------------------------------------------------------------- data
 
@@ -296,16 +154,13 @@ class VQTrainModule(torch.nn.Module):
         return ObjectiveResult(loss, logs, {}, torch.tensor(x.shape[0], device=x.device))
 
 
+@register_run_kind("vq")
 class VQRun:
     """The parts of a VQ tokenizer run for the engine (mutor2d.engine.setup.RunKind)."""
-    name = TASK
     collate = staticmethod(torch.utils.data.default_collate)
 
     def __init__(self):
         self.eval_images = None
-
-    def load_config(self, data: dict) -> VQRunConfig:
-        return from_dict(data)
 
     def prepare_data(self, cfg: VQRunConfig):
         train_set, self.eval_images = build_image_data(cfg)
@@ -347,7 +202,6 @@ class ReconstructionEval:
     log: object                 # the run's JsonLog
 
     def __call__(self, run, status) -> None:
-        from ..engine.hooks import due
         if status.stopping or not due(run.cfg.train.eval_every, status):
             return
         if run.main:
@@ -355,8 +209,8 @@ class ReconstructionEval:
         run.acc.wait_for_everyone()
 
 
-def train(cfg: VQRunConfig, run_dir=None, resume: str | None = "auto") -> dict:
-    """Train (or resume, by default from the newest readable checkpoint of the run folder) -> the last
+def train(cfg: VQRunConfig, run_dir=None, resume: str | None = None) -> dict:
+    """Train (``resume`` as mutor2d.engine.train's: None, "auto" or a checkpoint) -> the last
     reconstruction metrics. ``run_dir``: default ``train.out_dir``."""
     from ..engine import read_log
     from ..engine import train as engine_train

@@ -1,0 +1,137 @@
+"""Config of a VQ tokenizer training run: a YAML file with top-level ``task: vq``.
+
+Sections: model (``preset``, mutor2d.tokenizer.vq.PRESETS, plus any VQConfig field to override),
+data (digits or an image folder), objective (the loss weights), optim and train (the engine's, with
+VQ defaults). Configs written before the one engine (a flat ``train`` section holding the optimizer and
+loss keys, ``kind: vq``) are upgraded on read.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..checks import ConfigError, fail
+from ..config import ConfigRoot, build_section, register_run_config
+from ..engine.loop import TrainConfig
+from ..engine.optim import OptimConfig
+from ..tokenizer.vq import PRESETS, VQConfig, VQError
+
+TASK = "vq"
+SECTIONS = ("model", "data", "objective", "optim", "train")
+
+
+@dataclass
+class VQDataConfig:
+    """digits: the embedded sklearn digits (train split; eval on the first ``eval_images`` of the
+    test split), upsampled to the VQ's image size. folder: an ImageFolder tree at ``path`` (eval on
+    the first ``eval_images`` of ``eval_path`` if given, else of the training images, centre-cropped)."""
+    name: Literal["digits", "folder"] = "digits"
+    path: str | None = None
+    eval_path: str | None = None
+    eval_images: int = 512
+    crop_range: float = 1.1          # folder: random crop out of an ADM centre crop this much larger
+    flip: bool = True                # folder: random horizontal flips
+    num_workers: int = 0
+    data_seed: int = 1234
+
+    def check(self) -> None:
+        if self.name == "folder" and not self.path:
+            raise ConfigError("data.path: data.name='folder' needs the image folder (root/CLASS/IMAGE)")
+        if not self.crop_range >= 1.0:
+            raise ConfigError(f"data.crop_range: expected >= 1.0, got {self.crop_range}")
+        for key in ("eval_images", "num_workers", "data_seed"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"data.{key}: expected >= 0, got {getattr(self, key)}")
+
+
+@dataclass
+class VQLossConfig:
+    """The loss: reconstruction (L2 or L1), codebook and commitment terms, and LPIPS when weight files
+    are given (mutor2d.tokenizer.lpips)."""
+    rec_loss: Literal["l2", "l1"] = "l2"
+    rec_weight: float = 1.0
+    codebook_weight: float = 1.0
+    perceptual_weight: float = 1.0   # used only when perceptual_weights is non-empty
+    perceptual_weights: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        for key in ("rec_weight", "codebook_weight", "perceptual_weight"):
+            if getattr(self, key) < 0:
+                fail(f"objective.{key}", ">= 0", getattr(self, key))
+
+
+LOSS_KEYS = {f.name for f in dataclasses.fields(VQLossConfig)}
+OPTIM_KEYS = {"lr", "betas", "weight_decay", "grad_clip"}
+
+
+def vq_optim(**fields) -> OptimConfig:
+    return OptimConfig(**{"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.05, **fields})
+
+
+def vq_train(**fields) -> TrainConfig:
+    return TrainConfig(**{"log_every": 50, "eval_every": 500, "ckpt_every": 500, "out_dir": "runs/vq",
+                          "tracker": "none", **fields})
+
+
+@register_run_config(TASK)
+@dataclass
+class VQRunConfig(ConfigRoot):
+    sections = SECTIONS
+    model: VQConfig = field(default_factory=lambda: vq_model({}))
+    data: VQDataConfig = field(default_factory=VQDataConfig)
+    objective: VQLossConfig = field(default_factory=VQLossConfig)
+    optim: OptimConfig = field(default_factory=vq_optim)
+    train: TrainConfig = field(default_factory=vq_train)
+
+    @classmethod
+    def build(cls, section: str, value):
+        """``model``: a preset with VQConfig fields over it; the rest as every kind's."""
+        return vq_model(value) if section == "model" else super().build(section, value)
+
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        return upgrade(data)
+
+    def check(self) -> "VQRunConfig":
+        """Every section but the model, which ``vq_model`` validated when it was built."""
+        for s in self.sections[1:]:
+            getattr(self, s).check()
+        return self
+
+    def to_dict(self) -> dict:
+        """The model fully resolved (every VQConfig field: the preset it started from is irrelevant)."""
+        return {**super().to_dict(), "model": self.model.to_dict()}
+
+
+def upgrade(data: dict) -> dict:
+    """Before the one engine a VQ config had ``kind: vq`` and one flat ``train`` section holding the
+    optimizer (lr, betas, weight_decay, grad_clip) and loss keys: move them to optim and objective."""
+    data = {k: v for k, v in data.items() if k != "kind"}
+    train = data.get("train")
+    if isinstance(train, dict) and (set(train) & (OPTIM_KEYS | LOSS_KEYS)):
+        for section, keys in (("optim", OPTIM_KEYS), ("objective", LOSS_KEYS)):
+            moved = {k: train[k] for k in keys if k in train}
+            if moved:
+                data[section] = {**(data.get(section) or {}), **moved}     # an old-style --set wins
+        data["train"] = {k: v for k, v in train.items() if k not in OPTIM_KEYS | LOSS_KEYS}
+    return data
+
+
+def load_config(source=None, overrides: list[str] | None = None) -> VQRunConfig:
+    """A VQ YAML (path or configs/NAME, a dict or a VQRunConfig) with ``--set section.key=value`` overrides."""
+    return VQRunConfig.load(source, overrides)
+
+
+def vq_model(model) -> VQConfig:
+    """The VQConfig of a ``model`` mapping: ``preset`` (default vq16) with any VQConfig field over it."""
+    if not isinstance(model, dict):
+        raise ConfigError(f"model: expected a mapping (preset and VQ fields), got {model!r}")
+    model = dict(model)
+    preset = model.pop("preset", "vq16")
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset: expected a vq preset, one of {sorted(PRESETS)}, got {preset!r}")
+    try:
+        return build_section(VQConfig, {**PRESETS[preset], **model}, "model.").validate()
+    except VQError as e:
+        raise ConfigError(str(e)) from None

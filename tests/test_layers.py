@@ -1,0 +1,122 @@
+"""The package's architecture as a test: every import of every module of mutor2d (function-level ones
+too) goes to the same or a lower layer, there is no import circle, and the engine imports no run kind.
+
+Layers, lowest first (a top-level module or package of mutor2d each):"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mutor2d"
+LAYERS = [
+    {"checks", "cli", "io", "plugins"},            # what every part shares
+    {"config"},                                    # the registries and config building
+    {"checkpoint"},                                # files: written atomically, read without running code
+    {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ
+    {"registers"},                                 # the register layout: pure tensor code
+    {"objectives", "data"},                        # losses over the layout; training data
+    {"sampling"},                                  # decoding, and images / npz files out of a model
+    {"engine"},                                    # the one training loop
+    {"evaluation"},                                # metrics, records, studies (they train and sample)
+    {"image", "lm", "vq"},                         # the run kinds, peers
+    {"demo", "hub"},                               # optional integrations
+]
+RUN_KINDS = LAYERS[-2]
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "mutor2d"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imports(path: Path) -> set[str]:
+    """Every mutor2d module ``path`` imports, anywhere in the file (``from X import name`` imports the
+    module X.name when there is one, else X)."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("mutor2d")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target.startswith("mutor2d"):
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    found.add(sub if is_module(sub) else target)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {m: {d for d in imports(p) if d in modules and d != m} for m, p in modules.items()}
+
+
+def test_every_unit_has_a_layer(graph):
+    layered = set().union(*LAYERS) | {"mutor2d"}
+    assert {unit_of(m) for m in graph} <= layered, "a new top-level module or package needs a row in LAYERS"
+
+
+def test_no_import_goes_to_a_higher_layer(graph):
+    rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                if unit_of(m) != "mutor2d" and rank[unit_of(d)] > rank[unit_of(m)])
+    assert up == []
+
+
+def test_run_kinds_are_peers_and_the_engine_imports_none(graph):
+    across = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if unit_of(m) != unit_of(d) and unit_of(d) in RUN_KINDS and unit_of(m) not in LAYERS[-1])
+    assert across == []
+
+
+def test_no_import_circle(graph):
+    """Tarjan's strongly connected components over the module graph: each must be one module."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_walker_sees_a_function_level_import(tmp_path):
+    """The rule is checked on lazy imports too: a function-level import is an edge."""
+    path = PACKAGE / "engine" / "loop.py"
+    assert "mutor2d.engine.kinds" in imports(path)           # module level
+    assert "mutor2d.checkpoint" in imports(path)             # inside exit_code()
