@@ -114,9 +114,10 @@ RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not wh
 
 
 def check_resume_config(cfg, saved: dict) -> None:
-    """The model, objective and data sections of a resumed run must equal the checkpoint's."""
+    """The model, objective and data sections (those the kind has) of a resumed run must equal the
+    checkpoint's."""
     old = type(cfg).from_dict(saved)
-    for section in ("model", "objective", "data"):
+    for section in (s for s in ("model", "objective", "data") if s in cfg.sections):
         a, b = old.to_dict()[section], cfg.to_dict()[section]
         for key in sorted((set(a) | set(b)) - {k for s, k in RESUME_MAY_CHANGE if s == section}):
             if a.get(key) != b.get(key):
