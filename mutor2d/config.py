@@ -79,8 +79,11 @@ def import_parts() -> None:
 
 
 class Variant:
-    """Base of a tagged section's variants: ``name`` is set by ``register_variant``."""
+    """Base of a tagged section's variants: ``name`` is set by ``register_variant``. ``legacy_keys``: the
+    keys of the flat section configs stored before it was tagged (all variants' keys at once); a
+    mapping holding all of them is read by the picked variant's ``from_legacy``."""
     name: ClassVar[str] = ""
+    legacy_keys: ClassVar[frozenset] = frozenset()
 
     def check(self) -> None:
         """Raise ConfigError for a bad value (fields are type-checked before)."""
@@ -264,19 +267,9 @@ def build_tagged(section: str, data: Any):
     name = data.get("name", DEFAULT_VARIANT[section])
     cls = variant_class(section, name)
     rest = {k: v for k, v in data.items() if k != "name"}
-    if section in LEGACY_KEYS and LEGACY_KEYS[section] <= set(rest):
+    if cls.legacy_keys and cls.legacy_keys <= set(rest):
         rest = cls.from_legacy(rest)
     return build_section(cls, rest, f"{section}.", context=f" for {section}.name={name}")
-
-
-# The flat sections every checkpoint stored before data and objective were tagged: all the keys of
-# every variant at once. A dict holding all of them is upgraded by its variant's ``from_legacy``.
-LEGACY_KEYS = {
-    "data": frozenset({"path", "test_path", "tokenizer", "levels", "num_workers", "degree", "path_len",
-                       "num_nodes", "num_train", "num_test", "data_seed", "reverse_answer"}),
-    "objective": frozenset({"reg_weight", "d_min", "d_max", "d_max_2d", "placement", "num_registers",
-                            "per_register_offsets", "edge", "multihead_layout", "num_heads"}),
-}
 
 
 def from_dict(data: Any):

@@ -158,6 +158,8 @@ class DataConfig(Variant):
     "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
     class with ``@register_variant("data", NAME)``."""
     num_workers: int
+    legacy_keys = frozenset({"path", "test_path", "tokenizer", "levels", "num_workers", "degree", "path_len",
+                             "num_nodes", "num_train", "num_test", "data_seed", "reverse_answer"})
 
     def build(self, split: str) -> Dataset:
         raise NotImplementedError

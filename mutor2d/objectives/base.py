@@ -83,6 +83,8 @@ class ObjectiveConfig(Variant):
     subclass with ``@register_variant("objective", NAME)`` beside its module.
 
     Loss = (1 - reg_weight) * CE_ntp + reg_weight * CE_aux, each a mean over its own valid targets."""
+    legacy_keys = frozenset({"reg_weight", "d_min", "d_max", "d_max_2d", "placement", "num_registers",
+                             "per_register_offsets", "edge", "multihead_layout", "num_heads"})
 
     def build(self, model: nn.Module) -> nn.Module:
         """The loss module: ``forward(model, Batch, generator) -> ObjectiveResult`` and ``blocks()``
