@@ -195,10 +195,12 @@ class ConfigRoot:
         task = data.pop("task", cls.task)
         if task != cls.task:
             fail("task", repr(cls.task), task)
-        for s in data:
+        sections = {}
+        for s, value in data.items():                       # in the mapping's order: the first error is named
             if s not in cls.sections:
                 raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(cls.sections)})")
-        return cls(**{s: cls.build(s, v) for s, v in data.items()}).check()
+            sections[s] = cls.build(s, value)
+        return cls(**sections).check()
 
     @classmethod
     def load(cls, source: Any = None, overrides: list[str] | None = None):

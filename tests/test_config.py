@@ -67,7 +67,7 @@ def test_yaml_file_and_name_lookup(tmp_path):
     (["objective.reg_weight=0.5"], r"unknown config key 'objective.reg_weight' for objective.name=ntp \(known: name\)"),
     (["objective.name=mutor-2d", "objective.d_max_2d=4"], "unknown config key 'objective.d_max_2d'"),
     (["data.degree=3"], "unknown config key 'data.degree' for data.name=digits"),
-    (["objective.name=mutor-2d", "objective.d_max=1"], "objective.d_max: need D >= 2"),
+    (["objective.name=mutor-2d", "objective.d_max=1"], "objective.d_max: need 2 <= D"),
     (["objective.name=multihead", "objective.num_heads=16"], r"objective.num_heads: expected 0 \(all\) .. 15"),
     (["objective.name=multihead", "objective.layout=1d", "objective.d_max=1"], "objective.d_max"),
     (["data.name=codes"], "data.path: expected the folder written by tokenizers/extract_codes.py"),
@@ -138,7 +138,7 @@ def test_legacy_checkpoint_dicts_are_upgraded():
 
 
 def test_legacy_values_are_still_checked():
-    with pytest.raises(C.ConfigError, match="objective.d_max: need D >= 2"):
+    with pytest.raises(C.ConfigError, match="objective.d_max: need 2 <= D"):
         C.from_dict({"objective": {**LEGACY_OBJECTIVE, "d_max_2d": 1}})
 
 

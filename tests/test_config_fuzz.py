@@ -83,3 +83,15 @@ def test_sampling_values_pass_or_name_the_field(field, value):
 def test_non_mapping_sections_are_named(section):
     with pytest.raises(C.ConfigError, match=f"^{section}: expected a mapping"):
         C.from_dict(nest(section, [1, 2]))
+
+
+HUGE = [2 ** 32, 2 ** 63, 10 ** 30, -10 ** 30]
+
+
+@pytest.mark.parametrize("value", HUGE)
+def test_every_field_names_itself_for_huge_values(value):
+    """The fuzz above draws a few fields at random; a huge integer in *any* field (d_max = 2^32 once
+    listed 2^64 candidate offsets until the process was killed) loads or is a one-line error naming
+    the field, fast."""
+    for section, variant, name in targets():
+        test_any_value_loads_or_names_the_field.hypothesis.inner_test(target=(section, variant, name), value=value)

@@ -18,8 +18,9 @@ from mutor2d.cli import HelpFormatter
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "tokenizers") for p in folder.glob("*.py")
                  if "__main__" in p.read_text())
-MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
-                 if 'if __name__ == "__main__"' in p.read_text())
+MODULES = sorted([".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
+                  if 'if __name__ == "__main__"' in p.read_text()]
+                 + [".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")])
 DELEGATES = {"app.py": "mutor2d.demo"}          # scripts whose parser lives in a module
 
 

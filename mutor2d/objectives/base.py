@@ -135,12 +135,17 @@ def check_register_fields(o) -> None:
         at_least("objective.num_registers", o.num_registers, 1)
 
 
+MAX_D_1D = 1 << 16      # the farthest 1D offset: beyond any sequence length trained here
+MAX_D_2D = 256          # the side of the 2D offset square: 256^2 - 1 candidates, past any VQ grid
+
+
 def check_offsets(o, kind: str) -> None:
-    """d_min/d_max rules of 1D offsets (1 <= d_min <= d_max) or 2D ones (D = d_max >= 2)."""
-    if kind == "mutor-1d" and not 1 <= o.d_min <= o.d_max:
-        raise ConfigError(f"objective.d_min/d_max: need 1 <= d_min <= d_max, got {o.d_min}..{o.d_max}")
-    if kind == "mutor-2d" and o.d_max < 2:
-        raise ConfigError(f"objective.d_max: need D >= 2 for 2D offsets (D=1 has none), got {o.d_max}")
+    """d_min/d_max rules of 1D offsets (1 <= d_min <= d_max <= MAX_D_1D) or 2D ones
+    (2 <= D = d_max <= MAX_D_2D): checked before any rule lists the candidate offsets."""
+    if kind == "mutor-1d" and not 1 <= o.d_min <= o.d_max <= MAX_D_1D:
+        raise ConfigError(f"objective.d_min/d_max: need 1 <= d_min <= d_max <= {MAX_D_1D}, got {o.d_min}..{o.d_max}")
+    if kind == "mutor-2d" and not 2 <= o.d_max <= MAX_D_2D:
+        raise ConfigError(f"objective.d_max: need 2 <= D <= {MAX_D_2D} for 2D offsets (D=1 has none), got {o.d_max}")
 
 
 REG_WEIGHT_SCHEDULES = ("constant", "linear", "cosine")
