@@ -43,21 +43,25 @@ VARIANTS: dict[str, dict[str, type]] = {"data": {}, "objective": {}, "sample.dec
 DEFAULT_VARIANT = {"data": "digits", "objective": "ntp", "sample.decode": "plain"}
 
 
-def register_section(section: str):
-    """Class decorator: make a dataclass the plain section ``section``."""
+def registered(registry: dict, key: str, attr: str | None = None):
+    """Class decorator: put the class into ``registry[key]`` (and set its ``attr`` to ``key``); the
+    one shape of every registry's decorator."""
     def add(cls):
-        PLAIN[section] = cls
+        if attr:
+            setattr(cls, attr, key)
+        registry[key] = cls
         return cls
     return add
+
+
+def register_section(section: str):
+    """Class decorator: make a dataclass the plain section ``section``."""
+    return registered(PLAIN, section)
 
 
 def register_variant(section: str, name: str):
     """Class decorator: make a dataclass the ``section`` variant picked by ``name: NAME``."""
-    def add(cls):
-        cls.name = name
-        VARIANTS[section][name] = cls
-        return cls
-    return add
+    return registered(VARIANTS[section], name, "name")
 
 
 _PARTS_IMPORTED = False
@@ -122,11 +126,7 @@ DEFAULT_TASK = "image"                                       # a config without 
 
 def register_run_config(task: str):
     """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``."""
-    def add(cls):
-        cls.task = task
-        RUN_CONFIGS[task] = cls
-        return cls
-    return add
+    return registered(RUN_CONFIGS, task, "task")
 
 
 def task_of(data: dict) -> str:

@@ -58,11 +58,15 @@ def script(path: str):
     return module
 
 
-@pytest.fixture
-def plugin(tmp_path, monkeypatch):
-    """plugin(heading): writes that recipe into tmp_path/plugins/NAME.py and names it in MUTOR2D_PLUGINS.
-    The registries it fills are restored, and the module forgotten, afterwards."""
-    registries = [config.VARIANTS["objective"], config.VARIANTS["data"], BACKENDS, TOKENIZERS]
+def recipe_plugins(tmp_path, monkeypatch, registries: list[dict]):
+    """The body of the ``plugin`` fixtures: yields write(heading), which writes that recipe into
+    tmp_path/plugins/NAME.py and names it in MUTOR2D_PLUGINS; ``registries`` (the ones the recipes
+    fill) are restored, and the modules forgotten, afterwards. Every shipped part and run kind is
+    registered first: a registry saved before a lazy import would be restored without it."""
+    from mutor2d.engine.kinds import run_kind
+    config.import_parts()
+    for task in config.known_tasks():
+        config.run_config_class(task), run_kind(task)
     saved = [dict(r) for r in registries]
     folder = tmp_path / "plugins"
     folder.mkdir()
@@ -81,6 +85,13 @@ def plugin(tmp_path, monkeypatch):
         registry.update(before)
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """plugin(heading): that recipe as a plugin module (recipe_plugins)."""
+    yield from recipe_plugins(tmp_path, monkeypatch, [config.VARIANTS["objective"], config.VARIANTS["data"],
+                                                      BACKENDS, TOKENIZERS])
 
 
 @pytest.fixture(scope="module")

@@ -11,34 +11,15 @@ import yaml
 from mutor2d import config
 from mutor2d.engine import read_log
 from mutor2d.engine.kinds import RUN_KINDS
-from test_recipes import ROOT, TINY, recipe, script
+from test_recipes import ROOT, TINY, recipe_plugins, script
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    """plugin(heading): that recipe as tmp_path/plugins/NAME.py, named in MUTOR2D_PLUGINS; the
-    registries it fills are restored and the module forgotten afterwards."""
-    registries = [config.VARIANTS["data"], config.RUN_CONFIGS, RUN_KINDS]
-    saved = [dict(r) for r in registries]
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    names = []
-
-    def write(heading: str) -> str:
-        name, source = recipe(heading)
-        (folder / f"{name}.py").write_text(source)
-        names.append(name)
-        monkeypatch.setenv("MUTOR2D_PLUGINS", ",".join(names))
-        return name
-    yield write
-    for registry, before in zip(registries, saved):
-        registry.clear()
-        registry.update(before)
-    for name in names:
-        sys.modules.pop(name, None)
+    """plugin(heading): that recipe as a plugin module (test_recipes.recipe_plugins)."""
+    yield from recipe_plugins(tmp_path, monkeypatch, [config.VARIANTS["data"], config.RUN_CONFIGS, RUN_KINDS])
 
 
 def test_run_kind_recipe_trains_resumes_and_learns_the_chain(plugin, tmp_path, capsys):

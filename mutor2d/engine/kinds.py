@@ -11,18 +11,14 @@ from __future__ import annotations
 import importlib
 
 from ..checks import ConfigError
-from ..config import known_tasks
+from ..config import known_tasks, registered
 
 RUN_KINDS: dict[str, type] = {}
 
 
 def register_run_kind(task: str):
     """Class decorator: make a class the engine's parts for runs with ``task: TASK``."""
-    def add(cls):
-        cls.name = task
-        RUN_KINDS[task] = cls
-        return cls
-    return add
+    return registered(RUN_KINDS, task, "name")
 
 
 def run_kind(task: str) -> type:
