@@ -240,8 +240,9 @@ TINY_VQ = dict(codebook_size=V, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_
 def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
     """Sample grids and online evaluation get the tokenizer with its weights on the run's device (the
     model's), not where build_hooks made it (the CPU). "meta" stands in for a GPU here."""
-    from mutor2d.engine.hooks import JsonLog, OnlineEval, SampleGrids, StepStatus
+    from mutor2d.engine.hooks import JsonLog, StepStatus
     from mutor2d.evaluation import online
+    from mutor2d.image.hooks import OnlineEval, SampleGrids
     seen = {}
 
     def grid(model, tokenizer, *args, **kwargs):
@@ -264,7 +265,8 @@ def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
 
 def test_sample_grid_hook_equals_sample_py(run, tmp_path):
     """The training hook's PNG (tokenizer moved to the run's device) is sample.py's PNG, byte for byte."""
-    from mutor2d.engine.hooks import SampleGrids, StepStatus
+    from mutor2d.engine.hooks import StepStatus
+    from mutor2d.image.hooks import SampleGrids
     src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
     classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
     SampleGrids(src.tokenizer, classes)(fake_run(src.cfg, src.model, src.grid, "cpu", tmp_path), StepStatus(7, True))

@@ -46,7 +46,8 @@ def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
     """A VQ tokenizer built on the CPU (as build_hooks does) decodes the training grid on the GPU, and
     the grid is sample.py's on the same checkpoint and device, byte for byte."""
     from mutor2d.data.tokens import build_tokenizer
-    from mutor2d.engine.hooks import SampleGrids, StepStatus
+    from mutor2d.engine.hooks import StepStatus
+    from mutor2d.image.hooks import SampleGrids
     from mutor2d.model.gpt import GPT
     from mutor2d.tokenizer.vq import VQModel, vq_config
     torch.manual_seed(0)
