@@ -61,7 +61,9 @@ def script(path: str):
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """plugin(heading): writes that recipe into tmp_path/plugins/NAME.py and names it in MUTOR2D_PLUGINS.
-    The registries it fills are restored, and the module forgotten, afterwards."""
+    The registries it fills are restored, and the module forgotten, afterwards (saved once every shipped
+    part is registered: restoring a registry saved before would drop them)."""
+    config.import_parts()
     registries = [config.VARIANTS["objective"], config.VARIANTS["data"], BACKENDS, TOKENIZERS]
     saved = [dict(r) for r in registries]
     folder = tmp_path / "plugins"
