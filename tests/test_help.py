@@ -1,8 +1,8 @@
 """--help of every entry point: the top-level scripts, eval/, bench/, tokenizers/ and the ``python -m``
-modules (found by their ``__main__`` guard, so a new one cannot be left out) build their parser with
-``build_parser()``; every option, positional and subcommand has a help text, and every parser uses
-the shared formatter that shows each option's default (mutor2d.cli.HelpFormatter). In-process: the
-modules are imported, no script runs."""
+modules (found by their ``__main__`` guard or a package's ``__main__.py``, so a new one cannot be left
+out) build their parser with ``build_parser()``; every option, positional and subcommand has a help
+text, and every parser uses the shared formatter that shows each option's default
+(mutor2d.cli.HelpFormatter). In-process: the modules are imported, no script runs."""
 from __future__ import annotations
 
 import argparse
@@ -18,9 +18,9 @@ from mutor2d.cli import HelpFormatter
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "tokenizers") for p in folder.glob("*.py")
                  if "__main__" in p.read_text())
-MODULES = sorted([".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
-                  if 'if __name__ == "__main__"' in p.read_text()]
-                 + [".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")])
+MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
+                  if 'if __name__ == "__main__"' in p.read_text()}
+                 | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
 DELEGATES = {"app.py": "mutor2d.demo"}          # scripts whose parser lives in a module
 
 

@@ -62,9 +62,13 @@ class ImageRunConfig(ConfigRoot):
         return self
 
     def check_data(self, grid: tuple[int, int], prefix_len: int, num_classes: int | None = None) -> None:
-        """Rules that need the data: its body grid (H, W), prefix length and class count."""
+        """Rules that need the data: its body grid (H, W), prefix length and class count. sample.classes
+        index the grid rows: the data's classes for class labels, else the kind's fixed choices."""
         self.model.check_grid(grid)
         self.objective.check_grid(grid, prefix_len)
         self.sample.decode.fit(self.objective, grid)
-        if num_classes is not None and self.model.kind().per_class:
-            self.sample.check_classes(num_classes)
+        kind = self.model.kind()
+        count = num_classes if kind.per_class else kind.num_choices(self.model)
+        what = "a class of the data" if kind.per_class else f"a choice of model.conditioning={kind.name!r}"
+        if count is not None:
+            self.sample.check_classes(count, what)

@@ -39,7 +39,8 @@ def on_device(tokenizer, device: torch.device):
 
 @dataclass
 class SampleGrids:
-    """RUN/samples/step_N.png: sample.per_class samples of each sample class, one row per class."""
+    """RUN/samples/step_N.png: sample.per_class samples of each grid row's choice (``classes``: indices
+    into the conditioning kind's choices; class labels: the classes), one row per choice."""
     tokenizer: object
     classes: list[int] = field(default_factory=list)
 
@@ -83,18 +84,24 @@ class OnlineEval:
 
 
 def image_hooks(run: RunState, log: JsonLog) -> list:
-    """Sample grids (and the online digits evaluation when train.eval_every) for class-conditional runs;
-    ConfigError if the data's tokenizer cannot be built."""
+    """Sample grids for a conditioning kind with a fixed set of choices (and the online digits evaluation
+    when train.eval_every); a kind without one gets neither, said in one line at start-up. ConfigError
+    if the data's tokenizer cannot be built."""
     from ..sampling.images import grid_classes
     cfg = run.cfg
-    if not cfg.model.kind().per_class:
+    kind = cfg.model.kind()
+    count = kind.num_choices(cfg.model)
+    if count is None:
+        if run.main:
+            print(f"note: no sample grids are written: model.conditioning={kind.name!r} has no fixed set of "
+                  f"prefixes to sample", flush=True)
         return []
     try:
         with preserved_rng(run.device):        # a VQ's init draws numbers: keep the training streams
             tokenizer = cfg.data.build_tokenizer()
     except (ValueError, OSError) as e:
         raise ConfigError(f"sample grids need the tokenizer: {e}") from None
-    hooks = [SampleGrids(tokenizer, grid_classes(cfg.sample, cfg.model.num_classes))]
+    hooks = [SampleGrids(tokenizer, grid_classes(cfg.sample, count))]
     if cfg.train.eval_every:
         hooks.append(OnlineEval(tokenizer, log))
     return hooks

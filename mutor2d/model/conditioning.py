@@ -3,16 +3,17 @@
 A conditioning kind (``CONDITIONING[cfg.conditioning]``, a ``Conditioning``) says everything the
 code needs to know about its prefixes: how the prefix is embedded, how many prefix tokens it makes,
 which prefixes are valid, which prefix is the "null" one for classifier-free guidance (CFG), and for
-sampling: which prefixes a grid or sample file picks from (``choices``), how a balanced set is made
-(``balanced``) and cut into batches (``batch``), how a grid row is named (``row_label``) and how the
-prefixes are stored in an npz sample file (``npz_arrays``). Prefixes are one tensor whose first
-dimension is the sample.
+sampling: which prefixes a grid or sample file picks from (``choices``; ``num_choices`` counts them,
+None without a fixed set), how a balanced set is made (``balanced``) and cut into batches (``batch``),
+how a grid row is named (``row_label``) and how the prefixes are stored in an npz sample file
+(``npz_arrays``). Prefixes are one tensor whose first dimension is the sample.
 
 * ``class``: labels (B,) in 0..num_classes; label ``num_classes`` is the null class. One prefix
   token, embedded by ``GPT.cls_embedding`` (a LabelEmbedder; the name is LlamaGen's, so its
   checkpoints load with strict keys). Stored as ``labels`` int64 (N,) in npz files.
 * ``prompt``: tokens (B, P), P >= 1, from the body vocabulary, embedded by the token embedding.
-  No null prompt: CFG is refused; no fixed choices: sample.py cannot pick prompts.
+  No null prompt: CFG is refused; no fixed choices: training writes no sample grids (a note at
+  start-up says so) and sample.py refuses the run.
 
 A new kind is one module: a ``Conditioning`` subclass registered with ``@register_conditioning``
 (docs/METHOD.md, "Datasets and conditioning"); a plugin module is imported through MUTOR2D_PLUGINS.
@@ -84,6 +85,14 @@ class Conditioning:
         ValueError (one line) if the kind has no fixed set."""
         raise ValueError(f"model.conditioning={self.name!r} has no fixed set of prefixes to sample grids "
                          f"or sample files from")
+
+    def num_choices(self, cfg) -> int | None:
+        """C, the number of ``choices(cfg)`` (what ``sample.classes`` / ``--classes`` index: 0..C-1);
+        None for a kind without a fixed set."""
+        try:
+            return len(self.choices(cfg))
+        except ValueError:
+            return None
 
     def balanced(self, cfg, each: int, picks: list[int]) -> Tensor:
         """``each`` copies of every choice in ``picks``, pick-major: (len(picks) * each, ...)."""

@@ -50,39 +50,42 @@ class SampleFileError(ValueError):
 
 # ----------------------------------------------------------------------------- labels, seeds, settings
 
-def spread_classes(num_classes: int, count: int = SPREAD) -> list[int]:
-    """``count`` classes evenly spread over 0..num_classes-1 (all of them if there are fewer)."""
-    if num_classes <= count:
-        return list(range(num_classes))
-    return [round(i * (num_classes - 1) / (count - 1)) for i in range(count)]
+def spread_classes(num_choices: int, count: int = SPREAD) -> list[int]:
+    """``count`` choice indices (class labels: classes) evenly spread over 0..num_choices-1 (all of
+    them if there are fewer)."""
+    if num_choices <= count:
+        return list(range(num_choices))
+    return [round(i * (num_choices - 1) / (count - 1)) for i in range(count)]
 
 
-def check_classes(classes, num_classes: int, name: str = "--classes") -> list[int]:
-    """Each class in 0..num_classes-1, else a one-line error naming ``name``."""
-    bad = [c for c in classes if not 0 <= c < num_classes]
+def check_classes(classes, num_choices: int, name: str = "--classes") -> list[int]:
+    """Each index in 0..num_choices-1 (the conditioning kind's choices: the classes for class labels),
+    else a one-line error naming ``name``."""
+    bad = [c for c in classes if not 0 <= c < num_choices]
     if bad:
         raise SampleFileError(f"{name} {','.join(map(str, classes))!r}: class {bad[0]} is out of range "
-                              f"0..{num_classes - 1}")
+                              f"0..{num_choices - 1}")
     return list(classes)
 
 
-def parse_classes(text: str, num_classes: int) -> list[int]:
-    """"1,7,9" -> [1, 7, 9], each in 0..num_classes-1."""
+def parse_classes(text: str, num_choices: int) -> list[int]:
+    """"1,7,9" -> [1, 7, 9], each in 0..num_choices-1."""
     out = []
     for item in text.split(","):
         try:
             out.append(int(item.strip()))
         except ValueError:
             raise SampleFileError(f"--classes {text!r}: {item.strip()!r} is not a class index "
-                                  f"(expected comma-separated integers in 0..{num_classes - 1})") from None
-    return check_classes(out, num_classes)
+                                  f"(expected comma-separated integers in 0..{num_choices - 1})") from None
+    return check_classes(out, num_choices)
 
 
-def grid_classes(sample_cfg, num_classes: int) -> list[int]:
-    """The classes of a sample grid: ``sample.classes`` (checked), else a spread of them."""
+def grid_classes(sample_cfg, num_choices: int) -> list[int]:
+    """The rows of a sample grid, indices into the kind's ``num_choices`` choices (class labels: the
+    classes): ``sample.classes`` (checked), else a spread of them."""
     if sample_cfg.classes:
-        return check_classes(sample_cfg.classes, num_classes, "sample.classes")
-    return spread_classes(num_classes)
+        return check_classes(sample_cfg.classes, num_choices, "sample.classes")
+    return spread_classes(num_choices)
 
 
 def balanced_prefixes(kind: Conditioning, model_cfg, num: int, picks: list[int]) -> Tensor:

@@ -108,11 +108,12 @@ class SampleConfig:
         at_most("sample.per_class", self.per_class, PER_CLASS_LIMIT, "columns of a grid")
         check_seed("sample.seed", self.seed)
 
-    def check_classes(self, num_classes: int) -> None:
-        """Every grid class must be a class of the data (0..num_classes-1)."""
-        bad = [c for c in self.classes if c >= num_classes]
+    def check_classes(self, count: int, what: str) -> None:
+        """Every grid row must index one of ``count`` choices (0..count-1); ``what`` names one in the
+        message ("a class of the data")."""
+        bad = [c for c in self.classes if c >= count]
         if bad:
-            raise ConfigError(f"sample.classes: {bad[0]} is not a class of the data (0..{num_classes - 1})")
+            raise ConfigError(f"sample.classes: {bad[0]} is not {what} (0..{count - 1})")
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
