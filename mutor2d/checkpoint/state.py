@@ -40,21 +40,28 @@ WEIGHTS = ("model", "objective", "ema", "optimizer")   # tensors: DCP entries in
 
 
 def state_options(sharded: bool) -> StateDictOptions:
-    """How the parts read and write states: each process its shards (a sharded folder), or full
+    """How the parts read and load states: each process its shards (a sharded folder), or full
     tensors (a .pt file; a .pt file loads into a sharded run too)."""
     return StateDictOptions() if sharded else StateDictOptions(full_state_dict=True)
 
 
+def for_saving(options: StateDictOptions) -> StateDictOptions:
+    """``options`` for a state to save: full states on the main process's CPU only (the others get
+    none), shards as they are."""
+    return dataclasses.replace(options, cpu_offload=options.full_state_dict)
+
+
 class ModulePart:
     """The state of one submodule of a TrainModule (``name``: "model" or "objective"), through torch's
-    state-dict API with ``options``; ``keep``: what is saved of it (default all)."""
+    state-dict API with ``options``; ``keep``: what is saved of it (default all). Each part reads the
+    TrainModule's state and keeps its own entries (full states: one CPU copy per part)."""
 
     def __init__(self, module, name: str, options: StateDictOptions, keep=None):
         self.module, self.prefix, self.options, self.keep = module, f"{name}.", options, keep
 
     def state_dict(self) -> dict:
-        state = {k[len(self.prefix):]: v for k, v in get_model_state_dict(self.module, options=self.options).items()
-                 if k.startswith(self.prefix)}
+        full = get_model_state_dict(self.module, options=for_saving(self.options))
+        state = {k[len(self.prefix):]: v for k, v in full.items() if k.startswith(self.prefix)}
         return self.keep(state) if self.keep is not None else state
 
     def load_state_dict(self, state: dict) -> None:
@@ -73,7 +80,7 @@ class OptimizerPart:
         self.module, self.optimizer, self.options = module, optimizer, options
 
     def state_dict(self) -> dict:
-        return get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=self.options)
+        return get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=for_saving(self.options))
 
     def load_state_dict(self, state: dict) -> None:
         config_values = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]

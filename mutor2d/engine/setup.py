@@ -13,6 +13,12 @@ Rules:
     rest are sharded with FSDP2 before the optimizer is built on the shards, and the module is not
     passed through accelerate's prepare (mutor2d.engine.sharding); a sharded checkpoint (.dcp) loads
     after sharding, into any layout.
+  * Checkpoints are the run's named parts (``RunState.checkpoint_state``: mutor2d.checkpoint.state),
+    written and restored by them. Resume order: a .pt file's model and objective are loaded by the kind
+    as it builds them (``RunKind.build_networks``, before sharding), a sharded folder's after sharding;
+    then the optimizer; the EMA starts as a copy of those weights and takes the checkpoint's when it has
+    one; then each process's RNG streams and the health history. The LR schedule and the data order
+    are rebuilt from the step (nothing of them is stored).
 """
 from __future__ import annotations
 

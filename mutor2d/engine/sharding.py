@@ -12,7 +12,8 @@ Rules:
   * ``train.fsdp_offload``: sharded parameters, gradients and AdamW states live on the CPU
     (``CPUOffloadPolicy``), the optimizer steps there.
   * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
-    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update).
+    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update); it saves
+    and loads itself as a checkpoint part (``ema_part``: mutor2d.checkpoint.state).
   * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
     into an unsharded model on the main process. The LM's online accuracy generates on the sharded model
     itself, every process in step (mutor2d.lm.run.OnlineAccuracy).
