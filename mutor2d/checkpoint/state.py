@@ -37,6 +37,7 @@ from . import checkpoint_path, save_atomic
 from . import sharded as sharded_checkpoint
 
 WEIGHTS = ("model", "objective", "ema", "optimizer")   # tensors: DCP entries in a sharded folder
+OPTIONAL = ("objective", "ema", "health")   # absent: nothing to keep (no objective state, no EMA), or older files
 
 
 def state_options(sharded: bool) -> StateDictOptions:
@@ -116,12 +117,13 @@ class TrainState:
                                         {**entries, "has_ema": "ema" in weights}, main)
 
     def restore(self, saved: dict, names: tuple[str, ...]) -> None:
-        """Load the parts ``names`` that the checkpoint ``saved`` (mutor2d.checkpoint.load) holds: a sharded
-        one's weights read by DCP into this run's layout (any process count; its files were verified
-        when it was found: mutor2d.checkpoint.resume), everything else from its entries."""
+        """Load the parts ``names`` of this run from the checkpoint ``saved`` (mutor2d.checkpoint.load): a
+        sharded one's weights read by DCP into this run's layout (any process count; its files were
+        verified when it was found: mutor2d.checkpoint.resume), everything else from its entries. An
+        :data:`OPTIONAL` part it lacks keeps its start; any other is a one-line CheckpointError naming it."""
         folder = saved.get("dcp")
         stored = sharded_checkpoint.stored_parts(folder) if folder else set()
-        held = [n for n in names if n in self.parts and (n in stored or saved.get(n) is not None)]
+        held = [n for n in names if n in self.parts and (n in stored or saved.get(n) is not None or n not in OPTIONAL)]
         state = {n: self.parts[n].state_dict() for n in held if n in stored}
         if state:
             sharded_checkpoint.load(folder, state, verified=True)
