@@ -183,12 +183,15 @@ def test_sample_grid_rows_are_classes(tmp_path):
 
 # ----------------------------------------------------------------------------- resume
 
+RESUMED = ["objective.placement=sparse", "objective.num_registers=12", "train.max_steps=6",
+           "train.ckpt_every=3", "train.grad_accum=2", "train.ema=true", "train.ema_decay=0.9",
+           "model.class_dropout=0.5", "train.sample_every=100"]
+
+
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
     """Sparse registers (layout generator), dropout and label dropout (torch RNG), grad
     accumulation, warmup + cosine, EMA: steps 4..6 after resuming at 3 equal the straight run."""
-    over = ["objective.placement=sparse", "objective.num_registers=12", "train.max_steps=6",
-            "train.ckpt_every=3", "train.grad_accum=2", "train.ema=true", "train.ema_decay=0.9",
-            "model.class_dropout=0.5", "train.sample_every=100"]
+    over = RESUMED
     straight, resumed = tmp_path / "a", tmp_path / "b"
     train(tiny(*over), straight)
     train(tiny(*over), resumed, resume=str(ckpt_lib.checkpoint_path(straight, 3)))
@@ -205,6 +208,23 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
         train(tiny(*over), straight)
     with pytest.raises(ConfigError, match=r"objective.num_registers=11 differs from the checkpoint's 12"):
         train(tiny(*over[:1], "objective.num_registers=11", *over[2:]), straight, resume="auto")
+
+
+def test_a_checkpoint_of_the_old_layout_resumes_exactly_and_samples(tmp_path):
+    """A .pt file as the trainer wrote it before the key scheme of mutor2d.checkpoint.state
+    (tests/legacy_checkpoints.py), made from a run's restored step-3 state: it samples (its EMA
+    weights are the run's) and steps 4..6 from it equal the straight run's. Sharded: test_fsdp.py."""
+    import legacy_checkpoints
+    straight, old = tmp_path / "a", tmp_path / "b"
+    train(tiny(*RESUMED), straight)
+    path = legacy_checkpoints.rewritten(tiny(*RESUMED), ckpt_lib.checkpoint_path(straight, 3), old)
+    assert set(torch.load(path, weights_only=True)) == {"model", "ema", "objective", "optimizer", "step", "rng",
+                                                        "config", "grid", "health", "sha256"}
+    model, _, step = ckpt_lib.load_model(path)
+    ema = ckpt_lib.load(ckpt_lib.checkpoint_path(straight, 3))["ema"]
+    assert step == 3 and all(torch.equal(v, ema[k]) for k, v in model.state_dict().items())
+    train(tiny(*RESUMED), old, resume="auto")
+    assert losses(old) == {s: v for s, v in losses(straight).items() if s > 3}
 
 
 def test_init_from_starts_a_mutor_run_from_next_token_weights(tmp_path):

@@ -2,15 +2,18 @@
 
 A training checkpoint is one ``torch.save`` dict holding only tensors and plain containers, so it
 loads with ``torch.load(weights_only=True)``: a file that holds any other Python object is refused
-with a one-line error and never runs. Layout:
-  model: GPT state dict; ema: EMA state dict or None; objective: state of the objective module
-  (multi-head heads) or {}; optimizer: state dict; step: int; rng: one RNG state per process
-  (mutor2d.engine.rng); config: the resolved run config as a plain dict (its ``task`` first); grid: [H, W].
+with a one-line error and never runs. Layout: the key scheme of mutor2d.checkpoint.state, every entry
+at the top level:
+  model: the model's state dict; objective: state of the objective module (multi-head heads) or {};
+  ema: EMA state dict (absent, or None in older files, without EMA); optimizer: state dict keyed by
+  parameter names; step: int; rng: one RNG state per process (mutor2d.engine.rng); health: the loss /
+  gradient-norm history of recent healthy updates (mutor2d.engine.health); config: the resolved run
+  config as a plain dict (its ``task`` first); grid: [H, W] (None for runs without a grid).
   sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
   a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
-  health: the loss / gradient-norm history of recent healthy updates (mutor2d.engine.health).
 Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
-(mutor2d.checkpoint.sharded); the newest readable one is the resume point.
+(mutor2d.checkpoint.sharded: the same keys, weights as DCP entries); the newest readable one is the
+resume point. Written and restored by their parts (mutor2d.checkpoint.state.TrainState).
 A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
 EX_IOERR) and leaves the earlier checkpoints as they were.
 For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA

@@ -1,10 +1,10 @@
 """Sharded checkpoints: ``RUN/checkpoints/step_XXXXXXXX.dcp/``, written by torch.distributed.checkpoint.
 
-Layout: the DCP files of {"model": the TrainModule's state (keys ``model.*`` for the GPT,
-``objective.*`` for the objective), "optim": the optimizer state keyed by parameter names, "ema":
-the GPT's EMA state (when kept)}, plus ``meta.pt`` written by the main process: step, one RNG state
-per process, the resolved config, the grid, has_ema (tensors and plain values: it loads with
-``weights_only=True``).
+Layout (the key scheme of mutor2d.checkpoint.state): the DCP files of the weights, {"model": the
+model's state (what the run kind keeps), "objective": the objective's, "ema": the EMA's (when kept),
+"optimizer": the optimizer state keyed by parameter names}, plus ``meta.pt`` written by the main
+process: step, one RNG state per process, health, the resolved config, the grid, has_ema (tensors and
+plain values: it loads with ``weights_only=True``).
 
 Rules:
   * Every process writes its own shards into ``.step_XXXXXXXX.dcp.tmp/``; once all are done the main
@@ -14,6 +14,9 @@ Rules:
   * Verified like every checkpoint: meta.pt holds the SHA-256 of each file DCP wrote
     (``files_sha256``), checked before the tensors are read; a mismatch is "unreadable" (named and set
     aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
+  * Folders written before that scheme (the TrainModule's state under "model": ``model.model.*``,
+    ``model.objective.*``; the optimizer's under "optim") are read under today's names
+    (``legacy_names``), so they resume, sample and export as before.
   * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; DCP's ``.metadata``
     (a pickle) is read and checked by mutor2d.checkpoint.safe_dcp before anything else is, and DCP loads through
     safe_dcp's reader and planner. The checksums guard against corruption, not against a stranger, who
@@ -21,6 +24,7 @@ Rules:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import warnings
@@ -30,6 +34,7 @@ from .. import io
 
 SUFFIX = ".dcp"
 META = "meta.pt"
+LEGACY = {"model.model.": "model.", "model.objective.": "objective.", "optim.": "optimizer."}   # old -> new
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
@@ -88,7 +93,7 @@ def files_sha256(folder: Path) -> dict[str, str]:
 
 
 def verify(path: Path, meta: dict | None = None):
-    """The checked DCP metadata of the checkpoint (mutor2d.checkpoint.safe_dcp); CheckpointError when a file differs
+    """The checked DCP metadata of the checkpoint (``metadata``); CheckpointError when a file differs
     from the SHA-256 meta.pt recorded at save (checkpoints written before file checksums skip this), or
     when a stored value is not plain data. ``meta``: its meta.pt as ``read_meta`` gave it, if read."""
     from . import safe_dcp
@@ -96,18 +101,43 @@ def verify(path: Path, meta: dict | None = None):
     if expected is not None and files_sha256(path) != expected:
         raise io.UnsafeFileError(f"checkpoint {str(path)!r}: its files do not match the checksum stored at save "
                                  f"(corrupt or changed since)")
-    checked = safe_dcp.read_metadata(path)
+    checked = metadata(path)
     safe_dcp.check_entries(path, checked)
     return checked
 
 
-def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
-    """Fill the tensors of ``state`` (nested as written; DTensors or plain tensors) from the checkpoint,
-    after checking its files (checksums, plain stored values) unless the caller has (``verified``); DCP
-    reads through mutor2d.checkpoint.safe_dcp either way."""
+def metadata(path: Path):
+    """The checked DCP metadata of the checkpoint (mutor2d.checkpoint.safe_dcp), its entries under
+    today's names (``legacy_names``)."""
     from . import safe_dcp
+    return legacy_names(safe_dcp.read_metadata(path))
+
+
+def legacy_names(checked):
+    """DCP metadata with the entries of a folder written before the key scheme of
+    mutor2d.checkpoint.state (it has ``optim.*`` entries) renamed by :data:`LEGACY`; others as they are."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    if not any(k.startswith("optim.") for k in checked.state_dict_metadata):
+        return checked
+
+    def new(fqn: str) -> str:
+        return next((n + fqn[len(o):] for o, n in LEGACY.items() if fqn.startswith(o)), fqn)
+    return dataclasses.replace(
+        checked, state_dict_metadata={new(k): v for k, v in checked.state_dict_metadata.items()},
+        storage_data={MetadataIndex(new(i.fqn), i.offset, i.index): v for i, v in checked.storage_data.items()})
+
+
+def stored_parts(path: str | os.PathLike) -> set[str]:
+    """The parts (mutor2d.checkpoint.state's names) the checkpoint holds entries of."""
+    return {k.split(".", 1)[0] for k in metadata(Path(path)).state_dict_metadata}
+
+
+def load(path: str | os.PathLike, state: dict, verified: bool = False) -> None:
+    """Fill the tensors of ``state`` (nested by part as mutor2d.checkpoint.state names them; DTensors or
+    plain tensors) from the checkpoint, after checking its files (checksums, plain stored values) unless
+    the caller has (``verified``); DCP reads through mutor2d.checkpoint.safe_dcp either way."""
     path = Path(path)
-    _read(path, state, safe_dcp.read_metadata(path) if verified else verify(path))
+    _read(path, state, metadata(path) if verified else verify(path))
 
 
 def _read(path: Path, state: dict, checked) -> None:
@@ -127,10 +157,9 @@ def read_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     path = Path(path)
     meta = read_meta(path)
     checked = verify(path, meta)
-    part, prefix = ("ema", "ema.") if use_ema and meta["has_ema"] else ("model", "model.model.")
-    weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
+    part = "ema" if use_ema and meta["has_ema"] else "model"
+    weights = {k[len(part) + 1:]: torch.empty(m.size, dtype=m.properties.dtype)
                for k, m in checked.state_dict_metadata.items()
-               if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-    nested = {f"{prefix[len(part) + 1:]}{k}": v for k, v in weights.items()}
-    _read(path, {part: nested}, checked)
+               if k.startswith(f"{part}.") and isinstance(m, TensorStorageMetadata)}
+    _read(path, {part: weights}, checked)
     return weights, meta

@@ -3,7 +3,8 @@
 Epoch e is a permutation of the dataset drawn from ``seed + e``; step s takes positions
 [s*B, (s+1)*B) of the concatenated epochs (B = global batch); micro-batch m of process r takes the
 slice (m*world + r)*b .. +b of it (b = B / (world*grad_accum)). The order depends on the step only,
-so resuming needs no loader state, and the global batch of a step is the same for any process count.
+so resuming needs no loader state (a checkpoint stores none: mutor2d.checkpoint.state), and the
+global batch of a step is the same for any process count.
 
 Grouped by length (``lengths`` given, text data): each epoch's permutation is cut into windows of
 ``chunk`` global batches; a window is sorted by length (longest first), cut into batches, and its

@@ -25,9 +25,9 @@ KEYS = ("loss", "grad_norm", "weight_norm")
 class Health:
     """Judge updates by their loss, gradient norm and weight norm against the recent healthy ones."""
 
-    def __init__(self, factor: float, window: int, state: dict | None = None):
+    def __init__(self, factor: float, window: int):
         self.factor = factor
-        self.history = {k: deque((state or {}).get(k, []), maxlen=window) for k in KEYS}
+        self.history = {k: deque(maxlen=window) for k in KEYS}
         self.last: str | None = None        # why the last update was skipped; None if it was applied
 
     def judge(self, loss: torch.Tensor, grad_norm: torch.Tensor, acc=None,
@@ -54,4 +54,9 @@ class Health:
         return None
 
     def state_dict(self) -> dict:
+        """The history: a list of values per key (a checkpoint part: mutor2d.checkpoint.state)."""
         return {k: list(v) for k, v in self.history.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's history (its most recent ``window`` values); keys it lacks start empty."""
+        self.history = {k: deque(state.get(k, []), maxlen=past.maxlen) for k, past in self.history.items()}

@@ -18,9 +18,8 @@ import torch
 from .. import checkpoint as ckpt_lib
 from ..io import warn
 from ..checkpoint.resume import Retention
-from .rng import rng_state
 from .setup import RunState
-from .sharding import all_finite, is_sharded, save_sharded
+from .sharding import all_finite, is_sharded
 
 
 @dataclass
@@ -149,34 +148,10 @@ def params_finite(run: RunState) -> bool:
     return all_finite(run.model.parameters())
 
 
-def save_checkpoint(run: RunState, step: int) -> Path | None:
-    """Write RUN/checkpoints/step_N.pt (all processes take part; the main one writes), then rotate;
-    a sharded run writes step_N.dcp/ (every process its shards)."""
-    if is_sharded(run.module):
-        return save_sharded(run, step)
-    from accelerate.utils import gather_object
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    states = gather_object([rng_state(run.layout_gen, run.device)])
-    # full (unsharded) states on the main process under DDP and FSDP alike; optimizer keyed by names
-    full, optim = get_state_dict(run.module, run.optimizer.optimizer,
-                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not run.main:
-        return None
-    split = {k: {n[len(k) + 1:]: v for n, v in full.items() if n.startswith(k + ".")}
-             for k in ("model", "objective")}
-    path = ckpt_lib.save_atomic({
-        "model": run.kind.trainable_state(split["model"]),
-        "ema": run.ema.module.state_dict() if run.ema is not None else None,
-        "objective": split["objective"], "optimizer": optim, "step": step,
-        "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid) if run.grid else None,
-        "health": run.health.state_dict(),
-    }, ckpt_lib.checkpoint_path(run.run_dir, step))
-    return path
-
-
 class CheckpointHook:
-    """Writes a checkpoint when due and the last update was healthy; ``kept`` (main process) knows the
-    last good checkpoint and rotates around it (engine/checkpointer.py)."""
+    """Writes a checkpoint when due and the last update was healthy: RUN/checkpoints/step_N.pt, or
+    step_N.dcp/ for a sharded run (every process takes part: RunState.checkpoint_state); ``kept`` (main
+    process) knows the last good checkpoint and rotates around it (mutor2d.checkpoint.resume.Retention)."""
 
     def __init__(self, run: RunState):
         resumed = ckpt_lib.checkpoint_path(run.run_dir, run.start) if run.start else None
@@ -191,7 +166,7 @@ class CheckpointHook:
                 warn(f"step {status.done}: no checkpoint written (skipped update or non-finite weights); "
                      f"{self.kept.kept_message()}")
             return
-        path = save_checkpoint(run, status.done)
+        path = run.checkpoint_state(is_sharded(run.module)).save(run.run_dir, status.done, run.main)
         if run.main:
             self.kept.saved(path)
         if status.stopping and run.main:

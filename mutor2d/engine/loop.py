@@ -9,7 +9,7 @@ Rules:
     (engine/health.py) is skipped (optimizer untouched, gradients dropped) and counted in the log; after
     ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
     checkpoint, and no checkpoint is written while the last update was skipped
-    (engine/checkpointer.py: rotation never deletes the last good one).
+    (mutor2d.checkpoint.resume: rotation never deletes the last good one).
   * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * A run resumed at ``train.max_steps`` says "nothing to do" and writes nothing: no log line, config,
     tracker file or model folder; unless its kind's final outputs are missing (a session killed between

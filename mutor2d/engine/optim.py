@@ -4,8 +4,11 @@ Rules:
   * Weight decay follows LlamaGen: tensors with 2 or more dims decay; 1-D tensors (norm weights, the
     register embedding) do not.
   * The learning rate is a pure function of the update count and the config (timm scheduler driven
-    per update; warmup lr*n/W, then constant, cosine or linear to ``min_lr`` at ``max_steps``): a resumed run
-    rebuilds it, so a changed step budget is honoured.
+    per update; warmup lr*n/W, then constant, cosine or linear to ``min_lr`` at ``max_steps``): a checkpoint
+    stores no scheduler state (mutor2d.checkpoint.state), a resumed run rebuilds it, so a changed step
+    budget is honoured.
+  * The optimizer's state is a checkpoint part (mutor2d.checkpoint.state.OptimizerPart); a resumed run
+    keeps its config's param-group hyper-parameters.
 """
 from __future__ import annotations
 
@@ -70,18 +73,3 @@ def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
             quiet.level = level
     return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, warmup_t=warm,
                            warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
-
-
-def load_optimizer_state(module: nn.Module, optimizer, state: dict) -> None:
-    """A checkpoint's optimizer state (keyed by parameter names) into the prepared optimizer, sharded as
-    the module is (DDP, FSDP); states keyed by index (older checkpoints) load directly. The param-group
-    hyper-parameters (lr, betas, weight decay, ...) stay the config's: a resumed run uses what its
-    config.yaml says, --set overrides included."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    config_values = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    if all(isinstance(k, int) for k in state["state"]):
-        optimizer.load_state_dict(state)
-    else:
-        set_optimizer_state_dict(module, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
-    for group, values in zip(optimizer.param_groups, config_values):
-        group.update(values)

@@ -1,8 +1,8 @@
 """Random streams of a training process, and their state as plain tensors (safe to save).
 
 Every process seeds its own torch / numpy / python RNGs (dropout, label dropout, data augmentation)
-and its own register-layout generator from (seed, rank). A checkpoint keeps one state per process,
-made of tensors, ints and tuples only, so it loads with ``torch.load(weights_only=True)``.
+and its own register-layout generator from (seed, rank). A checkpoint keeps one state per process
+(``RunRng``), made of tensors, ints and tuples only, so it loads with ``torch.load(weights_only=True)``.
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from ..io import warn
 
 
 def rank_seed(seed: int, rank: int, stream: int) -> int:
@@ -63,6 +65,30 @@ def set_rng_state(state: dict, layout_gen: torch.Generator, device: torch.device
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
     return same_kind
+
+
+class RunRng:
+    """The RNG streams of every process of ``run`` (a RunState) as a checkpoint part: saved as one state
+    per process (gathered: every process takes part), restored by rank; with another process count,
+    fresh per-process seeds and a warning (the run continues, not bit-exactly)."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def state_dict(self) -> list[dict]:
+        from accelerate.utils import gather_object
+        return gather_object([rng_state(self.run.layout_gen, self.run.device)])
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        run, acc = self.run, self.run.acc
+        if len(states) != acc.num_processes:
+            if acc.is_main_process:
+                warn(f"checkpoint has RNG states of {len(states)} processes, this run has {acc.num_processes}: "
+                     f"fresh per-process seeds (the run continues, not bit-exactly)")
+            run.layout_gen = seed_process(run.cfg.train.seed + run.start, acc.process_index, acc.device)
+        elif not set_rng_state(states[acc.process_index], run.layout_gen, acc.device) and acc.is_main_process:
+            warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
+                 f"that stream starts fresh (the run continues, not bit-exactly)")
 
 
 @contextmanager

@@ -13,6 +13,12 @@ Rules:
     rest are sharded with FSDP2 before the optimizer is built on the shards, and the module is not
     passed through accelerate's prepare (mutor2d.engine.sharding); a sharded checkpoint (.dcp) loads
     after sharding, into any layout.
+  * Checkpoints are the run's named parts (``RunState.checkpoint_state``: mutor2d.checkpoint.state),
+    written and restored by them. Resume order: a .pt file's model and objective are loaded by the kind
+    as it builds them (``RunKind.build_networks``, before sharding), a sharded folder's after sharding;
+    then the optimizer; the EMA starts as a copy of those weights and takes the checkpoint's when it has
+    one; then each process's RNG streams and the health history. The LR schedule and the data order
+    are rebuilt from the step (nothing of them is stored).
 """
 from __future__ import annotations
 
@@ -28,10 +34,11 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from ..io import warn
 from ..checkpoint.resume import find_resume, remove_stale_temps
+from ..checkpoint.state import ModulePart, OptimizerPart, TrainState, state_options
 from .data_order import StepBatches
 from .health import Health
-from .optim import build_scheduler, load_optimizer_state
-from .rng import rank_seed, seed_process, set_rng_state
+from .optim import build_scheduler
+from .rng import RunRng, rank_seed, seed_process
 from . import sharding
 
 
@@ -81,7 +88,7 @@ class RunState:
     layout_gen: torch.Generator
     loader: DataLoader
     start: int                  # first step to run (0, or the resumed checkpoint's step)
-    health: Health | None = None  # judges each update (engine/health.py)
+    health: Health              # judges each update (engine/health.py)
 
     @property
     def device(self) -> torch.device:
@@ -101,6 +108,19 @@ class RunState:
     def sample_model(self) -> nn.Module:
         """The weights samples and evaluations use: EMA when kept (unsharded runs)."""
         return self.ema.module if self.ema is not None else self.model
+
+    def checkpoint_state(self, sharded: bool) -> TrainState:
+        """The named parts of this run's checkpoint (mutor2d.checkpoint.state), as a sharded folder's
+        (each process its shards) or, not ``sharded``, as a .pt file's (full states)."""
+        options = state_options(sharded)
+        parts = {"model": ModulePart(self.module, "model", options, self.kind.trainable_state),
+                 "objective": ModulePart(self.module, "objective", options),
+                 "optimizer": OptimizerPart(self.module, self.optimizer, options),
+                 "rng": RunRng(self), "health": self.health}
+        if self.ema is not None:
+            parts["ema"] = sharding.ema_part(self.ema)
+        values = {"config": self.cfg.to_dict(), "grid": list(self.grid) if self.grid else None}
+        return TrainState(parts, values, sharded)
 
     def sampling_model(self) -> nn.Module | None:
         """``sample_model`` on the main process, None on the others; under FSDP every process must
@@ -176,20 +196,6 @@ def build_loader(cfg, kind: RunKind, dataset, acc, start: int) -> DataLoader:
                       generator=torch.Generator().manual_seed(rank_seed(t.seed + start, acc.process_index, 2)))
 
 
-def restore_rng(saved: dict, acc, seed: int, start: int, layout_gen: torch.Generator) -> torch.Generator:
-    """Continue each process's RNG streams; with another process count, fresh streams (and a warning)."""
-    states, world, rank = saved["rng"], acc.num_processes, acc.process_index
-    if len(states) == world:
-        if not set_rng_state(states[rank], layout_gen, acc.device) and acc.is_main_process:
-            warn(f"checkpoint's register-layout RNG comes from another kind of device than {acc.device.type}: "
-                 f"that stream starts fresh (the run continues, not bit-exactly)")
-        return layout_gen
-    if acc.is_main_process:
-        warn(f"checkpoint has RNG states of {len(states)} processes, this run has {world}: "
-             f"fresh per-process seeds (the run continues, not bit-exactly)")
-    return seed_process(seed + start, rank, acc.device)
-
-
 def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> RunState | None:
     """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start.
     None when a resumed run is already at train.max_steps: said once, nothing built or written."""
@@ -223,26 +229,26 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         optimizer = acc.prepare_optimizer(optimizer)
     else:
         module, optimizer = acc.prepare(module, optimizer)
-    sharded_from = saved.get("dcp") if saved is not None else None
-    if sharded_from:
-        sharding.load_sharded(sharded_from, module, optimizer.optimizer)
-    elif saved is not None:
-        load_optimizer_state(module, optimizer, saved["optimizer"])
-    ema = None
-    if cfg.train.ema:
-        ema = sharding.build_ema(model, cfg.train, sharded, saved.get("ema") if saved is not None else None)
-        if sharded_from:
-            sharding.load_sharded_ema(sharded_from, ema)
+    grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
+    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window)
+    run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
+                   None, start, health)
+    if saved is not None:        # a .pt file's model and objective: loaded by the kind, before sharding
+        resume_parts(run, saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
+    if cfg.train.ema:            # a copy of the (restored) weights, then the checkpoint's EMA when it has one
+        run.ema = sharding.build_ema(model, cfg.train, sharded)
     if saved is not None:
-        layout_gen = restore_rng(saved, acc, cfg.train.seed, start, layout_gen)
+        resume_parts(run, saved, ("ema", "rng", "health"))
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
-    loader = build_loader(cfg, kind, dataset, acc, start)
-    grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
-    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, saved.get("health") if saved else None)
-    return RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, ema, layout_gen,
-               loader, start, health)
+    run.loader = build_loader(cfg, kind, dataset, acc, start)
+    return run
+
+
+def resume_parts(run: RunState, saved: dict, names: tuple[str, ...]) -> None:
+    """The parts ``names`` of ``run`` from the checkpoint ``saved`` (those it holds; mutor2d.checkpoint.state)."""
+    run.checkpoint_state(sharded="dcp" in saved).restore(saved, names)
 
 
 def _note_schedule_change(saved: dict, cfg) -> None:

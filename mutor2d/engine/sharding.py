@@ -12,7 +12,8 @@ Rules:
   * ``train.fsdp_offload``: sharded parameters, gradients and AdamW states live on the CPU
     (``CPUOffloadPolicy``), the optimizer steps there.
   * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
-    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update).
+    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update); it saves
+    and loads itself as a checkpoint part (``ema_part``: mutor2d.checkpoint.state).
   * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
     into an unsharded model on the main process. The LM's online accuracy generates on the sharded model
     itself, every process in step (mutor2d.lm.run.OnlineAccuracy).
@@ -137,35 +138,30 @@ class ShardedEma:
                              [_local(params[k].detach()) for k in self.weights], 1.0 - decay)
 
     def state_dict(self) -> dict:
+        """The EMA's DTensors themselves (a sharded checkpoint reads into them in place)."""
         return self.weights
 
     @torch.no_grad()
-    def load_full(self, state: dict) -> None:
-        """Full (unsharded) EMA weights, the same on every process, into the shards."""
+    def load_state_dict(self, state: dict) -> None:
+        """EMA weights into the shards: this EMA's own DTensors (read in place) or full tensors, the same
+        on every process (a .pt file)."""
         for k, v in self.weights.items():
-            full = state[k].to(device=v.device, dtype=v.dtype)
-            v.copy_(distribute_tensor(full, v.device_mesh, v.placements) if isinstance(v, DTensor) else full)
+            if state[k] is not v:
+                full = state[k].to(device=v.device, dtype=v.dtype)
+                v.copy_(distribute_tensor(full, v.device_mesh, v.placements) if isinstance(v, DTensor) else full)
 
 
-def build_ema(model: nn.Module, train_cfg, sharded: bool, saved_ema: dict | None):
-    """ShardedEma under FSDP, timm ModelEmaV3 otherwise; from the checkpoint's full EMA when given."""
+def build_ema(model: nn.Module, train_cfg, sharded: bool):
+    """ShardedEma under FSDP, timm ModelEmaV3 otherwise: a copy of ``model``'s weights."""
     if sharded:
-        ema = ShardedEma(model, train_cfg.ema_decay)
-        if saved_ema is not None:
-            ema.load_full(saved_ema)
-        return ema
+        return ShardedEma(model, train_cfg.ema_decay)
     from timm.utils import ModelEmaV3
-    ema = ModelEmaV3(model, decay=train_cfg.ema_decay)
-    if saved_ema is not None:
-        ema.module.load_state_dict(saved_ema, strict=True)
-    return ema
+    return ModelEmaV3(model, decay=train_cfg.ema_decay)
 
 
-def ema_state(ema) -> dict | None:
-    """The EMA's tensors as a state dict (DTensors under FSDP), None without EMA."""
-    if ema is None:
-        return None
-    return ema.state_dict() if isinstance(ema, ShardedEma) else ema.module.state_dict()
+def ema_part(ema):
+    """The EMA as a checkpoint part (state_dict / load_state_dict): ShardedEma itself, ModelEmaV3's module."""
+    return ema if isinstance(ema, ShardedEma) else ema.module
 
 
 def full_state(state: dict, main: bool) -> dict | None:
@@ -189,43 +185,3 @@ def gathered_model(model: nn.Module, ema, main: bool, device: torch.device, plai
         plain = plain_copy(model)
     plain.load_state_dict(state, strict=True)
     return plain.eval()
-
-
-# ----------------------------------------------------------------------------- sharded checkpoints
-
-def save_sharded(run, step: int):
-    """Collective: RUN/checkpoints/step_N.dcp/ (mutor2d.checkpoint.sharded); its path (rotation is the
-    checkpointer's, engine/checkpointer.Retention)."""
-    from accelerate.utils import gather_object
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from .. import checkpoint as ckpt_lib
-    from ..checkpoint import sharded as sharded_checkpoint
-    from .rng import rng_state
-    states = gather_object([rng_state(run.layout_gen, run.device)])
-    model_state, optim_state = get_state_dict(run.module, run.optimizer.optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    if run.ema is not None:
-        state["ema"] = ema_state(run.ema)
-    meta = {"step": step, "rng": states, "config": run.cfg.to_dict(), "grid": list(run.grid) if run.grid else None,
-            "has_ema": run.ema is not None, "health": run.health.state_dict()}
-    final = ckpt_lib.checkpoint_path(run.run_dir, step).with_suffix(sharded_checkpoint.SUFFIX)
-    return sharded_checkpoint.write(final, state, meta, run.main)
-
-
-def load_sharded(path, module: nn.Module, optimizer) -> None:
-    """A sharded checkpoint's weights and optimizer state into ``module`` / ``optimizer`` as they are
-    (FSDP2-sharded, DDP-wrapped or plain; any process count): DCP reads each process's part. The files'
-    checksums were checked when the resume point was read (engine.checkpointer.find_resume)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from ..checkpoint import sharded as sharded_checkpoint
-    model_state, optim_state = get_state_dict(module, optimizer)
-    sharded_checkpoint.load(path, {"model": model_state, "optim": optim_state}, verified=True)
-    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-
-
-def load_sharded_ema(path, ema) -> None:
-    """The checkpoint's EMA (if it kept one) into ``ema`` (ShardedEma or ModelEmaV3), in place (checked
-    by find_resume, as ``load_sharded``)."""
-    from ..checkpoint import sharded as sharded_checkpoint
-    if sharded_checkpoint.read_meta(path)["has_ema"]:
-        sharded_checkpoint.load(path, {"ema": ema_state(ema)}, verified=True)
