@@ -13,6 +13,7 @@ import pytest
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.engine import Diverged, read_log, train
 
+from conftest import demo_extra
 from test_training import ROOT, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -206,7 +207,7 @@ def test_a_one_per_class_grid_is_written_at_a_readable_size(image_run, tmp_path)
 def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tmp_path):
     """A training grid older than the checkpoint (Ctrl-C between sample intervals) is never the card's."""
     import shutil
-    pytest.importorskip("huggingface_hub")
+    demo_extra("huggingface_hub")
     from mutor2d import hub
     from mutor2d.sampling import images as generation
     from mutor2d.data.tokens import build_tokenizer
