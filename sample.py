@@ -38,19 +38,17 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from mutor2d import config, io
+from mutor2d import config, io           # the command line parses and checks before torch is imported
 from mutor2d import checkpoint
-from mutor2d.sampling import images as generation
 from mutor2d.checks import physical_memory
-from mutor2d.cli import HelpFormatter
-from mutor2d.sampling.images import NpzJob, SampleFileError, balanced_prefixes, parse_classes
-from mutor2d.sampling import compile_decoder, decode_modes
-from mutor2d.sampling.rules import PER_CLASS_LIMIT
-from mutor2d.sampling.auto import auto_decode, can_draft
+from mutor2d.cli import HelpFormatter, check_choice
 from mutor2d.plugins import load_plugins
+from mutor2d.sample_values import PER_CLASS_LIMIT, SampleFileError, parse_classes
+
+if TYPE_CHECKING:
+    from mutor2d.sampling.images import Loaded
 
 # sample-section field -> (flag, argparse dest): the one mapping of flags onto the checkpoint's sample
 # section; ``decode.*`` fields belong to the decoding mode (a flag for another mode's field is an error)
@@ -92,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True,
                    help="use the EMA weights when the checkpoint has them")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoding step (default: eager)")
-    p.add_argument("--decode", choices=[*decode_modes(), "auto"],
-                   help="default: the checkpoint's sample.decode (plain); auto (the fastest exact mode for the "
-                        "batch size and device, measured: mutor2d/sampling/crossover.json); registers (exact speculative decoding "
-                        "with the checkpoint's register drafts, --draft K); jacobi (exact speculative Jacobi "
-                        "decoding, --window K); modes of MUTOR2D_PLUGINS modules too")
+    p.add_argument("--decode", metavar="MODE",
+                   help="plain (one token per forward); registers (exact speculative decoding with the "
+                        "checkpoint's register drafts, --draft K); jacobi (exact speculative Jacobi decoding, "
+                        "--window K); auto (the fastest exact mode for the batch size and device, measured: "
+                        "mutor2d/sampling/crossover.json); modes of MUTOR2D_PLUGINS modules too (default: the "
+                        "checkpoint's sample.decode, plain)")
     p.add_argument("--draft", type=int, help="--decode registers: draft tokens per forward (default and maximum: "
                                              "the checkpoint's useful draft length)")
     p.add_argument("--draft-anchors", choices=("every", "last"),
@@ -130,6 +129,7 @@ def pick(value, default):
 def pick_device(text: str | None):
     """(accelerate state, device): --device, else the accelerate process's device. A one-line error
     for a device this machine does not have."""
+    import torch
     from accelerate import PartialState
     if text is not None:
         try:
@@ -173,15 +173,17 @@ def check_args(args) -> None:
     for flag, value in (("--draft", args.draft), ("--window", args.window)):
         if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
-
-
-def sample_section(args, src: generation.Loaded):
-    """The checkpoint's ``sample`` section with --set items, then the flags given, on top
-    (SAMPLE_FLAGS; --decode to another mode drops the old mode's fields), checked once, its decoding
-    mode fitted to the checkpoint's objective and grid. A bad value is a one-line error naming its flag."""
     for item in args.overrides:
         if not item.startswith("sample."):
             raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
+        config.parse_override(item)
+
+
+def sample_section(args, src: Loaded):
+    """The checkpoint's ``sample`` section with --set items, then the flags given, on top
+    (SAMPLE_FLAGS; --decode to another mode drops the old mode's fields), checked once, its decoding
+    mode fitted to the checkpoint's objective and grid. A bad value is a one-line error naming its flag
+    (--set items are checked before: ``check_args``)."""
     given = {f: flag for f, (flag, dest) in SAMPLE_FLAGS.items() if getattr(args, dest) is not None}
     data = config.apply_overrides({"sample": config.section_dict(src.cfg.sample)}, args.overrides)
     mode = args.decode or data["sample"].get("decode", {}).get("name", "plain")
@@ -198,11 +200,13 @@ def sample_section(args, src: generation.Loaded):
     return dataclasses.replace(s, decode=s.decode.fit(src.cfg.objective, src.grid, names))
 
 
-def pick_auto(args, src: generation.Loaded, device) -> None:
+def pick_auto(args, src: Loaded, device) -> None:
     """--decode auto -> the fastest exact mode (``auto_decode``) for the images of one batch on this
     device; plain and jacobi only when the checkpoint's registers cannot draft."""
     if args.decode != "auto":
         return
+    from mutor2d.sampling import images as generation
+    from mutor2d.sampling.auto import auto_decode, can_draft
     s = src.cfg.sample
     rows = len(args.classes.split(",")) if args.classes else len(generation.grid_classes(s, src.num_choices))
     total = args.num if args.npz else pick(args.per_class, s.per_class) * rows
@@ -240,7 +244,7 @@ def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 
-def output_name(src: generation.Loaded, s, seed: int, ema: bool, suffix: str, classes: list[int], count: str,
+def output_name(src: Loaded, s, seed: int, ema: bool, suffix: str, classes: list[int], count: str,
                 batch_size: int) -> str:
     """The default file name of sample.py's output: the training step first, then what makes it differ
     from the training grid RUN/samples/step_XXXXXXXX.png (never that name): CFG scale, seed and
@@ -268,9 +272,10 @@ def output_folder(path: Path) -> Path:
     return checkpoint.output_dir(path)
 
 
-def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -> None:
+def write_png(args, src: Loaded, s, sampler, path: Path, seed: int) -> None:
     """The PNG grid: one row per choice of the conditioning kind (class), --per-class columns, named in a
     left margin (unless --no-labels); --out, else ``output_folder``/``output_name``."""
+    from mutor2d.sampling import images as generation
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else generation.grid_classes(s, n)
     per_class = pick(args.per_class, s.per_class)
@@ -278,7 +283,7 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
         raise SampleFileError(f"sample.per_class {per_class}: expected >= 1")
     side = src.tokenizer.image_size * max(1, -(-generation.GRID_MIN_SIDE // src.tokenizer.image_size))
     check_memory("--per-class", per_class, per_class * len(classes), side)
-    prefixes = balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
+    prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, per_class * len(classes), classes)
     images = generation.sample_batches(sampler, prefixes, args.batch_size, seed, src.kind)
     rows = [src.kind.row_label(src.cfg.model, c) for c in classes]
     out = args.out or output_folder(path) / output_name(src, s, seed, args.ema, ".png", classes, f"x{per_class}",
@@ -288,19 +293,20 @@ def write_png(args, src: generation.Loaded, s, sampler, path: Path, seed: int) -
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 
-def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, state) -> None:
+def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> None:
     """The balanced npz (N / choices per choice: per class), its shards split over the processes."""
+    from mutor2d.sampling import images as generation
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else list(range(n))
     check_memory("--num", args.num, args.num, src.tokenizer.image_size)
-    prefixes = balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
+    prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
     meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
                                   settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
                                   batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
                                   decode_options=decode_options(s.decode))
     out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
                                                         args.batch_size)
-    job = NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
+    job = generation.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:
             print(f"{job.out} is already complete")
@@ -317,10 +323,14 @@ def write_npz(args, src: generation.Loaded, s, sampler, path: Path, seed: int, s
 
 
 def run(argv=None) -> None:
+    """Check the flags (those that need no torch first), open the checkpoint and write the grid or npz."""
     args = parse_args(argv)
     check_args(args)
-    state, device = pick_device(args.device)
     path = checkpoint.resolve(args.ckpt).resolve()
+    from mutor2d.sampling import compile_decoder, decode_modes
+    from mutor2d.sampling import images as generation
+    check_choice(build_parser(), "--decode", args.decode, [*decode_modes(), "auto"])
+    state, device = pick_device(args.device)
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
     pick_auto(args, src, device)
     s = sample_section(args, src)

@@ -40,10 +40,11 @@ import json
 import sys
 from pathlib import Path
 
-from mutor2d.cli import HelpFormatter
-from mutor2d.evaluation import study
-from mutor2d.evaluation.digits import DEFAULT_CACHE
+from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.evaluation import plan
+from mutor2d.evaluation.options import DEFAULT_CACHE
 from mutor2d.plugins import load_plugins
+from mutor2d.preempt import PREEMPTED_EXIT, Preempted
 
 # --quick: the first protocol's config with the second's parts switched on (validation split, EMA,
 # selection, a data fraction) at CI sizes
@@ -58,15 +59,15 @@ def parse_list(text: str, kind, name: str) -> list:
     try:
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise study.StudyError(f"--{name} {text!r}: expected comma-separated {kind.__name__} values") from None
+        raise plan.StudyError(f"--{name} {text!r}: expected comma-separated {kind.__name__} values") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--out", required=True, help="study folder (runs go to OUT/METHOD/seedS)")
-    ap.add_argument("--config", default=study.BASE_CONFIG, help="base config, YAML path or name under configs/")
+    ap.add_argument("--config", default=plan.BASE_CONFIG, help="base config, YAML path or name under configs/")
     ap.add_argument("--methods", default="next-token,mutor-2d-D4,mutor-2d-sparse",
-                    help=f"comma-separated, of {','.join(study.METHODS)}")
+                    help=f"comma-separated, of {','.join(plan.METHODS)}")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds of every method")
     ap.add_argument("--steps", type=int, default=500, help="training steps of every run")
     ap.add_argument("--eval-steps", default="250,500", help="checkpoints to evaluate (each divides --steps)")
@@ -103,12 +104,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def settings(args: argparse.Namespace) -> study.Study:
+def settings(args: argparse.Namespace) -> plan.Study:
     """The parsed flags as study settings (--quick: the CI sizes)."""
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v if k != "overrides" else v + args.overrides)
-    return study.Study(
+    return plan.Study(
         out=Path(args.out), methods=parse_list(args.methods, str, "methods"), seeds=parse_list(args.seeds, int, "seeds"),
         steps=args.steps, eval_steps=parse_list(args.eval_steps, int, "eval-steps"), num=args.num,
         cfg_scales=parse_list(args.cfg, float, "cfg"), jobs=args.jobs, compute_matched=args.compute_matched,
@@ -121,9 +122,13 @@ def settings(args: argparse.Namespace) -> study.Study:
 
 
 def main(argv=None) -> dict:
+    """Run the study of the flags (checked before torch is imported) and print its table."""
     load_plugins()
     args = parse_args(argv)
-    summary = study.run_study(settings(args))
+    study = settings(args)
+    study.check_flags()
+    from mutor2d.evaluation.study import run_study
+    summary = run_study(study)
     summary["settings"] = dict(vars(args))
     out = Path(args.out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -140,6 +145,6 @@ if __name__ == "__main__":
     except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except study.Preempted as e:
+    except Preempted as e:
         print(f"stopped: {e}", file=sys.stderr)
-        raise SystemExit(study.PREEMPTED_EXIT) from None
+        raise SystemExit(PREEMPTED_EXIT) from None

@@ -17,11 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from mutor2d.cli import HelpFormatter
-from mutor2d.evaluation import digits, records
+from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.evaluation import records
+from mutor2d.evaluation.options import DEFAULT_CACHE, DIGITS_DATA_SEED, FEATURES, METRICS, MetricsError
 from mutor2d.io import read_safetensors
-from mutor2d.evaluation import metrics as M
-from mutor2d.evaluation.sources import DIGITS_DATA_SEED, MetricsError, open_images
 from mutor2d.plugins import load_plugins
 
 
@@ -29,18 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__)
     ap.add_argument("samples", help="sample npz or image folder")
     ap.add_argument("--ref", required=True, help="reference: folder, npz (images and/or mu/sigma), digits:SPLIT")
-    ap.add_argument("--features", choices=sorted(M.FEATURES), default=None,
+    ap.add_argument("--features", choices=sorted(FEATURES), default=None,
                     help="feature extractor (default: digits for digits:* references, else inception)")
     ap.add_argument("--inception-weights", default=None,
                     help="torch-fidelity Inception weights file (pt_inception-2015-12-05); default: download")
-    ap.add_argument("--metrics", default=",".join(M.METRICS),
-                    help=f"comma-separated subset of {','.join(M.METRICS)} (prc = precision/recall)")
+    ap.add_argument("--metrics", default=",".join(METRICS),
+                    help=f"comma-separated subset of {','.join(METRICS)} (prc = precision/recall)")
     ap.add_argument("--json", default=None, help="write the record here, a .json file or a folder (default: RUN/eval/ "
                                                  "of the run the samples' metadata names, else stdout)")
     ap.add_argument("--method", default=None, help="method name for the record (default: the run's objective)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     ap.add_argument("--batch-size", type=int, default=64, help="images per feature-extractor forward")
-    ap.add_argument("--cache-dir", default=str(digits.DEFAULT_CACHE),
+    ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE),
                     help="digits classifier and reference-feature cache (default: %(default)s)")
     ap.add_argument("--no-cache", action="store_true", help="do not cache reference features")
     ap.add_argument("--quiet", action="store_true", help="no torch-fidelity progress output")
@@ -51,18 +50,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def score(args) -> tuple:
-    """(result, samples, reference) of the parsed flags."""
-    features = args.features or ("digits" if args.ref.startswith("digits:") else "inception")
-    if args.inception_weights and features != "inception":
-        raise MetricsError(f"--inception-weights is for --features inception, not {features!r}")
+def feature_name(args) -> str:
+    """--features, else digits for a digits:* reference and inception for any other."""
+    return args.features or ("digits" if args.ref.startswith("digits:") else "inception")
+
+
+def check_args(args) -> list[str]:
+    """The metrics --metrics names; one-line MetricsErrors for flags that are bad without reading an
+    image (before torch is imported)."""
+    if args.inception_weights and feature_name(args) != "inception":
+        raise MetricsError(f"--inception-weights is for --features inception, not {feature_name(args)!r}")
     if args.batch_size < 1:
         raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
     if args.inception_weights and args.inception_weights.endswith(".safetensors"):   # torch.load reads these
         read_safetensors(args.inception_weights, "--inception-weights", tensors=False)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     if not metrics:
-        raise MetricsError(f"--metrics {args.metrics!r}: expected a comma-separated subset of {','.join(M.METRICS)}")
+        raise MetricsError(f"--metrics {args.metrics!r}: expected a comma-separated subset of {','.join(METRICS)}")
+    return metrics
+
+
+def score(args, metrics: list[str]) -> tuple:
+    """(result, samples, reference) of the parsed flags and ``metrics`` (``check_args``)."""
+    from mutor2d.evaluation import digits
+    from mutor2d.evaluation import metrics as M
+    from mutor2d.evaluation.sources import open_images
+    features = feature_name(args)
     samples = open_images(args.samples)
     data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
     reference = open_images(args.ref, data_seed)
@@ -91,7 +104,7 @@ def record_place(args, samples):
 def main(argv=None) -> dict:
     load_plugins()
     args = parse_args(argv)
-    result, samples, reference = score(args)
+    result, samples, reference = score(args, check_args(args))
     record = records.make_record(result, samples=samples, reference=reference, method=args.method,
                                  samples_path=args.samples)
     for k, v in result.metrics.items():

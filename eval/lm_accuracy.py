@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from mutor2d.cli import HelpFormatter
+from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.lm import accuracy
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
@@ -76,11 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_paths(args) -> None:
-    """One-line ValueErrors: --out naming a folder, --max-new-tokens beyond the positions of --ckpt's model."""
+    """One-line ValueErrors: --out naming a folder, --ckpt without a saved model (both before torch is
+    imported), --max-new-tokens beyond the positions of --ckpt's model."""
     if args.out and Path(args.out).is_dir():
         raise ValueError(f"--out {args.out}: is a folder; expected the path of the prediction .jsonl file to write")
+    if not args.ckpt:
+        return
+    run_info(Path(args.ckpt))
     from mutor2d.lm.data import model_positions
-    positions = model_positions(args.ckpt) if args.ckpt else None
+    positions = model_positions(args.ckpt)
     if positions is not None and args.max_new_tokens > positions:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected at most {positions}, the positions of "
                          f"the model in {args.ckpt} (max_position_embeddings, prompt included)")

@@ -1,5 +1,6 @@
 """The --help of every entry point (train.py, sample.py, eval/, bench/, tokenizers/, ``python -m``
-modules): one formatter, so that every option shows its default the same way."""
+modules): one formatter, so that every option shows its default the same way, and ``check_choice``
+for choices listed only after parsing."""
 from __future__ import annotations
 
 import argparse
@@ -22,3 +23,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         if "\n" in text.strip():
             return super()._fill_text(text, width, indent)
         return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+def check_choice(parser: argparse.ArgumentParser, flag: str, value, choices: list) -> None:
+    """argparse's check of ``choices=``, made after parsing, with its message (usage, exit status 2): for
+    choices that take a heavy import to list (a registry of torch modules), so that --help and the
+    checks of the other flags come before it. ``value`` None (the flag not given) passes."""
+    if value is not None and value not in choices:
+        parser.error(f"argument {flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")

@@ -1,4 +1,5 @@
-"""Shared test fixtures, and subprocess timeouts reported as such (tests/timeouts.py)."""
+"""Shared test fixtures, subprocess timeouts reported as such (tests/timeouts.py), and skips that name the
+missing demo extra (``demo_extra``)."""
 import subprocess
 
 import pytest
@@ -32,6 +33,14 @@ def tiny_digits_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_digits") / "run"
     train(config.load("digits_mutor2d.yaml", TINY_DIGITS), out)
     return out
+
+
+def demo_extra(module: str):
+    """``module``, a package of the demo extra (gradio, gradio_client, huggingface_hub, selenium), else skip
+    the test (or test module) saying which package is missing and how to install it."""
+    __tracebackhide__ = True                     # the skip names the caller's line, not this one
+    return pytest.importorskip(module, reason=f"{module.split('.')[0]} is not installed: it comes with the demo "
+                                              "extra (pip install -e '.[demo]')")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -20,11 +20,12 @@ from urllib.parse import parse_qsl
 import pytest
 import torch
 
+from conftest import demo_extra
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest.importorskip("gradio")
+demo_extra("gradio")
 from test_hub import tiny_run  # noqa: E402
 
 from mutor2d.sampling import images as generation  # noqa: E402
@@ -166,7 +167,7 @@ def server(request, tmp_path_factory):
 def browser():
     """Headless Debian chromium through its chromedriver (no download); skip when absent."""
     skip_without_chromium()
-    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver = demo_extra("selenium.webdriver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):

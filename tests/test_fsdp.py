@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hostile  # noqa: E402
+from conftest import demo_extra  # noqa: E402
 from test_training import ROOT, env, losses, losses_so_far, tiny, write_yaml  # noqa: E402
 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
@@ -341,7 +342,7 @@ def test_a_crafted_sharded_checkpoint_runs_no_code_through_any_reader(two_proces
 
 def test_sample_py_and_app_py_refuse_a_crafted_checkpoint_in_one_line(two_process_runs, tmp_path):
     """The command lines themselves (their own processes): exit 2, one line, the payload never ran."""
-    pytest.importorskip("gradio", reason="app.py needs the demo extra: pip install -e '.[demo]'")
+    demo_extra("gradio")
     marker = tmp_path / "ran"
     crafted = crafted_run(two_process_runs / "sparse_fsdp", tmp_path / "run", "nested", marker)
     for command in (["sample.py", "--ckpt", str(crafted), "--classes", "1", "--per-class", "1", "--device", "cpu"],

@@ -19,10 +19,10 @@ import pytest
 from mutor2d import config, io
 from mutor2d import checkpoint
 from mutor2d.lm import data as lm_data
+from conftest import TINY_DIGITS, demo_extra
 
-pytest.importorskip("huggingface_hub")
+demo_extra("huggingface_hub")
 from mutor2d import hub  # noqa: E402
-from conftest import TINY_DIGITS  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def test_a_flipped_byte_in_hub_weights_is_one_line_everywhere(saved, tmp_path, c
     from mutor2d.model.gpt import GPT
     with pytest.raises(ValueError, match="corrupt"):                       # train.init_from
         init_weights(GPT(config.load("digits_mutor2d.yaml", TINY).model, register_token=True), str(bad))
-    pytest.importorskip("gradio")
+    demo_extra("gradio")
     from mutor2d import demo
     with pytest.raises(SystemExit) as e:
         demo.main(["--ckpt", str(bad), "--device", "cpu", "--port", str(free_port())])
@@ -268,7 +268,7 @@ def test_app_without_the_demo_extra_names_it_in_one_line(argv):
 
 def test_app_port_out_of_range_or_busy_is_one_line(saved, capsys):
     from mutor2d import demo
-    pytest.importorskip("gradio")
+    demo_extra("gradio")
     with pytest.raises(SystemExit) as e:
         demo.main(["--ckpt", str(saved), "--port", "99999"])
     assert e.value.code == 2 and "--port 99999: expected a port in 1..65535" in one_error_line(capsys)
@@ -284,7 +284,7 @@ def test_app_port_out_of_range_or_busy_is_one_line(saved, capsys):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_app_exits_within_seconds_of_ctrl_c_or_sigterm_with_queued_requests(saved, tmp_path, sig):
-    pytest.importorskip("gradio_client")
+    demo_extra("gradio_client")
     port, log = free_port(), tmp_path / "app.log"
     with log.open("w") as f:
         proc = app_py("--ckpt", saved, "--port", port, "--device", "cpu", stdout=f, stderr=subprocess.STDOUT)

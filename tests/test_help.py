@@ -2,12 +2,15 @@
 modules (found by their ``__main__`` guard or a package's ``__main__.py``, so a new one cannot be left
 out) build their parser with ``build_parser()``; every option, positional and subcommand has a help
 text, and every parser uses the shared formatter that shows each option's default
-(mutor2d.cli.HelpFormatter). In-process: the modules are imported, no script runs."""
+(mutor2d.cli.HelpFormatter). In-process: the modules are imported, no script runs. And in a subprocess
+each entry point answers --help and a bad option before torch is imported (issue 39, item 8)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +25,46 @@ MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (
                   if 'if __name__ == "__main__"' in p.read_text()}
                  | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
 DELEGATES = {"app.py": "mutor2d.demo"}          # scripts whose parser lives in a module
+ENTRIES = [p.relative_to(ROOT).as_posix() for p in SCRIPTS] + [f"-m {m}" for m in MODULES]
+# entry points whose --help still imports torch (module-level imports): each fails the torch test as a
+# strict xfail, so converting one makes it pass and it must leave this list; a new entry point must be fast
+TORCH_AT_IMPORT = {
+    "app.py": "mutor2d.demo imports torch, and the sampling package, at module level",
+    **{f"bench/{name}.py": "the bench/ scripts import torch at module level (bench/common.py too)"
+       for name in ("fsdp_memory", "lm_decode", "lm_step", "sample", "scaling", "train_step")},
+    "-m mutor2d.lm.data": "mutor2d.lm.data imports torch at module level (LMBatch)",
+    "-m mutor2d.registers": "mutor2d.registers imports torch at module level (the register layout's tensors)",
+}
+# runs an entry point with --help, then with a bad option, refusing to import torch (an entry point that
+# tries fails at once); prints the exit codes and whether torch was asked for
+NO_TORCH_PROBE = """
+import importlib.abc, json, os, runpy, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    tried = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            NoTorch.tried = True
+            raise ImportError(f"{name} imported before --help")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+entry, codes = sys.argv[1], []
+for argv in (["--help"], ["--no-such-option"]):
+    sys.argv = [entry, *argv]
+    try:
+        if entry.startswith("-m "):
+            runpy.run_module(entry[3:], run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(entry))       # as python SCRIPT has it
+            runpy.run_path(entry, run_name="__main__")
+    except SystemExit as e:
+        codes.append(e.code)
+    except Exception as e:
+        codes.append(repr(e))
+print(json.dumps({"codes": codes, "torch": NoTorch.tried}))
+"""
 
 
 def script_parser(path: Path, monkeypatch) -> argparse.ArgumentParser:
@@ -77,3 +120,16 @@ def test_the_formatter_shows_defaults_once():
     text = " ".join(ap.format_help().split())
     assert "training steps (default: 500)" in text and "seed (default: 0)" in text
     assert text.count("mask.png") == 1 and "(default: None)" not in text and "(default: False)" not in text
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.xfail(e in TORCH_AT_IMPORT, strict=True,
+                                                                           reason=TORCH_AT_IMPORT.get(e, "")))
+                                   for e in ENTRIES])
+def test_help_and_argument_errors_come_before_importing_torch(entry):
+    """--help (exit 0) and a bad option (exit 2, usage on stderr) without importing torch."""
+    from timeouts import limit
+    r = subprocess.run([sys.executable, "-c", NO_TORCH_PROBE, entry], cwd=ROOT, capture_output=True, text=True,
+                       timeout=limit(60))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"codes": [0, 2], "torch": False}
+    assert "usage:" in r.stdout and " error: " in r.stderr

@@ -10,8 +10,9 @@ import torch
 from mutor2d import config
 from mutor2d import checkpoint
 from mutor2d.engine import train
+from conftest import demo_extra
 
-pytest.importorskip("huggingface_hub")
+demo_extra("huggingface_hub")
 from mutor2d.hub import MutorModel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

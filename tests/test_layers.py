@@ -11,12 +11,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutor2d"
 LAYERS = [
-    {"checks", "cli", "io", "plugins"},            # what every part shares
+    {"checks", "cli", "io", "plugins", "preempt"},  # what every part shares
     {"config"},                                    # the registries and config building
     {"checkpoint"},                                # files: written atomically, read without running code
     {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ
     {"registers"},                                 # the register layout: pure tensor code
     {"objectives", "data"},                        # losses over the layout; training data
+    {"sample_values"},                             # a sample request's values that need no model (no torch)
     {"sampling"},                                  # decoding, and images / npz files out of a model
     {"engine"},                                    # the one training loop
     {"evaluation"},                                # metrics, records, studies (they train and sample)

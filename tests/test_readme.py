@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import demo_extra
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,7 @@ def run_chain(steps: list[tuple[str, str]], work: Path, env: dict) -> None:
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (git ls-files)")
 def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
-    pytest.importorskip("gradio")
+    demo_extra("gradio")
     work = fresh_copy(tmp_path / "clone")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(work)}

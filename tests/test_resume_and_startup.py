@@ -1,7 +1,8 @@
-"""Resume, start-up and fast command lines (issue 39, items 5, 7, 8, 9): the divergence guard of
-language-model runs, a finished run resumed changes nothing, one start-up line per run, entry points
-that parse before importing torch, scaled subprocess timeouts, named leaderboard rows, readable small
-grids and a hub card sampled from its own weights. Each test is one row of docs/RELIABILITY.md."""
+"""Resume, start-up and fast command lines (issue 39, items 5, 7, 9): the divergence guard of
+language-model runs, a finished run resumed changes nothing, one start-up line per run, scaled
+subprocess timeouts, named leaderboard rows, readable small grids and a hub card sampled from its own
+weights (entry points that parse before importing torch, item 8: tests/test_help.py). Each test is one
+row of docs/RELIABILITY.md."""
 import contextlib
 import io as text_io
 import json
@@ -12,6 +13,7 @@ import pytest
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.engine import Diverged, read_log, train
 
+from conftest import demo_extra
 from test_training import ROOT, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -141,36 +143,6 @@ def test_every_run_kind_starts_with_one_line_naming_device_parameters_and_folder
     assert lines[0].endswith(f" trained); run folder {run}")
 
 
-# ----------------------------------------------------------------------------- item 8: fast command lines
-
-FAST = ["train.py", "eval/leaderboard.py", "eval/stargraph.py", "tokenizers/train_vq.py",
-        "-m mutor2d.checkpoint", "-m mutor2d.hub"]
-PROBE = """
-import json, runpy, sys
-entry, codes = sys.argv[1], []
-for argv in (["--help"], ["--no-such-option"]):
-    sys.argv = [entry, *argv]
-    try:
-        runpy.run_module(entry[3:], run_name="__main__", alter_sys=True) if entry.startswith("-m ") else \\
-            runpy.run_path(entry, run_name="__main__")
-    except SystemExit as e:
-        codes.append(e.code)
-print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
-"""
-
-
-@pytest.mark.parametrize("entry", FAST)
-def test_help_and_argument_errors_come_before_importing_torch(entry):
-    import subprocess
-    import sys
-    from timeouts import limit
-    r = subprocess.run([sys.executable, "-c", PROBE, entry], cwd=ROOT, capture_output=True, text=True,
-                       timeout=limit(120))
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.splitlines()[-1]) == {"codes": [0, 2], "torch": False}
-    assert "usage:" in r.stdout and " error: " in r.stderr
-
-
 def test_subprocess_timeouts_scale_with_one_variable_and_fail_saying_so(tmp_path):
     """MUTOR2D_TEST_TIMEOUT_SCALE scales every limit (tests/timeouts.py); a subprocess past its limit
     fails its test in one line naming the timeout and the scaled limit (tests/conftest.py)."""
@@ -235,7 +207,7 @@ def test_a_one_per_class_grid_is_written_at_a_readable_size(image_run, tmp_path)
 def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tmp_path):
     """A training grid older than the checkpoint (Ctrl-C between sample intervals) is never the card's."""
     import shutil
-    pytest.importorskip("huggingface_hub")
+    demo_extra("huggingface_hub")
     from mutor2d import hub
     from mutor2d.sampling import images as generation
     from mutor2d.data.tokens import build_tokenizer

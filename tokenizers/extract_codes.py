@@ -15,9 +15,8 @@ image could be read. Train on the result with ``data.name: codes``, ``data.path:
 import argparse
 import sys
 
-from mutor2d.cli import HelpFormatter
+from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.plugins import load_plugins
-from mutor2d.tokenizer.codes import CodesError, extract
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """A flag's bad value is a one-line CodesError naming the flag, the value and what was expected."""
+    """A flag's bad value is a one-line ValueError naming the flag, the value and what was expected;
+    checked before torch is imported (CodesError's package, mutor2d.tokenizer, imports it)."""
     low, high = CROP_RANGE
     checks = [("--image-size", args.image_size, args.image_size is None or 1 <= args.image_size <= IMAGE_SIZE_LIMIT,
                f"1..{IMAGE_SIZE_LIMIT} pixels"),
@@ -62,7 +62,7 @@ def check_args(args: argparse.Namespace) -> None:
               ("--workers", args.workers, args.workers >= 0, ">= 0")]
     for flag, value, ok, want in checks:
         if not ok:
-            raise CodesError(f"{flag} {value}: expected {want}")
+            raise ValueError(f"{flag} {value}: expected {want}")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from mutor2d import io
     from mutor2d.tokenizer import build_tokenizer
+    from mutor2d.tokenizer.codes import extract
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
     tokenizer = build_tokenizer(args.tokenizer, image_size=args.image_size).to(state.device)
     with io.exit_on_write_error(f"codes folder {args.out}"):

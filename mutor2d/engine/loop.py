@@ -32,13 +32,13 @@ from typing import Literal
 import torch
 
 from ..checks import ConfigError, at_least, check_seed, fail
+from ..preempt import PREEMPTED_EXIT, Preempted
 from .hooks import CheckpointHook, Logger, StepStatus
 from .kinds import run_kind
 from .lock import run_lock
 from .setup import RunState, build_run
 from .sharding import global_tensor, is_sharded
 
-PREEMPTED_EXIT = 75
 ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before printing an input error
 
 
@@ -103,10 +103,6 @@ class TrainConfig:
 
 IMAGE_RUN_SETTINGS = {"sample_every": 0, "eval_per_class": 20, "compile": False, "init_from": ""}
 # train.* fields every kind's config held before the image kind owned them, with their off values
-
-
-class Preempted(Exception):
-    """A stop signal ended the run after a checkpoint; train.py exits with PREEMPTED_EXIT."""
 
 
 def exit_code(error: BaseException) -> int | None:

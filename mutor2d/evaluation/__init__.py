@@ -7,6 +7,8 @@
   online    the digits metric during training, and its floor (real held-out images)
   study     the digits study: train, sample, score and summarise a set of methods and seeds
   stargraph solve rates and teacher-forced accuracy on the path-star graph task
+  options   metric and feature names, the cache folder, MetricsError (no torch: command lines parse with them)
+  plan      a study's settings and their checks (no torch until a check reads the config)
 
 Images come from models through ``mutor2d.sampling.images``. Scripts in eval/ parse arguments only.
 """

@@ -22,10 +22,8 @@ from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_featur
 
 from ..data.tokens import digits_num_classes
 from ..io import write_atomic
-from .sources import DIGITS_DATA_SEED, MetricsError, digits_uint8, load_tensors
-
-DIGITS = "mutor2d-digits"
-DEFAULT_CACHE = Path(os.environ.get("MUTOR2D_CACHE", "~/.cache/mutor2d"))  # classifier, feature caches
+from .options import DEFAULT_CACHE, DIGITS, DIGITS_DATA_SEED, MetricsError
+from .sources import digits_uint8, load_tensors
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,9 @@ from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id
 
 from ..io import write_atomic
-from .digits import DIGITS, DigitsClassifierSettings, digits_classifier_path
-from .sources import ArrayImages, ImageSource, MetricsError, load_tensors
-
-INCEPTION = "inception-v3-compat"
-FEATURES = {"inception": INCEPTION, "digits": DIGITS}
-METRICS = ("fid", "is", "prc", "kid")
+from .digits import DigitsClassifierSettings, digits_classifier_path
+from .options import DIGITS, FEATURES, INCEPTION, METRICS, MetricsError
+from .sources import ArrayImages, ImageSource, load_tensors
 MIN_IMAGES = {"fid": 2, "is": 1, "prc": 5, "kid": 2}   # fewer give no covariance / neighbourhood
 MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits classifier's input)
 

@@ -24,13 +24,9 @@ from torch.utils.data import Dataset
 
 from ..data.tokens import digits_images
 from ..sampling.images import to_uint8
+from .options import DIGITS_DATA_SEED, MetricsError
 
-DIGITS_DATA_SEED = 1234  # data.data_seed default: the split the digits runs train on
 LAZY_BYTES = 1 << 30     # npz image arrays above this size are streamed, not loaded
-
-
-class MetricsError(ValueError):
-    """Bad evaluation input; the message is one line naming the bad value."""
 
 
 class ArrayImages(Dataset):

@@ -8,7 +8,8 @@ packing (a batch in the canonical frame the objectives read, and its physical se
 model interface on one batch; no loss code), hf (load / LoRA / save / generate), speculative (exact
 register-drafted decoding with a run's register embedding), run (the engine's parts for LM runs: the
 same loop, resume, stop signals and guards as image runs).
-Importing this package needs only torch and yaml; transformers and peft load on use.
+Importing this package needs only yaml (its config, and with it torch, loads on first use of
+LMRunConfig / is_lm_config / load_config; transformers and peft load on use).
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl
     python train.py --config sft_gsm8k_mutor.yaml --set model.hf=/path/to/model   # or sft_gsm8k_ntp
@@ -20,7 +21,18 @@ Importing this package needs only torch and yaml; transformers and peft load on 
 from __future__ import annotations
 
 from ..config import ConfigError
-from .config import LMRunConfig, is_lm_config, load as load_config
+
+LAZY = {"LMRunConfig": "LMRunConfig", "is_lm_config": "is_lm_config", "load_config": "load"}
+# names of .config this package exports, imported on first use: .config imports torch (the engine's
+# sections), and accuracy and the command lines that parse before torch import this package
+
+
+def __getattr__(name: str):
+    """``LMRunConfig``, ``is_lm_config`` and ``load_config`` (.config's ``load``), imported on first use."""
+    if name not in LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import config
+    return getattr(config, LAZY[name])
 
 
 def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, tokenizer=None):
@@ -28,6 +40,7 @@ def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, t
     (mutor2d.engine.train; ``resume``: None, "auto" or a checkpoint / run folder), optionally on a
     given transformers ``model`` / ``tokenizer`` object instead of loading ``model.hf``."""
     from ..engine import train as engine_train
+    from .config import load as load_config
     from .run import LMRun
     cfg = load_config(cfg, overrides)
     return engine_train(cfg, out_dir, resume=resume, kind=LMRun(model, tokenizer))

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
+from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from . import SamplingRules, decoding_mode, run_decoder, unwrap_model
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
@@ -44,10 +45,6 @@ LABEL_CHARS = 28      # row labels longer than this are cut ("...") in a grid's 
 LABEL_PAD = 4         # pixels left and right of the row labels
 
 
-class SampleFileError(ValueError):
-    """Bad sample request or inconsistent shard folder; one-line message."""
-
-
 # ----------------------------------------------------------------------------- labels, seeds, settings
 
 def spread_classes(num_choices: int, count: int = SPREAD) -> list[int]:
@@ -56,28 +53,6 @@ def spread_classes(num_choices: int, count: int = SPREAD) -> list[int]:
     if num_choices <= count:
         return list(range(num_choices))
     return [round(i * (num_choices - 1) / (count - 1)) for i in range(count)]
-
-
-def check_classes(classes, num_choices: int, name: str = "--classes") -> list[int]:
-    """Each index in 0..num_choices-1 (the conditioning kind's choices: the classes for class labels),
-    else a one-line error naming ``name``."""
-    bad = [c for c in classes if not 0 <= c < num_choices]
-    if bad:
-        raise SampleFileError(f"{name} {','.join(map(str, classes))!r}: class {bad[0]} is out of range "
-                              f"0..{num_choices - 1}")
-    return list(classes)
-
-
-def parse_classes(text: str, num_choices: int) -> list[int]:
-    """"1,7,9" -> [1, 7, 9], each in 0..num_choices-1."""
-    out = []
-    for item in text.split(","):
-        try:
-            out.append(int(item.strip()))
-        except ValueError:
-            raise SampleFileError(f"--classes {text!r}: {item.strip()!r} is not a class index "
-                                  f"(expected comma-separated integers in 0..{num_choices - 1})") from None
-    return check_classes(out, num_choices)
 
 
 def grid_classes(sample_cfg, num_choices: int) -> list[int]:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..checks import ConfigError, at_least, at_most, check_seed, fail
 from ..config import Variant, make, register_section
+from ..sample_values import PER_CLASS_LIMIT
 
 
 def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,
@@ -76,9 +77,6 @@ class DecodeConfig(Variant):
         """Bodies (B, H*W) in raster order for ``prefix``; every token must follow the distribution
         ``rules.probs`` gives for the tokens before it. ``stats``, if a dict, receives the counts."""
         raise NotImplementedError
-
-
-PER_CLASS_LIMIT = 1024      # sample.per_class / sample.py --per-class: the columns of a grid
 
 
 @register_section("sample")

@@ -1,0 +1,20 @@
+"""The evaluators' names and defaults that command lines need before importing torch: the metrics,
+the feature extractors, the cache folder, the seed of the digits split, and :class:`MetricsError`.
+Light (no torch): eval/fid.py and eval/compare.py parse and check their flags with them; sources,
+digits and metrics take them from here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DIGITS_DATA_SEED = 1234  # data.data_seed default: the split the digits runs train on
+DEFAULT_CACHE = Path(os.environ.get("MUTOR2D_CACHE", "~/.cache/mutor2d"))  # classifier, feature caches
+DIGITS = "mutor2d-digits"                 # the digits classifier, a torch-fidelity feature extractor
+INCEPTION = "inception-v3-compat"
+FEATURES = {"inception": INCEPTION, "digits": DIGITS}
+METRICS = ("fid", "is", "prc", "kid")
+
+
+class MetricsError(ValueError):
+    """Bad evaluation input; the message is one line naming the bad value."""
