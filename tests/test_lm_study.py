@@ -145,3 +145,29 @@ def test_intervals_by_hand():
     assert abs(mean - 0.6) < 1e-12 and abs(half - 4.302653 * 0.1 / 3 ** 0.5) < 1e-5
     assert study.reference_arm("mutor-1d d_max=4, bidirectional") == "next-token, bidirectional"
     assert study.reference_arm("multihead d_max=4") == "next-token"
+
+
+def test_the_pretrained_stargraph_study_pretrains_on_other_graphs_and_pairs_arms_by_seed(tmp_path):
+    """stargraph_pretrained --quick, two seeds: one base pretrained once on walks and leaf-side paths
+    over fresh graphs (none with the edges of a fine-tuning or test graph, none asking the task's
+    "/ source goal =" query); every arm fine-tunes it with its seed's data order."""
+    import yaml
+    study = load_study()
+    task = study.TASKS["stargraph_pretrained"]
+    study.run_all(tmp_path, task, task.quick, [0, 1])
+    configs = {p.stem: yaml.safe_load(p.read_text()) for p in (tmp_path / "configs").glob("*.yaml")}
+    finetunes = {n: c for n, c in configs.items() if n != "pretrain"}
+    assert len(finetunes) == 2 * len(study.arms(task)) and configs["pretrain"]["objective"] == {"name": "ntp"}
+    assert configs["pretrain"]["train"]["blowup_factor"] == 0               # the corpus mixes two kinds of line
+    assert {c["model"]["hf"] for c in finetunes.values()} == {str(tmp_path / "pretrain")}
+    assert {n: c["train"]["seed"] for n, c in finetunes.items()} == {n: int(n[-1]) for n in finetunes}
+    lines = {s: study.load_jsonl(tmp_path / "data" / f"{s}.jsonl") for s in ("train", "test", "pretrain")}
+    held = {study.graph_edges(r) for s in ("train", "test") for r in lines[s]}
+    corpus = lines["pretrain"]
+    assert len(corpus) == task.quick.pretrain_count and not held & {study.graph_edges(r) for r in corpus}
+    for r in corpus:                                   # walks follow the edges; no line asks "/ s g ="
+        path, query = r["answer"].split(), r["prompt"].split("/", 1)[1].split()
+        edges = study.graph_edges(r)
+        assert all(f"{u} {v}" in edges for u, v in zip(path, path[1:])) or \
+            all(f"{v} {u}" in edges for u, v in zip(path, path[1:]))
+        assert query in ([path[0], "="], [path[0], "/", path[-1], "="])
