@@ -232,3 +232,22 @@ def test_layout_stream_from_another_device_kind_starts_fresh(tmp_path):
     assert set_rng_state(state, fresh, torch.device("cpu")) is False
     assert torch.equal(fresh.get_state(), torch.Generator().manual_seed(3).get_state())
     assert set_rng_state(rng_state(gen, torch.device("cpu")), fresh, torch.device("cpu")) is True
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".dcp"])
+def test_the_checkpoint_a_run_resumed_from_is_its_last_good_one_pt_or_sharded(tmp_path, suffix):
+    """The checkpoint a run resumed from, a file or a sharded folder, becomes the last good one after
+    the first healthy update, so rotation never deletes it (a sharded one was looked up as step_N.pt,
+    not found, and left unprotected: keep_ckpts=1 could delete the only checkpoint before a blow-up)."""
+    from types import SimpleNamespace
+
+    from mutor2d.engine.hooks import CheckpointHook
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    resumed = folder / f"step_00000004{suffix}"
+    resumed.mkdir() if suffix == ".dcp" else resumed.write_bytes(b"")
+    run = SimpleNamespace(run_dir=tmp_path / "run", start=4,
+                          cfg=SimpleNamespace(train=SimpleNamespace(keep_ckpts=1, keep_every=0)))
+    kept = CheckpointHook(run).kept
+    kept.observe(healthy=True)
+    assert kept.good == resumed and str(resumed) in kept.kept_message()

@@ -88,6 +88,13 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:08d}.pt"
 
 
+def written_checkpoint(run_dir: str | os.PathLike, step: int) -> Path | None:
+    """The checkpoint of ``step`` the run folder holds: ``step_N.pt`` or the sharded ``step_N.dcp/``;
+    None when it has neither."""
+    path = checkpoint_path(run_dir, step)
+    return next((p for p in (path, path.with_suffix(sharded_checkpoint.SUFFIX)) if p.exists()), None)
+
+
 def checkpoint_step(path: str | os.PathLike) -> int:
     """The step in a checkpoint's name (``step_XXXXXXXX.pt`` or ``.dcp``)."""
     m = _STEP.search(Path(path).name)

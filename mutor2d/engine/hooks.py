@@ -154,7 +154,7 @@ class CheckpointHook:
     process) knows the last good checkpoint and rotates around it (mutor2d.checkpoint.resume.Retention)."""
 
     def __init__(self, run: RunState):
-        resumed = ckpt_lib.checkpoint_path(run.run_dir, run.start) if run.start else None
+        resumed = ckpt_lib.written_checkpoint(run.run_dir, run.start) if run.start else None   # .pt or .dcp/
         self.kept = Retention(run.run_dir, run.cfg.train.keep_ckpts, resumed, run.cfg.train.keep_every)
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
