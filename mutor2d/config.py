@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import os
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -102,6 +103,29 @@ class Variant:
         return {k: v for k, v in flat.items() if k in names}
 
 
+@dataclass
+class UnknownVariant(Variant):
+    """A tagged section whose variant this process does not know (a plugin's, not imported), kept as
+    stored: what a reader that does not need the section holds instead of failing (``from_dict(...,
+    lenient=("objective",))``: plain decoding never uses the objective). Whatever needs the variant's
+    own rules (``uses_registers``, ``register_spec``) is a one-line ConfigError naming it."""
+    section: str = ""
+    stored: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.name = self.stored.get("name")
+
+    def missing(self) -> ConfigError:
+        return ConfigError(f"{self.section}.name={self.name!r} is not a variant this process knows (a plugin's: "
+                           f"name its module in MUTOR2D_PLUGINS); plain decoding does without it, this does not")
+
+    def uses_registers(self) -> bool:
+        raise self.missing()
+
+    def register_spec(self):
+        raise self.missing()
+
+
 def variant_class(section: str, name: Any) -> type:
     import_parts()
     variants = VARIANTS[section]
@@ -178,16 +202,18 @@ class ConfigRoot:
         return {f.name: f for f in dataclasses.fields(cls)}[section].default_factory()
 
     @classmethod
-    def build(cls, section: str, value: Any):
-        """Section ``section`` of this kind from its mapping ``value``."""
+    def build(cls, section: str, value: Any, lenient: bool = False):
+        """Section ``section`` of this kind from its mapping ``value`` (``lenient``: an unknown variant
+        of a tagged section is kept as an UnknownVariant)."""
         default = cls.default(section)
         if isinstance(default, Variant):                  # a tagged section: ``name`` picks the variant
-            return build_tagged(section, value)
+            return build_tagged(section, value, lenient)
         return build_over(default, value, f"{section}.")
 
     @classmethod
-    def from_dict(cls, data: Any):
-        """A fully checked config of this kind from a plain mapping (a YAML file, a checkpoint's config)."""
+    def from_dict(cls, data: Any, lenient: tuple[str, ...] = ()):
+        """A fully checked config of this kind from a plain mapping (a YAML file, a checkpoint's config);
+        the tagged sections named in ``lenient`` may hold a variant this process does not know."""
         data = {} if data is None else data
         if not isinstance(data, dict):
             fail("config", "a mapping of sections", data)
@@ -199,7 +225,7 @@ class ConfigRoot:
         for s, value in data.items():                       # in the mapping's order: the first error is named
             if s not in cls.sections:
                 raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(cls.sections)})")
-            sections[s] = cls.build(s, value)
+            sections[s] = cls.build(s, value, s in lenient)
         return cls(**sections).check()
 
     @classmethod
@@ -227,6 +253,8 @@ def section_dict(section) -> dict:
         if dataclasses.is_dataclass(v):
             return section_dict(v)
         return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+    if isinstance(section, UnknownVariant):
+        return dict(section.stored)
     d = {f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
     return {"name": section.name, **d} if isinstance(section, Variant) else d
 
@@ -262,11 +290,16 @@ def build_plain(section: str, data: Any):
     return build_section(PLAIN[section], data, f"{section}.")
 
 
-def build_tagged(section: str, data: Any):
-    """The variant of a tagged section that ``data['name']`` picks (default DEFAULT_VARIANT)."""
+def build_tagged(section: str, data: Any, lenient: bool = False):
+    """The variant of a tagged section that ``data['name']`` picks (default DEFAULT_VARIANT); with
+    ``lenient``, a name no registered variant has gives an UnknownVariant holding ``data``."""
     if not isinstance(data, dict):
         fail(section, "a mapping", data)
     name = data.get("name", DEFAULT_VARIANT[section])
+    if lenient and isinstance(name, str):
+        import_parts()
+        if name not in VARIANTS[section]:
+            return UnknownVariant(section=section, stored=dict(data))
     cls = variant_class(section, name)
     rest = {k: v for k, v in data.items() if k != "name"}
     if cls.legacy_keys and cls.legacy_keys <= set(rest):
@@ -274,12 +307,12 @@ def build_tagged(section: str, data: Any):
     return build_section(cls, rest, f"{section}.", context=f" for {section}.name={name}")
 
 
-def from_dict(data: Any):
+def from_dict(data: Any, lenient: tuple[str, ...] = ()):
     """The checked run config of a plain mapping (a YAML file, a checkpoint's stored config), of the
-    kind its ``task`` names (default: image)."""
+    kind its ``task`` names (default: image); ``lenient``: see ConfigRoot.from_dict."""
     if not isinstance(data, (dict, type(None))):
         fail("config", "a mapping of sections", data)
-    return run_config_class(task_of(data or {})).from_dict(data)
+    return run_config_class(task_of(data or {})).from_dict(data, lenient)
 
 
 # ----------------------------------------------------------------------------- files and overrides

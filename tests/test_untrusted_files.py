@@ -47,8 +47,10 @@ def test_a_pickled_peft_adapter_is_refused_in_one_line(tmp_path):
 
 
 def test_a_checkpoint_never_names_a_module_to_import(tmp_path, monkeypatch):
-    """Plugins come from MUTOR2D_PLUGINS only: a checkpoint whose config names an importable module (as
-    its objective, and under a ``plugins`` key) is refused in one line and the module is not imported."""
+    """Plugins come from MUTOR2D_PLUGINS only: a checkpoint whose config names an importable module never
+    imports it. As its objective, the name is kept as stored (sampling needs no objective: an
+    UnknownVariant, whose rules are refused naming it); under a ``plugins`` key, the file is refused
+    in one line."""
     (tmp_path / "evil_plugin.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("MUTOR2D_PLUGINS", raising=False)
@@ -56,9 +58,13 @@ def test_a_checkpoint_never_names_a_module_to_import(tmp_path, monkeypatch):
     path = ckpt_lib.list_checkpoints(tmp_path / "run")[-1]
     saved = {k: v for k, v in io.read_torch_file(path).items() if k != io.CHECKSUM_KEY}
     config = json.loads(json.dumps(saved["config"]))
-    config["objective"]["name"], config["plugins"] = "evil_plugin", "evil_plugin"
+    config["objective"]["name"] = "evil_plugin"
     torch.save(io.with_checksum({**saved, "config": config}), path)
+    objective = ckpt_lib.open_model(path)[1].objective
+    with pytest.raises(ValueError, match="objective.name='evil_plugin' is not a variant this process knows"):
+        objective.register_spec()
+    torch.save(io.with_checksum({**saved, "config": {**config, "plugins": "evil_plugin"}}), path)
     with pytest.raises(ValueError) as e:
         ckpt_lib.open_model(path)
-    assert "\n" not in str(e.value) and "evil_plugin" in str(e.value)
+    assert "\n" not in str(e.value) and "'plugins'" in str(e.value)
     assert not (tmp_path / "ran").exists() and "evil_plugin" not in sys.modules

@@ -227,12 +227,18 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta
 
 
+REGISTER_KEY = "register_embedding"      # the GPT's learned register token, in runs that trained registers
+
+
 def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, ImageRunConfig,
-    meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them."""
+    meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them. An
+    objective from a plugin this process has not imported is kept as stored (config.UnknownVariant):
+    plain decoding never uses it, register drafts say in one line that they need it."""
     state, meta = load_weights(path, use_ema)
-    cfg = config_lib.from_dict(meta["config"])
-    model = cfg.model.build(register_token=cfg.objective.uses_registers())
+    cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
+    known = not isinstance(cfg.objective, config_lib.UnknownVariant)
+    model = cfg.model.build(register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
     io.check_shapes(model.state_dict(), state, repr(str(path)))
     io.check_finite(state, f"checkpoint {str(path)!r}")
     model.load_state_dict(state, strict=True)

@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 
+from ..config import UnknownVariant
+
 CROSSOVER = Path(__file__).with_name("crossover.json")
 
 
@@ -25,5 +27,8 @@ def auto_decode(images: int, device, has_registers: bool, table: dict | None = N
 
 
 def can_draft(objective) -> bool:
-    """Whether a checkpoint's objective config gives register drafts (registers with offset (0, 2))."""
+    """Whether a checkpoint's objective config gives register drafts (registers with offset (0, 2));
+    an objective this process does not know (a plugin's, not imported) gives none."""
+    if isinstance(objective, UnknownVariant):
+        return False
     return objective.uses_registers() and bool(objective.register_spec().draft_offsets())
