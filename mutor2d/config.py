@@ -202,12 +202,11 @@ class ConfigRoot:
         return {f.name: f for f in dataclasses.fields(cls)}[section].default_factory()
 
     @classmethod
-    def build(cls, section: str, value: Any, lenient: bool = False):
-        """Section ``section`` of this kind from its mapping ``value`` (``lenient``: an unknown variant
-        of a tagged section is kept as an UnknownVariant)."""
+    def build(cls, section: str, value: Any):
+        """Section ``section`` of this kind from its mapping ``value``."""
         default = cls.default(section)
         if isinstance(default, Variant):                  # a tagged section: ``name`` picks the variant
-            return build_tagged(section, value, lenient)
+            return build_tagged(section, value)
         return build_over(default, value, f"{section}.")
 
     @classmethod
@@ -225,7 +224,7 @@ class ConfigRoot:
         for s, value in data.items():                       # in the mapping's order: the first error is named
             if s not in cls.sections:
                 raise ConfigError(f"unknown config section '{s}' (known: task, {', '.join(cls.sections)})")
-            sections[s] = cls.build(s, value, s in lenient)
+            sections[s] = (s in lenient and unknown_variant(s, value)) or cls.build(s, value)
         return cls(**sections).check()
 
     @classmethod
@@ -290,16 +289,20 @@ def build_plain(section: str, data: Any):
     return build_section(PLAIN[section], data, f"{section}.")
 
 
-def build_tagged(section: str, data: Any, lenient: bool = False):
-    """The variant of a tagged section that ``data['name']`` picks (default DEFAULT_VARIANT); with
-    ``lenient``, a name no registered variant has gives an UnknownVariant holding ``data``."""
+def unknown_variant(section: str, data: Any) -> UnknownVariant | None:
+    """An UnknownVariant holding ``data`` when it names a variant of the tagged ``section`` that no
+    registered one has; None otherwise (build it as usual)."""
+    if section not in VARIANTS or not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    import_parts()
+    return None if data["name"] in VARIANTS[section] else UnknownVariant(section=section, stored=dict(data))
+
+
+def build_tagged(section: str, data: Any):
+    """The variant of a tagged section that ``data['name']`` picks (default DEFAULT_VARIANT)."""
     if not isinstance(data, dict):
         fail(section, "a mapping", data)
     name = data.get("name", DEFAULT_VARIANT[section])
-    if lenient and isinstance(name, str):
-        import_parts()
-        if name not in VARIANTS[section]:
-            return UnknownVariant(section=section, stored=dict(data))
     cls = variant_class(section, name)
     rest = {k: v for k, v in data.items() if k != "name"}
     if cls.legacy_keys and cls.legacy_keys <= set(rest):
