@@ -95,7 +95,8 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
                                               "ema" if self.meta["has_ema"] else "model", save_directory / WEIGHTS)
         config = self.hub_config(io.file_sha256(weights))
         (save_directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        self.write_card_image(save_directory / CARD_IMAGE, weights)
+        if has_card_image(self.cfg):
+            self.write_card_image(save_directory / CARD_IMAGE, weights)
         (save_directory / "README.md").unlink(missing_ok=True)    # the card follows the weights
 
     def write_card_image(self, out: Path, weights: Path) -> None:
@@ -119,9 +120,11 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
 
 def tokenizer_reference(cfg) -> dict:
     """What decodes the tokens: the data section's variant and tokenizer ("pixel" with its grey levels,
-    or a VQ checkpoint path, e.g. LlamaGen's vq_ds16_c2i.pt, to be found on the sampling machine)."""
-    ref = {"data": cfg.data.name, "tokenizer": cfg.data.tokenizer}
-    if cfg.data.tokenizer == "pixel" and hasattr(cfg.data, "levels"):
+    or a VQ checkpoint path, e.g. LlamaGen's vq_ds16_c2i.pt, to be found on the sampling machine; None
+    for data that are tokens already, such as star graphs)."""
+    tokenizer = getattr(cfg.data, "tokenizer", None)
+    ref = {"data": cfg.data.name, "tokenizer": tokenizer}
+    if tokenizer == "pixel" and hasattr(cfg.data, "levels"):
         ref["levels"] = cfg.data.levels
     return ref
 
@@ -135,10 +138,20 @@ def fid_table(run_dir: Path | None) -> str:
     return records.markdown_table(recs)
 
 
+def has_card_image(cfg) -> bool:
+    """Whether the card shows a sample grid: its conditioning kind has a fixed set of prefixes to pick
+    rows from (class labels do; prompts do not, and their folder ships no picture)."""
+    return cfg.model.kind().num_choices(cfg.model) is not None
+
+
 def model_card(cfg, meta: dict, run_dir: Path | None) -> str:
     """The README.md of a saved folder (YAML front matter for the hub, then the card)."""
     objective = cfg.objective.name
     run_yaml = yaml.safe_dump(meta["config"], sort_keys=False)
+    kind = cfg.model.kind()
+    conditioned = "class-conditional" if kind.per_class else f"{kind.name}-conditioned"
+    image = f"![samples]({CARD_IMAGE})" if has_card_image(cfg) else \
+        f"(no sample grid: model.conditioning={kind.name!r} has no fixed set of prefixes to sample)"
     return f"""---
 library_name: mutor2d
 tags: [mutor2d, image-generation, autoregressive, {objective}]
@@ -146,11 +159,11 @@ tags: [mutor2d, image-generation, autoregressive, {objective}]
 
 # mutor2d: {objective} GPT, step {meta['step']}
 
-A class-conditional autoregressive image model (LlamaGen-style decoder over a {meta['grid'][0]}x{meta['grid'][1]}
+A {conditioned} autoregressive image model (LlamaGen-style decoder over a {meta['grid'][0]}x{meta['grid'][1]}
 token grid) trained with `{objective}` in mutor2d; weights: {'EMA' if meta['has_ema'] else 'raw'}
 (`model.safetensors`); tokenizer: `{json.dumps(tokenizer_reference(cfg))}`.
 
-![samples]({CARD_IMAGE})
+{image}
 
 ## Evaluation
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import TINY_DIGITS  # noqa: E402
+from conftest import TINY_DIGITS, demo_extra  # noqa: E402
 from test_generation import cli_error, sample_main  # noqa: E402
 
 from mutor2d import checkpoint, config  # noqa: E402
@@ -134,3 +134,9 @@ def test_a_kind_without_choices_says_it_writes_no_grids_and_sample_py_refuses(tm
         assert cli_error(sample_main(), ["--ckpt", str(run), "--device", "cpu", *flags], capsys) == \
             f"error: {ckpt.resolve()}: model.conditioning='prompt' has no fixed set of prefixes to sample grids " \
             f"or sample files from"
+    demo_extra("huggingface_hub")
+    from mutor2d.hub import MutorModel
+    MutorModel.from_checkpoint(run).save_pretrained(tmp_path / "hub")       # no grid to draw: no picture
+    assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    card = (tmp_path / "hub" / "README.md").read_text()
+    assert "prompt-conditioned" in card and "no sample grid" in card and "sample.png" not in card
