@@ -7,3 +7,6 @@
 The model knows nothing of registers beyond "extra tokens with given position ids and a given
 visibility rule" (mutor2d.registers builds those).
 """
+from .gpt import GPT, ModelConfig  # noqa: E402  the public names: ``from mutor2d.model import GPT, ModelConfig``
+
+__all__ = ["GPT", "ModelConfig"]
