@@ -26,6 +26,7 @@ and the optimizer's under ``optim``: mutor2d.checkpoint.sharded reads them under
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -53,22 +54,29 @@ def for_saving(options: StateDictOptions) -> StateDictOptions:
 
 
 class ModulePart:
-    """The state of one submodule of a TrainModule (``name``: "model" or "objective"), through torch's
-    state-dict API with ``options``; ``keep``: what is saved of it (default all). Each part reads the
-    TrainModule's state and keeps its own entries (full states: one CPU copy per part)."""
+    """The state of one submodule of a TrainModule (``name``: "model" or "objective"): its entries of
+    ``read()``, the TrainModule's whole state (``module_parts``: read once for both); ``keep``: what is
+    saved of it (default all). Loading goes through torch's state-dict API with ``options``."""
 
-    def __init__(self, module, name: str, options: StateDictOptions, keep=None):
-        self.module, self.prefix, self.options, self.keep = module, f"{name}.", options, keep
+    def __init__(self, module, name: str, options: StateDictOptions, read, keep=None):
+        self.module, self.prefix, self.options, self.read, self.keep = module, f"{name}.", options, read, keep
 
     def state_dict(self) -> dict:
-        full = get_model_state_dict(self.module, options=for_saving(self.options))
-        state = {k[len(self.prefix):]: v for k, v in full.items() if k.startswith(self.prefix)}
+        state = {k[len(self.prefix):]: v for k, v in self.read().items() if k.startswith(self.prefix)}
         return self.keep(state) if self.keep is not None else state
 
     def load_state_dict(self, state: dict) -> None:
         """Entries of ``state`` into the submodule; others (a frozen base the kind reloads) stay."""
         set_model_state_dict(self.module, {self.prefix + k: v for k, v in state.items()},
                              options=dataclasses.replace(self.options, strict=False))
+
+
+def module_parts(module, options: StateDictOptions, keep_model) -> dict[str, ModulePart]:
+    """The "model" and "objective" parts of a TrainModule, sharing one read of its state (a full state:
+    one CPU copy per checkpoint, not one per part); ``keep_model``: what is saved of the model."""
+    read = functools.cache(lambda: get_model_state_dict(module, options=for_saving(options)))
+    return {"model": ModulePart(module, "model", options, read, keep_model),
+            "objective": ModulePart(module, "objective", options, read)}
 
 
 class OptimizerPart:

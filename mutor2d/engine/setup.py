@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from ..io import warn
 from ..checkpoint.resume import find_resume, remove_stale_temps
-from ..checkpoint.state import ModulePart, OptimizerPart, TrainState, state_options
+from ..checkpoint.state import OptimizerPart, TrainState, module_parts, state_options
 from .data_order import StepBatches
 from .health import Health
 from .optim import build_scheduler
@@ -113,8 +113,7 @@ class RunState:
         """The named parts of this run's checkpoint (mutor2d.checkpoint.state), as a sharded folder's
         (each process its shards) or, not ``sharded``, as a .pt file's (full states)."""
         options = state_options(sharded)
-        parts = {"model": ModulePart(self.module, "model", options, self.kind.trainable_state),
-                 "objective": ModulePart(self.module, "objective", options),
+        parts = {**module_parts(self.module, options, self.kind.trainable_state),
                  "optimizer": OptimizerPart(self.module, self.optimizer, options),
                  "rng": RunRng(self), "health": self.health}
         if self.ema is not None:
