@@ -5,6 +5,7 @@
     python eval/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
     python eval/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
     python eval/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
+    python eval/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
 
 Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
 
@@ -33,6 +34,12 @@ Tasks (a task is data + tokenizer + scorer + methods; the study is the same for 
   with the edges of a fine-tuning or test graph, never the task's "/ s g =" query); arms: next-token,
   MuToR-1D d = 2..4 and multi-head d = 2..4 (a = 0.5), causal and bidirectional prompts, paired by
   seed as above. A held-out test graph here shares no edge set with a training graph, whatever the query.
+* ``arith_settings``: the open questions as settings (docs/METHOD.md), on ``arith_pretrained_4step``'s
+  protocol (one base pretrained on 1-3-step problems; fine-tuned and tested on 4-step ones; causal
+  prompts): next-token, MuToR-1D with the paper's rule (d_max 4, a 0.3) and that rule with one
+  setting changed per arm; every arm is paired with the paper's rule. The online evaluation decodes
+  with ``auto`` (register drafts where the rule gives them; the same tokens), so the table adds
+  forwards per generated token.
 
 A training split and a held-out test split (no test item equal to a training one: the same question,
 or the same graph and query). Model: a small Llama built from a LlamaConfig (random init, one per
@@ -177,6 +184,8 @@ class Task:
     title: str
     corpus: Callable[[Size, int, int], list[dict]] | None = None   # the shared base's pretraining lines
     prompt_modes: tuple[str, ...] = ("causal",)         # model.prompt_attention of every arm, crossed
+    reference: str = "next-token"                       # the method every other arm is paired with
+    decode: str = "plain"                               # eval.decode of the online evaluation (auto: drafts)
 
 
 A = 0.3                                     # the paper's loss weight of the auxiliary term (LM setting)
@@ -185,6 +194,12 @@ ARITH_METHODS = {"next-token": {"name": "ntp"},
                  "mutor-1d d_max=2": {"name": "mutor-1d", "d_max": 2, "reg_weight": A},
                  "mutor-1d d_max=4": {"name": "mutor-1d", "d_max": 4, "reg_weight": A},
                  "multihead d_max=4": {"name": "multihead", "d_max": 4, "reg_weight": A}}
+MUTOR_PAPER = {"name": "mutor-1d", "d_max": 4, "reg_weight": A}   # the settings study's reference rule
+SETTINGS_METHODS = {"next-token": {"name": "ntp"},
+                    "mutor-1d (paper rule)": MUTOR_PAPER,
+                    "earlier registers": {**MUTOR_PAPER, "register_visibility": "earlier_registers"},
+                    "valid-anchors offsets": {**MUTOR_PAPER, "offset_distribution": "valid-anchors"},
+                    "a linear 0.3 -> 0": {**MUTOR_PAPER, "reg_weight_schedule": "linear", "reg_weight_final": 0.0}}
 STAR_METHODS = {"next-token": {"name": "ntp"},
                 "mutor-1d d=2..4": {"name": "mutor-1d", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}}
 TASKS = {
@@ -218,6 +233,14 @@ TASKS = {
              max_new_tokens=12, pretrain_count=64, pretrain_steps=3, corpus_steps=(1,)),
         "lm_pretrained_4step", "4-step arithmetic, base pretrained on 1-3 steps",
         corpus=arith_corpus, prompt_modes=("causal", "bidirectional")),
+    "arith_settings": Task(
+        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, SETTINGS_METHODS,
+        Size(train=1000, test=200, shape=(4,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
+             max_new_tokens=60, pretrain_count=20000, pretrain_steps=3000, corpus_steps=(1, 2, 3)),
+        Size(train=32, test=8, shape=(2,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
+             max_new_tokens=12, pretrain_count=64, pretrain_steps=3, corpus_steps=(1,)),
+        "lm_settings", "the open questions as settings: 4-step arithmetic, base pretrained on 1-3 steps",
+        corpus=arith_corpus, reference="mutor-1d (paper rule)", decode="auto"),
     "stargraph_pretrained": Task(
         stargraph_records, graph_edges, stargraph_tokenizer, {"name": "jsonl", "kind": "path"},
         {**STAR_METHODS, "multihead d=2..4": {"name": "multihead", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}},
@@ -268,9 +291,9 @@ def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry) -> P
 
 
 def run_config(base: Path, train: Path, test: Path | None, objective: dict, size: Size, seed: int,
-               scoring: dict, prompt_attention: str = "causal") -> dict:
+               scoring: dict, prompt_attention: str = "causal", decode: str = "plain") -> dict:
     evaluation = {"eval": {"path": str(test), **scoring, "max_new_tokens": size.max_new_tokens,
-                           "batch_size": 100, "stop": []}} if test else {}
+                           "batch_size": 100, "stop": [], "decode": decode}} if test else {}
     return {"task": "lm",
             "model": {"hf": str(base), "finetune": "full", "dtype": "float32", "prompt_attention": prompt_attention},
             "data": {"name": scoring["name"], "path": str(train), "max_prompt_len": 160, "max_answer_len": 64},
@@ -314,8 +337,10 @@ def arms(task: Task) -> dict[str, tuple[dict, str]]:
 
 
 def run_name(objective: dict, mode: str, seed: int, task: Task) -> str:
+    """NAME_dD[_SETTING-VALUE ...][_MODE]_sSEED: the objective's fields beyond the method's own."""
+    settings = "".join(f"_{k}-{v}" for k, v in objective.items() if k not in ("name", "d_min", "d_max", "reg_weight"))
     suffix = f"_{mode}" if len(task.prompt_modes) > 1 else ""
-    return f"{objective['name']}_d{objective.get('d_max', 1)}{suffix}_s{seed}"
+    return f"{objective['name']}_d{objective.get('d_max', 1)}{settings}{suffix}_s{seed}"
 
 
 def run_all(out: Path, task: Task, size: Size, seeds: list[int]) -> dict[str, dict[int, Path]]:
@@ -333,7 +358,7 @@ def run_all(out: Path, task: Task, size: Size, seeds: list[int]) -> dict[str, di
             runs.setdefault(arm, {})[seed] = run
             if finished(run, size.max_steps):
                 continue
-            cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode)
+            cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode, task.decode)
             timed(entry, out / "configs" / f"{run.name}.yaml", cfg, run, out)
     return runs
 
@@ -384,9 +409,14 @@ def ci95(values: list[float]) -> tuple[float, float]:
     return mean, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def reference_arm(arm: str) -> str:
-    """The next-token arm an arm is paired with: the same prompt attention ("METHOD, MODE")."""
-    return ", ".join(["next-token", *arm.split(", ")[1:]])
+def reference_arm(arm: str, reference: str = "next-token") -> str:
+    """The arm an arm is paired with: ``reference`` under the same prompt attention ("METHOD, MODE")."""
+    return ", ".join([reference, *arm.split(", ")[1:]])
+
+
+def forwards_per_token(record: dict) -> float | None:
+    """Forwards per generated token of an evaluation record's decoding (1.0 plain; < 1 with drafts)."""
+    return record.get("sampling", {}).get("decode_stats", {}).get("forwards_per_token")
 
 
 def cpu_seconds(out: Path) -> dict[str, float]:
@@ -399,19 +429,21 @@ def cpu_seconds(out: Path) -> dict[str, float]:
     return total
 
 
-def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path) -> str:
+def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, reference: str = "next-token") -> str:
     """Markdown: per arm, final test accuracy with its 95% CI over seeds; the paired difference to
-    next-token (same seed, hence the same data order, and the same prompt attention) with its 95% CI
-    and wins / ties / losses; CPU seconds per run."""
-    acc = {arm: {s: records_of(r)[max_steps]["metrics"]["accuracy"] for s, r in by.items()} for arm, by in runs.items()}
+    the ``reference`` arm (same seed, hence the same data order, and the same prompt attention) with
+    its 95% CI and wins / ties / losses; CPU seconds per run; forwards per generated token of the
+    final evaluation (mean over seeds: below 1 where register drafts were accepted)."""
+    final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
+    acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
     cpu = cpu_seconds(out)
-    lines = ["| arm | seeds | accuracy [95% CI] | minus next-token [95% CI] | wins / ties / losses | CPU s per run |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| arm | seeds | accuracy [95% CI] | minus {reference} [95% CI] | wins / ties / losses | CPU s per run "
+             "| forwards per token |", "|---|---|---|---|---|---|---|"]
     for arm, by_seed in acc.items():
         mean, half = ci95(list(by_seed.values()))
-        ref = acc.get(reference_arm(arm), {})
+        ref = acc.get(reference_arm(arm, reference), {})
         paired = [by_seed[s] - ref[s] for s in by_seed if s in ref]
-        if arm == reference_arm(arm) or not paired:
+        if arm == reference_arm(arm, reference) or not paired:
             diff, record = "—", "—"
         else:
             d, h = ci95(paired)
@@ -419,8 +451,10 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path) 
             record = f"{sum(x > 0 for x in paired)} / {sum(x == 0 for x in paired)} / {sum(x < 0 for x in paired)}"
         costs = [cpu[r.name] for r in runs[arm].values() if r.name in cpu]
         cost = f"{statistics.mean(costs):.0f}" if costs else "-"
+        fpt = [f for f in map(forwards_per_token, final[arm].values()) if f is not None]
+        fpt_text = f"{statistics.mean(fpt):.3f}" if fpt else "-"
         lines.append(f"| {arm} | {len(by_seed)} | {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] | {diff} | "
-                     f"{record} | {cost} |")
+                     f"{record} | {cost} | {fpt_text} |")
     return "\n".join(lines)
 
 
@@ -478,7 +512,7 @@ def main(argv=None) -> str:
     out = Path(args.out or f"runs/{task.stem}")
     runs = run_all(out, task, size, args.seeds[:1] if args.quick else args.seeds)
     text = (table(runs, size.max_steps) + "\n\nIntervals and paired differences:\n\n"
-            + interval_table(runs, size.max_steps, out) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
+            + interval_table(runs, size.max_steps, out, task.reference) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
     (out / "table.md").write_text(text + "\n")
     print(text)
     print(f"plot: {plot(runs, Path(args.plot or out / f'{task.stem}.png'), task.title)}", file=sys.stderr)

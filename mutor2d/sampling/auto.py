@@ -27,8 +27,9 @@ def auto_decode(images: int, device, has_registers: bool, table: dict | None = N
 
 
 def can_draft(objective) -> bool:
-    """Whether a checkpoint's objective config gives register drafts (registers with offset (0, 2));
-    an objective this process does not know (a plugin's, not imported) gives none."""
-    if isinstance(objective, UnknownVariant):
+    """Whether a checkpoint's objective config gives register drafts (isolated registers with offset
+    (0, 2)); an objective this process does not know (a plugin's, not imported) gives none."""
+    if isinstance(objective, UnknownVariant) or not objective.uses_registers():
         return False
-    return objective.uses_registers() and bool(objective.register_spec().draft_offsets())
+    spec = objective.register_spec()
+    return spec.register_visibility == "isolated" and bool(spec.draft_offsets())
