@@ -20,6 +20,10 @@ METHODS = {
     "mutor-2d-sparse": {"name": "mutor-2d", "d_max": 4, "placement": "sparse",
                         "num_registers": 19},  # 19 of 64 anchors ~ 30% (paper: 80 of 256)
     "multihead": {"name": "multihead", "layout": "2d", "d_max": 4},
+    # the open questions as settings (docs/METHOD.md): D4 with one setting changed
+    "mutor-2d-D4-earlier": {"name": "mutor-2d", "d_max": 4, "register_visibility": "earlier_registers"},
+    "mutor-2d-D4-valid-anchors": {"name": "mutor-2d", "d_max": 4, "offset_distribution": "valid-anchors"},
+    "mutor-2d-D4-linear": {"name": "mutor-2d", "d_max": 4, "reg_weight_schedule": "linear", "reg_weight_final": 0.0},
 }
 COMPUTE_MATCHED = "next-token-cm"   # label of the compute-matched next-token runs
 
