@@ -3,9 +3,9 @@
     python app.py --ckpt runs/digits_mutor2d [--port 7860] [--host 127.0.0.1]
 
 Choose classes, sampling settings and the decoding mode, watch the images form; the page's URL holds
-the settings. The logic lives in mutor2d/demo.py.
+the settings. The command line lives in mutor2d/demo_cli.py, the page in mutor2d/demo.py.
 """
-from mutor2d.demo import main
+from mutor2d.demo_cli import main
 
 if __name__ == "__main__":
     main()

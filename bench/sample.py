@@ -42,7 +42,8 @@ from mutor2d.sampling import images as generation
 from mutor2d.cli import HelpFormatter
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import grid_arg, regular_position_ids
+from mutor2d.cli import grid_arg
+from mutor2d.registers import regular_position_ids
 from mutor2d.config import make
 from mutor2d.sampling import compile_decoder, generate, sample_logits
 

@@ -35,7 +35,8 @@ from mutor2d.cli import HelpFormatter
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT, model_shape
 from mutor2d.objectives import Batch, RegisterObjective
-from mutor2d.registers import Layout, LayoutError, grid_arg
+from mutor2d.cli import grid_arg
+from mutor2d.registers import Layout, LayoutError
 
 CASES = ("ntp", "sparse", "dense")
 TARGETS = {"sparse": 1.35, "dense": 2.05}   # time and memory ratio bounds vs NTP (issue 9)

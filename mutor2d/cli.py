@@ -31,3 +31,12 @@ def check_choice(parser: argparse.ArgumentParser, flag: str, value, choices: lis
     checks of the other flags come before it. ``value`` None (the flag not given) passes."""
     if value is not None and value not in choices:
         parser.error(f"argument {flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")
+
+
+def grid_arg(text: str) -> tuple[int, int]:
+    """argparse type for an 'HxW' grid."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16 (1xN for 1D)") from None
+    return h, w

@@ -16,7 +16,6 @@ requests are queued (one decoding at a time); the server logs one line per reque
 ``pip install -e ".[demo]"``, --help included), --port in 1..65535 and free on --host (else one line,
 exit 2). Ctrl-C / SIGTERM close the server within ``STOP_S`` seconds, queued requests or not.
 """
-import argparse
 import dataclasses
 import logging
 import os
@@ -35,7 +34,6 @@ import torch
 from . import config
 from . import checkpoint
 from .sampling import images as generation
-from .cli import HelpFormatter
 from .model.conditioning import class_names
 from .plugins import load_plugins
 from .sampling import decode_modes
@@ -355,22 +353,6 @@ def build_app(demo: Demo):
     return app
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python app.py", formatter_class=HelpFormatter,
-                                description="The mutor2d demo page: sample a class grid from a checkpoint.")
-    p.add_argument("--ckpt", required=True, help="checkpoint file, run folder, safetensors export or hub folder")
-    p.add_argument("--port", type=int, default=7860, help="port of the page")
-    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--no-ema", dest="ema", action="store_false", help="the raw weights even when EMA exists")
-    return p
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def check_port(host: str, port: int) -> None:
     """DemoError (one line) for a port outside 1..65535 or one that cannot be served on ``host`` (in use)."""
     if not 1 <= port <= 65535:
@@ -407,11 +389,9 @@ def serve(app, host: str, port: int) -> None:
     os._exit(128 + caught[0])                          # decoding threads are not waited for
 
 
-def main(argv=None) -> None:
-    """Check gradio, the arguments and the port, open the checkpoint (an unreadable one: ``error: ...``
-    and exit 2), then serve the page until Ctrl-C / SIGTERM."""
-    require_gradio()
-    args = parse_args(argv)
+def run(args) -> None:
+    """app.py's arguments (mutor2d.demo_cli, parsed before torch loads): check the port, open the
+    checkpoint (an unreadable one: ``error: ...`` and exit 2), then serve the page until Ctrl-C / SIGTERM."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     LOG.addHandler(handler)
@@ -419,7 +399,7 @@ def main(argv=None) -> None:
     try:
         check_port(args.host, args.port)
         load_plugins()
-        device = torch.device(args.device)
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         src = generation.open_checkpoint(checkpoint.resolve(args.ckpt), use_ema=args.ema, device=device)
         serve(build_app(Demo(src, device, args.ckpt)), args.host, args.port)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

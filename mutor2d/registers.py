@@ -20,7 +20,6 @@ t is at (t // W, t % W). On a line (H = 1) the prefix lies on the line: regular 
 """
 from __future__ import annotations
 
-import argparse
 import functools
 from dataclasses import dataclass
 from typing import Literal
@@ -29,7 +28,6 @@ import torch
 from torch import Tensor
 
 from .model.attention import NEVER, Visibility
-from .cli import HelpFormatter
 
 RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.kind may be
 
@@ -382,104 +380,3 @@ def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generato
         slot = key.argsort(dim=1)[:, :dense_slots(spec, grid)]
     return (anchors[slot], off.gather(1, slot[..., None].expand(-1, -1, 2)), target.gather(1, slot),
             valid.gather(1, slot))
-
-
-# ----------------------------------------------------------------------------- picture
-
-def draw_mask(layout: Layout, sample: int, path: str, order: str = "interleaved") -> None:
-    """Save the attention matrix of one sample as a PNG: rows attend to columns; regular tokens
-    in blue, registers in orange, unused register slots omitted."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    T, P = layout.num_regular, layout.prefix_len
-    mask = layout.dense_mask()[sample]
-    keep = torch.cat([torch.ones(T, dtype=torch.bool), layout.reg_valid[sample]])
-    idx = layout.interleaved_order()[sample] if order == "interleaved" else torch.arange(len(keep))
-    idx = idx[keep[idx]]
-    m = mask[idx][:, idx].numpy()
-    is_reg = (idx >= T).numpy()
-    labels = []
-    for j in idx.tolist():
-        if j < T:
-            labels.append(f"p{j}" if j < P else f"x{j - P}")
-        else:
-            r = j - T
-            labels.append(f"r{int(layout.reg_anchor[sample, r])}→x{int(layout.reg_target[sample, r])}")
-    L = len(idx)
-    img = np.ones((L, L, 3))
-    reg_row = is_reg[:, None] | np.zeros((1, L), dtype=bool)
-    col_reg = np.zeros((L, 1), dtype=bool) | is_reg[None, :]
-    blue, orange, purple = np.array([0.2, 0.4, 0.85]), np.array([0.95, 0.55, 0.1]), np.array([0.55, 0.3, 0.7])
-    colour = np.where((reg_row & col_reg)[..., None], purple, np.where(reg_row[..., None], orange, blue))
-    img[m] = colour[m]
-    size = max(4.0, 0.22 * L)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(img, interpolation="nearest")
-    ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
-    ax.set_yticks(range(L), labels, fontsize=6)
-    for k, r in enumerate(is_reg):
-        for tick in (ax.get_xticklabels()[k], ax.get_yticklabels()[k]):
-            tick.set_color("darkorange" if r else "navy")
-    H, W = layout.grid
-    ax.set_title(f"grid {H}x{W}, prefix {P}: rows attend to columns\n"
-                 f"blue: regular, orange: register → regular, purple: register → itself", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def grid_arg(text: str) -> tuple[int, int]:
-    """argparse type for an 'HxW' grid."""
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16 (1xN for 1D)") from None
-    return h, w
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m mutor2d.registers", formatter_class=HelpFormatter,
-                                 description="Draw the MuToR attention mask of one sample (rows attend to "
-                                             "columns) as a PNG, and print its registers' offsets.")
-    ap.add_argument("--grid", type=grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
-    ap.add_argument("--prefix", type=int, default=1, help="prefix length P (1: a class label)")
-    ap.add_argument("--objective", default=None, choices=["mutor-1d", "mutor-2d"],
-                    help="default: mutor-2d for H > 1, mutor-1d for H = 1")
-    ap.add_argument("--dmax2d", type=int, default=3,
-                    help="D of the 2D offsets (objective.d_max): (dr, dc) in {0..D-1}^2 minus (0, 0)")
-    ap.add_argument("--dmin", type=int, default=1, help="1D offsets: the nearest token ahead a register predicts")
-    ap.add_argument("--dmax", type=int, default=4, help="1D offsets: the farthest token ahead (d = dmin..dmax)")
-    ap.add_argument("--sparse", type=int, default=0,
-                    help="K registers at random anchors (objective.placement=sparse); 0 = dense, one per token")
-    ap.add_argument("--per-register-offsets", action="store_true",
-                    help="draw an offset per register (default: one offset per sequence, the paper's rule)")
-    ap.add_argument("--edge", choices=["geometric", "raster"], default="geometric",
-                    help="targets past the right edge: invalid (geometric) or wrapped to the next row (raster)")
-    ap.add_argument("--order", choices=["interleaved", "appended"], default="interleaved",
-                    help="draw each register after its anchor (interleaved) or in memory order (appended)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the offset / anchor draw")
-    ap.add_argument("--out", default="mask.png", help="PNG to write (default mask.png)")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
-    d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
-    spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
-                        args.per_register_offsets, args.edge)
-    try:
-        layout = make_layout(1, args.grid, args.prefix, spec, torch.Generator().manual_seed(args.seed))
-    except LayoutError as e:
-        raise SystemExit(f"error: {e}")
-    draw_mask(layout, 0, args.out, args.order)
-    offs = sorted({tuple(o) for o in layout.reg_offset[0][layout.reg_valid[0]].tolist()})
-    print(f"wrote {args.out}: {layout.num_regular} regular tokens, "
-          f"{int(layout.reg_valid[0].sum())} registers, offsets {offs}")
-
-
-if __name__ == "__main__":
-    main()

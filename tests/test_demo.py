@@ -29,7 +29,7 @@ demo_extra("gradio")
 from test_hub import tiny_run  # noqa: E402
 
 from mutor2d.sampling import images as generation  # noqa: E402
-from mutor2d import demo as demo_lib  # noqa: E402
+from mutor2d import demo as demo_lib, demo_cli  # noqa: E402
 from mutor2d.sampling import SamplingRules, decoding_mode, run_decoder  # noqa: E402
 from mutor2d.sampling.auto import CROSSOVER, auto_decode  # noqa: E402
 
@@ -114,7 +114,7 @@ def test_auto_picks_the_measured_fastest(run, tmp_path, capsys):
 def test_an_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit) as e:
-        demo_lib.main(["--ckpt", str(tmp_path / "bad.pt")])
+        demo_cli.main(["--ckpt", str(tmp_path / "bad.pt")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "bad.pt" in err[0]
 

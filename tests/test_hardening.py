@@ -178,9 +178,9 @@ def test_a_flipped_byte_in_hub_weights_is_one_line_everywhere(saved, tmp_path, c
     with pytest.raises(ValueError, match="corrupt"):                       # train.init_from
         init_weights(GPT(config.load("digits_mutor2d.yaml", TINY).model, register_token=True), str(bad))
     demo_extra("gradio")
-    from mutor2d import demo
+    from mutor2d import demo_cli
     with pytest.raises(SystemExit) as e:
-        demo.main(["--ckpt", str(bad), "--device", "cpu", "--port", str(free_port())])
+        demo_cli.main(["--ckpt", str(bad), "--device", "cpu", "--port", str(free_port())])
     assert e.value.code == 2 and "corrupt" in one_error_line(capsys)
 
 
@@ -267,17 +267,17 @@ def test_app_without_the_demo_extra_names_it_in_one_line(argv):
 
 
 def test_app_port_out_of_range_or_busy_is_one_line(saved, capsys):
-    from mutor2d import demo
+    from mutor2d import demo_cli
     demo_extra("gradio")
     with pytest.raises(SystemExit) as e:
-        demo.main(["--ckpt", str(saved), "--port", "99999"])
+        demo_cli.main(["--ckpt", str(saved), "--port", "99999"])
     assert e.value.code == 2 and "--port 99999: expected a port in 1..65535" in one_error_line(capsys)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         with pytest.raises(SystemExit) as e:
-            demo.main(["--ckpt", str(saved), "--port", str(port), "--device", "cpu"])
+            demo_cli.main(["--ckpt", str(saved), "--port", str(port), "--device", "cpu"])
     line = one_error_line(capsys)
     assert e.value.code == 2 and f"127.0.0.1:{port}" in line and "in use" in line
 

@@ -15,14 +15,14 @@ LAYERS = [
     {"config"},                                    # the registries and config building
     {"checkpoint"},                                # files: written atomically, read without running code
     {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ
-    {"registers"},                                 # the register layout: pure tensor code
+    {"registers", "mask_figure"},                  # the register layout: pure tensor code; its picture
     {"objectives", "data"},                        # losses over the layout; training data
     {"sample_values"},                             # a sample request's values that need no model (no torch)
     {"sampling"},                                  # decoding, and images / npz files out of a model
     {"engine"},                                    # the one training loop
     {"evaluation"},                                # metrics, records, studies (they train and sample)
     {"image", "lm", "vq"},                         # the run kinds, peers
-    {"demo", "hub"},                               # optional integrations
+    {"demo", "demo_cli", "hub"},                   # optional integrations
 ]
 RUN_KINDS = LAYERS[-2]
 

@@ -234,11 +234,11 @@ def test_bad_lengths_error():
 
 def test_mask_picture_command(tmp_path):
     out = tmp_path / "mask.png"
-    r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "4x4", "--dmax2d", "3",
+    r = subprocess.run([sys.executable, "-m", "mutor2d.mask_figure", "--grid", "4x4", "--dmax2d", "3",
                         "--out", str(out)], capture_output=True, text=True, timeout=limit(120))
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
-    r = subprocess.run([sys.executable, "-m", "mutor2d.registers", "--grid", "1x8", "--dmax2d", "3",
+    r = subprocess.run([sys.executable, "-m", "mutor2d.mask_figure", "--grid", "1x8", "--dmax2d", "3",
                         "--objective", "mutor-2d", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode != 0 and "need a 2D grid" in r.stderr and "Traceback" not in r.stderr
 

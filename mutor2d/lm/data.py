@@ -1,4 +1,5 @@
-"""Text data for LM fine-tuning and evaluation: jsonl lines -> (prompt, answer) token ids -> LMBatch.
+"""Text data for LM fine-tuning and evaluation: jsonl lines -> (prompt, answer) token ids
+(batched by mutor2d.lm.packing.collate). Light: no torch, so its command line answers at once.
 
 Line formats of ``data.name: jsonl`` (recognised per line; each line is checked before any model loads,
 a bad one is a one-line DataError naming file, line and the problem):
@@ -28,12 +29,9 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from .. import io
 from ..cli import HelpFormatter
 from .accuracy import boxed_answer, gsm8k_answer
-from .packing import LMBatch
 
 ROLES = ("system", "user", "assistant", "tool")
 LINE_FORMATS = '{"prompt","answer"}, {"prompt","completion"} or {"messages": [...]}'
@@ -234,18 +232,6 @@ def eval_prompts(located: list[tuple[str, dict]], tokenizer) -> list[dict]:
             raise DataError(f"{where}: no gold answer (add a 'gold' field or a final assistant turn)")
         items.append({"prompt": prompt, "prompt_ids": encode_prompt(prompt, tokenizer, templated), "gold": gold})
     return items
-
-
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = 0) -> LMBatch:
-    """Right-pad prompts and answers into an LMBatch."""
-    P = torch.tensor([len(p) for p, _ in examples])
-    N = torch.tensor([len(a) for _, a in examples])
-    prompt = torch.full((len(examples), int(P.max())), pad_id, dtype=torch.long)
-    answer = torch.full((len(examples), int(N.max())), pad_id, dtype=torch.long)
-    for b, (p, a) in enumerate(examples):
-        prompt[b, :len(p)] = torch.tensor(p)
-        answer[b, :len(a)] = torch.tensor(a)
-    return LMBatch(prompt, P, answer, N)
 
 
 def _offline_tokenizer(symbols: list[str], split, decoder, model_max_length: int):

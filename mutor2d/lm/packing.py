@@ -134,3 +134,15 @@ def frame(prompt_len: Tensor, answer_len: Tensor, width: int, padding_side: str 
     jc = torch.arange(T_can)[None, :] - shift                 # real index of each canonical slot
     slot = torch.where((jc >= 0) & (jc < n_real[:, None]), jc + lead[:, None], torch.full_like(jc, T))
     return Frame(index, real, slot, shift)
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = 0) -> LMBatch:
+    """Right-pad prompts and answers into an LMBatch."""
+    P = torch.tensor([len(p) for p, _ in examples])
+    N = torch.tensor([len(a) for _, a in examples])
+    prompt = torch.full((len(examples), int(P.max())), pad_id, dtype=torch.long)
+    answer = torch.full((len(examples), int(N.max())), pad_id, dtype=torch.long)
+    for b, (p, a) in enumerate(examples):
+        prompt[b, :len(p)] = torch.tensor(p)
+        answer[b, :len(a)] = torch.tensor(a)
+    return LMBatch(prompt, P, answer, N)

@@ -27,10 +27,10 @@ from ..engine.kinds import register_run_kind
 from ..objectives import ObjectiveConfig
 from . import accuracy
 from .config import LMRunConfig
-from .data import collate, eval_prompts, load_located, tokenize
+from .data import eval_prompts, load_located, tokenize
 from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
 from .model import MutorLM, frame_batch, position_limit
-from .packing import LMBatch
+from .packing import LMBatch, collate
 from .speculative import DecodeStats, record_fields, run_decoding
 
 

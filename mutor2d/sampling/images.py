@@ -93,7 +93,7 @@ def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
     """'HxW' -> (H, W), both >= 1 (the registers module's parser; a one-line ValueError here)."""
     import argparse
 
-    from ..registers import grid_arg
+    from ..cli import grid_arg
     try:
         H, W = grid_arg(text)
     except argparse.ArgumentTypeError as e:
