@@ -213,6 +213,23 @@ def test_a_finite_blowup_is_skipped_counted_and_never_checkpointed(tmp_path, mon
     assert int(next(iter(state.values()))["step"]) == 7                # updates 7 and 8 never applied
 
 
+def test_a_guard_that_starves_one_kind_of_batch_says_so(tmp_path, monkeypatch, capsys):
+    """Every third batch of a "harder kind" (loss x30) is skipped for good: skipped losses never enter
+    the guard's history, so it never adapts. The run warns once per window it happens in, in one line;
+    a lone blow-up does not."""
+    _scale_loss_at(monkeypatch, set(range(3, 200, 3)), 30.0)
+    run = tmp_path / "r"
+    train(tiny("train.max_steps=30", "train.blowup_window=10", "train.ckpt_every=0", *QUIET), run)
+    skipped = sum(r.get("skipped_blowup", 0) for r in read_log(run))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "blow-up guard skipped" in line]
+    assert skipped >= 8 and len(warnings) >= 2
+    assert "of the last 10 updates (train.blowup_factor=10)" in warnings[0] and "set it to 0" in warnings[0]
+    monkeypatch.undo()
+    _scale_loss_at(monkeypatch, {7}, 1e4)
+    train(tiny("train.max_steps=12", "train.blowup_window=10", "train.ckpt_every=0", *QUIET), tmp_path / "lone")
+    assert "blow-up guard skipped" not in capsys.readouterr().err
+
+
 def test_a_blowup_on_resume_keeps_and_names_the_last_good_checkpoint(tmp_path):
     """The sweep's reproduction: ckpt_every=1, resume with optim.lr=1e6 on digits."""
     run = tmp_path / "r"

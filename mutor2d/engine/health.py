@@ -60,3 +60,25 @@ class Health:
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's history (its most recent ``window`` values); keys it lacks start empty."""
         self.history = {k: deque(state.get(k, []), maxlen=past.maxlen) for k, past in self.history.items()}
+
+
+class SkipWatch:
+    """Blow-up skips over the last ``window`` updates. A guard that judges against applied updates only
+    can starve one kind of batch: when batches differ in kind (mixed data grouped by length), one kind's
+    loss can sit above ``factor`` x the median of the other's for good, and every batch of it is skipped
+    without ever entering the history; the logged loss (applied updates) hides it."""
+    SHARE = 0.2          # warn when at least this share of a full window was skipped as blow-ups
+
+    def __init__(self, factor: float, window: int):
+        self.factor, self.recent = factor, deque(maxlen=window)
+
+    def observe(self, skipped_blowup: bool) -> str | None:
+        """Record one update; at SHARE of a full window, the one-line warning (and the count starts over)."""
+        self.recent.append(skipped_blowup)
+        count, window = sum(self.recent), self.recent.maxlen
+        if len(self.recent) < window or count < self.SHARE * window:
+            return None
+        self.recent.clear()
+        return (f"the blow-up guard skipped {count} of the last {window} updates (train.blowup_factor="
+                f"{self.factor:g}): if batches differ in kind (mixed data, train.group_by_length), one kind may "
+                f"never train; raise train.blowup_factor or set it to 0")

@@ -18,6 +18,7 @@ import torch
 from .. import checkpoint as ckpt_lib
 from ..io import warn
 from ..checkpoint.resume import Retention
+from .health import SkipWatch
 from .setup import RunState
 from .sharding import all_finite, is_sharded
 
@@ -78,10 +79,13 @@ def read_log(run_dir) -> list[dict]:
 
 class Logger:
     """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
-    the tracker and the progress bar. Rates come from the run kind (``rates``)."""
+    the tracker and the progress bar. Rates come from the run kind (``rates``). Warns (main process)
+    when the blow-up guard skips too many updates (health.SkipWatch)."""
 
     def __init__(self, run: RunState):
         from tqdm.auto import tqdm
+        self.main = run.main
+        self.skip_watch = SkipWatch(run.cfg.train.blowup_factor, run.cfg.train.blowup_window)
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
         self.bar = tqdm(total=run.cfg.train.max_steps, initial=run.start, disable=not run.main,
@@ -104,6 +108,9 @@ class Logger:
         else:
             self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.bar.update(1)
+        alarm = self.skip_watch.observe(not applied and reason == "blowup")
+        if alarm and self.main:
+            warn(alarm)
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
         if not due(run.cfg.train.log_every, status) and not status.stopping:
