@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mutor2d.cli import HelpFormatter
+from conftest import demo_extra
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "tokenizers") for p in folder.glob("*.py")
@@ -125,6 +126,8 @@ def test_the_formatter_shows_defaults_once():
 def test_help_and_argument_errors_come_before_importing_torch(entry):
     """--help (exit 0) and a bad option (exit 2, usage on stderr) without importing torch."""
     from timeouts import limit
+    if entry == "app.py":
+        demo_extra("gradio")     # without it app.py --help names the extra (test_hardening)
     r = subprocess.run([sys.executable, "-c", NO_TORCH_PROBE, entry], cwd=ROOT, capture_output=True, text=True,
                        timeout=limit(60))
     assert r.returncode == 0, r.stderr[-2000:]
