@@ -128,9 +128,6 @@ class ObjectiveConfig(Variant):
             raise ConfigError(str(e)) from None
 
 
-REG_TARGETS = ("token", "self_distill")
-
-
 @dataclass
 class AuxTermConfig(ObjectiveConfig):
     """Fields of the objectives with an auxiliary term beside next-token prediction (the registers'
