@@ -13,6 +13,9 @@ time ratio vs the padded NTP step, and answer tokens/s; then the batch-B vs batc
 NTP and dense MuToR.
 The last stdout line is one JSON object.
 
+With ``--self-distill`` a case dense_distill (dense MuToR-1D under ``objective.reg_target: self_distill``)
+runs beside the others, and ``distill_vs_token`` is its time over the dense case's.
+
     python bench/lm_step.py                 # hidden 512, 4 layers, vocab 32000, batch 8
     python bench/lm_step.py --quick         # seconds, for CI
 """
@@ -86,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a step's time measures")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--self-distill", action="store_true",
+                    help="also time dense MuToR-1D under objective.reg_target=self_distill (distill_vs_token)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
     return ap
 
@@ -102,7 +107,10 @@ def main(argv=None) -> None:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = ragged_batch(args, torch.Generator().manual_seed(0))
     g = torch.Generator(device).manual_seed(1)
-    modules = {name: LMTrainModule(model, make("objective", **o), "right") for name, o in OBJECTIVES.items()}
+    objectives = dict(OBJECTIVES)
+    if args.self_distill:
+        objectives["dense_distill"] = {**OBJECTIVES["dense"], "reg_target": "self_distill"}
+    modules = {name: LMTrainModule(model, make("objective", **o), "right") for name, o in objectives.items()}
     singles = [one_sample(batch, b) for b in range(args.batch)]
     fns = {name: make_step(m, opt, [batch], g) for name, m in modules.items()}
     fns.update({f"{name}_b1loop": make_step(modules[name], opt, singles, g) for name in ("ntp", "dense")})
@@ -114,13 +122,15 @@ def main(argv=None) -> None:
     for name, t in times.items():
         batches = singles if name.endswith("b1loop") else [batch]
         with torch.no_grad():
-            slots = sum(int(modules[name.split("_")[0]](b, g).tokens) for b in batches)
+            slots = sum(int(modules[name.removesuffix("_b1loop")](b, g).tokens) for b in batches)
         cases[name] = {"s_per_step": t["median_s"], "slots": slots, "regular_tokens": real_tokens,
                        "time_vs_ntp": t["median_s"] / times["ntp"]["median_s"],
                        "answer_tokens_per_s": answer_tokens / t["median_s"]}
     result = {"bench": "lm_step", "machine": common.machine(device), "args": vars(args), "cases": cases,
               "batch_vs_b1loop_speedup": {n: times[f"{n}_b1loop"]["median_s"] / times[n]["median_s"]
                                           for n in ("ntp", "dense")}}
+    if args.self_distill:
+        result["distill_vs_token"] = times["dense_distill"]["median_s"] / times["dense"]["median_s"]
     common.emit(result)
 
 

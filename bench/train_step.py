@@ -18,6 +18,10 @@ Peak memory (activations and temporaries of one step, above the static parameter
 optimizer state): a fresh process per case on CPU, its peak RSS above its RSS before the step (see
 bench/common.py); torch.cuda.max_memory_allocated on GPU. The last stdout line is one JSON object.
 
+With ``--self-distill`` the register cases also run with ``objective.reg_target: self_distill``
+(cases sparse_distill, dense_distill, side by side with the others): ratios ``{sparse,dense}_distill_time``
+(and ``_mem``) against the same placement under ``reg_target: token``.
+
     python bench/train_step.py            # CPU: GPT-B width, 2 layers, batch 4, T = 256 inputs
     python bench/train_step.py --quick    # seconds, for CI
 """
@@ -35,10 +39,12 @@ from mutor2d.cli import HelpFormatter
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT, model_shape
 from mutor2d.objectives import Batch, RegisterObjective
+from mutor2d.objectives.base import TargetRule
 from mutor2d.cli import grid_arg
 from mutor2d.registers import Layout, LayoutError
 
 CASES = ("ntp", "sparse", "dense")
+DISTILL = "_distill"       # case suffix: the register case under objective.reg_target self_distill
 TARGETS = {"sparse": 1.35, "dense": 2.05}   # time and memory ratio bounds vs NTP (issue 9)
 MFU_TARGET = 0.70
 
@@ -58,11 +64,17 @@ class _MaskObjective(RegisterObjective):
         return _MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
 
 
+def cases(args) -> tuple[str, ...]:
+    """The cases to run: ntp, sparse, dense, and with --self-distill sparse_distill, dense_distill."""
+    return CASES + ((f"sparse{DISTILL}", f"dense{DISTILL}") if args.self_distill else ())
+
+
 def objective_config(case: str, args):
     if case == "ntp":
         return config_lib.make("objective", name="ntp")
     return config_lib.make("objective", name="mutor-2d", d_max=args.dmax2d, reg_weight=0.5,
-                           placement=case, num_registers=args.registers)
+                           placement=case.removesuffix(DISTILL), num_registers=args.registers,
+                           reg_target="self_distill" if case.endswith(DISTILL) else "token")
 
 
 def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False):
@@ -94,7 +106,8 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
-    loss_fn = (_MaskObjective if backend == "sdpa-mask" else RegisterObjective)(cfg.register_spec(), 0.5)
+    target = cfg.target_rule() if case != "ntp" else TargetRule()
+    loss_fn = (_MaskObjective if backend == "sdpa-mask" else RegisterObjective)(cfg.register_spec(), 0.5, None, target)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
 
@@ -165,12 +178,13 @@ def measure_memory(args, backends: list[str], device) -> dict:
     out = {}
     for b in backends[:1] if args.quick else backends:
         if device.type == "cuda":
-            out[b] = {c: cuda_step_peak(args, b, c, device) for c in CASES}
+            out[b] = {c: cuda_step_peak(args, b, c, device) for c in cases(args)}
         else:
             common.log(f"memory: {b}, one fresh process per case")
-            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in CASES],
-                                       parallel=len(CASES) if args.quick else 1)
-            out[b] = dict(zip(CASES, runs))
+            names = cases(args)
+            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in names],
+                                       parallel=len(names) if args.quick else 1)
+            out[b] = dict(zip(names, runs))
     return out
 
 
@@ -187,6 +201,15 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
     del model, opt, batch, step
     torch.cuda.empty_cache()
     return {"step_peak_bytes": peak}
+
+
+def distill_ratios(backend: str, case: str, times: dict, memory: dict) -> dict:
+    """Time (and step peak memory) of ``case`` under reg_target self_distill over the same under token."""
+    distill = f"{case}{DISTILL}"
+    out = {f"{distill}_time": times[f"{backend}/{distill}"]["median_s"] / times[f"{backend}/{case}"]["median_s"]}
+    if backend in memory:
+        out[f"{distill}_mem"] = memory[backend][distill]["step_peak_bytes"] / memory[backend][case]["step_peak_bytes"]
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -217,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the device's nominal peak (e.g. 989 for H100/H200 bf16 dense): MFU against it too "
                          "(default: MFU against the measured matmul peak only)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    ap.add_argument("--self-distill", action="store_true",
+                    help="also time the register cases under objective.reg_target=self_distill (ratios *_distill_*)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     return ap
 
@@ -248,11 +273,11 @@ def main(argv=None) -> None:
     backends, skipped = backends_for(device, args.backends.split(","))
     H, W = args.grid
     T = 1 + H * W - 1
-    slots = {case: register_slots(case, args, device) for case in CASES}
+    slots = {case: register_slots(case, args, device) for case in cases(args)}
 
     # ---- step time, side by side
     model, opt, batch = build(args, args.layers, device, args.compile == "all")
-    steps = {f"{b}/{c}": make_step(model, opt, batch, b, c, args, device) for b in backends for c in CASES}
+    steps = {f"{b}/{c}": make_step(model, opt, batch, b, c, args, device) for b in backends for c in cases(args)}
     common.log(f"timing {len(steps)} cases x {args.reps} reps")
     times = common.time_round_robin(steps, args.reps, warmup=1, device=device)
     del model, opt, steps
@@ -270,6 +295,8 @@ def main(argv=None) -> None:
             if b in memory:
                 r[f"{c}_mem"] = memory[b][c]["step_peak_bytes"] / memory[b]["ntp"]["step_peak_bytes"]
                 r[f"{c}_mem_vs_ideal"] = r[f"{c}_mem"] / ideal
+            if args.self_distill:
+                r.update(distill_ratios(b, c, times, memory))
         ratios[b] = r
 
     # ---- MFU of the NTP step at full depth

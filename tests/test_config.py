@@ -62,8 +62,8 @@ def test_yaml_file_and_name_lookup(tmp_path):
     # variant fields: only the chosen variant's keys exist
     (["objective.name=mutor-2d", "objective.d_min=2"],
      r"unknown config key 'objective.d_min' for objective.name=mutor-2d \(known: name, reg_weight, reg_weight_schedule, "
-     r"reg_weight_final, reg_weight_steps, offset_distribution, register_visibility, placement, num_registers, "
-     r"per_register_offsets, edge, d_max\)"),
+     r"reg_weight_final, reg_weight_steps, reg_target, reg_distill_mix, offset_distribution, register_visibility, "
+     r"placement, num_registers, per_register_offsets, edge, d_max\)"),
     (["objective.reg_weight=0.5"], r"unknown config key 'objective.reg_weight' for objective.name=ntp \(known: name\)"),
     (["objective.name=mutor-2d", "objective.d_max_2d=4"], "unknown config key 'objective.d_max_2d'"),
     (["data.degree=3"], "unknown config key 'data.degree' for data.name=digits"),

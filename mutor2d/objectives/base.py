@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn as nn
@@ -128,6 +128,47 @@ class ObjectiveConfig(Variant):
             raise ConfigError(str(e)) from None
 
 
+@dataclass
+class AuxTermConfig(ObjectiveConfig):
+    """Fields of the objectives with an auxiliary term beside next-token prediction (the registers'
+    or the extra heads'): its weight a and a's schedule, and what the term learns.
+
+    ``reg_weight_schedule``: a = reg_weight throughout (constant), or linear / cosine from reg_weight
+    to ``reg_weight_final`` over ``reg_weight_steps`` updates (0: the run), then held (WeightSchedule).
+    ``reg_target``: token (CE to the target body token, the paper's rule) or self_distill (the KL
+    divergence from the model's own detached next-token distribution at the target's predictor slot,
+    mixed with that CE by ``reg_distill_mix``: 1 = pure KL; TargetRule)."""
+    reg_weight: float = 0.5
+    reg_weight_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    reg_weight_final: float = 0.0
+    reg_weight_steps: int = 0
+    reg_target: Literal["token", "self_distill"] = "token"
+    reg_distill_mix: float = 1.0
+
+    def check(self) -> None:
+        check_register_fields(self)
+        check_weight_schedule(self)
+        check_reg_target(self)
+
+    def weight_schedule(self) -> WeightSchedule | None:
+        """The schedule of a; None for constant (no step hook: the paper's rule)."""
+        if self.reg_weight_schedule == "constant":
+            return None
+        return WeightSchedule(self.reg_weight_schedule, self.reg_weight, self.reg_weight_final, self.reg_weight_steps)
+
+    def target_rule(self) -> "TargetRule":
+        return TargetRule(self.reg_target, self.reg_distill_mix)
+
+    def describe_aux_term(self) -> list[str]:
+        """e.g. ["a=0.5"], ["a=0.5->0.0 linear", "self_distill"] or ["a=0.5", "self_distill mix=0.5"]."""
+        a = f"a={self.reg_weight}"
+        if self.reg_weight_schedule != "constant":
+            a += f"->{self.reg_weight_final} {self.reg_weight_schedule}"
+        if self.reg_target == "token":
+            return [a]
+        return [a, "self_distill" + ("" if self.reg_distill_mix == 1.0 else f" mix={self.reg_distill_mix}")]
+
+
 def check_register_fields(o) -> None:
     """Rules shared by the objectives with registers or extra heads."""
     fraction("objective.reg_weight", o.reg_weight)
@@ -183,6 +224,14 @@ def check_weight_schedule(o) -> None:
                                   f"linear or cosine (it is constant)")
 
 
+def check_reg_target(o) -> None:
+    """reg_distill_mix in [0, 1], and only with reg_target self_distill."""
+    fraction("objective.reg_distill_mix", o.reg_distill_mix)
+    if o.reg_target == "token" and o.reg_distill_mix != 1.0:
+        raise ConfigError(f"objective.reg_distill_mix={o.reg_distill_mix}: only with objective.reg_target "
+                          f"self_distill (it is token)")
+
+
 def check_offset_distribution(dist, count: int, offsets: str) -> None:
     """A list of weights: ``count`` non-negative numbers (one per candidate offset of ``offsets``), not all 0."""
     if isinstance(dist, str):
@@ -193,14 +242,16 @@ def check_offset_distribution(dist, count: int, offsets: str) -> None:
 
 
 def mix(ntp: tuple[Tensor, Tensor], aux: tuple[Tensor, Tensor] | None, reg_weight: float, tokens: Tensor,
-        aux_name: str = "reg") -> ObjectiveResult:
-    """The one loss rule of every objective, images and text: (1 - a) * CE_ntp + a * CE_aux with
-    a = ``reg_weight``; ``ntp`` and ``aux`` are (mean CE, valid count) pairs, ``aux`` None for plain
-    next-token prediction (loss = CE_ntp)."""
+        aux_name: str = "reg", parts: dict[str, Tensor] | None = None) -> ObjectiveResult:
+    """The one loss rule of every objective, images and text: (1 - a) * CE_ntp + a * L_aux with
+    a = ``reg_weight``; ``ntp`` and ``aux`` are (mean loss, valid count) pairs, ``aux`` None for plain
+    next-token prediction (loss = CE_ntp). ``parts``: the pieces of L_aux worth logging beside it
+    (TargetRule), logged as loss_{aux_name}_{part}."""
     loss_ntp, n_ntp = ntp
     logs, counts, loss = {"loss_ntp": loss_ntp}, {"ntp": n_ntp}, loss_ntp
     if aux is not None:
         logs[f"loss_{aux_name}"], counts[aux_name] = aux
+        logs.update({f"loss_{aux_name}_{k}": v for k, v in (parts or {}).items()})
         loss = (1 - reg_weight) * loss_ntp + reg_weight * aux[0]
     return ObjectiveResult(loss, logs, counts, tokens)
 
@@ -217,8 +268,55 @@ def masked_ce(logits: Tensor, targets: Tensor, valid: Tensor | None = None) -> t
     """Mean cross-entropy (in float32) over valid positions (0, with a graph, if none) and the count
     of valid positions. logits (..., V), targets and valid of the same leading shape; valid None =
     every position (rows already selected)."""
-    if valid is None:
-        valid = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
-    n = valid.sum()
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
-    return (ce * valid.reshape(-1)).sum() / n.clamp(min=1), n
+    return masked_mean(ce, None if valid is None else valid.reshape(-1))
+
+
+def masked_mean(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(mean of x over valid positions (0, with a graph, if none), count of valid positions); valid of
+    x's shape, None = every position."""
+    if valid is None:
+        valid = torch.ones(x.shape, dtype=torch.bool, device=x.device)
+    n = valid.sum()
+    return (x * valid).sum() / n.clamp(min=1), n
+
+
+@dataclass(frozen=True)
+class TargetRule:
+    """What the auxiliary term learns at a register (or at head k's anchor) whose target is body token
+    x_j (``objective.reg_target``, ``reg_distill_mix``).
+
+    token: CE(q, x_j), the paper's rule. self_distill: (1 - mix) CE(q, x_j) + mix KL(p || q), q the
+    register's distribution, p the model's own next-token distribution at regular slot P - 1 + j (the
+    slot whose next-token head predicts x_j: Layout.ntp_target), detached (a teacher, no gradient).
+    Each piece is a mean over the valid targets, in float32."""
+    kind: str = "token"
+    mix: float = 1.0
+
+    def loss(self, model: TokenModel, h: Tensor, targets: Tensor, valid: Tensor, regular: Tensor,
+             slots: Tensor) -> tuple[tuple[Tensor, Tensor], dict[str, Tensor]]:
+        """((mean loss, valid count), parts to log) of hidden states h (B, R, D) with targets, valid and
+        teacher slots (B, R); ``regular`` (B, T, D): the regular hidden states the slots index. token:
+        ``token_ce``, no parts; self_distill: parts "ce" and "kl"."""
+        if self.kind == "token":
+            return token_ce(model, h, targets, valid), {}
+        teacher = regular.detach().gather(1, slots[..., None].expand(-1, -1, regular.shape[-1]))
+        ce, kl, n = self_distill(model, h, teacher, targets, valid)
+        return ((1 - self.mix) * ce + self.mix * kl, n), {"ce": ce, "kl": kl}
+
+
+def self_distill(model: TokenModel, h: Tensor, teacher: Tensor, targets: Tensor,
+                 valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean CE(q, targets), mean KL(p || q), valid count) over valid rows, in float32: q = softmax of
+    the model's logits at h (..., D), p = softmax of its logits at ``teacher`` (..., D), taken without
+    a graph; targets and valid of the same leading shape. Every row masked, or only the valid rows
+    when ``model.sparse_logits``."""
+    if model.sparse_logits:
+        h, teacher, targets, valid = h[valid], teacher[valid], targets[valid], None
+    logq = F.log_softmax(model.logits(h).float(), dim=-1)
+    with torch.no_grad():
+        logp = F.log_softmax(model.logits(teacher).float(), dim=-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    ce = -logq.gather(-1, targets[..., None])[..., 0]
+    (ce, n), (kl, _) = masked_mean(ce, valid), masked_mean(kl, valid)
+    return ce, kl, n

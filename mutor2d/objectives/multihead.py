@@ -4,7 +4,10 @@ model's final norm and LM head. Head k predicts the token at offset k from each 
 anchor, with the same target rule as registers (2D: the D²-1 offsets; 1D: d = max(d_min, 2)..d_max,
 d = 1 being the main head).
 
-Loss = (1 - a) * CE_ntp + a * mean_k CE_head_k with a = ``reg_weight``.
+Loss = (1 - a) * CE_ntp + a * mean_k L_head_k with a = ``reg_weight`` (held, or scheduled by
+``reg_weight_schedule`` as the register objectives' a), L_head_k = CE_head_k under ``reg_target: token``,
+or (1 - m) * CE_head_k + m * KL_head_k under ``self_distill``: head k at an anchor whose target is x_j
+learns the model's own detached next-token distribution at regular slot P - 1 + j (base.TargetRule).
 """
 from __future__ import annotations
 
@@ -16,16 +19,16 @@ import torch.nn as nn
 
 from ..config import ConfigError, register_variant
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import Batch, ObjectiveConfig, ObjectiveResult, TokenModel, check_offsets, check_register_fields, mix, token_ce
+from .base import AuxTermConfig, Batch, ObjectiveResult, TokenModel, check_offsets, mix, token_ce
 
 
 @register_variant("objective", "multihead")
 @dataclass
-class MultiHeadConfig(ObjectiveConfig):
-    """Multi-token prediction with extra heads (one transformer layer each) instead of registers.
+class MultiHeadConfig(AuxTermConfig):
+    """Multi-token prediction with extra heads (one transformer layer each) instead of registers;
+    a's schedule and the heads' target rule as the register objectives' (base.AuxTermConfig).
     layout "2d": one head per offset of mutor-2d with D = d_max; "1d": one per d = max(d_min, 2)..d_max
     (d = 1 is the main head). ``num_heads``: keep the first heads only (0 = all)."""
-    reg_weight: float = 0.5
     layout: Literal["1d", "2d"] = "2d"
     d_min: int = 1
     d_max: int = 4
@@ -38,7 +41,7 @@ class MultiHeadConfig(ObjectiveConfig):
         return RegisterSpec(kind, max(self.d_min, 2), self.d_max, edge=self.edge)
 
     def check(self) -> None:
-        check_register_fields(self)
+        super().check()
         check_offsets(self, self.register_spec().kind)
         if self.layout == "1d" and self.d_max < 2:
             raise ConfigError(f"objective.d_max: the 1d heads predict d = 2..d_max, got {self.d_max}")
@@ -59,10 +62,11 @@ class MultiHeadConfig(ObjectiveConfig):
         return {"layout": "1d"}
 
     def describe(self) -> str:
-        """e.g. "a=0.5, heads=all, 2d D=4" or "a=0.5, heads=2, 1d d=2..4, raster"."""
+        """e.g. "a=0.5, heads=all, 2d D=4", "a=0.5->0.0 cosine, self_distill, heads=all, 2d D=4" or
+        "a=0.5, heads=2, 1d d=2..4, raster"."""
         spec = self.register_spec()
         offsets = f"D={self.d_max}" if self.layout == "2d" else f"d={spec.d_min}..{self.d_max}"
-        parts = [f"a={self.reg_weight}", f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
+        parts = self.describe_aux_term() + [f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
         return ", ".join(parts + ([self.edge] if self.edge != "geometric" else []))
 
     @classmethod
@@ -75,15 +79,23 @@ class MultiHeadConfig(ObjectiveConfig):
 
 class MultiHead(nn.Module):
     """The heads' loss on any TokenModel: its ``head_layers`` (the GPT's fresh blocks, owned here; a
-    transformers LM's own copies of its last layer, None here) and ``hidden_with_heads``."""
+    transformers LM's own copies of its last layer, None here) and ``hidden_with_heads``.
+    ``reg_weight`` is a of the current update (``set_step``, as RegisterObjective's); ``target``: what
+    each head learns (base.TargetRule; the teacher of target x_j is regular slot P - 1 + j)."""
 
     def __init__(self, cfg: MultiHeadConfig, model: TokenModel):
         super().__init__()
         spec = cfg.register_spec()
         offsets = spec.offsets()[: cfg.num_heads or None]
         self.kind, self.edge, self.reg_weight = spec.kind, spec.edge, cfg.reg_weight
+        self.schedule, self.target = cfg.weight_schedule(), cfg.target_rule()
         self.register_buffer("offsets", offsets, persistent=False)
         self.heads = model.head_layers(len(offsets))
+
+    def set_step(self, step: int, max_steps: int) -> None:
+        """Before update ``step`` (0-based) of a ``max_steps`` run: a = schedule.at(step, max_steps)."""
+        if self.schedule is not None:
+            self.reg_weight = self.schedule.at(step, max_steps)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.heads or [])
@@ -101,11 +113,14 @@ class MultiHead(nn.Module):
         ntp = token_ce(model, h[:, first:], ntp_t[:, first:], lay.ntp_valid[:, first:])
         a0 = first_anchor(self.kind)
         anchors = torch.arange(a0, N - 1, device=h.device)                  # regular inputs P+a0..T-1
-        losses, n_heads = [], 0
+        losses, parts, n_heads = [], [], 0
         for hk, off in zip(head_h, self.offsets):
             target, valid = offset_targets(batch.grid, anchors.expand(B, -1), off, self.edge, batch.lengths)
-            loss_k, n_k = token_ce(model, hk[:, P + a0:], batch.body.gather(1, target), valid)
+            (loss_k, n_k), parts_k = self.target.loss(model, hk[:, P + a0:], batch.body.gather(1, target), valid,
+                                                      h, first + target)
             losses.append(loss_k)
+            parts.append(parts_k)
             n_heads = n_heads + n_k
         tokens = torch.full((), B * T, device=batch.body.device)
-        return mix(ntp, (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads")
+        mean_parts = {k: torch.stack([p[k] for p in parts]).mean() for k in parts[0]}
+        return mix(ntp, (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads", mean_parts)

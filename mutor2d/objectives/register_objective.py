@@ -1,9 +1,12 @@
 """Next-token prediction with optional registers (MuToR-1D / MuToR-2D); plain NTP is this with
 no registers.
 
-Loss = (1 - a) * CE_ntp + a * CE_reg with a = ``reg_weight``, each a mean over its own valid
-targets (so neither term's scale depends on how many registers there are). Registers are extra
-tokens appended after the regular block; regular tokens never see them (see mutor2d.registers).
+Loss = (1 - a) * CE_ntp + a * L_reg with a = ``reg_weight``, each a mean over its own valid
+targets (so neither term's scale depends on how many registers there are). L_reg is CE_reg, the
+registers' cross-entropy to their target tokens (``reg_target: token``), or under ``self_distill``
+(1 - m) * CE_reg + m * KL_reg, KL_reg the divergence of each register's distribution from the model's
+own detached next-token distribution at its target's predictor slot (base.TargetRule). Registers are
+extra tokens appended after the regular block; regular tokens never see them (see mutor2d.registers).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import torch.nn as nn
 
 from ..config import register_variant
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import Batch, ObjectiveConfig, ObjectiveResult, TokenModel, WeightSchedule, check_offsets, check_offset_distribution, check_register_fields, check_weight_schedule, mix, token_ce
+from .base import (AuxTermConfig, Batch, ObjectiveConfig, ObjectiveResult, TargetRule, TokenModel, WeightSchedule,
+                   check_offset_distribution, check_offsets, mix, token_ce)
 
 
 @register_variant("objective", "ntp")
@@ -28,19 +32,13 @@ class NTPConfig(ObjectiveConfig):
 
 
 @dataclass
-class RegisterConfig(ObjectiveConfig):
-    """Fields of the register objectives. ``placement``: dense (one register per anchor with a valid
-    target) or sparse (``num_registers`` random anchors per sequence). One offset per sequence
-    unless ``per_register_offsets``. ``edge``: targets past the right edge are invalid (geometric)
-    or wrap to the next row (raster). ``reg_weight_schedule``: a = reg_weight throughout (constant), or
-    linear / cosine from reg_weight to ``reg_weight_final`` over ``reg_weight_steps`` updates (0: the
-    run), then held (base.WeightSchedule). ``offset_distribution``: uniform, valid-anchors, or one
-    weight per candidate offset; ``register_visibility``: isolated or earlier_registers
-    (registers.RegisterSpec)."""
-    reg_weight: float = 0.5
-    reg_weight_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    reg_weight_final: float = 0.0
-    reg_weight_steps: int = 0
+class RegisterConfig(AuxTermConfig):
+    """Fields of the register objectives (beside a's and the term's, base.AuxTermConfig).
+    ``placement``: dense (one register per anchor with a valid target) or sparse (``num_registers``
+    random anchors per sequence). One offset per sequence unless ``per_register_offsets``. ``edge``:
+    targets past the right edge are invalid (geometric) or wrap to the next row (raster).
+    ``offset_distribution``: uniform, valid-anchors, or one weight per candidate offset;
+    ``register_visibility``: isolated or earlier_registers (registers.RegisterSpec)."""
     offset_distribution: Literal["uniform", "valid-anchors"] | list[float] = "uniform"
     register_visibility: Literal["isolated", "earlier_registers"] = "isolated"
     placement: Literal["dense", "sparse"] = "dense"
@@ -49,8 +47,7 @@ class RegisterConfig(ObjectiveConfig):
     edge: Literal["geometric", "raster"] = "geometric"
 
     def check(self) -> None:
-        check_register_fields(self)
-        check_weight_schedule(self)
+        super().check()
         check_offsets(self, self.name)
         check_offset_distribution(self.offset_distribution, len(self.register_spec().offsets()),
                                   self.offsets_text())
@@ -65,25 +62,17 @@ class RegisterConfig(ObjectiveConfig):
         return True
 
     def build(self, model: nn.Module) -> "RegisterObjective":
-        return RegisterObjective(self.register_spec(), self.reg_weight, self.weight_schedule())
-
-    def weight_schedule(self) -> WeightSchedule | None:
-        """The schedule of a; None for constant (no step hook: the paper's rule)."""
-        if self.reg_weight_schedule == "constant":
-            return None
-        return WeightSchedule(self.reg_weight_schedule, self.reg_weight, self.reg_weight_final, self.reg_weight_steps)
+        return RegisterObjective(self.register_spec(), self.reg_weight, self.weight_schedule(), self.target_rule())
 
     def offsets_text(self) -> str:
         """The offsets in a few characters, e.g. "D=4" or "d=1..4"."""
         raise NotImplementedError
 
     def describe(self) -> str:
-        """e.g. "a=0.5, D=4, sparse K=80" or "a=0.5, d=2..4, dense, raster, per-register offsets"."""
-        a = f"a={self.reg_weight}"
-        if self.reg_weight_schedule != "constant":
-            a += f"->{self.reg_weight_final} {self.reg_weight_schedule}"
-        parts = [a, self.offsets_text(),
-                 f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
+        """e.g. "a=0.5, D=4, sparse K=80", "a=0.5, self_distill mix=0.5, D=4, dense" or
+        "a=0.5, d=2..4, dense, raster, per-register offsets"."""
+        parts = self.describe_aux_term() + [self.offsets_text(),
+                                            f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
         parts += [self.edge] if self.edge != "geometric" else []
         parts += ["per-register offsets"] if self.per_register_offsets else []
         parts += [] if self.offset_distribution == "uniform" else [f"offsets {self.offset_distribution}"]
@@ -122,11 +111,13 @@ class MuToR2DConfig(RegisterConfig):
 class RegisterObjective(nn.Module):
     """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d), on any
     TokenModel (images and text). ``reg_weight`` is a of the current update: ``schedule.at`` of the
-    step the engine last passed to ``set_step`` (``schedule`` None: constant)."""
+    step the engine last passed to ``set_step`` (``schedule`` None: constant). ``target``: what each
+    register learns (base.TargetRule; its teacher for target x_j is regular slot P - 1 + j)."""
 
-    def __init__(self, spec: RegisterSpec, reg_weight: float, schedule: WeightSchedule | None = None):
+    def __init__(self, spec: RegisterSpec, reg_weight: float, schedule: WeightSchedule | None = None,
+                 target: TargetRule = TargetRule()):
         super().__init__()
-        self.spec, self.reg_weight, self.schedule = spec, reg_weight, schedule
+        self.spec, self.reg_weight, self.schedule, self.target = spec, reg_weight, schedule, target
 
     def set_step(self, step: int, max_steps: int) -> None:
         """Before update ``step`` (0-based) of a ``max_steps`` run: a = schedule.at(step, max_steps)."""
@@ -149,6 +140,7 @@ class RegisterObjective(nn.Module):
         ntp_t, reg_t = lay.gather_targets(batch.body)
         first = P - 1  # hidden states before it only predict prefix tokens: skip the head there
         ntp = token_ce(model, h[:, first:T], ntp_t[:, first:], lay.ntp_valid[:, first:])
-        reg = token_ce(model, h[:, T:], reg_t, lay.reg_valid) if R else None
+        reg, parts = (self.target.loss(model, h[:, T:], reg_t, lay.reg_valid, h[:, :T], first + lay.reg_target)
+                      if R else (None, None))
         tokens = torch.full((), batch.body.shape[0] * (T + R), device=batch.body.device)
-        return mix(ntp, reg, self.reg_weight, tokens)
+        return mix(ntp, reg, self.reg_weight, tokens, parts=parts)
