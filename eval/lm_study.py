@@ -199,7 +199,8 @@ SETTINGS_METHODS = {"next-token": {"name": "ntp"},
                     "mutor-1d (paper rule)": MUTOR_PAPER,
                     "earlier registers": {**MUTOR_PAPER, "register_visibility": "earlier_registers"},
                     "valid-anchors offsets": {**MUTOR_PAPER, "offset_distribution": "valid-anchors"},
-                    "a linear 0.3 -> 0": {**MUTOR_PAPER, "reg_weight_schedule": "linear", "reg_weight_final": 0.0}}
+                    "a linear 0.3 -> 0": {**MUTOR_PAPER, "reg_weight_schedule": "linear", "reg_weight_final": 0.0},
+                    "self-distilled targets": {**MUTOR_PAPER, "reg_target": "self_distill"}}
 STAR_METHODS = {"next-token": {"name": "ntp"},
                 "mutor-1d d=2..4": {"name": "mutor-1d", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}}
 TASKS = {

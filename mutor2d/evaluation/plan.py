@@ -24,6 +24,7 @@ METHODS = {
     "mutor-2d-D4-earlier": {"name": "mutor-2d", "d_max": 4, "register_visibility": "earlier_registers"},
     "mutor-2d-D4-valid-anchors": {"name": "mutor-2d", "d_max": 4, "offset_distribution": "valid-anchors"},
     "mutor-2d-D4-linear": {"name": "mutor-2d", "d_max": 4, "reg_weight_schedule": "linear", "reg_weight_final": 0.0},
+    "mutor-2d-D4-distill": {"name": "mutor-2d", "d_max": 4, "reg_target": "self_distill"},
 }
 COMPUTE_MATCHED = "next-token-cm"   # label of the compute-matched next-token runs
 
