@@ -266,3 +266,5 @@ def test_earlier_registers_errors_and_refused_drafts():
     with pytest.raises(ConfigError, match="register_visibility=earlier_registers") as e:
         useful_draft(objective(register_visibility="earlier_registers"), None)
     assert "\n" not in str(e.value)
+    from mutor2d.sampling.auto import can_draft
+    assert can_draft(objective()) and not can_draft(objective(register_visibility="earlier_registers"))
