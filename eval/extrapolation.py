@@ -11,7 +11,7 @@ runs). Teacher-forced next-token NLL, nats per token, the regular pathway only (
 lm: a language-model run folder of train.py (task lm) on held-out lines (--data, the formats of
 data.name) with answers longer than the run's training answers; NLL per answer position. The trained
 limits are the longest training answer of the run, then of its base when model.hf is a run folder
-too (mutor2d.evaluation.extrapolation_lm); positions past them are marked "base range" / "beyond".
+too (mutor2d.lm.extrapolation); positions past them are marked "base range" / "beyond".
 
 image: an image run folder or checkpoint on grids taller than trained: ``--stack`` test images of one
 class stacked vertically, conditioned on that class (mutor2d.evaluation.extrapolation); NLL per grid
@@ -80,7 +80,7 @@ def curves(args) -> list[dict]:
     import torch
     torch.set_num_threads(1)
     if args.kind == "lm":
-        from mutor2d.evaluation.extrapolation_lm import answer_curve
+        from mutor2d.lm.extrapolation import answer_curve
         from mutor2d.lm.data import load_records
         records = load_records(args.data_name, args.data)
         records = records[:args.limit] if args.limit else records

@@ -1,4 +1,4 @@
-"""Position extrapolation (mutor2d.evaluation.extrapolation, extrapolation_lm, eval/extrapolation.py):
+"""Position extrapolation (mutor2d.evaluation.extrapolation, mutor2d.lm.extrapolation, eval/extrapolation.py):
 NLL by position against hand-computed references on tiny models built here, positions past training
 reported and marked, taller grids, one-line refusals. Nothing downloads."""
 from __future__ import annotations
@@ -147,7 +147,7 @@ HELD_OUT = [{"prompt": "Question: 2+3?\n\nAnswer:", "answer": " 2+3=5\n5+4=9\n##
 
 
 def test_answer_nll_equals_a_plain_forward_and_marks_positions_past_training(tmp_path):
-    from mutor2d.evaluation.extrapolation_lm import answer_curve
+    from mutor2d.lm.extrapolation import answer_curve
     from mutor2d.lm.hf import load_for_inference, load_tokenizer
     run = lm_run(tmp_path / "run", [" 1+1=2", " 2"])                    # longest: 6 chars + EOS = 7 tokens
     curve, chain = answer_curve(str(run), HELD_OUT)
@@ -170,7 +170,7 @@ def test_answer_nll_equals_a_plain_forward_and_marks_positions_past_training(tmp
 
 
 def test_a_base_run_in_the_chain_adds_its_range(tmp_path):
-    from mutor2d.evaluation.extrapolation_lm import answer_curve
+    from mutor2d.lm.extrapolation import answer_curve
     base = lm_run(tmp_path / "base", [" 1+1=2\n2+2=4\n#### 4"])        # 19 chars + EOS
     run = lm_run(tmp_path / "run", [" 1+1=2"], base=base)
     curve, chain = answer_curve(str(run), HELD_OUT)
@@ -180,7 +180,7 @@ def test_a_base_run_in_the_chain_adds_its_range(tmp_path):
 
 
 def test_bidirectional_prompt_rule():
-    from mutor2d.evaluation.extrapolation_lm import prompt_visibility
+    from mutor2d.lm.extrapolation import prompt_visibility
     vis = prompt_visibility(torch.tensor([3]), torch.tensor([5]), 6, "bidirectional")
     want = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0],
                          [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)

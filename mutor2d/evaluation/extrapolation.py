@@ -3,7 +3,7 @@
 A ``Curve`` holds one run's next-token NLL (nats per token, the regular pathway only: registers are
 absent, as at sampling) summed per position, with the trained limits ("edges") that cut the positions
 into ranges: inside the trained range, beyond it. Position means a grid row for images and an answer
-position for text (mutor2d.evaluation.extrapolation_lm).
+position for text (mutor2d.lm.extrapolation, a run kind's module: it reads LM run folders).
 
 Images (``image_curve``): an image GPT places tokens by 2D RoPE on explicit (row, col) position ids and
 has no table of positions, so nothing stops rows past the trained height H. A grid of height

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import yaml
 from torch import Tensor
 
+from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
 from ..model.attention import NEVER, Visibility
-from .extrapolation import Curve, ExtrapolationError, curve_from
 
 
 def run_config(run: Path) -> dict:
@@ -39,7 +39,7 @@ def run_config(run: Path) -> dict:
 def trained_lengths(run: Path, tokenizer) -> list[dict]:
     """[{"run", "data", "longest_answer"}] of the run and of each base down its ``model.hf`` chain that is
     a language-model run folder; answers tokenized as that run's training did."""
-    from ..lm.data import load_records, tokenize
+    from .data import load_records, tokenize
     chain, run = [], Path(run)
     while True:
         cfg = run_config(run)
@@ -79,7 +79,7 @@ def prompt_visibility(prompt_len: Tensor, length: Tensor, L: int, rule: str) -> 
 def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
                      batch_size: int = 64) -> list[Tensor]:
     """[(prompt ids, answer ids)] -> per example the (len(answer),) NLL of each answer token (nats)."""
-    from ..lm.model import attention_mask
+    from .model import attention_mask
     out = []
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
@@ -100,9 +100,9 @@ def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
 
 def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
     """(NLL per answer position of the run's saved model on ``records``, the trained chain)."""
-    from ..lm import hf
-    from ..lm.data import tokenize
-    from ..lm.model import position_limit
+    from . import hf
+    from .data import tokenize
+    from .model import position_limit
     run = Path(run)
     cfg = run_config(run)
     tok = hf.load_tokenizer(run)
