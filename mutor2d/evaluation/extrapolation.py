@@ -165,12 +165,14 @@ def mean_sd(values: list[float | None]) -> dict:
 
 
 def table(summary: dict[str, dict], unit: str) -> str:
-    """Markdown: one row per label, one column per bin (mean ± sd over runs, nats per token)."""
-    cols = list(dict.fromkeys(k for s in summary.values() for k in s if isinstance(s[k], dict)))
-    lines = [f"| run | runs | trained {unit}s | " + " | ".join(cols) + " |", "|---" * (len(cols) + 3) + "|"]
+    """Markdown: one row per label, one column per bin in position order, then "beyond - inside" (mean ± sd
+    over runs, nats per token); "limits": the trained limits (positions at or past them are beyond)."""
+    keys = list(dict.fromkeys(k for s in summary.values() for k in s if isinstance(s[k], dict)))
+    cols = sorted(keys, key=lambda k: {"inside": 0, "beyond": 2, "beyond - inside": 3}.get(k, 1))
+    lines = [f"| run | runs | limits ({unit}s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 3) + "|"]
     for label, s in summary.items():
         cells = [fmt(s.get(c)) for c in cols]
-        lines.append(f"| {label} | {s['runs']} | < {', '.join(map(str, s['edges']))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {s['runs']} | {', '.join(map(str, s['edges']))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

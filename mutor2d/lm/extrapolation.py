@@ -39,7 +39,6 @@ def run_config(run: Path) -> dict:
 def trained_lengths(run: Path, tokenizer) -> list[dict]:
     """[{"run", "data", "longest_answer"}] of the run and of each base down its ``model.hf`` chain that is
     a language-model run folder; answers tokenized as that run's training did."""
-    from .data import load_records, tokenize
     chain, run = [], Path(run)
     while True:
         cfg = run_config(run)
@@ -47,13 +46,26 @@ def trained_lengths(run: Path, tokenizer) -> list[dict]:
         if not Path(d["path"]).is_file():
             raise ExtrapolationError(f"--run {run}: its training data {d['path']} is not there (paths are "
                                      "read from the working directory)")
-        pairs = tokenize(load_records(d.get("name", "jsonl"), d["path"]), tokenizer, d.get("max_prompt_len", 512),
-                         d.get("max_answer_len", 512), d.get("add_eos", True))
-        chain.append({"run": str(run), "data": d["path"], "longest_answer": max(len(a) for _, a in pairs)})
+        chain.append({"run": str(run), "data": d["path"], "longest_answer": longest_answer(d, tokenizer)})
         base = Path(cfg["model"].get("hf") or "")
         if not (base / "config.yaml").is_file():
             return chain
         run = base
+
+
+LONGEST: dict[tuple, int] = {}      # (data settings, vocabulary) -> longest answer: runs of one study share a base
+
+
+def longest_answer(d: dict, tokenizer) -> int:
+    """The longest answer in tokens of the training file of data section ``d``, as training cut it."""
+    from .data import load_records, tokenize
+    settings = (d.get("name", "jsonl"), d["path"], d.get("max_prompt_len", 512), d.get("max_answer_len", 512),
+                d.get("add_eos", True))
+    key = (*settings, Path(d["path"]).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
+    if key not in LONGEST:
+        pairs = tokenize(load_records(*settings[:2]), tokenizer, *settings[2:])
+        LONGEST[key] = max(len(a) for _, a in pairs)
+    return LONGEST[key]
 
 
 def edges_and_bins(chain: list[dict]) -> tuple[list[int], list[str]]:
