@@ -3,7 +3,7 @@
     python eval/extrapolation.py lm --run next-token=RUN_A --run mutor-1d=RUN_B ... --data LONG.jsonl \
         [--data-name gsm8k] [--limit N] --out curves.json
     python eval/extrapolation.py image --run next-token=RUN_A --run mutor-2d=RUN_B ... [--stack 2] \
-        [--split test] --out curves.json
+        [--wrap] [--split test] --out curves.json
 
 ``--run LABEL=RUN`` is repeatable; runs sharing a label (seeds) are pooled in the table (mean ± sd over
 runs). Teacher-forced next-token NLL, nats per token, the regular pathway only (registers absent).
@@ -16,7 +16,8 @@ too (mutor2d.lm.extrapolation); positions past them are marked "base range" / "b
 image: an image run folder or checkpoint on grids taller than trained: ``--stack`` test images of one
 class stacked vertically, conditioned on that class (mutor2d.evaluation.extrapolation); NLL per grid
 row, rows >= the trained height "beyond". Every test image appears once in every block, so "beyond
-minus inside" compares the very same tokens at their native and at shifted rows.
+minus inside" compares the very same tokens at their native and at shifted rows; --wrap (the control)
+keeps the stacking but gives every block the trained rows' positions (row mod the trained height).
 
 Writes --out (JSON: each run's curve, its trained limits, the table's numbers) and prints the table.
 """
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="NLL per grid row of image runs on grids of --stack test images stacked "
                                        "vertically (same class, its class prefix).")
     image.add_argument("--stack", type=int, default=2, help="images per grid (grid height: stack x trained height)")
+    image.add_argument("--wrap", action="store_true",
+                       help="the control: every block at the trained rows' position ids (row mod trained height), "
+                            "the context above without new positions")
     image.add_argument("--split", choices=["test", "val"], default="test", help="the data split the images come from")
     for p in (lm, image):
         p.add_argument("--run", action="append", type=labelled_run, required=True, metavar="LABEL=RUN",
@@ -93,7 +97,8 @@ def curves(args) -> list[dict]:
     out = []
     for label, run in args.run:
         model, cfg, grid, codes, labels = open_image_run(run, args.split)
-        out.append({"label": label, "run": run, "curve": image_curve(model, cfg.model, grid, codes, labels, args.stack),
+        curve = image_curve(model, cfg.model, grid, codes, labels, args.stack, args.wrap)
+        out.append({"label": label, "run": run, "curve": curve,
                     "trained_grid": list(grid), "grid": [args.stack * grid[0], grid[1]]})
     return out
 
@@ -106,6 +111,7 @@ def main(argv=None) -> dict:
     summary = summarise(found)
     unit = "answer token" if args.kind == "lm" else "row"
     result = {"kind": args.kind, "unit": unit, "data": getattr(args, "data", None), "stack": getattr(args, "stack", None),
+              "wrap": getattr(args, "wrap", None),
               "runs": [{**r, "curve": r["curve"].to_dict()} for r in found], "summary": summary}
     write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(summary, unit))

@@ -94,6 +94,21 @@ def test_taller_grid_rows_are_marked_and_inside_rows_are_the_native_evaluation()
     assert curve.binned()["beyond"] == pytest.approx(by_hand.item(), abs=1e-6)
 
 
+def test_wrapped_rows_reuse_the_trained_positions():
+    """The control: the stacked grid read with row ids mod H; its inside rows are those of the plain run."""
+    model = tiny_gpt()
+    codes, labels = torch.randint(0, V, (4, 2, 3)), torch.tensor([0, 1, 0, 1])
+    grids = stacked_grids(codes, labels, 2)
+    pos = regular_position_ids((4, 3), 1)
+    pos = torch.stack([torch.where(pos[:, 0] >= 0, pos[:, 0] % 2, -1), pos[:, 1]], dim=-1)
+    with torch.no_grad():
+        logits = model(grids.flatten(1)[:, :-1], pos.expand(4, -1, -1), labels)
+    want = F.cross_entropy(logits.transpose(1, 2), grids.flatten(1), reduction="none").view(4, 4, 3)
+    assert torch.allclose(grid_token_nll(model, grids, labels, wrap=2), want, atol=1e-6)
+    plain, wrapped = (image_curve(model, model.cfg, (2, 3), codes, labels, 2, wrap=w) for w in (False, True))
+    assert wrapped.nll()[:2] == pytest.approx(plain.nll()[:2]) and wrapped.nll()[2:] != pytest.approx(plain.nll()[2:])
+
+
 def test_image_refusals_are_one_line():
     with pytest.raises(ExtrapolationError, match="rope=1d") as e:
         check_grid(tiny_gpt(rope="1d").cfg, (2, 3), (4, 3))

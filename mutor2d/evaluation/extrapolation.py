@@ -12,7 +12,9 @@ the image of class c at place q of that class's test images, then the class's im
 cyclically), conditioned on that class. Every test image appears once at every block, so the pooled
 NLL of rows >= H is that of exactly the tokens of rows < H (the native evaluation of all test images),
 moved down by a multiple of H and read after other images of the same class: "beyond minus inside" is
-the cost of the new positions (and of the context above), on the same tokens. A model with 1D RoPE
+the cost of the new positions and of the context above, on the same tokens. The control ``wrap``
+gives every block the trained rows' position ids (row mod H): the context above without new
+positions, so the difference between the two is the cost of the positions alone. A model with 1D RoPE
 (``model.rope: 1d``) gives rows no position of their own and is refused; so is another width.
 """
 from __future__ import annotations
@@ -96,12 +98,15 @@ def check_grid(model_cfg, trained: tuple[int, int], grid: tuple[int, int]) -> No
 
 
 @torch.no_grad()
-def grid_token_nll(model, codes: Tensor, labels: Tensor, batch_size: int = 256) -> Tensor:
+def grid_token_nll(model, codes: Tensor, labels: Tensor, batch_size: int = 256, wrap: int = 0) -> Tensor:
     """codes (n, h, w), class labels (n,) -> (n, h, w) teacher-forced NLL of every body token (nats),
-    regular pathway, position ids of an h x w grid (``registers.regular_position_ids``)."""
+    regular pathway, position ids of an h x w grid (``registers.regular_position_ids``); ``wrap`` > 0:
+    rows take row mod ``wrap`` (the control: the same context, no new positions)."""
     from ..registers import regular_position_ids
     n, h, w = codes.shape
     pos = regular_position_ids((h, w), 1)
+    if wrap:
+        pos = torch.stack([torch.where(pos[:, 0] >= 0, pos[:, 0] % wrap, -1), pos[:, 1]], dim=-1)
     out = []
     for i in range(0, n, batch_size):
         body, prefix = codes[i:i + batch_size].flatten(1), labels[i:i + batch_size]
@@ -111,12 +116,13 @@ def grid_token_nll(model, codes: Tensor, labels: Tensor, batch_size: int = 256) 
 
 
 def image_curve(model, model_cfg, trained: tuple[int, int], codes: Tensor, labels: Tensor,
-                stack: int) -> Curve:
+                stack: int, wrap: bool = False) -> Curve:
     """NLL by grid row of ``stack``-high stacks of the images ``codes`` (n, H, W): rows < H inside the
-    trained grid, rows >= H beyond it."""
+    trained grid, rows >= H beyond it. ``wrap``: every block at the trained rows' positions (row mod H),
+    so that "beyond" holds the cost of the context above without new positions."""
     grids = stacked_grids(codes, labels, stack)
     check_grid(model_cfg, trained, tuple(grids.shape[1:]))
-    nll = grid_token_nll(model, grids, labels)                           # (n, stack H, W)
+    nll = grid_token_nll(model, grids, labels, wrap=trained[0] if wrap else 0)     # (n, stack H, W)
     rows = nll.transpose(1, 2).flatten(0, 1)                             # (n W, stack H): position = row
     return curve_from(rows, torch.ones_like(rows, dtype=torch.bool), [trained[0]], ["inside", "beyond"])
 
