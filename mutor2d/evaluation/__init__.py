@@ -6,6 +6,7 @@
   records   evaluation records (JSON) and the leaderboard table and plot over them
   online    the digits metric during training, and its floor (real held-out images)
   study     the digits study: train, sample, score and summarise a set of methods and seeds
+  extrapolation  NLL by position past the trained length: curves, taller image grids, tables
   stargraph solve rates and teacher-forced accuracy on the path-star graph task
   options   metric and feature names, the cache folder, MetricsError (no torch: command lines parse with them)
   plan      a study's settings and their checks (no torch until a check reads the config)

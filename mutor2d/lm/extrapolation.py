@@ -1,0 +1,133 @@
+"""Position extrapolation of a fine-tuned language model: teacher-forced NLL per answer position.
+
+``answer_curve`` scores held-out (prompt, answer) lines (e.g. arithmetic problems with more steps than
+the fine-tuning data) with the run's saved model: the NLL (nats) of answer token k, predicted from the
+prompt and answer tokens 0..k-1 (EOS included when the run trained with it), at answer position k.
+Registers are absent: the regular pathway only, under the run's prompt attention (causal, or
+bidirectional prompts as the run was trained).
+
+The trained limits (``trained_lengths``): the longest answer, in tokens as training cut them
+(data.max_answer_len, EOS), of the run's training file, then of its base's when ``model.hf`` is itself
+a language-model run folder (config.yaml with task lm), and so on down the chain. Position k is past a
+limit L iff k >= L; the bins are "inside" (below the run's own limit), "base range" (below a base's
+longer limit) and "beyond" (past every answer the model was ever trained on).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import Tensor
+
+from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
+from ..model.attention import NEVER, Visibility
+
+
+def run_config(run: Path) -> dict:
+    """RUN/config.yaml of a language-model run folder (one-line errors for anything else)."""
+    path = Path(run) / "config.yaml"
+    if not path.is_file():
+        raise ExtrapolationError(f"--run {run}: no config.yaml (not a train.py run folder)")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if cfg.get("task") != "lm":
+        raise ExtrapolationError(f"--run {run}: task {cfg.get('task')!r} in config.yaml, expected 'lm'")
+    return cfg
+
+
+def trained_lengths(run: Path, tokenizer) -> list[dict]:
+    """[{"run", "data", "longest_answer"}] of the run and of each base down its ``model.hf`` chain that is
+    a language-model run folder; answers tokenized as that run's training did."""
+    chain, run = [], Path(run)
+    while True:
+        cfg = run_config(run)
+        d = cfg["data"]
+        if not Path(d["path"]).is_file():
+            raise ExtrapolationError(f"--run {run}: its training data {d['path']} is not there (paths are "
+                                     "read from the working directory)")
+        chain.append({"run": str(run), "data": d["path"], "longest_answer": longest_answer(d, tokenizer)})
+        base = Path(cfg["model"].get("hf") or "")
+        if not (base / "config.yaml").is_file():
+            return chain
+        run = base
+
+
+LONGEST: dict[tuple, int] = {}      # (data settings, vocabulary) -> longest answer: runs of one study share a base
+
+
+def longest_answer(d: dict, tokenizer) -> int:
+    """The longest answer in tokens of the training file of data section ``d``, as training cut it."""
+    from .data import load_records, tokenize
+    settings = (d.get("name", "jsonl"), d["path"], d.get("max_prompt_len", 512), d.get("max_answer_len", 512),
+                d.get("add_eos", True))
+    key = (*settings, Path(d["path"]).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
+    if key not in LONGEST:
+        pairs = tokenize(load_records(*settings[:2]), tokenizer, *settings[2:])
+        LONGEST[key] = max(len(a) for _, a in pairs)
+    return LONGEST[key]
+
+
+def edges_and_bins(chain: list[dict]) -> tuple[list[int], list[str]]:
+    """The trained limits (the longest answer so far down the chain, where it grows) and the bin names."""
+    edges = []
+    for link in chain:
+        if not edges or link["longest_answer"] > edges[-1]:
+            edges.append(link["longest_answer"])
+    middle = ["base range"] if len(edges) == 2 else [f"base range {k}" for k in range(1, len(edges))]
+    return edges, ["inside", *middle[:len(edges) - 1], "beyond"]
+
+
+def prompt_visibility(prompt_len: Tensor, length: Tensor, L: int, rule: str) -> Visibility:
+    """The rule over right-padded (prompt + answer) rows of width L: causal, with prompt tokens seeing the
+    whole prompt under "bidirectional"; padding seen by no one and seeing only itself."""
+    i = torch.arange(L)[None]
+    real = i < length[:, None]
+    limit = torch.maximum(i, prompt_len[:, None] - 1) if rule == "bidirectional" else i.expand(len(length), -1)
+    return Visibility(torch.where(real, i, NEVER), torch.where(real, limit, -1))
+
+
+@torch.no_grad()
+def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
+                     batch_size: int = 64) -> list[Tensor]:
+    """[(prompt ids, answer ids)] -> per example the (len(answer),) NLL of each answer token (nats)."""
+    from .model import attention_mask
+    out = []
+    for i in range(0, len(examples), batch_size):
+        part = examples[i:i + batch_size]
+        P = torch.tensor([len(p) for p, _ in part])
+        N = torch.tensor([len(p) + len(a) for p, a in part])
+        L = int(N.max())
+        ids = torch.zeros(len(part), L, dtype=torch.long)
+        for b, (p, a) in enumerate(part):
+            ids[b, :N[b]] = torch.tensor(p + a)
+        pos = torch.arange(L).expand(len(part), -1)
+        dtype = lm.get_input_embeddings().weight.dtype
+        mask = attention_mask(lm.config, prompt_visibility(P, N, L, rule), pos, dtype)
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")   # (B, L - 1)
+        out += [nll[b, P[b] - 1:N[b] - 1] for b in range(len(part))]
+    return out
+
+
+def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
+    """(NLL per answer position of the run's saved model on ``records``, the trained chain)."""
+    from . import hf
+    from .data import tokenize
+    from .model import position_limit
+    run = Path(run)
+    cfg = run_config(run)
+    tok = hf.load_tokenizer(run)
+    chain = trained_lengths(run, tok)
+    d = cfg["data"]
+    examples = tokenize(records, tok, d.get("max_prompt_len", 512), 10 ** 9, d.get("add_eos", True))
+    lm = hf.load_for_inference(run)
+    longest, limit = max(len(p) + len(a) for p, a in examples), position_limit(lm.config)
+    if limit is not None and longest > limit:
+        raise ExtrapolationError(f"--data: sequences up to {longest} tokens, the model in {run} declares {limit} "
+                                 "positions (max_position_embeddings)")
+    nll = answer_token_nll(lm, examples, hf.saved_prompt_attention(run))
+    width = max(len(x) for x in nll)
+    padded = torch.stack([F.pad(x, (0, width - len(x))) for x in nll])
+    valid = torch.arange(width)[None] < torch.tensor([len(x) for x in nll])[:, None]
+    return curve_from(padded, valid, *edges_and_bins(chain)), chain
