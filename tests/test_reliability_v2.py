@@ -213,6 +213,19 @@ def test_a_finite_blowup_is_skipped_counted_and_never_checkpointed(tmp_path, mon
     assert int(next(iter(state.values()))["step"]) == 7                # updates 7 and 8 never applied
 
 
+def test_losses_near_zero_are_never_blowups():
+    """A fine-tune of a base that already fits its data sits near 1e-5 nats; a batch at 1e-3 (100x the
+    median) with a gradient 100x its median is noise, not a divergence; the same jump above the floor
+    is a blow-up, and exploding weights are one whatever the loss."""
+    from mutor2d.engine.health import LOSS_FLOOR, Health
+    guard = Health(10.0, 50)
+    for _ in range(10):
+        assert guard.judge(torch.tensor(1e-5), torch.tensor(1e-4), weight_norm=torch.tensor(30.0)) is None
+    assert guard.judge(torch.tensor(1e-3), torch.tensor(1e-2), weight_norm=torch.tensor(30.0)) is None
+    assert guard.judge(torch.tensor(1e-3), torch.tensor(1e-2), weight_norm=torch.tensor(3e4)) == "blowup"
+    assert guard.judge(torch.tensor(LOSS_FLOOR * 2), torch.tensor(1e-4), weight_norm=torch.tensor(30.0)) == "blowup"
+
+
 def test_a_guard_that_starves_one_kind_of_batch_says_so(tmp_path, monkeypatch, capsys):
     """Every third batch of a "harder kind" (loss x30) is skipped for good: skipped losses never enter
     the guard's history, so it never adapts. The run warns once per window it happens in, in one line;

@@ -3,7 +3,9 @@
 Rule: an update is skipped when its loss, gradient norm or weight norm is not finite ("nonfinite"), or
 when one of them exceeds ``train.blowup_factor`` x its median over the last ``train.blowup_window``
 healthy updates ("blowup", a finite divergence; judged once ``MIN_HISTORY`` healthy updates are known;
-factor 0 = off). The weight norm is the one of the trained parameters the update starts from: it
+factor 0 = off). A loss under ``LOSS_FLOOR`` nats is a near-perfect fit, never a divergence: such an
+update is judged on its weight norm only (a model fine-tuned from a base that already fits its data
+sits at losses near 1e-5, where a batch 100x the median, and its gradient, are noise). The weight norm is the one of the trained parameters the update starts from: it
 catches an exploded update whose weights still give a normal loss (a language model blown up by a huge
 learning rate predicts uniformly, loss ln V and gradient 0). The loss is the one of the micro-batch
 that completes the update, averaged over processes, and the norms are global (gradients before
@@ -19,6 +21,7 @@ from collections import deque
 import torch
 
 MIN_HISTORY = 5
+LOSS_FLOOR = 0.05           # nats per token
 KEYS = ("loss", "grad_norm", "weight_norm")
 
 
@@ -47,9 +50,10 @@ class Health:
     def _verdict(self, values: dict) -> str | None:
         if not all(math.isfinite(v) for v in values.values()):
             return "nonfinite"
-        for k, v in values.items():
-            past = self.history[k]
-            if self.factor and len(past) >= MIN_HISTORY and v > self.factor * statistics.median(past) > 0:
+        judged = ("weight_norm",) if values["loss"] < LOSS_FLOOR else KEYS
+        for k in judged:
+            past, v = self.history[k], values.get(k)
+            if v is not None and self.factor and len(past) >= MIN_HISTORY and v > self.factor * statistics.median(past) > 0:
                 return "blowup"
         return None
 
