@@ -171,3 +171,36 @@ def test_the_pretrained_stargraph_study_pretrains_on_other_graphs_and_pairs_arms
         assert all(f"{u} {v}" in edges for u, v in zip(path, path[1:])) or \
             all(f"{v} {u}" in edges for u, v in zip(path, path[1:]))
         assert query in ([path[0], "="], [path[0], "/", path[-1], "="])
+
+
+def test_the_settings_study_gives_each_setting_its_runs_and_pairs_them_with_the_papers_rule(tmp_path):
+    """arith_settings: one run folder per arm (the setting in its name), each arm paired by seed with
+    the paper's rule (not next-token), forwards per token of the final evaluation as a column, and
+    every arm a config the objectives accept."""
+    from mutor2d import config
+    study = load_study()
+    task = study.TASKS["arith_settings"]
+    arms = study.arms(task)
+    names = {study.run_name(objective, mode, 0, task) for objective, mode in arms.values()}
+    assert len(names) == len(arms) and task.decode == "auto"
+    for objective, _ in arms.values():
+        config.load("lm_tiny_arith.yaml", [f"objective.{k}={v}" for k, v in objective.items()])
+    accuracy = {arm: [0.5 + 0.1 * i, 0.6 + 0.1 * i] for i, arm in enumerate(arms)}
+    runs = {}
+    for arm, (objective, mode) in arms.items():
+        for seed, acc in enumerate(accuracy[arm]):
+            run = tmp_path / study.run_name(objective, mode, seed, task)
+            (run / "eval").mkdir(parents=True)
+            fpt = 1.0 if objective["name"] == "ntp" or "register_visibility" in objective else 0.5
+            (run / "eval" / "r.json").write_text(json.dumps({"step": 300, "metrics": {"accuracy": acc},
+                                                            "sampling": {"decode_stats": {"forwards_per_token": fpt}}}))
+            runs.setdefault(arm, {})[seed] = run
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in
+            study.interval_table(runs, 300, tmp_path, task.reference).splitlines()[2:]}
+    assert "minus mutor-1d (paper rule)" in study.interval_table(runs, 300, tmp_path, task.reference)
+    assert rows[task.reference][3] == "—"
+    reference = list(arms).index(task.reference)
+    for i, arm in enumerate(arms):
+        if arm != task.reference:
+            assert rows[arm][3].startswith(f"{0.1 * (i - reference):+.3f} ")
+    assert rows["earlier registers"][6] == "1.000 |" and rows["self-distilled targets"][6] == "0.500 |"
