@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config as config_lib
+from .options import DEFAULT_CACHE
 
 BASE_CONFIG = "study_digits.yaml"
 # method -> its objective section (fields of an ObjectiveConfig variant), set on the base config
@@ -69,7 +70,7 @@ class Study:
     floor_draws: int = 5
     overrides: list[str] = field(default_factory=list)
     plot: Path | None = None
-    cache: Path = Path("~/.cache/mutor2d")
+    cache: Path = DEFAULT_CACHE
     report_only: bool = False
     base: str = BASE_CONFIG
     val_every: int = 0
