@@ -234,14 +234,6 @@ TASKS = {
              max_new_tokens=12, pretrain_count=64, pretrain_steps=3, corpus_steps=(1,)),
         "lm_pretrained_4step", "4-step arithmetic, base pretrained on 1-3 steps",
         corpus=arith_corpus, prompt_modes=("causal", "bidirectional")),
-    "arith_settings": Task(
-        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, SETTINGS_METHODS,
-        Size(train=1000, test=200, shape=(4,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
-             max_new_tokens=60, pretrain_count=20000, pretrain_steps=3000, corpus_steps=(1, 2, 3)),
-        Size(train=32, test=8, shape=(2,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
-             max_new_tokens=12, pretrain_count=64, pretrain_steps=3, corpus_steps=(1,)),
-        "lm_settings", "the open questions as settings: 4-step arithmetic, base pretrained on 1-3 steps",
-        corpus=arith_corpus, reference="mutor-1d (paper rule)", decode="auto"),
     "stargraph_pretrained": Task(
         stargraph_records, graph_edges, stargraph_tokenizer, {"name": "jsonl", "kind": "path"},
         {**STAR_METHODS, "multihead d=2..4": {"name": "multihead", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}},
@@ -252,6 +244,12 @@ TASKS = {
         "lm_stargraph_pretrained", "path-star graph, base pretrained on walks and leaf-side paths",
         corpus=stargraph_corpus, prompt_modes=("causal", "bidirectional")),
 }
+# the open questions as settings, on the 4-step protocol: causal prompts, paired with the paper's rule,
+# decoded with register drafts where the rule gives them
+TASKS["arith_settings"] = dataclasses.replace(
+    TASKS["arith_pretrained_4step"], methods=SETTINGS_METHODS, stem="lm_settings",
+    title="the open questions as settings: 4-step arithmetic, base pretrained on 1-3 steps",
+    prompt_modes=("causal",), reference="mutor-1d (paper rule)", decode="auto")
 
 
 def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
