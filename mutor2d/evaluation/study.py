@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
@@ -37,6 +36,7 @@ from ..preempt import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
 from . import records
 from .digits import DigitsClassifierSettings, digits_classifier_path
+from .extrapolation import grid_token_nll
 from .metrics import compute_metrics
 from .plan import (BASE_CONFIG, COMPUTE_MATCHED, METHODS, Study, StudyError,  # noqa: F401 (BASE_CONFIG: re-exported)
                    fraction_label, label_parts, run_config)
@@ -62,22 +62,15 @@ def train_seconds(run_dir: Path) -> tuple[float, int]:
     return secs, prev
 
 
-@torch.no_grad()
 def heldout_nll(model, data_cfg, split: str = "test") -> float:
     """Teacher-forced next-token cross-entropy (nats per token) of a held-out digits split ("test",
     or "val" when data.val_fraction > 0): the model's NTP head on the regular sequence, registers
-    absent."""
+    absent (extrapolation.grid_token_nll, averaged over every body token)."""
     from ..data.tokens import build_dataset, collate
-    from ..registers import regular_position_ids
     ds = build_dataset(data_cfg, split)
-    total, count = 0.0, 0
-    for i in range(0, len(ds), 256):
-        b = collate([ds[j] for j in range(i, min(i + 256, len(ds)))])
-        pos = regular_position_ids(tuple(ds.grid), 1).expand(len(b["body"]), -1, -1)
-        logits = model(b["body"][:, :-1], pos, b["prefix"])          # (B, 1 + N - 1, V)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), b["body"].flatten(), reduction="sum").item()
-        count += b["body"].numel()
-    return total / count
+    b = collate([ds[j] for j in range(len(ds))])
+    codes = b["body"].view(len(ds), *ds.grid)
+    return grid_token_nll(model, codes, b["prefix"]).double().mean().item()
 
 
 def digits_reference(data_seed: int, cache: Path):
