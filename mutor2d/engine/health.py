@@ -5,9 +5,10 @@ when one of them exceeds ``train.blowup_factor`` x its median over the last ``tr
 healthy updates ("blowup", a finite divergence; judged once ``MIN_HISTORY`` healthy updates are known;
 factor 0 = off). A loss under ``LOSS_FLOOR`` nats is a near-perfect fit, never a divergence: such an
 update is judged on its weight norm only (a model fine-tuned from a base that already fits its data
-sits at losses near 1e-5, where a batch 100x the median, and its gradient, are noise). The weight norm is the one of the trained parameters the update starts from: it
-catches an exploded update whose weights still give a normal loss (a language model blown up by a huge
-learning rate predicts uniformly, loss ln V and gradient 0). The loss is the one of the micro-batch
+sits at losses near 1e-5, where a batch 100x the median, and its gradient, are noise). The weight
+norm is the one of the trained parameters the update starts from: it catches an exploded update
+whose weights still give a normal loss (a language model blown up by a huge learning rate predicts
+uniformly, loss ln V and gradient 0). The loss is the one of the micro-batch
 that completes the update, averaged over processes, and the norms are global (gradients before
 clipping), so every process decides alike. The history is saved in
 checkpoints (``state_dict``), so a resumed run is judged from its first update.
