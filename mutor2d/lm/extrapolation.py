@@ -21,19 +21,21 @@ import torch.nn.functional as F
 import yaml
 from torch import Tensor
 
+from .. import config
 from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
 from ..model.attention import NEVER, Visibility
 
 
-def run_config(run: Path) -> dict:
-    """RUN/config.yaml of a language-model run folder (one-line errors for anything else)."""
+def run_config(run: Path):
+    """The config of a language-model run folder (RUN/config.yaml through the config system, so its
+    defaults are the run's; one-line errors for anything else)."""
     path = Path(run) / "config.yaml"
     if not path.is_file():
         raise ExtrapolationError(f"--run {run}: no config.yaml (not a train.py run folder)")
-    cfg = yaml.safe_load(path.read_text()) or {}
-    if cfg.get("task") != "lm":
-        raise ExtrapolationError(f"--run {run}: task {cfg.get('task')!r} in config.yaml, expected 'lm'")
-    return cfg
+    task = (yaml.safe_load(path.read_text()) or {}).get("task")
+    if task != "lm":
+        raise ExtrapolationError(f"--run {run}: task {task!r} in config.yaml, expected 'lm'")
+    return config.load(path)
 
 
 def trained_lengths(run: Path, tokenizer) -> list[dict]:
@@ -42,12 +44,12 @@ def trained_lengths(run: Path, tokenizer) -> list[dict]:
     chain, run = [], Path(run)
     while True:
         cfg = run_config(run)
-        d = cfg["data"]
-        if not Path(d["path"]).is_file():
-            raise ExtrapolationError(f"--run {run}: its training data {d['path']} is not there (paths are "
+        d = cfg.data
+        if not Path(d.path).is_file():
+            raise ExtrapolationError(f"--run {run}: its training data {d.path} is not there (paths are "
                                      "read from the working directory)")
-        chain.append({"run": str(run), "data": d["path"], "longest_answer": longest_answer(d, tokenizer)})
-        base = Path(cfg["model"].get("hf") or "")
+        chain.append({"run": str(run), "data": d.path, "longest_answer": longest_answer(d, tokenizer)})
+        base = Path(cfg.model.hf or "")
         if not (base / "config.yaml").is_file():
             return chain
         run = base
@@ -56,12 +58,11 @@ def trained_lengths(run: Path, tokenizer) -> list[dict]:
 LONGEST: dict[tuple, int] = {}      # (data settings, vocabulary) -> longest answer: runs of one study share a base
 
 
-def longest_answer(d: dict, tokenizer) -> int:
+def longest_answer(d, tokenizer) -> int:
     """The longest answer in tokens of the training file of data section ``d``, as training cut it."""
     from .data import load_records, tokenize
-    settings = (d.get("name", "jsonl"), d["path"], d.get("max_prompt_len", 512), d.get("max_answer_len", 512),
-                d.get("add_eos", True))
-    key = (*settings, Path(d["path"]).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
+    settings = (d.name, d.path, d.max_prompt_len, d.max_answer_len, d.add_eos)
+    key = (*settings, Path(d.path).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
     if key not in LONGEST:
         pairs = tokenize(load_records(*settings[:2]), tokenizer, *settings[2:])
         LONGEST[key] = max(len(a) for _, a in pairs)
@@ -119,8 +120,7 @@ def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
     cfg = run_config(run)
     tok = hf.load_tokenizer(run)
     chain = trained_lengths(run, tok)
-    d = cfg["data"]
-    examples = tokenize(records, tok, d.get("max_prompt_len", 512), 10 ** 9, d.get("add_eos", True))
+    examples = tokenize(records, tok, cfg.data.max_prompt_len, 10 ** 9, cfg.data.add_eos)
     lm = hf.load_for_inference(run)
     longest, limit = max(len(p) + len(a) for p, a in examples), position_limit(lm.config)
     if limit is not None and longest > limit:
