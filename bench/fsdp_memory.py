@@ -46,6 +46,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     from mutor2d import config as C
     from mutor2d.engine.loop import train_step
+    from mutor2d.engine.kinds import run_kind
     from mutor2d.engine.setup import build_run
     torch.set_num_threads(1)
     from mutor2d.data.tokens import build_dataset
@@ -55,7 +56,7 @@ def worker(args) -> None:
     tmp = tempfile.mkdtemp()
     make_accelerator(cfg, Path(tmp)), build_dataset(cfg.data, "train")   # libraries and data: the baseline
     base = common.rss_bytes()
-    run = build_run(cfg, tmp, None)
+    run = build_run(cfg, tmp, None, run_kind(cfg.task)())
     built = common.rss_bytes()
     common.reset_peak_rss()                      # the peak of the steps, above what the build left
     batches = iter(run.loader)
