@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import common  # noqa: E402
+import common  # noqa: E402  (the command line parses and checks before torch is imported)
 from mutor2d.cli import HelpFormatter  # noqa: E402
 
 MiB = 1024 ** 2
@@ -104,15 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse(argv=None) -> argparse.Namespace:
+    """The options, checked before torch is imported."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "dim", "layers", "heads", "steps", "processes")
+    if args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    return args
+
+
 def main() -> None:
-    args = build_parser().parse_args()
+    args = parse()
     if args.worker:
         return worker(args)
+    import torch
     rows = {sharding: measure(args, sharding) for sharding in ("ddp", "fsdp")}
     params = rows["ddp"][0]["params_M"] * 1e6
     peak = {k: max(r["peak_MiB"] for r in v) for k, v in rows.items()}
     built = {k: max(r["built_MiB"] for r in v) for k, v in rows.items()}
-    common.emit({"bench": "fsdp_memory", "machine": common.machine(__import__("torch").device("cpu")),
+    common.emit({"bench": "fsdp_memory", "machine": common.machine(torch.device("cpu")),
                  "config": {k: v for k, v in vars(args).items() if k not in ("worker", "sharding")}
                  | {"params_M": params / 1e6}, "peak_MiB": peak, "built_MiB": built,
                  "measured_ratio": peak["fsdp"] / peak["ddp"], "theory": theory(args, params)})
