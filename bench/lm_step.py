@@ -81,7 +81,8 @@ def make_step(module, opt, batches, g):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--hidden", type=int, default=512, help="hidden size of the random Llama, a multiple of 64 (heads of 64; default 512)")
+    ap.add_argument("--hidden", type=int, default=512,
+                    help="hidden size of the random Llama, a multiple of 64 (heads of 64; default 512)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     ap.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
     ap.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")

@@ -119,7 +119,8 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
     target = cfg.target_rule() if case != "ntp" else TargetRule()
-    loss_fn = (mask_objective() if backend == "sdpa-mask" else RegisterObjective)(cfg.register_spec(), 0.5, None, target)
+    objective = mask_objective() if backend == "sdpa-mask" else RegisterObjective
+    loss_fn = objective(cfg.register_spec(), 0.5, None, target)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
 
