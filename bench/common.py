@@ -18,9 +18,12 @@ peak-RSS counter (/proc/self/clear_refs), reads its resident set size (RSS, /pro
 the step again, then reads the peak RSS (VmHWM, /proc/self/status). Step peak = peak - resident
 before the step: the activations and temporaries of the step, nothing static. On CUDA the same quantity
 comes from ``torch.cuda.max_memory_allocated`` in process.
+
+Torch is imported by the helpers that use it, so a script's command line parses without it.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -29,13 +32,16 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def sync(device: torch.device | None) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU (``None``)."""
+    if device is not None and device.type == "cuda":
+        import torch
         torch.cuda.synchronize(device)
 
 
@@ -47,6 +53,7 @@ def setup(threads: int | None, clock: str, device: torch.device) -> None:
     """Set the intra-op thread count and the clock of every later measurement."""
     global _clock
     if threads:
+        import torch
         torch.set_num_threads(threads)
     if clock == "cpu" and device.type == "cuda":
         raise ValueError("--clock cpu measures CPU work; use --clock wall on a GPU")
@@ -54,8 +61,9 @@ def setup(threads: int | None, clock: str, device: torch.device) -> None:
 
 
 def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
-                     device: torch.device = torch.device("cpu")) -> dict[str, dict]:
-    """Median time (s, on the chosen clock) of each callable; cases interleaved per repetition."""
+                     device: torch.device | None = None) -> dict[str, dict]:
+    """Median time (s, on the chosen clock) of each callable; cases interleaved per repetition
+    (``device`` None: the CPU)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -72,9 +80,12 @@ def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: in
             for name, ts in times.items()}
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048,
+def matmul_rate(device: torch.device, dtype: torch.dtype | None = None, n: int = 2048,
                 reps: int = 5) -> float:
-    """FLOP/s of an (n x n) @ (n x n) matmul, median of ``reps`` (output buffer reused)."""
+    """FLOP/s of an (n x n) @ (n x n) matmul in ``dtype`` (default fp32), median of ``reps`` (output
+    buffer reused)."""
+    import torch
+    dtype = dtype or torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
@@ -84,6 +95,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype = torch.float32, n: int
 
 def read_bandwidth(device: torch.device, nbytes: int = 512 << 20, reps: int = 5) -> float:
     """Bytes/s read by ``x.sum()`` over an fp32 tensor of ``nbytes``."""
+    import torch
     x = torch.ones(nbytes // 4, device=device)
     t = time_round_robin({"sum": lambda: x.sum()}, reps, warmup=1, device=device)
     return x.numel() * 4 / t["sum"]["median_s"]
@@ -91,6 +103,7 @@ def read_bandwidth(device: torch.device, nbytes: int = 512 << 20, reps: int = 5)
 
 def machine(device: torch.device) -> dict:
     """What the numbers were measured on."""
+    import torch
     info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu": _cpu_model(), "torch": torch.__version__, "python": platform.python_version(),
@@ -165,6 +178,16 @@ def run_children(script: str, arg_lists: list[list[str]], parallel: int = 1, tim
                 raise RuntimeError(f"{os.path.basename(script)} {' '.join(args)} failed: {tail[0]}")
             results.append(json.loads(lines[-1]))
     return results
+
+
+# ----------------------------------------------------------------------------- command line
+
+def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: int, *dests: str) -> None:
+    """argparse's one-line error (usage, exit 2) for an option among ``dests`` given below ``low``."""
+    for dest in dests:
+        value = getattr(args, dest)
+        if value is not None and value < low:
+            ap.error(f"--{dest.replace('_', '-')} {value}: expected >= {low}")
 
 
 # ----------------------------------------------------------------------------- output

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import common  # noqa: E402
+import common  # noqa: E402  (the command line parses and checks before torch is imported)
 from mutor2d.cli import HelpFormatter  # noqa: E402
 
 MiB = 1024 ** 2
@@ -46,6 +46,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     from mutor2d import config as C
     from mutor2d.engine.loop import train_step
+    from mutor2d.engine.kinds import run_kind
     from mutor2d.engine.setup import build_run
     torch.set_num_threads(1)
     from mutor2d.data.tokens import build_dataset
@@ -55,7 +56,7 @@ def worker(args) -> None:
     tmp = tempfile.mkdtemp()
     make_accelerator(cfg, Path(tmp)), build_dataset(cfg.data, "train")   # libraries and data: the baseline
     base = common.rss_bytes()
-    run = build_run(cfg, tmp, None)
+    run = build_run(cfg, tmp, None, run_kind(cfg.task)())
     built = common.rss_bytes()
     common.reset_peak_rss()                      # the peak of the steps, above what the build left
     batches = iter(run.loader)
@@ -103,15 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse(argv=None) -> argparse.Namespace:
+    """The options, checked before torch is imported."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "dim", "layers", "heads", "steps", "processes")
+    if args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    return args
+
+
 def main() -> None:
-    args = build_parser().parse_args()
+    args = parse()
     if args.worker:
         return worker(args)
+    import torch
     rows = {sharding: measure(args, sharding) for sharding in ("ddp", "fsdp")}
     params = rows["ddp"][0]["params_M"] * 1e6
     peak = {k: max(r["peak_MiB"] for r in v) for k, v in rows.items()}
     built = {k: max(r["built_MiB"] for r in v) for k, v in rows.items()}
-    common.emit({"bench": "fsdp_memory", "machine": common.machine(__import__("torch").device("cpu")),
+    common.emit({"bench": "fsdp_memory", "machine": common.machine(torch.device("cpu")),
                  "config": {k: v for k, v in vars(args).items() if k not in ("worker", "sharding")}
                  | {"params_M": params / 1e6}, "peak_MiB": peak, "built_MiB": built,
                  "measured_ratio": peak["fsdp"] / peak["ddp"], "theory": theory(args, params)})

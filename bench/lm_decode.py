@@ -22,16 +22,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
-import common
+import common             # the command line parses and checks before torch is imported
 from mutor2d.cli import HelpFormatter
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--work", default="runs/bench_lm_decode", help="folder of the model, data and fine-tuned run")
     ap.add_argument("--steps", type=int, default=400, help="MuToR-1D fine-tuning steps (default 400)")
-    ap.add_argument("--hidden", type=int, default=64, help="width of the tiny Llama (default 64)")
+    ap.add_argument("--hidden", type=int, default=64, help="width of the tiny Llama, a multiple of 8 (default 64)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     ap.add_argument("--answers", type=int, default=16, help="test prompts answered per case (default 16)")
     ap.add_argument("--max-new-tokens", type=int, default=40, help="answer length limit (default 40)")
@@ -82,6 +81,8 @@ def answer_tokens(new: list[list[int]], eos: int) -> int:
 def plain_case(lm, batches, eos: int, max_new: int, sample: bool, lookup: int = 0):
     """Plain model.generate (``lookup`` > 0: prompt-lookup decoding) over every batch -> new tokens
     (sampling seeded: every repetition draws the same answers)."""
+    import torch
+
     def run():
         out = []
         torch.manual_seed(0)
@@ -98,6 +99,8 @@ def plain_case(lm, batches, eos: int, max_new: int, sample: bool, lookup: int = 
 
 def register_case(lm, batches, eos: int, max_new: int, sample: bool, registers, stats):
     """Register drafts (mutor2d.lm.speculative) over every batch -> new tokens (sampling seeded)."""
+    import torch
+
     from mutor2d.lm.speculative import GREEDY, generate_ids
     from mutor2d.sampling.rules import SamplingRules
     rules = SamplingRules(temperature=1.0) if sample else GREEDY
@@ -113,6 +116,8 @@ def register_case(lm, batches, eos: int, max_new: int, sample: bool, registers, 
 
 def decode_step_floor(lm) -> dict:
     """One plain decode step (batch 1, a 64-token cache) against weight bytes / read bandwidth."""
+    import torch
+
     from mutor2d.lm.speculative import CausalStep, new_cache
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
     cache = new_cache()
@@ -128,11 +133,22 @@ def decode_step_floor(lm) -> dict:
     return {"weight_bytes": weight_bytes, "step_s": t, "floor_s": floor, "step_vs_floor": t / floor}
 
 
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+def parse(argv=None):
+    """The options, checked before torch is imported."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "steps", "hidden", "layers", "answers", "max_new_tokens", "reps", "threads")
+    if args.hidden % 8:
+        ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")
     if args.quick:
         args.steps, args.answers, args.reps, args.max_new_tokens = 5, 2, 1, 12
         args.work = str(Path(args.work) / "quick")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    import torch
     common.setup(args.threads, args.clock, torch.device("cpu"))
     from mutor2d.lm import data, hf, speculative
     run = fine_tuned(args)

@@ -22,21 +22,24 @@ runs beside the others, and ``distill_vs_token`` is its time over the dense case
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
-
-import common
+import common             # the command line parses and checks before torch is imported
 from mutor2d.cli import HelpFormatter
-from mutor2d.config import make
-from mutor2d.lm.model import MutorLM
-from mutor2d.lm.packing import LMBatch
-from mutor2d.lm.run import LMTrainModule
+
+if TYPE_CHECKING:
+    import torch
+
+    from mutor2d.lm.packing import LMBatch
 
 OBJECTIVES = {"ntp": {"name": "ntp"}, "sparse": None, "dense": {"name": "mutor-1d", "d_min": 1, "d_max": 4}}
 
 
 def build_model(args, device):
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mutor2d.lm.model import MutorLM
     torch.manual_seed(0)
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                                       intermediate_size=4 * args.hidden, num_attention_heads=args.hidden // 64,
@@ -49,6 +52,9 @@ def build_model(args, device):
 
 
 def ragged_batch(args, g: torch.Generator) -> LMBatch:
+    import torch
+
+    from mutor2d.lm.packing import LMBatch
     B = args.batch
     P = torch.randint(args.prompt[0], args.prompt[1] + 1, (B,), generator=g)
     N = torch.randint(args.answer[0], args.answer[1] + 1, (B,), generator=g)
@@ -58,6 +64,7 @@ def ragged_batch(args, g: torch.Generator) -> LMBatch:
 
 
 def one_sample(batch: LMBatch, b: int) -> LMBatch:
+    from mutor2d.lm.packing import LMBatch
     P, N = int(batch.prompt_len[b]), int(batch.answer_len[b])
     return LMBatch(batch.prompt[b:b + 1, :P], batch.prompt_len[b:b + 1], batch.answer[b:b + 1, :N],
                    batch.answer_len[b:b + 1])
@@ -74,7 +81,8 @@ def make_step(module, opt, batches, g):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--hidden", type=int, default=512, help="hidden size of the random Llama (default 512)")
+    ap.add_argument("--hidden", type=int, default=512,
+                    help="hidden size of the random Llama, a multiple of 64 (heads of 64; default 512)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     ap.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
     ap.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
@@ -87,18 +95,37 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a step's time measures")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--self-distill", action="store_true",
                     help="also time dense MuToR-1D under objective.reg_target=self_distill (distill_vs_token)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
     return ap
 
 
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+def parse(argv=None):
+    """The options, checked before torch is imported (main resolves --device)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "layers", "batch", "sparse", "reps", "threads")
+    if args.hidden < 64 or args.hidden % 64:
+        ap.error(f"--hidden {args.hidden}: expected a multiple of 64 (heads of 64)")
+    if args.vocab < 4:
+        ap.error(f"--vocab {args.vocab}: expected >= 4 (ids 0-2 are not drawn)")
+    for flag, (low, high) in (("--prompt", args.prompt), ("--answer", args.answer)):
+        if not 1 <= low <= high:
+            ap.error(f"{flag} {low} {high}: expected 1 <= MIN <= MAX")
     if args.quick:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    import torch
+
+    from mutor2d.config import make
+    from mutor2d.lm.run import LMTrainModule
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(args.device)
     common.setup(args.threads, args.clock, device)
     OBJECTIVES["sparse"] = {"name": "mutor-1d", "d_min": 1, "d_max": 4, "placement": "sparse",

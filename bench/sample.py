@@ -33,24 +33,23 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
-import torch
+import common             # the command line parses and checks before torch is imported
+from mutor2d.cli import HelpFormatter, grid_arg
 
-import common
-from mutor2d import checkpoint
-from mutor2d.sampling import images as generation
-from mutor2d.cli import HelpFormatter
-from mutor2d.model.gpt import ModelConfig
-from mutor2d.model.gpt import GPT
-from mutor2d.cli import grid_arg
-from mutor2d.registers import regular_position_ids
-from mutor2d.config import make
-from mutor2d.sampling import compile_decoder, generate, sample_logits
+if TYPE_CHECKING:
+    import torch
+
+    from mutor2d.model.gpt import GPT
 
 TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
 
 
 def build(args, n_layer: int, device: torch.device, register: bool = False) -> GPT:
+    import torch
+
+    from mutor2d.model.gpt import GPT, ModelConfig
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
                       vocab_size=args.vocab, num_classes=1000)
@@ -60,20 +59,27 @@ def build(args, n_layer: int, device: torch.device, register: bool = False) -> G
     return model
 
 
-@torch.no_grad()
 def recompute(model: GPT, labels: torch.Tensor, grid: tuple[int, int], generator) -> torch.Tensor:
     """Sample without a cache: step t runs the whole sequence prefix + x_0..x_{t-1}."""
+    import torch
+
+    from mutor2d.registers import regular_position_ids
+    from mutor2d.sampling import sample_logits
     B, N = labels.shape[0], grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(labels.device).expand(B, N, 2)
     out = torch.empty(B, N, dtype=torch.long, device=labels.device)
-    for t in range(N):
-        h = model.hidden(model.embed(out[:, :t], labels), pos[:, : t + 1])
-        out[:, t] = sample_logits(model.logits(h[:, -1]), 1.0, generator=generator)
+    with torch.no_grad():
+        for t in range(N):
+            h = model.hidden(model.embed(out[:, :t], labels), pos[:, : t + 1])
+            out[:, t] = sample_logits(model.logits(h[:, -1]), 1.0, generator=generator)
     return out
 
 
 def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> callable:
     """A closure running the model alone over all H*W decode positions (no sampling)."""
+    import torch
+
+    from mutor2d.registers import regular_position_ids
     N = grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)
     labels = torch.arange(batch, device=device)
@@ -114,6 +120,9 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
                cfg_scale: float, temperature: float, objective) -> dict:
     """Plain vs speculative decoding on one model (trained with ``objective``, whose registers give the
     draft offsets), round-robin: one row per mode."""
+    import torch
+
+    from mutor2d.sampling import generate
     modes = spec_modes(args)
     stats = {name: {} for name in modes}
 
@@ -137,6 +146,10 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
 
 def checkpoint_tables(args, device) -> dict:
     """``spec_table`` of the --ckpt model at each --spec-images batch size."""
+    import torch
+
+    from mutor2d import checkpoint
+    from mutor2d.sampling import images as generation
     src = generation.open_checkpoint(checkpoint.resolve(args.ckpt).resolve(), device=device)
     model, n_cls = src.model.eval(), src.cfg.model.num_classes
     out = {"checkpoint": str(args.ckpt), "step": src.step, "grid": list(src.grid), "tables": {}}
@@ -183,8 +196,7 @@ def weight_bytes(model: GPT) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, no compile, one thread (CI)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--dim", type=int, default=768, help="model width (GPT-B: 768)")
     ap.add_argument("--heads", type=int, default=12, help="attention heads")
     ap.add_argument("--vocab", type=int, default=16384, help="image-token vocabulary (VQ-16: 16384)")
@@ -212,27 +224,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None):
+    """The options, checked before torch is imported (main resolves --device and the default --layers)."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "images", "threads", "reps")
+    common.check_at_least(ap, args, 0, "step_layers")
     if args.quick:
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
         args.layers, args.step_layers = 1, min(args.step_layers, 2)
         args.drafts, args.last, args.windows, args.spec_images = [2], [2], [2], [2]
         args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
-    if args.layers is None:
-        args.layers = 12 if args.device.startswith("cuda") else 2
     args.compile = args.compile or ("off" if args.quick else "on")
     if args.crossover and not args.ckpt:
         ap.error("--crossover needs --ckpt (a trained checkpoint: acceptance decides the crossover)")
     if args.dim % args.heads:
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
-    if args.images < 1:
-        ap.error(f"--images {args.images}: expected at least 1")
     return args
 
 
 def main(argv=None) -> None:
     args = parse(argv)
+    import torch
+
+    from mutor2d.config import make
+    from mutor2d.sampling import compile_decoder, generate
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.layers is None:
+        args.layers = 12 if args.device.startswith("cuda") else 2
     common.setup(args.threads, args.clock, torch.device(args.device))
     device = torch.device(args.device)
     grid, n = args.grid, args.images

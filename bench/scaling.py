@@ -9,7 +9,7 @@ Memory per GPU = states + activations, all computed, not measured:
     scores): 34 x dim bytes per token and layer (Korthikanti et al. 2022, table 2 without the
     attention-score terms), plus the fp32 logits, their bf16 copy and gradient: 10 x vocab bytes per token.
 Time per 1,000 steps = training FLOPs (mutor2d.engine.speed.train_flops) / (GPUs x peak x MFU), with
-the peak of mutor2d.engine.speed.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
+the peak of mutor2d.peaks.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
 
     python bench/scaling.py [--gpus 8] [--batch 1024] [--gpu H100] [--mfu 0.4]
     python bench/scaling.py --presets XL,XXL,3B --grid 24 --batch 256      # LlamaGen's 384-px recipes
@@ -28,15 +28,10 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mutor2d.cli import HelpFormatter                 # noqa: E402
-from mutor2d.model.gpt import ModelConfig             # noqa: E402
-from mutor2d.engine.speed import PEAK_BF16_FLOPS, train_flops  # noqa: E402
-from mutor2d.model.gpt import GPT                      # noqa: E402
-from mutor2d.registers import RegisterSpec, make_layout  # noqa: E402
+from mutor2d.cli import HelpFormatter                 # noqa: E402  (parsed and checked before torch is imported)
+from mutor2d.peaks import PEAK_BF16_FLOPS             # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -45,6 +40,7 @@ def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
     """Tokens per sequence the trunk processes: T regular inputs + the register slots (sparse: K = 80;
     dense D = 4: the grid's maximum, 240 on 16 x 16, fixed so compiled shapes never change; slots a
     drawn offset leaves empty are computed and masked)."""
+    from mutor2d.registers import RegisterSpec, make_layout
     T = 1 + grid[0] * grid[1] - 1
     if objective == "ntp":
         return T
@@ -54,6 +50,10 @@ def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
 
 
 def row(preset: str, objective: str, args) -> dict:
+    import torch
+
+    from mutor2d.engine.speed import train_flops
+    from mutor2d.model.gpt import GPT, ModelConfig
     with torch.device("meta"):
         model = GPT(ModelConfig(preset=preset, vocab_size=16384, num_classes=1000), register_token=True)
     s, params = model.shape, sum(p.numel() for p in model.parameters())
@@ -77,6 +77,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def lm_rows(args) -> list[dict]:
     """Llama-3-8B at ``--lm-tokens`` tokens per sequence and ``--lm-batch`` sequences per GPU."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from mutor2d.lm.hf import apply_lora
@@ -115,8 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse(argv=None) -> argparse.Namespace:
+    """The options, checked before torch is imported."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    for flag in ("gpus", "batch", "grid", "lm_tokens", "lm_batch"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= 1")
+    if not 0 < args.mfu <= 1:
+        ap.error(f"--mfu {args.mfu}: expected a fraction in (0, 1]")
+    return args
+
+
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     if args.lm:
         rows = lm_rows(args)
     else:

@@ -28,20 +28,15 @@ With ``--self-distill`` the register cases also run with ``objective.reg_target:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import torch
+from typing import TYPE_CHECKING
 
-import common
-from mutor2d.model.attention import Visibility
-from mutor2d import config as config_lib
-from mutor2d.cli import HelpFormatter
-from mutor2d.model.gpt import ModelConfig
-from mutor2d.model.gpt import GPT, model_shape
-from mutor2d.objectives import Batch, RegisterObjective
-from mutor2d.objectives.base import TargetRule
-from mutor2d.cli import grid_arg
-from mutor2d.registers import Layout, LayoutError
+import common             # the command line parses and checks before torch is imported
+from mutor2d.cli import HelpFormatter, grid_arg
+
+if TYPE_CHECKING:
+    import torch
+
+    from mutor2d.model.gpt import GPT
 
 CASES = ("ntp", "sparse", "dense")
 DISTILL = "_distill"       # case suffix: the register case under objective.reg_target self_distill
@@ -49,19 +44,25 @@ TARGETS = {"sparse": 1.35, "dense": 2.05}   # time and memory ratio bounds vs NT
 MFU_TARGET = 0.70
 
 
-class _MaskLayout(Layout):
-    """The same layout, but its visibility has no fast path: SDPA gets the dense boolean mask."""
+def mask_objective() -> type:
+    """RegisterObjective whose layouts' visibility has no fast path: SDPA gets the dense boolean mask."""
+    import dataclasses
 
-    @property
-    def visibility(self):
-        vis = Layout.visibility.fget(self)
-        return None if vis is None else Visibility(vis.key_rank, vis.query_limit)
+    from mutor2d.model.attention import Visibility
+    from mutor2d.objectives import RegisterObjective
+    from mutor2d.registers import Layout
 
+    class MaskLayout(Layout):
+        @property
+        def visibility(self):
+            vis = Layout.visibility.fget(self)
+            return None if vis is None else Visibility(vis.key_rank, vis.query_limit)
 
-class _MaskObjective(RegisterObjective):
-    def layout(self, batch, prefix_len, generator):
-        lay = super().layout(batch, prefix_len, generator)
-        return _MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+    class MaskObjective(RegisterObjective):
+        def layout(self, batch, prefix_len, generator):
+            lay = super().layout(batch, prefix_len, generator)
+            return MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+    return MaskObjective
 
 
 def cases(args) -> tuple[str, ...]:
@@ -70,6 +71,7 @@ def cases(args) -> tuple[str, ...]:
 
 
 def objective_config(case: str, args):
+    from mutor2d import config as config_lib
     if case == "ntp":
         return config_lib.make("objective", name="ntp")
     return config_lib.make("objective", name="mutor-2d", d_max=args.dmax2d, reg_weight=0.5,
@@ -79,6 +81,10 @@ def objective_config(case: str, args):
 
 def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False):
     """Model (with a register token), optimizer with materialised state, and one batch."""
+    import torch
+
+    from mutor2d.model.gpt import GPT, ModelConfig
+    from mutor2d.objectives import Batch
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
                       vocab_size=args.vocab, num_classes=1000)
@@ -103,11 +109,18 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     """A closure running one training step of ``case`` on ``backend`` as the training loop does:
     forward, backward, gradient clipping at 1.0, AdamW. ``keep_grads``: gradients stay allocated
     between steps (zeroed, not freed), so a memory measurement sees only the step's own memory."""
+    import contextlib
+
+    import torch
+
+    from mutor2d.objectives import RegisterObjective
+    from mutor2d.objectives.base import TargetRule
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
     target = cfg.target_rule() if case != "ntp" else TargetRule()
-    loss_fn = (_MaskObjective if backend == "sdpa-mask" else RegisterObjective)(cfg.register_spec(), 0.5, None, target)
+    objective = mask_objective() if backend == "sdpa-mask" else RegisterObjective
+    loss_fn = objective(cfg.register_spec(), 0.5, None, target)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
 
@@ -125,6 +138,9 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
 def register_slots(case: str, args, device) -> tuple[int, float]:
     """(R register slots processed, mean valid registers per sample) for the benchmark's draw."""
+    import torch
+
+    from mutor2d.objectives import Batch, RegisterObjective
     lay = RegisterObjective(objective_config(case, args).register_spec(), 0.5).layout(
         Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
               torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),
@@ -152,6 +168,7 @@ def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], di
 
 def memory_child(args) -> dict:
     """Runs in a fresh process: peak RSS of one step above the static state."""
+    import torch
     device = torch.device("cpu")
     backend, case = args.memory_child.split(":")
     model, opt, batch = build(args, args.layers, device, args.compile == "all")
@@ -166,6 +183,7 @@ def memory_child(args) -> dict:
 
 
 def child_args(args) -> list[str]:
+    import torch
     return ["--dim", str(args.dim), "--heads", str(args.heads), "--vocab", str(args.vocab),
             "--layers", str(args.layers), "--batch", str(args.batch),
             "--grid", f"{args.grid[0]}x{args.grid[1]}", "--registers", str(args.registers),
@@ -189,6 +207,7 @@ def measure_memory(args, backends: list[str], device) -> dict:
 
 
 def cuda_step_peak(args, backend: str, case: str, device) -> dict:
+    import torch
     model, opt, batch = build(args, args.layers, device, args.compile == "all")
     step = make_step(model, opt, batch, backend, case, args, device, keep_grads=True)
     step()
@@ -217,8 +236,7 @@ def distill_ratios(backend: str, case: str, times: dict, memory: dict) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions, one thread (CI)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
     ap.add_argument("--dim", type=int, default=768, help="width (GPT-B: 768)")
     ap.add_argument("--heads", type=int, default=12, help="attention heads")
@@ -247,14 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None):
+    """The options, checked before torch is imported (main resolves --device and the default --layers)."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "batch", "registers", "dmax2d",
+                          "threads", "reps")
+    common.check_at_least(ap, args, 0, "mfu_layers")
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)
         args.threads = args.threads or 1     # tiny sizes gain nothing from more; a busy CPU costs a lot
-    if args.layers is None:
-        args.layers = 12 if args.device.startswith("cuda") else 2
     for b in args.backends.split(","):
         if b not in ("sdpa", "flex", "sdpa-mask"):
             ap.error(f"--backends: unknown backend {b!r}; expected sdpa, flex or sdpa-mask")
@@ -265,6 +285,12 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     args = parse(argv)
+    import torch
+
+    from mutor2d.model.gpt import ModelConfig, model_shape
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.layers is None:
+        args.layers = 12 if args.device.startswith("cuda") else 2
     common.setup(args.threads, args.clock, torch.device(args.device))
     if args.memory_child:
         common.emit(memory_child(args))
@@ -346,5 +372,5 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except (LayoutError, ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError) as e:          # mutor2d.registers.LayoutError is a ValueError
         raise SystemExit(f"error: {e}")

@@ -34,9 +34,11 @@ def check_choice(parser: argparse.ArgumentParser, flag: str, value, choices: lis
 
 
 def grid_arg(text: str) -> tuple[int, int]:
-    """argparse type for an 'HxW' grid."""
+    """argparse type for an 'HxW' grid (H, W >= 1)."""
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16 (1xN for 1D)") from None
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: expected H, W >= 1")
     return h, w

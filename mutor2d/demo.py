@@ -34,7 +34,6 @@ import torch
 from . import config
 from . import checkpoint
 from .sampling import images as generation
-from .model.conditioning import class_names
 from .plugins import load_plugins
 from .sampling import decode_modes
 from .sampling.auto import auto_decode, can_draft
@@ -66,9 +65,15 @@ def require_gradio():
     return gradio
 
 
-def class_choices(names: list[str]) -> list[tuple[str, int]]:
-    """(label, index) pairs of a searchable dropdown: "207: golden retriever", or "7" for digits."""
-    return [(name if name == str(i) else f"{i}: {name}", i) for i, name in enumerate(names)]
+def choice_labels(src: generation.Loaded) -> list[tuple[str, int]]:
+    """(label, index) pairs of the searchable dropdown, named as the checkpoint's conditioning kind names
+    its grid rows: "207: golden retriever" (ImageNet), "7" (digits), "style 2" (a kind of its own)."""
+    return [(src.kind.row_label(src.cfg.model, i), i) for i in range(src.num_choices)]
+
+
+def choices_name(src: generation.Loaded) -> str:
+    """What the dropdown picks: "classes" for class labels, else "KIND choices" (e.g. "style choices")."""
+    return "classes" if src.kind.per_class else f"{src.kind.name} choices"
 
 
 # ----------------------------------------------------------------------------- settings
@@ -211,7 +216,7 @@ class Demo:
 
     def __init__(self, src: generation.Loaded, device: torch.device, ckpt: str):
         self.src, self.device, self.ckpt = src, device, ckpt
-        self.names = class_names(src.num_choices)
+        self.choices = choice_labels(src)
         self.out = Path(tempfile.mkdtemp(prefix="mutor2d_demo_"))
         self.lock, self.requests = threading.Lock(), 0
 
@@ -326,11 +331,11 @@ def build_app(demo: Demo):
     d, cfg = demo.defaults(), demo.src.cfg
     with gr.Blocks(title="mutor2d demo") as app:
         gr.Markdown(f"## mutor2d · `{demo.ckpt}` · {cfg.objective.name}, step {demo.src.step}, "
-                    f"{demo.src.grid[0]}x{demo.src.grid[1]} tokens, {demo.src.num_choices} classes")
+                    f"{demo.src.grid[0]}x{demo.src.grid[1]} tokens, {demo.src.num_choices} {choices_name(demo.src)}")
         with gr.Row():
             with gr.Column(scale=1):
-                boxes = [gr.Dropdown(class_choices(demo.names), value=d["classes"], multiselect=True, filterable=True,
-                                     label="classes (type to search)", elem_id="classes"),
+                boxes = [gr.Dropdown(demo.choices, value=d["classes"], multiselect=True, filterable=True,
+                                     label=f"{choices_name(demo.src)} (type to search)", elem_id="classes"),
                          gr.Slider(1, 16, value=d["per_class"], step=1, label="images per class", elem_id="per_class"),
                          gr.Number(d["cfg"], label="CFG scale (1 = off)", elem_id="cfg"),
                          gr.Number(d["temperature"], label="temperature (0 = greedy)", elem_id="temperature"),

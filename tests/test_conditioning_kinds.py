@@ -118,6 +118,19 @@ def test_bad_choice_indices_are_one_line_errors(style_run, tmp_path, capsys):
     assert cli_error(sample_main(), argv, capsys) == "error: --classes '0,3': class 3 is out of range 0..2"
 
 
+def test_the_demo_names_a_kinds_choices_as_the_kind_does(style_run):
+    """app.py on a run of a kind with choices: the dropdown lists them by the kind's row labels ("style 2"),
+    as its grids do, not as class indices or ImageNet names; the page says what they are."""
+    demo_extra("gradio")
+    from mutor2d import demo as demo_lib
+    src = generation.open_checkpoint(checkpoint.latest_valid(style_run), device="cpu")
+    app = demo_lib.build_app(demo_lib.Demo(src, torch.device("cpu"), "RUN"))
+    dropdown = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "classes")
+    assert [tuple(c) for c in dropdown.choices] == [("style 0", 0), ("style 1", 1), ("style 2", 2)]
+    assert dropdown.label.startswith("style ")
+    assert any("3 style choices" in str(getattr(b, "value", "")) for b in app.blocks.values())
+
+
 TINY_STARGRAPH = ["model.n_layer=1", "model.n_head=2", "model.dim=32", "data.num_train=16", "data.num_test=4",
                   "objective.d_max=2", "optim.warmup_steps=1", "train.batch_size=4", "train.max_steps=2",
                   "train.log_every=1", "train.ckpt_every=0", "train.keep_ckpts=0", "train.sample_every=1"]

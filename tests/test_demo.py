@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import parse_qsl
 
 import pytest
@@ -61,10 +62,11 @@ def test_settings_from_the_url_and_their_errors(src):
                          ({"top_p": 0.0}, "^top-p: expected a number in"), ({"decode": "beam"}, "decode='beam'")]:
         with pytest.raises(ValueError, match=message):
             demo_lib.sample_config(src, {**d.defaults(), "classes": [1, 7], **bad}, "cpu")
-    assert demo_lib.class_names(10) == [str(i) for i in range(10)]
-    names = demo_lib.class_names(1000)
-    assert len(names) == 1000 and names[0] == "tench" and names[207] == "golden retriever"
-    assert demo_lib.class_choices(names)[207] == ("207: golden retriever", 207)
+    assert demo_lib.choice_labels(src) == [(str(i), i) for i in range(10)] and demo_lib.choices_name(src) == "classes"
+    imagenet = SimpleNamespace(kind=src.kind, cfg=SimpleNamespace(model=SimpleNamespace(num_classes=1000)),
+                               num_choices=1000)
+    labels = demo_lib.choice_labels(imagenet)
+    assert len(labels) == 1000 and labels[0] == ("0: tench", 0) and labels[207] == ("207: golden retriever", 207)
 
 
 @pytest.mark.parametrize("mode", ["plain", "registers", "jacobi"])

@@ -27,12 +27,6 @@ MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (
                  | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
 DELEGATES = {"app.py": "mutor2d.demo_cli"}         # scripts whose parser lives in a module
 ENTRIES = [p.relative_to(ROOT).as_posix() for p in SCRIPTS] + [f"-m {m}" for m in MODULES]
-# entry points whose --help still imports torch (module-level imports): each fails the torch test as a
-# strict xfail, so converting one makes it pass and it must leave this list; a new entry point must be fast
-TORCH_AT_IMPORT = {
-    **{f"bench/{name}.py": "the bench/ scripts import torch at module level (bench/common.py too)"
-       for name in ("fsdp_memory", "lm_decode", "lm_step", "sample", "scaling", "train_step")},
-}
 # runs an entry point with --help, then with a bad option, refusing to import torch (an entry point that
 # tries fails at once); prints the exit codes and whether torch was asked for
 NO_TORCH_PROBE = """
@@ -120,9 +114,7 @@ def test_the_formatter_shows_defaults_once():
     assert text.count("mask.png") == 1 and "(default: None)" not in text and "(default: False)" not in text
 
 
-@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.xfail(e in TORCH_AT_IMPORT, strict=True,
-                                                                           reason=TORCH_AT_IMPORT.get(e, "")))
-                                   for e in ENTRIES])
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_help_and_argument_errors_come_before_importing_torch(entry):
     """--help (exit 0) and a bad option (exit 2, usage on stderr) without importing torch."""
     from timeouts import limit

@@ -13,10 +13,7 @@ import os
 
 import torch
 
-# Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, no sparsity). A device name matches
-# the first key it contains (case-insensitive), so the PCIe / NVL parts come before their SXM default.
-PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12,
-                   "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+from ..peaks import PEAK_BF16_FLOPS
 PEAK_ENV = "MUTOR2D_PEAK_TFLOPS"   # the user's peak in TFLOP/s per device; wins over the table
 
 
