@@ -20,6 +20,7 @@ A new kind is one module: a ``Conditioning`` subclass registered with ``@registe
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,14 @@ def class_names(num_classes: int) -> list[str]:
     """Names of the classes: ImageNet's 1000 (imagenet_classes.txt, in index order), else the indices
     ("0".."9" for digits)."""
     if num_classes == 1000:
-        return IMAGENET_NAMES.read_text().splitlines()
+        return list(imagenet_names())
     return [str(i) for i in range(num_classes)]
+
+
+@functools.cache
+def imagenet_names() -> tuple[str, ...]:
+    """imagenet_classes.txt, read once."""
+    return tuple(IMAGENET_NAMES.read_text().splitlines())
 
 
 class LabelEmbedder(nn.Module):
