@@ -137,7 +137,7 @@ def test_no_import_circle():
 
 def test_the_walker_sees_a_function_level_import(tmp_path):
     """The rule is checked on lazy imports too: a function-level import is an edge."""
-    path = PACKAGE / "engine" / "loop.py"
-    assert "mutor2d.engine.kinds" in imports(path)           # module level
+    path = PACKAGE / "engine" / "entry.py"
+    assert "mutor2d.preempt" in imports(path, lazy=False)    # module level
     assert "mutor2d.checkpoint" in imports(path)             # inside exit_code()
     assert "mutor2d.checkpoint" not in imports(path, lazy=False)
