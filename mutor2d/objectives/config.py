@@ -15,7 +15,8 @@ from ..register_spec import LayoutError, RegisterSpec
 
 class ObjectiveConfig(Variant):
     """An ``objective`` variant: its fields and rules, and the loss module it builds. Adding one: a
-    subclass with ``@register_variant("objective", NAME)`` beside its module.
+    subclass with ``@register_variant("objective", NAME)`` here (or in a plugin) whose ``build``
+    imports its loss module.
 
     Loss = (1 - reg_weight) * CE_ntp + reg_weight * CE_aux, each a mean over its own valid targets."""
     legacy_keys = frozenset({"reg_weight", "d_min", "d_max", "d_max_2d", "placement", "num_registers",
