@@ -157,25 +157,24 @@ def task_of(data: dict) -> str:
 
 def run_config_class(task: Any) -> type:
     """The config root of ``task``; a kind of mutor2d is the package ``mutor2d.TASK`` (its ``config``
-    module registers it), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
+    module registers it: ``known_tasks``), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
     from .plugins import load_plugins
     load_plugins()
-    if isinstance(task, str) and task not in RUN_CONFIGS and task.isidentifier():
-        try:
-            importlib.import_module(f"{__package__}.{task}.config")
-        except ModuleNotFoundError as e:
-            if e.name not in (f"{__package__}.{task}", f"{__package__}.{task}.config"):
-                raise
+    if isinstance(task, str) and task not in RUN_CONFIGS and task in known_tasks():
+        importlib.import_module(f"{__package__}.{task}.config")
     if not isinstance(task, str) or task not in RUN_CONFIGS:
         raise ConfigError(f"task: expected a run kind, one of {known_tasks()}, got {task!r}")
     return RUN_CONFIGS[task]
 
 
 def known_tasks() -> list[str]:
-    """Every task this install knows: the registered ones and the packages of mutor2d with a config module."""
+    """Every task this install knows: the registered ones and the run-kind packages of mutor2d, those
+    with a ``config`` module (the root) and a ``run`` module (the engine's parts; other packages'
+    ``config`` modules hold sections)."""
     import pkgutil
     here = Path(__file__).parent
-    found = {m.name for m in pkgutil.iter_modules([str(here)]) if m.ispkg and (here / m.name / "config.py").exists()}
+    found = {m.name for m in pkgutil.iter_modules([str(here)])
+             if m.ispkg and all((here / m.name / f"{part}.py").exists() for part in ("config", "run"))}
     return sorted(found | set(RUN_CONFIGS))
 
 
