@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> Path:
-    from mutor2d.engine import default_run_dir, train
+    """Load and check the run's config (a bad one fails before torch is imported), then train."""
+    from mutor2d.engine import default_run_dir
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> Path:
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
+    from mutor2d.engine import train                 # torch: after the config is checked
     return train(cfg, run_dir, resume=args.resume)
 
 
@@ -81,7 +83,7 @@ def saved_config(resume: str | None, run_dir) -> dict | None:
 def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) -> None:
     """On resume the saved config wins over the config file; say which values --set changes and which
     values of the file are not used (main process only)."""
-    from mutor2d.engine.loop import flat
+    from mutor2d.engine.config import flat
     if os.environ.get("RANK", "0") != "0":
         return
     old, given = flat(saved), {".".join(k): v for k, v in map(config_lib.parse_override, overrides)}
@@ -106,7 +108,7 @@ def main(argv=None) -> Path:
 
 def execute(args: argparse.Namespace) -> Path:
     """Run the parsed command line (train.py's, or a shim's with the same options) -> the run folder."""
-    from mutor2d.engine import run_entry
+    from mutor2d.engine.entry import run_entry
 
     def start() -> Path:
         load_plugins()

@@ -2,16 +2,17 @@
 
 A run config names its kind with ``task:`` (image when left out, lm, vq, or a plugin's) and has one
 section per part. Each kind's config root (a :class:`ConfigRoot` dataclass, ``@register_run_config``
-in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives beside the code it
-configures and registers itself with one decorator: ``@register_section("model")`` for a plain
+in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives in the ``config`` module
+of the package whose code it configures (no torch there: a config is loaded and checked before torch
+is imported; its ``build`` imports the code) and registers itself with one decorator: ``@register_section("model")`` for a plain
 section, ``@register_variant("objective", "mutor-2d")`` for a variant of a *tagged* section (``name``
 picks the variant; only its fields are accepted). A tagged sub-section nests in a plain one under a
 dotted name (``sample.decode``: a field of the sample dataclass whose default is ``make("sample.decode")``).
 This module holds only what every kind shares: the registries, building a config (``from_dict``,
 ``load``) and writing it (``to_dict``, ``dump``), ``--set`` overrides and the YAML loader (type and
 range checks: mutor2d.checks); each section and each root owns its legacy upgrade (``upgrade``). The
-first use of a registry imports every module of the sections' home packages (``SECTION_HOMES``) and
-the plugins named in ``MUTOR2D_PLUGINS``, so no import order matters and no list of modules is kept.
+first use of a registry imports the config module of every section's home package (``SECTION_HOMES``)
+and the plugins named in ``MUTOR2D_PLUGINS``, so no import order matters and no list of modules is kept.
 Every section has ``check()``; a bad value fails before a run starts, with a one-line
 :class:`ConfigError` naming the key.
 """
@@ -33,8 +34,8 @@ from .checks import ConfigError, check_type, fail
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SECTION_HOMES = {"model": "model", "data": "data", "objective": "objectives", "optim": "engine",
                  "train": "image", "sample": "sampling", "sample.decode": "sampling"}
-# where each registered section's parts live: every module of that package of mutor2d is imported
-# on the first use of the registry, so a new part is one new file there (or a plugin module)
+# where each registered section's parts live: the ``config`` module of that package of mutor2d is
+# imported on the first use of the registry, so a new part is one dataclass there (or in a plugin module)
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -69,17 +70,13 @@ _PARTS_IMPORTED = False
 
 
 def import_parts() -> None:
-    """Import every part's module and every plugin module once, so their sections are registered."""
-    import pkgutil
+    """Import every part's config module and every plugin module once, so their sections are registered."""
     from .plugins import load_plugins
     global _PARTS_IMPORTED
     if not _PARTS_IMPORTED:
         _PARTS_IMPORTED = True
         for home in sorted(set(SECTION_HOMES.values())):
-            package = importlib.import_module(f"{__package__}.{home}")
-            for module in pkgutil.iter_modules(package.__path__):
-                if module.name != "__main__":
-                    importlib.import_module(f"{package.__name__}.{module.name}")
+            importlib.import_module(f"{__package__}.{home}.config")
     load_plugins()
 
 
@@ -160,25 +157,24 @@ def task_of(data: dict) -> str:
 
 def run_config_class(task: Any) -> type:
     """The config root of ``task``; a kind of mutor2d is the package ``mutor2d.TASK`` (its ``config``
-    module registers it), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
+    module registers it: ``known_tasks``), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
     from .plugins import load_plugins
     load_plugins()
-    if isinstance(task, str) and task not in RUN_CONFIGS and task.isidentifier():
-        try:
-            importlib.import_module(f"{__package__}.{task}.config")
-        except ModuleNotFoundError as e:
-            if e.name not in (f"{__package__}.{task}", f"{__package__}.{task}.config"):
-                raise
+    if isinstance(task, str) and task not in RUN_CONFIGS and task in known_tasks():
+        importlib.import_module(f"{__package__}.{task}.config")
     if not isinstance(task, str) or task not in RUN_CONFIGS:
         raise ConfigError(f"task: expected a run kind, one of {known_tasks()}, got {task!r}")
     return RUN_CONFIGS[task]
 
 
 def known_tasks() -> list[str]:
-    """Every task this install knows: the registered ones and the packages of mutor2d with a config module."""
+    """Every task this install knows: the registered ones and the run-kind packages of mutor2d, those
+    with a ``config`` module (the root) and a ``run`` module (the engine's parts; other packages'
+    ``config`` modules hold sections)."""
     import pkgutil
     here = Path(__file__).parent
-    found = {m.name for m in pkgutil.iter_modules([str(here)]) if m.ispkg and (here / m.name / "config.py").exists()}
+    found = {m.name for m in pkgutil.iter_modules([str(here)])
+             if m.ispkg and all((here / m.name / f"{part}.py").exists() for part in ("config", "run"))}
     return sorted(found | set(RUN_CONFIGS))
 
 

@@ -170,6 +170,70 @@ def test_subprocess_timeouts_scale_with_one_variable_and_fail_saying_so(tmp_path
         os.environ.pop(SCALE_VAR) if old is None else os.environ.__setitem__(SCALE_VAR, old)
 
 
+# ----------------------------------------------------------------------------- item 8: config errors before torch
+
+CONFIG_ERROR_PROBE = """
+import contextlib, importlib.abc, io, json, os, runpy, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError(f"{name} imported before the config was checked")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+entry, runs = sys.argv[1], []
+sys.path[0] = os.path.dirname(os.path.abspath(entry))              # as python SCRIPT has it
+for argv in json.loads(sys.argv[2]):
+    sys.argv, err = [entry, *argv], io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            runpy.run_path(entry, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:
+        code = repr(e)
+    runs.append([code, err.getvalue()])
+print(json.dumps({"runs": runs, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_config_error_of_train_py_is_reported_before_torch_is_imported(tmp_path):
+    """Every config error of a fresh run (a key, a value, a variant, a section, a task, an empty file;
+    image, lm and vq configs) is one line on stderr naming it, exit 2, and torch never imported: the
+    sections' config modules import no torch and train.py checks the config before the engine."""
+    import subprocess
+    import sys
+    from timeouts import limit
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    (tmp_path / "section.yaml").write_text("model: {preset: tiny}\nnosuch: {x: 1}\n")
+    (tmp_path / "task.yaml").write_text("task: nope\n")
+    digits = ["--config", "digits_mutor2d.yaml", "--set"]
+    cases = [([*digits, "objective.foo=1"], "objective.foo"), ([*digits, "model.n_head=0"], "model.n_head"),
+             ([*digits, "objective.name=nope"], "objective.name"), ([*digits, "nosuch.x=1"], "'nosuch'"),
+             (["--config", str(tmp_path / "section.yaml")], "'nosuch'"),
+             (["--config", "lm_tiny_arith.yaml", "--set", "objective.foo=1"], "objective.foo"),
+             (["--config", "vq_digits.yaml", "--set", "model.foo=1"], "model.foo"),
+             (["--config", str(tmp_path / "empty.yaml")], "is empty"),
+             (["--config", str(tmp_path / "task.yaml")], "task:")]
+    r = subprocess.run([sys.executable, "-c", CONFIG_ERROR_PROBE, str(ROOT / "train.py"),
+                        json.dumps([argv for argv, _ in cases])], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=limit(120))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    for (argv, key), (code, err) in zip(cases, out["runs"]):
+        assert code == 2 and err.startswith("error: ") and key in err and err.count("\n") == 1, (argv, code, err)
+    assert out["torch"] is False
+
+
+def test_the_built_in_attention_backends_a_config_checks_without_torch_are_registered():
+    """model.attention's built-in names (mutor2d.model.config, no torch) are the registry's."""
+    from mutor2d.model.attention import BACKENDS
+    from mutor2d.model.config import BUILT_IN_BACKENDS
+    assert set(BUILT_IN_BACKENDS) <= set(BACKENDS)
+
+
 # ----------------------------------------------------------------------------- item 7: outputs say what they are
 
 def test_the_leaderboard_names_its_runs_and_shows_the_decoding_mode(tmp_path):

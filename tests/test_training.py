@@ -427,18 +427,18 @@ def test_an_input_error_of_a_launch_is_printed_by_the_main_process_first(monkeyp
     ECHO_DELAY_S first (a launcher stops it when the main one exits, so a shared error shows once) and
     prints it only if still running; other run-ending errors are printed at once by every process."""
     from mutor2d.config import ConfigError
-    from mutor2d.engine import loop, run_entry
+    from mutor2d.engine import entry, run_entry
 
     def fail(error):
         def main():
             raise error
         return main
     for rank, error, code, waited in (("0", ConfigError("run folder 'x' already has checkpoints"), 2, []),
-                                      ("1", ConfigError("run folder 'x' already has checkpoints"), 2, [loop.ECHO_DELAY_S]),
-                                      ("1", loop.Diverged("too many skipped updates"), 1, [])):
+                                      ("1", ConfigError("run folder 'x' already has checkpoints"), 2, [entry.ECHO_DELAY_S]),
+                                      ("1", entry.Diverged("too many skipped updates"), 1, [])):
         monkeypatch.setenv("RANK", rank)
         slept = []
-        monkeypatch.setattr(loop.time, "sleep", lambda s: slept.append((s, capsys.readouterr().err)))
+        monkeypatch.setattr(entry.time, "sleep", lambda s: slept.append((s, capsys.readouterr().err)))
         with pytest.raises(SystemExit) as e:
             run_entry(fail(error))
         assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"

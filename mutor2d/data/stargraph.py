@@ -23,9 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..checks import ConfigError, at_least, check_seed
-from ..config import register_variant
-from .tokens import DataConfig
+from .config import StarGraphDataConfig  # noqa: F401 (its config, importable from here)
 
 QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL
 NUM_SPECIAL = 3
@@ -112,45 +110,6 @@ class StarGraphs(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"body": self.answers[i], "prefix": self.prompts[i]}
-
-
-@register_variant("data", "stargraph")
-@dataclass
-class StarGraphDataConfig(DataConfig):
-    """Path-star graphs (a 1D task): ``degree`` arms of ``path_len`` nodes out of ``num_nodes``;
-    test graphs use seed data_seed + 1 and never repeat a train prompt."""
-    degree: int = 2
-    path_len: int = 5
-    num_nodes: int = 50
-    num_train: int = 200000
-    num_test: int = 2000
-    data_seed: int = 1234            # the test split uses data_seed + 1
-    reverse_answer: bool = False     # answer goal -> source (the positive control: no planning needed)
-    num_workers: int = 0
-
-    def check(self) -> None:
-        at_least("data.degree", self.degree, 2)
-        at_least("data.path_len", self.path_len, 2)
-        need = 1 + self.degree * (self.path_len - 1)
-        if self.num_nodes < need:
-            raise ConfigError(f"data.num_nodes={self.num_nodes}: data.degree={self.degree} arms of "
-                              f"data.path_len={self.path_len} nodes need {need} distinct nodes")
-        at_least("data.num_train", self.num_train, 1)
-        at_least("data.num_test", self.num_test, 1)
-        check_seed("data.data_seed", self.data_seed)
-        at_least("data.num_workers", self.num_workers, 0)
-
-    def build(self, split: str) -> StarGraphs:
-        shape = StarGraphShape(self.degree, self.path_len, self.num_nodes)
-        if split == "train":
-            return StarGraphs(shape, self.num_train, self.data_seed, reverse=self.reverse_answer)
-        if split == "test":
-            train = StarGraphs(shape, self.num_train, self.data_seed)
-            return StarGraphs(shape, self.num_test, self.data_seed + 1, exclude=train, reverse=self.reverse_answer)
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
-
-    def build_tokenizer(self):
-        raise ValueError("data.name='stargraph' has no image tokenizer (its tokens are graph nodes)")
 
 
 def shortcut_answer(prompt: torch.Tensor, shape: StarGraphShape, first_step: int) -> torch.Tensor:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .. import tokenizer as tokenizer_lib
-from ..checks import at_least, at_most, check_seed, fail
-from ..config import Variant, register_variant
-from ..io import warn
 from ..tokenizer import Tokenizer
 from ..tokenizer.codes import open_store
-from ..tokenizer.pixel import LEVELS_LIMIT
+from .config import CodesDataConfig, DataConfig, DigitsDataConfig  # noqa: F401 (its configs, importable from here)
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16
 
@@ -149,105 +143,6 @@ class CodeDataset(Dataset):
         aug = int(torch.randint(self.num_augs, ())) if self.random_aug else 0
         body = torch.from_numpy(self._codes[row, aug].astype(np.int64)).reshape(-1)
         return {"body": body, "prefix": torch.tensor(int(self._labels[row]))}
-
-
-# ----------------------------------------------------------------------------- the data section
-
-class DataConfig(Variant):
-    """A ``data`` variant: its fields, ``build(split)`` (a Dataset of that split: "train", "val" or
-    "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
-    class with ``@register_variant("data", NAME)``."""
-    num_workers: int
-    legacy_keys = frozenset({"path", "test_path", "tokenizer", "levels", "num_workers", "degree", "path_len",
-                             "num_nodes", "num_train", "num_test", "data_seed", "reverse_answer"})
-
-    def build(self, split: str) -> Dataset:
-        raise NotImplementedError
-
-    def build_tokenizer(self) -> Tokenizer:
-        raise ValueError(f"data.name={self.name!r} has no image tokenizer")
-
-
-@register_variant("data", "digits")
-@dataclass
-class DigitsDataConfig(DataConfig):
-    """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``; the 80% may give
-    up a validation split ("val"), and training may use a nested share of the rest (digits_indices).
-    Tokenised by ``tokenizer``: "pixel" grey levels or a VQ checkpoint (digits upsampled to its size)."""
-    tokenizer: str = "pixel"         # "pixel" (grey levels) or a VQ checkpoint path
-    levels: int = 17                 # pixel tokenizer: number of grey levels
-    data_seed: int = 1234
-    val_fraction: float = 0.0        # share of the training set held out as split "val" (0 = none)
-    train_fraction: float = 1.0      # share of the remaining training images trained on (nested: 0.25 in 0.5)
-    num_workers: int = 0
-
-    def check(self) -> None:
-        if not self.tokenizer:
-            fail("data.tokenizer", "'pixel' or a VQ checkpoint path", self.tokenizer)
-        at_least("data.levels", self.levels, 2)
-        at_most("data.levels", self.levels, LEVELS_LIMIT, "an 8-bit image has no more grey levels")
-        check_seed("data.data_seed", self.data_seed)
-        if not 0 <= self.val_fraction < 1:
-            fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)
-        if not 0 < self.train_fraction <= 1:
-            fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
-        at_least("data.num_workers", self.num_workers, 0)
-
-    def build(self, split: str) -> TokenGrids:
-        tok = self.build_tokenizer()
-        images, labels = digits_images(split, self.data_seed, self.val_fraction, self.train_fraction)
-        codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
-        return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
-
-    def build_tokenizer(self) -> Tokenizer:
-        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
-
-
-@register_variant("data", "codes")
-@dataclass
-class CodesDataConfig(DataConfig):
-    """Pre-extracted token grids: folders written by tokenizers/extract_codes.py, one per split. The
-    tokenizer must be the one that made the codes (same codebook size; another sha256 is a warning);
-    without the folder (sampling on another machine) that check is skipped with a warning."""
-    path: str | None = None          # the train split (required)
-    test_path: str | None = None     # the test split (optional)
-    tokenizer: str = "pixel"         # extract_codes.py's --tokenizer that made the codes (to decode samples)
-    num_workers: int = 0
-
-    def check(self) -> None:
-        if not self.path:
-            fail("data.path", "the folder written by tokenizers/extract_codes.py", self.path)
-        if self.test_path is not None and not self.test_path:
-            fail("data.test_path", "a folder or null", self.test_path)
-        at_least("data.num_workers", self.num_workers, 0)
-
-    def build(self, split: str) -> "CodeDataset":
-        if split == "val":
-            raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
-        path = self.path if split == "train" else self.test_path
-        if path is None:
-            key = "data.path" if split == "train" else "data.test_path"
-            raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
-                             f"for the {split} split")
-        return CodeDataset(path, random_aug=split == "train")
-
-    def build_tokenizer(self) -> Tokenizer:
-        tok = tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
-        if self.path is not None and not (Path(self.path) / "header.json").exists():
-            warn(f"no codes folder at data.path={self.path!r} here: cannot check that data.tokenizer="
-                 f"{self.tokenizer!r} made those codes (decoding does not need them)", once=True)
-        elif self.path is not None:
-            self._check_made_by(tok)
-        return tok
-
-    def _check_made_by(self, tok: Tokenizer) -> None:
-        header = open_store(self.path, require_complete=False, check_values=False).header
-        if header["codebook_size"] != tok.vocab_size:
-            raise ValueError(f"data.tokenizer={self.tokenizer!r} has {tok.vocab_size} codes but the codes at "
-                             f"{self.path!r} come from a codebook of {header['codebook_size']}")
-        if header.get("tokenizer_sha256") != tok.sha256:
-            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the tokenizer that made the codes at "
-                          f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:

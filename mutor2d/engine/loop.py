@@ -20,124 +20,22 @@ Rules:
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-from ..checks import ConfigError, at_least, check_seed, fail
-from ..preempt import PREEMPTED_EXIT, Preempted
+from ..preempt import Preempted
+from .config import TrainConfig, flat  # noqa: F401 (TrainConfig: the loop's section, importable from here)
+from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
 from .kinds import run_kind
 from .lock import run_lock
 from .setup import RunState, build_run
 from .sharding import global_tensor, is_sharded
-
-ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before printing an input error
-
-
-@dataclass
-class TrainConfig:
-    """The loop's settings, shared by every run kind: batch and steps, precision, cadence of logs,
-    checkpoints and online evaluation, EMA, tracker, sharding, guards, where the run goes. A kind adds
-    its own fields by subclassing (mutor2d.image.config.ImageTrainConfig)."""
-    batch_size: int = 64             # global batch (split over processes)
-    max_steps: int = 1000
-    grad_accum: int = 1
-    seed: int = 0
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    log_every: int = 10
-    ckpt_every: int = 500
-    keep_ckpts: int = 2              # newest checkpoints kept by rotation (0 = all)
-    keep_every: int = 0              # also keep every checkpoint of a multiple of this step, to score later
-    eval_every: int = 0              # online embedded-metric evaluation (digits); 0 = off
-    ema: bool = False
-    ema_decay: float = 0.9999
-    tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
-    out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
-    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/grad/weights)
-                                     # before the run stops with an error
-    sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
-                                     # shards each block, then the rest (mutor2d/engine/sharding.py)
-    fsdp_offload: bool = False       # fsdp: sharded parameters, gradients and AdamW states live on the CPU
-    activation_checkpointing: bool = False   # recompute each block's activations in the backward
-    blowup_factor: float = 10.0      # skip an update whose loss or grad norm exceeds this x its median over
-                                     # the last blowup_window healthy updates (engine/health.py); 0 = off
-    blowup_window: int = 50
-
-    def check(self) -> None:
-        for k in ("batch_size", "grad_accum", "log_every", "blowup_window"):
-            at_least(f"train.{k}", getattr(self, k), 1)
-        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "eval_every",
-                  "max_nonfinite"):
-            at_least(f"train.{k}", getattr(self, k), 0)
-        if self.batch_size % self.grad_accum:
-            raise ConfigError(f"train.grad_accum: {self.grad_accum} does not divide "
-                              f"train.batch_size={self.batch_size}")
-        check_seed("train.seed", self.seed)
-        if not 0 < self.ema_decay < 1:
-            fail("train.ema_decay", "a number in (0, 1)", self.ema_decay)
-        if self.blowup_factor != 0 and not self.blowup_factor > 1:
-            fail("train.blowup_factor", "0 (off) or a number > 1", self.blowup_factor)
-        if self.fsdp_offload and self.sharding != "fsdp":
-            fail("train.fsdp_offload", "false unless train.sharding=fsdp", self.fsdp_offload)
-
-    @classmethod
-    def upgrade(cls, data: dict) -> dict:
-        """Configs written when every kind's train section held the image-run settings: those at their
-        off value are dropped where ``cls`` lacks them; another value is a one-line error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key, off in IMAGE_RUN_SETTINGS.items():
-            if key in data and key not in names:
-                value = data.pop(key)
-                if value != off and key != "eval_per_class":
-                    fail(f"train.{key}", f"{off!r} (an image-run setting)", value)
-        return data
-
-
-IMAGE_RUN_SETTINGS = {"sample_every": 0, "eval_per_class": 20, "compile": False, "init_from": ""}
-# train.* fields every kind's config held before the image kind owned them, with their off values
-
-
-def exit_code(error: BaseException) -> int | None:
-    """The exit code of an entry script for an error that ends a run with one line on stderr (None:
-    not one of them): 75 stopped by a signal after a checkpoint, 1 diverged, 74 a checkpoint could not
-    be written, 2 bad config or input (ConfigError, CheckpointError, a locked run folder, ...)."""
-    from ..checkpoint import WRITE_FAILED_EXIT, CheckpointWriteError
-    for kind, code in ((Preempted, PREEMPTED_EXIT), (Diverged, 1), (CheckpointWriteError, WRITE_FAILED_EXIT),
-                       ((ValueError, FileNotFoundError), 2)):
-        if isinstance(error, kind):
-            return code
-    return None
-
-
-def run_entry(main):
-    """Run an entry script's ``main()`` -> its result; an error that ends a run (``exit_code``) becomes
-    one line on stderr and that exit code. Bad config or input (2) is mostly the same in every process
-    of a launch: the main one (RANK 0 or unset) prints it at once, another only if it is still running
-    ECHO_DELAY_S later (a launcher stops the others when the main one exits, so a shared error is
-    printed once and an error of that process alone is still shown)."""
-    import sys
-    try:
-        return main()
-    except Exception as e:
-        code = exit_code(e)
-        if code is None:
-            raise
-        if code == 2 and os.environ.get("RANK", "0") != "0":
-            time.sleep(ECHO_DELAY_S)
-        print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
-        raise SystemExit(code) from None
-
-
-class Diverged(RuntimeError):
-    """Too many skipped (non-finite or blown-up) updates in a row; one-line message."""
 
 
 class StopSignals:
@@ -312,11 +210,3 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    """Nested config sections -> {"section.key": value}."""
-    out = {}
-    for k, v in d.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out

@@ -1,8 +1,9 @@
 """Config of an image run (the default ``task``): a GPT over token grids trained with an objective.
 
-Sections: model (mutor2d.model.gpt), data (a ``data.name`` variant, mutor2d.data), objective (an
-``objective.name`` variant, mutor2d.objectives), optim (mutor2d.engine.optim), train (the engine's
-TrainConfig plus the image-run settings below), sample (mutor2d.sampling). Rules across sections:
+Sections (each package's torch-free ``config`` module): model (mutor2d.model), data (a ``data.name``
+variant, mutor2d.data), objective (an ``objective.name`` variant, mutor2d.objectives), optim
+(mutor2d.engine), train (the engine's TrainConfig plus the image-run settings below), sample
+(mutor2d.sampling). Rules across sections:
 the online evaluation needs digits with class labels; classifier-free guidance needs a null prefix;
 once the data is known, grid-dependent settings are checked against its grid (``check_data``).
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..checks import ConfigError, at_least, at_most
 from ..config import ConfigRoot, make, register_run_config, register_section
-from ..engine.loop import TrainConfig
+from ..engine.config import TrainConfig
 
 EVAL_PER_CLASS_LIMIT = 10_000      # train.eval_per_class: samples per class of one online evaluation
 

@@ -9,8 +9,8 @@ model interface on one batch; no loss code), hf (load / LoRA / save / generate),
 register-drafted decoding with a run's register embedding), extrapolation (NLL per answer
 position of a run on longer held-out answers, its trained limits marked), run (the engine's parts for LM runs: the
 same loop, resume, stop signals and guards as image runs).
-Importing this package needs only yaml (its config, and with it torch, loads on first use of
-LMRunConfig / is_lm_config / load_config; transformers and peft load on use).
+Importing this package needs only yaml (its config, with every section's config module, loads on
+first use of LMRunConfig / is_lm_config / load_config; torch with a run; transformers and peft on use).
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl
     python train.py --config sft_gsm8k_mutor.yaml --set model.hf=/path/to/model   # or sft_gsm8k_ntp
@@ -24,8 +24,8 @@ from __future__ import annotations
 from ..config import ConfigError
 
 LAZY = {"LMRunConfig": "LMRunConfig", "is_lm_config": "is_lm_config", "load_config": "load"}
-# names of .config this package exports, imported on first use: .config imports torch (the engine's
-# sections), and accuracy and the command lines that parse before torch import this package
+# names of .config this package exports, imported on first use: .config imports the config system
+# and every section's config module, which accuracy and the command lines that import this package skip
 
 
 def __getattr__(name: str):

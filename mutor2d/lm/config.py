@@ -27,13 +27,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from ..checks import ConfigError, at_least, fail
 from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
-from ..engine.loop import TrainConfig
-from ..engine.optim import OptimConfig
-from ..objectives import ObjectiveConfig
+from ..engine.config import OptimConfig, TrainConfig
+from ..objectives.config import ObjectiveConfig
 
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
 DEFAULT_OBJECTIVE = "mutor-1d"
@@ -127,6 +124,7 @@ class LMOptimConfig(OptimConfig):
     def build(self, module, device_type: str):
         """AdamW over the trainable parameters; the register embedding gets ``register_lr`` (if set)
         and no weight decay."""
+        import torch
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         reg = [p for n, p in named if n.endswith("register_embedding")]
         groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]

@@ -1,12 +1,22 @@
 """The network: a LlamaGen-style decoder and what it is built from, one module each.
 
-  gpt           the decoder (GPT, ModelConfig, the LlamaGen size presets and weight loading)
+  config        the ``model`` section (ModelConfig, the LlamaGen size presets); no torch
+  gpt           the decoder (GPT) and LlamaGen weight loading
   attention     attention backends over a token-visibility rule (key rank <= query limit)
   conditioning  the prefix kinds a sample is conditioned on (class labels, prompts, plugins)
+  embedders     the class-label embedding (with its null class for CFG)
 
 The model knows nothing of registers beyond "extra tokens with given position ids and a given
-visibility rule" (mutor2d.registers builds those).
+visibility rule" (mutor2d.registers builds those). ``GPT`` is imported on first use (torch).
 """
-from .gpt import GPT, ModelConfig  # noqa: E402  the public names: ``from mutor2d.model import GPT, ModelConfig``
+from .config import ModelConfig
 
 __all__ = ["GPT", "ModelConfig"]
+
+
+def __getattr__(name: str):
+    """``GPT``, imported from mutor2d.model.gpt on first use."""
+    if name != "GPT":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .gpt import GPT
+    return GPT

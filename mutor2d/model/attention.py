@@ -121,9 +121,6 @@ class Visibility:
         return Visibility(self.key_rank.gather(1, order), self.query_limit.gather(1, order), None, None, *pair)
 
 
-PROMPT_ATTENTION = ("causal", "bidirectional")    # model.prompt_attention: how prefix tokens see each other
-
-
 def causal_rule(batch: int, length: int, device=None) -> Visibility:
     """Plain causal attention over ``length`` regular tokens, as an explicit rule."""
     i = torch.arange(length, device=device).expand(batch, length)

@@ -15,18 +15,20 @@ how a grid row is named (``row_label``) and how the prefixes are stored in an np
   No null prompt: CFG is refused; no fixed choices: training writes no sample grids (a note at
   start-up says so) and sample.py refuses the run.
 
-A new kind is one module: a ``Conditioning`` subclass registered with ``@register_conditioning``
+The kinds import torch only inside their methods, so a config names and checks its kind before
+torch is imported (mutor2d.model.config). A new kind is one module: a ``Conditioning`` subclass registered with ``@register_conditioning``
 (docs/METHOD.md, "Datasets and conditioning"); a plugin module is imported through MUTOR2D_PLUGINS.
 """
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn as nn
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 
 IMAGENET_NAMES = Path(__file__).with_name("imagenet_classes.txt")
@@ -44,23 +46,6 @@ def class_names(num_classes: int) -> list[str]:
 def imagenet_names() -> tuple[str, ...]:
     """imagenet_classes.txt, read once."""
     return tuple(IMAGENET_NAMES.read_text().splitlines())
-
-
-class LabelEmbedder(nn.Module):
-    """Class embedding with one extra "null" row (index num_classes) for CFG."""
-
-    def __init__(self, num_classes: int, dim: int, dropout: float):
-        super().__init__()
-        self.num_classes, self.dropout = num_classes, dropout
-        self.embedding_table = nn.Embedding(num_classes + 1, dim)
-
-    def forward(self, labels: Tensor) -> Tensor:
-        """labels (B,) in 0..num_classes (num_classes = null) -> (B, 1, dim). In training mode a
-        label is replaced by the null class with probability ``dropout``."""
-        if self.training and self.dropout > 0:
-            drop = torch.rand(labels.shape, device=labels.device) < self.dropout
-            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
-        return self.embedding_table(labels).unsqueeze(1)
 
 
 class Conditioning:
@@ -103,6 +88,7 @@ class Conditioning:
 
     def balanced(self, cfg, each: int, picks: list[int]) -> Tensor:
         """``each`` copies of every choice in ``picks``, pick-major: (len(picks) * each, ...)."""
+        import torch
         return self.choices(cfg)[torch.tensor(picks, dtype=torch.long)].repeat_interleave(each, dim=0)
 
     def batch(self, prefixes: Tensor, start: int, stop: int) -> Tensor:
@@ -128,6 +114,7 @@ def register_conditioning(cls: type) -> type:
 
 
 def _check_integer(prefix: Tensor) -> None:
+    import torch
     if prefix.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"prefix: expected integer tokens, got dtype {prefix.dtype}")
 
@@ -137,6 +124,7 @@ class ClassLabel(Conditioning):
     name, guidable, per_class = "class", True, True
 
     def build(self, model):
+        from .embedders import LabelEmbedder
         cfg = model.cfg
         model.cls_embedding = LabelEmbedder(cfg.num_classes, model.shape.dim, cfg.class_dropout)
 
@@ -156,12 +144,15 @@ class ClassLabel(Conditioning):
                              f"got {prefix.min().item()}..{prefix.max().item()}")
 
     def null_prefix(self, cfg, prefix):
+        import torch
         return torch.full_like(prefix, cfg.num_classes)
 
     def choices(self, cfg):
+        import torch
         return torch.arange(cfg.num_classes)
 
     def balanced(self, cfg, each, picks):        # no model config needed: the labels are the picks
+        import torch
         return torch.tensor(picks, dtype=torch.long).repeat_interleave(each)
 
     def row_label(self, cfg, pick):            # "7" (digits), "207: golden retriever" (ImageNet)

@@ -1,16 +1,27 @@
 """Training objectives, one module each; ``objective.name`` picks a config variant that builds its loss.
 
-An objective config (``ObjectiveConfig`` subclass, registered with ``@register_variant("objective",
-NAME)`` beside its module) builds an nn.Module with ``forward(model, batch, generator) ->
-ObjectiveResult`` and ``blocks()`` (transformer blocks it owns), and says which register rules it
-follows (``register_spec()``) and whether the model needs its register embedding (``uses_registers()``).
-``model`` is a ``TokenModel``: the image GPT, or a transformers causal LM on one batch of text (a
-grid of height 1), so every objective trains both. Adding one: a module here with its config and
-loss, and its import below.
+An objective config (``ObjectiveConfig`` subclass in ``config``, registered with
+``@register_variant("objective", NAME)``; no torch, so a config is checked before torch is imported)
+builds an nn.Module with ``forward(model, batch, generator) -> ObjectiveResult`` and ``blocks()``
+(transformer blocks it owns), and says which register rules it follows (``register_spec()``) and
+whether the model needs its register embedding (``uses_registers()``). ``model`` is a ``TokenModel``:
+the image GPT, or a transformers causal LM on one batch of text (a grid of height 1), so every
+objective trains both. Adding one: its config in ``config``, its loss in a module here that ``build``
+imports. The loss names below are imported on first use (torch).
 """
-from .base import Batch, ObjectiveConfig, ObjectiveResult, TokenModel, masked_ce, mix, token_ce
-from .multihead import MultiHead, MultiHeadConfig
-from .register_objective import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterObjective
+from __future__ import annotations
 
-__all__ = ["Batch", "MultiHead", "MultiHeadConfig", "MuToR1DConfig", "MuToR2DConfig", "NTPConfig",
-           "ObjectiveConfig", "ObjectiveResult", "RegisterObjective", "TokenModel", "masked_ce", "mix", "token_ce"]
+import importlib
+
+from .config import MultiHeadConfig, MuToR1DConfig, MuToR2DConfig, NTPConfig, ObjectiveConfig
+
+LOSSES = {"Batch": "base", "ObjectiveResult": "base", "TokenModel": "base", "masked_ce": "base", "mix": "base",
+          "token_ce": "base", "MultiHead": "multihead", "RegisterObjective": "register_objective"}
+__all__ = ["MultiHeadConfig", "MuToR1DConfig", "MuToR2DConfig", "NTPConfig", "ObjectiveConfig", *LOSSES]
+
+
+def __getattr__(name: str):
+    """The names of LOSSES, imported from their module on first use."""
+    if name not in LOSSES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{LOSSES[name]}"), name)

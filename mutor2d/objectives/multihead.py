@@ -11,70 +11,12 @@ learns the model's own detached next-token distribution at regular slot P - 1 + 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn as nn
 
-from ..config import ConfigError, register_variant
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import AuxTermConfig, Batch, ObjectiveResult, TokenModel, check_offsets, mix, token_ce
-
-
-@register_variant("objective", "multihead")
-@dataclass
-class MultiHeadConfig(AuxTermConfig):
-    """Multi-token prediction with extra heads (one transformer layer each) instead of registers;
-    a's schedule and the heads' target rule as the register objectives' (base.AuxTermConfig).
-    layout "2d": one head per offset of mutor-2d with D = d_max; "1d": one per d = max(d_min, 2)..d_max
-    (d = 1 is the main head). ``num_heads``: keep the first heads only (0 = all)."""
-    layout: Literal["1d", "2d"] = "2d"
-    d_min: int = 1
-    d_max: int = 4
-    num_heads: int = 0
-    edge: Literal["geometric", "raster"] = "geometric"
-
-    def register_spec(self) -> RegisterSpec:
-        """The heads' offsets follow the register rules of the same layout (dense, d >= 2 in 1D)."""
-        kind = "mutor-2d" if self.layout == "2d" else "mutor-1d"
-        return RegisterSpec(kind, max(self.d_min, 2), self.d_max, edge=self.edge)
-
-    def check(self) -> None:
-        super().check()
-        check_offsets(self, self.register_spec().kind)
-        if self.layout == "1d" and self.d_max < 2:
-            raise ConfigError(f"objective.d_max: the 1d heads predict d = 2..d_max, got {self.d_max}")
-        count = len(self.register_spec().offsets())
-        if not 0 <= self.num_heads <= count:
-            raise ConfigError(f"objective.num_heads: expected 0 (all) .. {count} "
-                              f"(the offsets of objective.d_max={self.d_max}), got {self.num_heads}")
-
-    def build(self, model: nn.Module) -> "MultiHead":
-        return MultiHead(self, model)
-
-    def num_head_layers(self) -> int:
-        return len(self.register_spec().offsets()[: self.num_heads or None])
-
-    @classmethod
-    def line_defaults(cls) -> dict:
-        """Text is a line: layout 1d."""
-        return {"layout": "1d"}
-
-    def describe(self) -> str:
-        """e.g. "a=0.5, heads=all, 2d D=4", "a=0.5->0.0 cosine, self_distill, heads=all, 2d D=4" or
-        "a=0.5, heads=2, 1d d=2..4, raster"."""
-        spec = self.register_spec()
-        offsets = f"D={self.d_max}" if self.layout == "2d" else f"d={spec.d_min}..{self.d_max}"
-        parts = self.describe_aux_term() + [f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
-        return ", ".join(parts + ([self.edge] if self.edge != "geometric" else []))
-
-    @classmethod
-    def from_legacy(cls, flat: dict) -> dict:
-        """Old configs named the layout ``multihead_layout`` and held the 2D D as ``d_max_2d``."""
-        layout = flat["multihead_layout"]
-        d_max = flat["d_max_2d"] if layout == "2d" else flat["d_max"]
-        return {**super().from_legacy(flat), "layout": layout, "d_max": d_max}
+from .base import Batch, ObjectiveResult, TokenModel, mix, token_ce
+from .config import MultiHeadConfig  # noqa: F401 (its config, importable from here)
 
 
 class MultiHead(nn.Module):

@@ -12,142 +12,24 @@ of the ``sample.decode`` config section (``DecodeConfig``, registered beside its
 The speculative modes (``speculative.py``) are exact: their samples follow the distribution of
 plain sampling under the same settings, and greedy decoding gives plain greedy's tokens.
 A new mode is one dataclass registered with ``@register_variant("sample.decode", NAME)``
-(docs/METHOD.md, "A decoding mode").
+(docs/METHOD.md, "A decoding mode"). The settings (``config``: the ``sample`` section and the modes)
+import no torch; the names below are imported on first use (``decoding``: generate and its parts).
 """
 from __future__ import annotations
 
-import functools
-import types
+import importlib
 
-import torch
-from torch import Tensor
+from .config import DecodeConfig, JacobiDecode, PlainDecode, RegisterDecode
 
-from ..config import VARIANTS, make
-from .plain import PlainDecode, decode_plain
-from .rules import DecodeConfig, SamplingRules, check_sampling, draw, filter_logits, guide, sample_logits
-from .speculative import JacobiDecode, RegisterDecode, decode_jacobi, decode_registers
-
-__all__ = ["CPU_DECODE_INDUCTOR", "DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode",
-           "SamplingRules", "compile_decoder", "decode_jacobi", "decode_modes", "decode_plain",
-           "decode_registers", "decoding_mode", "draw", "filter_logits", "generate", "guide", "run_decoder",
-           "sample_logits", "unwrap_model"]
+EXPORTS = {**dict.fromkeys(["CPU_DECODE_INDUCTOR", "compile_decoder", "decode_modes", "decoding_mode", "generate",
+                            "run_decoder", "unwrap_model"], "decoding"),
+           **dict.fromkeys(["SamplingRules", "draw", "filter_logits", "guide", "sample_logits"], "rules"),
+           "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
+__all__ = ["DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode", *EXPORTS]
 
 
-def decode_modes() -> list[str]:
-    """The registered decoding modes (``sample.decode`` variants), plugins included."""
-    make("sample.decode")                               # imports the parts and plugins once
-    return sorted(VARIANTS["sample.decode"])
-
-
-def unwrap_model(model):
-    """The GPT inside DDP / torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
-
-
-def decoding_mode(decode: str | DecodeConfig, objective, grid: tuple[int, int], **options) -> DecodeConfig:
-    """A checked decoding mode fitted to a checkpoint of ``objective`` on ``grid``: ``decode`` a
-    DecodeConfig, or a mode's name with its fields as ``options`` (e.g. ``"registers", draft=2``)."""
-    if not isinstance(decode, DecodeConfig):
-        decode = make("sample.decode", name=decode, **options)
-    elif options:
-        raise ValueError(f"decode options {sorted(options)} go in the DecodeConfig, not beside it")
-    return decode.fit(objective, grid)
-
-
-@torch.no_grad()
-def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float = 1.0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             generator: torch.Generator | None = None, decode: str | DecodeConfig = "plain",
-             objective=None, stats: dict | None = None, **options) -> Tensor:
-    """Sample bodies for ``prefix`` -> LongTensor (B, H*W) in raster order.
-
-    prefix: what the model's conditioning kind takes (class labels (B,), ``num_classes`` = the null
-    class; prompt tokens (B, P); ...). cfg_scale != 1 turns on classifier-free guidance (kinds with
-    a null prefix only). temperature 0 = greedy. ``decode``: a mode's name with its fields as
-    ``options`` (``draft=2`` for registers, ``window=4`` for jacobi), or a DecodeConfig.
-    ``objective``: the checkpoint's objective config section (register drafts take their offsets,
-    edge rule and default length from it). ``stats``, if a dict, receives the run's counts
-    (forward passes, tokens per forward, acceptance by draft distance)."""
-    check_sampling(cfg_scale, temperature, top_k, top_p, where="")
-    H, W = grid
-    if H < 1 or W < 1:
-        raise ValueError(f"grid: expected H, W >= 1, got {H}x{W}")
-    mode = decoding_mode(decode, objective, grid, **options)
-    rules = SamplingRules.of(cfg_scale, temperature, top_k, top_p)
-    return run_decoder(model, prefix, grid, rules, mode, objective, generator, stats)
-
-
-@torch.no_grad()
-def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, mode: DecodeConfig,
-                objective=None, generator: torch.Generator | None = None, stats: dict | None = None) -> Tensor:
-    """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
-    a caller sampling many batches checks its settings once. The prefix is checked by the model's
-    conditioning kind; the model runs in eval mode (its training flag is restored after)."""
-    model = unwrap_model(model)
-    model.conditioning.check(model.cfg, prefix)
-    if rules.guided and not model.conditioning.guidable:
-        raise ValueError(f"cfg_scale={rules.cfg_scale}: classifier-free guidance needs a null prefix (class "
-                         f"labels have one), this model is conditioned on {model.cfg.conditioning!r}")
-    was_training = model.training
-    model.eval()
-    try:
-        return mode.run(model, prefix, grid, rules, generator, stats, objective)
-    finally:
-        model.clear_cache()
-        model.train(was_training)
-
-
-# inductor settings of a compiled decode step on CPU: weights frozen into the graph as constants
-# and prepacked for inductor's C++ GEMM template (chosen over ATen's by benchmarking at compile
-# time). A GPT-B decode step of 4 rows: 1.98x its weight-bandwidth floor against 2.85x without
-# (docs/BENCHMARKS.md).
-CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-
-
-def compile_decoder(model, inductor: dict | None = None) -> None:
-    """Compile ``model.decode`` with torch.compile (dynamic shapes: the cache position changes
-    every step). Sampling results are unchanged up to float rounding.
-
-    ``inductor``: torch._inductor.config settings in force whenever the compiled function runs
-    (and so whenever it compiles); default ``CPU_DECODE_INDUCTOR`` for a model on the CPU, none
-    elsewhere. With ``freezing`` the weights are constants of the compiled code (a prepacked
-    copy: one more copy of the weights in memory): compile again after changing them.
-
-    The KV cache goes into the compiled function as arguments, not as module attributes: dynamo
-    treats a module's tensor attributes as static (under ``freezing`` even as constants, guarded
-    by identity, so every ``setup_cache`` would recompile). Tensor arguments are passed as fresh
-    contiguous copies (a few integers each): callers pass slices such as
-    ``pos[t:t + 1].expand(...)`` whose storage offset changes every step, and dynamo would guard
-    on it and recompile until its recompile limit, then fall back to eager."""
-    model = unwrap_model(model)
-    layers = [layer.attention for layer in model.layers]
-    eager_decode = type(model).decode.__get__(model)     # the eager method, even if compiled before
-    if inductor is None:
-        inductor = CPU_DECODE_INDUCTOR if model.output.weight.device.type == "cpu" else {}
-    settings = dict(inductor)
-    from torch._inductor import config as inductor_config
-
-    def step(caches, args, kwargs):
-        for attention, cache in zip(layers, caches):
-            attention.cache = cache
-        return eager_decode(*args, **kwargs)
-    # a code object of its own: dynamo's graphs and recompile budget are per code object
-    step = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__,
-                              step.__defaults__, step.__closure__)
-    compiled = torch.compile(step, dynamic=True)
-
-    def fresh(x):
-        return x.clone(memory_format=torch.contiguous_format) if isinstance(x, Tensor) else x
-
-    @functools.wraps(eager_decode)
-    def decode(*args, **kwargs):
-        inputs = ([a.cache for a in layers], tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()})
-        if not settings:
-            return compiled(*inputs)
-        with inductor_config.patch(settings):
-            return compiled(*inputs)
-    model.decode = decode
+def __getattr__(name: str):
+    """The names of EXPORTS, imported from their module on first use (torch)."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)

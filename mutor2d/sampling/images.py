@@ -33,7 +33,8 @@ from torch import Tensor
 from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
 from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
-from . import SamplingRules, decoding_mode, run_decoder, unwrap_model
+from .decoding import decoding_mode, run_decoder, unwrap_model
+from .rules import SamplingRules
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")

@@ -7,23 +7,12 @@ default) has no other field.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from ..config import register_variant
 from ..registers import regular_position_ids
-from .rules import DecodeConfig, SamplingRules, sample_logits
-
-
-@register_variant("sample.decode", "plain")
-@dataclass
-class PlainDecode(DecodeConfig):
-    """One token per forward pass; no field."""
-
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        return decode_plain(model, prefix, grid, rules, generator, stats)
+from .config import PlainDecode  # noqa: F401 (its settings, importable from here)
+from .rules import SamplingRules, sample_logits
 
 
 def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:

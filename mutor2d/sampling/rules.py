@@ -8,110 +8,18 @@
   5. draw one token from the softmax with ``generator`` (the only source of randomness).
 Every decoding mode applies the same rules (speculative modes to draft and target alike).
 
-``SampleConfig`` is the ``sample`` config section: these settings, the grid and seed, and the decoding
-mode ``sample.decode``, a tagged sub-section whose variants (``DecodeConfig`` subclasses) register
-beside their decoders (plain.py, speculative.py).
+``SampleConfig`` is the ``sample`` config section (mutor2d.sampling.config, no torch): these settings,
+the grid and seed, and the decoding mode ``sample.decode``, a tagged sub-section whose variants
+(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings.
 """
 from __future__ import annotations
 
-import math
-import numbers
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..checks import ConfigError, at_least, at_most, check_seed, fail
-from ..config import Variant, make, register_section
-from ..sample_values import PER_CLASS_LIMIT
-
-
-def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,
-                   where: str = "sample", names: dict[str, str] | None = None) -> None:
-    """The one place for sampling rules: CFG scale >= 0 (1 = off), temperature >= 0 (0 = greedy),
-    top_k integer >= 0 (0 = off), top_p in (0, 1] (1 = off); all finite. The key in a message is
-    ``names[field]`` if given (e.g. a command-line flag), else ``where.field`` (``field`` if
-    ``where`` is empty). Raises ConfigError (a ValueError)."""
-    def key(f: str) -> str:
-        return (names or {}).get(f) or (f"{where}.{f}" if where else f)
-
-    def number(v) -> bool:
-        return not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
-
-    if not number(cfg_scale) or cfg_scale < 0:
-        fail(key("cfg_scale"), "a finite number >= 0 (1 = off)", cfg_scale)
-    if not number(temperature) or temperature < 0:
-        fail(key("temperature"), "a finite number >= 0 (0 = greedy)", temperature)
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
-        fail(key("top_k"), "an integer >= 0 (0 = off)", top_k)
-    if not number(top_p) or not 0 < top_p <= 1:
-        fail(key("top_p"), "a number in (0, 1] (1 = off)", top_p)
-
-
-def setting(key: str, value) -> str:
-    """How a message names a setting: ``--draft 5`` for a flag, ``sample.decode.draft=5`` for a key."""
-    return f"{key} {value}" if key.startswith("-") else f"{key}={value}"
-
-
-class DecodeConfig(Variant):
-    """A decoding mode, the ``sample.decode`` section: its fields, rules and decoder. Adding one: a
-    dataclass subclass registered with ``@register_variant("sample.decode", NAME)`` beside its code,
-    implementing ``run``; ``sample.py --decode NAME`` and ``--set sample.decode.name=NAME`` pick it."""
-
-    def key(self, field_name: str, names: dict[str, str] | None = None) -> str:
-        """The name of a field in messages: ``names[field]`` (a flag) if given, else its config key."""
-        return (names or {}).get(field_name) or f"sample.decode.{field_name}"
-
-    def check(self, names: dict[str, str] | None = None) -> None:
-        """Raise ConfigError (one line, naming ``self.key(field, names)``) for a bad value."""
-
-    def fit(self, objective, grid: tuple[int, int], names: dict[str, str] | None = None) -> "DecodeConfig":
-        """These settings for a checkpoint trained with ``objective`` (its config section, whose
-        ``register_spec()`` gives the register rules; None = unknown) on ``grid`` (H, W): defaults
-        that depend on them filled in; ConfigError (one line) where they cannot work there."""
-        return self
-
-    def run(self, model, prefix: Tensor, grid: tuple[int, int], rules: "SamplingRules", generator,
-            stats: dict | None, objective) -> Tensor:
-        """Bodies (B, H*W) in raster order for ``prefix``; every token must follow the distribution
-        ``rules.probs`` gives for the tokens before it. ``stats``, if a dict, receives the counts."""
-        raise NotImplementedError
-
-
-@register_section("sample")
-@dataclass
-class SampleConfig:
-    """Sampling defaults (sample.py flags override them): CFG scale (1 = off), temperature
-    (0 = greedy), top_k (0 = off), top_p (1 = off); grid classes, samples per class, seed, whether a
-    grid PNG names its rows in a left margin (``labels``); the decoding mode (``decode``, a
-    DecodeConfig; its ``name`` picks the variant)."""
-    cfg_scale: float = 1.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    classes: list[int] = field(default_factory=list)  # empty = a spread of classes
-    per_class: int = 4
-    seed: int = 0
-    labels: bool = True
-    decode: Any = field(default_factory=lambda: make("sample.decode"))
-
-    def check(self, names: dict[str, str] | None = None) -> None:
-        """Every rule of the section; ``names`` maps a field to the flag that set it (for messages)."""
-        check_sampling(self.cfg_scale, self.temperature, self.top_k, self.top_p, where="sample", names=names)
-        self.decode.check(names)
-        for c in self.classes:
-            at_least("sample.classes", c, 0)
-        at_least("sample.per_class", self.per_class, 1)
-        at_most("sample.per_class", self.per_class, PER_CLASS_LIMIT, "columns of a grid")
-        check_seed("sample.seed", self.seed)
-
-    def check_classes(self, count: int, what: str) -> None:
-        """Every grid row must index one of ``count`` choices (0..count-1); ``what`` names one in the
-        message ("a class of the data")."""
-        bad = [c for c in self.classes if c >= count]
-        if bad:
-            raise ConfigError(f"sample.classes: {bad[0]} is not {what} (0..{count - 1})")
+from .config import DecodeConfig, SampleConfig, check_sampling, setting  # noqa: F401 (the section, importable from here)
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:

@@ -35,89 +35,15 @@ Config: ``sample.decode.name: registers`` (fields draft, anchors, fill) and ``ja
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
 
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, fail, register_variant
 from ..registers import RegisterSpec, first_anchor, offset_targets, regular_position_ids
+from .config import JacobiDecode, RegisterDecode, useful_draft  # noqa: F401 (the modes' settings, importable from here)
 from .plain import with_null_prefix
-from .rules import DecodeConfig, SamplingRules, draw, setting
-
-
-# ----------------------------------------------------------------------------- the modes' settings
-
-@register_variant("sample.decode", "registers")
-@dataclass
-class RegisterDecode(DecodeConfig):
-    """Register drafts: ``draft`` K tokens per round (null = the checkpoint's useful draft length),
-    registers after ``anchors`` every regular input of a round or the last one only; ``fill``:
-    Jacobi guesses where no register drafts."""
-    draft: Optional[int] = None
-    anchors: Literal["every", "last"] = "every"
-    fill: bool = True
-
-    def check(self, names=None):
-        if self.draft is not None and self.draft < 1:
-            fail(self.key("draft", names), "an integer >= 1 (null = the checkpoint's useful draft length)",
-                 self.draft)
-
-    def fit(self, objective, grid, names=None):
-        draft = useful_draft(objective, self.draft, self.key("draft", names), self.key("name", names))
-        return dataclasses.replace(self, draft=draft)
-
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        return decode_registers(model, prefix, grid, rules, generator, stats, spec=objective.register_spec(),
-                                draft=self.draft, anchors=self.anchors, fill=self.fill)
-
-
-@register_variant("sample.decode", "jacobi")
-@dataclass
-class JacobiDecode(DecodeConfig):
-    """Speculative Jacobi decoding (training-free) with a window of ``window`` guessed tokens."""
-    window: int = 4
-
-    def check(self, names=None):
-        if self.window < 1:
-            fail(self.key("window", names), "an integer >= 1", self.window)
-
-    def fit(self, objective, grid, names=None):
-        N = grid[0] * grid[1]
-        if self.window > N - 1:
-            raise ConfigError(f"{setting(self.key('window', names), self.window)}: a {grid[0]}x{grid[1]} grid "
-                              f"has {N} tokens, so a window guesses at most {N - 1} (the first comes from the prefix)")
-        return self
-
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        return decode_jacobi(model, prefix, grid, rules, generator, stats, window=self.window)
-
-
-def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",
-                 mode_key: str = "sample.decode.name") -> int:
-    """The register draft length K for a checkpoint trained with ``objective`` (its config section):
-    ``draft``, or None for all its useful draft offsets (``RegisterSpec.draft_offsets()``: D - 2 for
-    mutor-2d, d_max - 1 for mutor-1d with d_min <= 2). A one-line ConfigError when the checkpoint
-    has no registers, or ``draft`` exceeds the useful length (``key`` names it in the message)."""
-    name = getattr(objective, "name", None)
-    if objective is None or not objective.uses_registers():
-        raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint has no registers to draft with "
-                          f"(objective {name or 'unknown'}); use jacobi or plain")
-    spec = objective.register_spec()
-    if spec.register_visibility != "isolated":
-        raise ConfigError(f"{setting(mode_key, 'registers')}: drafts run isolated registers; this checkpoint trained "
-                          f"with objective.register_visibility={spec.register_visibility}; use jacobi or plain")
-    useful = len(spec.draft_offsets())
-    trained = f"objective {name}, " + (f"d_min={spec.d_min}, " if spec.kind == "mutor-1d" else "") + f"d_max={spec.d_max}"
-    if useful == 0:
-        raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint's registers never learned offset "
-                          f"(0, 2), so they cannot draft ({trained}); use jacobi or plain")
-    if draft is not None and draft > useful:
-        raise ConfigError(f"{setting(key, draft)}: this checkpoint's registers draft at most {useful} "
-                          f"token{'s' if useful != 1 else ''} ({trained})")
-    return useful if draft is None else draft
+from .rules import SamplingRules, draw
 
 
 # ----------------------------------------------------------------------------- the rounds

@@ -8,13 +8,25 @@ tokenizers/extract_codes.py's ``--tokenizer``) picks it: "KIND" (e.g. "pixel"), 
 tokenizer: a module with its class and a builder decorated ``@register_tokenizer("mine")``, imported
 by mutor2d (below) or by MUTOR2D_PLUGINS (mutor2d.plugins).
 
-Modules: base (protocol, registry), pixel (PixelTokenizer), vq (LlamaGen-layout VQ model and
-VQTokenizer), codes (pre-tokenised image stores), lpips (perceptual loss).
-Weight files are read with mutor2d.io.read_torch_file (weights_only=True: never runs code from a file).
+Modules: base (protocol, registry), config (the settings without torch: VQConfig, presets, pixel
+levels), pixel (PixelTokenizer), vq (LlamaGen-layout VQ model and VQTokenizer), codes (pre-tokenised
+image stores), lpips (perceptual loss). The names below are imported on first use (torch), with the
+built-in kinds, which register themselves. Weight files are read with mutor2d.io.read_torch_file
+(weights_only=True: never runs code from a file).
 """
-from . import pixel, vq  # noqa: F401 (the built-in kinds register themselves)
-from .base import TOKENIZERS, Tokenizer, build_tokenizer, parse_tokenizer, register_tokenizer, settings_sha256, tokenizer_kind
-from .pixel import PixelTokenizer
+from __future__ import annotations
 
-__all__ = ["TOKENIZERS", "PixelTokenizer", "Tokenizer", "build_tokenizer", "parse_tokenizer",
-           "register_tokenizer", "settings_sha256", "tokenizer_kind"]
+import importlib
+
+EXPORTS = {"TOKENIZERS": "base", "Tokenizer": "base", "build_tokenizer": "base", "parse_tokenizer": "base",
+           "register_tokenizer": "base", "settings_sha256": "base", "tokenizer_kind": "base",
+           "PixelTokenizer": "pixel"}
+__all__ = list(EXPORTS)
+
+
+def __getattr__(name: str):
+    """The names of EXPORTS, imported on first use with the built-in kinds (pixel, vq)."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import pixel, vq  # noqa: F401 (the built-in kinds register themselves)
+    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)

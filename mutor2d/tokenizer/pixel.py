@@ -4,8 +4,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .base import register_tokenizer, settings_sha256
-
-LEVELS_LIMIT = 256      # grey levels: an 8-bit image has no more
+from .config import LEVELS_LIMIT
 
 
 class PixelTokenizer:

@@ -13,9 +13,8 @@ from typing import Literal
 
 from ..checks import ConfigError, fail
 from ..config import ConfigRoot, build_section, register_run_config
-from ..engine.loop import TrainConfig
-from ..engine.optim import OptimConfig
-from ..tokenizer.vq import PRESETS, VQConfig, VQError
+from ..engine.config import OptimConfig, TrainConfig
+from ..tokenizer.config import PRESETS, VQConfig, VQError
 
 TASK = "vq"
 SECTIONS = ("model", "data", "objective", "optim", "train")

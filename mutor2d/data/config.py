@@ -1,0 +1,166 @@
+"""The ``data`` section: every dataset's config variant (``data.name``), its fields and rules. No
+torch here (a config is checked before torch is imported): ``build`` and ``build_tokenizer`` import
+the dataset's module (tokens: digits and code stores; stargraph) and the tokenizers. Adding a
+dataset: one DataConfig subclass here (or in a plugin) with ``@register_variant("data", NAME)``."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..checks import ConfigError, at_least, at_most, check_seed, fail
+from ..config import Variant, register_variant
+from ..io import warn
+from ..tokenizer.config import LEVELS_LIMIT
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from ..tokenizer import Tokenizer
+    from .stargraph import StarGraphs
+    from .tokens import CodeDataset, TokenGrids
+
+
+class DataConfig(Variant):
+    """A ``data`` variant: its fields, ``build(split)`` (a Dataset of that split: "train", "val" or
+    "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
+    class with ``@register_variant("data", NAME)``."""
+    num_workers: int
+    legacy_keys = frozenset({"path", "test_path", "tokenizer", "levels", "num_workers", "degree", "path_len",
+                             "num_nodes", "num_train", "num_test", "data_seed", "reverse_answer"})
+
+    def build(self, split: str) -> Dataset:
+        raise NotImplementedError
+
+    def build_tokenizer(self) -> Tokenizer:
+        """The tokenizer that turns this data's tokens into images."""
+        raise ValueError(f"data.name={self.name!r} has no image tokenizer")
+
+
+@register_variant("data", "digits")
+@dataclass
+class DigitsDataConfig(DataConfig):
+    """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``; the 80% may give
+    up a validation split ("val"), and training may use a nested share of the rest (digits_indices).
+    Tokenised by ``tokenizer``: "pixel" grey levels or a VQ checkpoint (digits upsampled to its size)."""
+    tokenizer: str = "pixel"         # "pixel" (grey levels) or a VQ checkpoint path
+    levels: int = 17                 # pixel tokenizer: number of grey levels
+    data_seed: int = 1234
+    val_fraction: float = 0.0        # share of the training set held out as split "val" (0 = none)
+    train_fraction: float = 1.0      # share of the remaining training images trained on (nested: 0.25 in 0.5)
+    num_workers: int = 0
+
+    def check(self) -> None:
+        if not self.tokenizer:
+            fail("data.tokenizer", "'pixel' or a VQ checkpoint path", self.tokenizer)
+        at_least("data.levels", self.levels, 2)
+        at_most("data.levels", self.levels, LEVELS_LIMIT, "an 8-bit image has no more grey levels")
+        check_seed("data.data_seed", self.data_seed)
+        if not 0 <= self.val_fraction < 1:
+            fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)
+        if not 0 < self.train_fraction <= 1:
+            fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
+        at_least("data.num_workers", self.num_workers, 0)
+
+    def build(self, split: str) -> TokenGrids:
+        import torch
+        from .tokens import TokenGrids, digits_images, digits_num_classes, digits_rgb
+        tok = self.build_tokenizer()
+        images, labels = digits_images(split, self.data_seed, self.val_fraction, self.train_fraction)
+        codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
+        return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
+
+    def build_tokenizer(self) -> Tokenizer:
+        from .. import tokenizer as tokenizer_lib
+        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
+
+
+@register_variant("data", "codes")
+@dataclass
+class CodesDataConfig(DataConfig):
+    """Pre-extracted token grids: folders written by tokenizers/extract_codes.py, one per split. The
+    tokenizer must be the one that made the codes (same codebook size; another sha256 is a warning);
+    without the folder (sampling on another machine) that check is skipped with a warning."""
+    path: str | None = None          # the train split (required)
+    test_path: str | None = None     # the test split (optional)
+    tokenizer: str = "pixel"         # extract_codes.py's --tokenizer that made the codes (to decode samples)
+    num_workers: int = 0
+
+    def check(self) -> None:
+        if not self.path:
+            fail("data.path", "the folder written by tokenizers/extract_codes.py", self.path)
+        if self.test_path is not None and not self.test_path:
+            fail("data.test_path", "a folder or null", self.test_path)
+        at_least("data.num_workers", self.num_workers, 0)
+
+    def build(self, split: str) -> "CodeDataset":
+        if split == "val":
+            raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
+        path = self.path if split == "train" else self.test_path
+        if path is None:
+            key = "data.path" if split == "train" else "data.test_path"
+            raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
+                             f"for the {split} split")
+        from .tokens import CodeDataset
+        return CodeDataset(path, random_aug=split == "train")
+
+    def build_tokenizer(self) -> Tokenizer:
+        from .. import tokenizer as tokenizer_lib
+        tok = tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
+        if self.path is not None and not (Path(self.path) / "header.json").exists():
+            warn(f"no codes folder at data.path={self.path!r} here: cannot check that data.tokenizer="
+                 f"{self.tokenizer!r} made those codes (decoding does not need them)", once=True)
+        elif self.path is not None:
+            self._check_made_by(tok)
+        return tok
+
+    def _check_made_by(self, tok: Tokenizer) -> None:
+        from ..tokenizer.codes import open_store
+        header = open_store(self.path, require_complete=False, check_values=False).header
+        if header["codebook_size"] != tok.vocab_size:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r} has {tok.vocab_size} codes but the codes at "
+                             f"{self.path!r} come from a codebook of {header['codebook_size']}")
+        if header.get("tokenizer_sha256") != tok.sha256:
+            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the tokenizer that made the codes at "
+                          f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
+
+
+@register_variant("data", "stargraph")
+@dataclass
+class StarGraphDataConfig(DataConfig):
+    """Path-star graphs (a 1D task): ``degree`` arms of ``path_len`` nodes out of ``num_nodes``;
+    test graphs use seed data_seed + 1 and never repeat a train prompt."""
+    degree: int = 2
+    path_len: int = 5
+    num_nodes: int = 50
+    num_train: int = 200000
+    num_test: int = 2000
+    data_seed: int = 1234            # the test split uses data_seed + 1
+    reverse_answer: bool = False     # answer goal -> source (the positive control: no planning needed)
+    num_workers: int = 0
+
+    def check(self) -> None:
+        at_least("data.degree", self.degree, 2)
+        at_least("data.path_len", self.path_len, 2)
+        need = 1 + self.degree * (self.path_len - 1)
+        if self.num_nodes < need:
+            raise ConfigError(f"data.num_nodes={self.num_nodes}: data.degree={self.degree} arms of "
+                              f"data.path_len={self.path_len} nodes need {need} distinct nodes")
+        at_least("data.num_train", self.num_train, 1)
+        at_least("data.num_test", self.num_test, 1)
+        check_seed("data.data_seed", self.data_seed)
+        at_least("data.num_workers", self.num_workers, 0)
+
+    def build(self, split: str) -> StarGraphs:
+        from .stargraph import StarGraphs, StarGraphShape
+        shape = StarGraphShape(self.degree, self.path_len, self.num_nodes)
+        if split == "train":
+            return StarGraphs(shape, self.num_train, self.data_seed, reverse=self.reverse_answer)
+        if split == "test":
+            train = StarGraphs(shape, self.num_train, self.data_seed)
+            return StarGraphs(shape, self.num_test, self.data_seed + 1, exclude=train, reverse=self.reverse_answer)
+        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
+
+    def build_tokenizer(self):
+        raise ValueError("data.name='stargraph' has no image tokenizer (its tokens are graph nodes)")
