@@ -2,10 +2,10 @@
 
 A run config names its kind with ``task:`` (image when left out, lm, vq, or a plugin's) and has one
 section per part. Each kind's config root (a :class:`ConfigRoot` dataclass, ``@register_run_config``
-in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives in the ``config`` module
-of the package whose code it configures (no torch there: a config is loaded and checked before torch
-is imported; its ``build`` imports the code) and registers itself with one decorator: ``@register_section("model")`` for a plain
-section, ``@register_variant("objective", "mutor-2d")`` for a variant of a *tagged* section (``name``
+in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives in the ``config``
+module of the package whose code it configures (no torch there: a config is loaded and checked before
+torch is imported; its ``build`` imports the code) and registers itself with one decorator:
+``@register_section("model")`` for a plain section, ``@register_variant("objective", "mutor-2d")`` for a variant of a *tagged* section (``name``
 picks the variant; only its fields are accepted). A tagged sub-section nests in a plain one under a
 dotted name (``sample.decode``: a field of the sample dataclass whose default is ``make("sample.decode")``).
 This module holds only what every kind shares: the registries, building a config (``from_dict``,

@@ -16,8 +16,8 @@ how a grid row is named (``row_label``) and how the prefixes are stored in an np
   start-up says so) and sample.py refuses the run.
 
 The kinds import torch only inside their methods, so a config names and checks its kind before
-torch is imported (mutor2d.model.config). A new kind is one module: a ``Conditioning`` subclass registered with ``@register_conditioning``
-(docs/METHOD.md, "Datasets and conditioning"); a plugin module is imported through MUTOR2D_PLUGINS.
+torch is imported (mutor2d.model.config). A new kind is one module: a ``Conditioning`` subclass
+registered with ``@register_conditioning`` (docs/METHOD.md, "Datasets and conditioning"); a plugin module is imported through MUTOR2D_PLUGINS.
 """
 from __future__ import annotations
 

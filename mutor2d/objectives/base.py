@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.attention import Visibility
-from .config import AuxTermConfig, ObjectiveConfig, WeightSchedule  # noqa: F401 (the section's bases, importable from here)
+from .config import AuxTermConfig, ObjectiveConfig, WeightSchedule  # noqa: F401 (importable here)
 
 
 class TokenModel(Protocol):

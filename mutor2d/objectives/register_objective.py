@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..registers import Layout, RegisterSpec, make_layout
 from .base import Batch, ObjectiveResult, TargetRule, TokenModel, WeightSchedule, mix, token_ce
-from .config import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterConfig  # noqa: F401 (its configs, importable from here)
+from .config import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterConfig  # noqa: F401 (importable here)
 
 
 class RegisterObjective(nn.Module):

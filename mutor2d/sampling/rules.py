@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import DecodeConfig, SampleConfig, check_sampling, setting  # noqa: F401 (the section, importable from here)
+from .config import DecodeConfig, SampleConfig, check_sampling, setting  # noqa: F401 (importable here)
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
