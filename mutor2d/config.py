@@ -5,9 +5,9 @@ section per part. Each kind's config root (a :class:`ConfigRoot` dataclass, ``@r
 in ``mutor2d/TASK/config.py``) lists its sections; each part's dataclass lives in the ``config``
 module of the package whose code it configures (no torch there: a config is loaded and checked before
 torch is imported; its ``build`` imports the code) and registers itself with one decorator:
-``@register_section("model")`` for a plain section, ``@register_variant("objective", "mutor-2d")`` for a variant of a *tagged* section (``name``
-picks the variant; only its fields are accepted). A tagged sub-section nests in a plain one under a
-dotted name (``sample.decode``: a field of the sample dataclass whose default is ``make("sample.decode")``).
+``@register_section("model")`` for a plain section, ``@register_variant("objective", "mutor-2d")``
+for a variant of a *tagged* section (``name`` picks the variant; only its fields are accepted). A
+tagged sub-section nests in a plain one under a dotted name (``sample.decode``: a field of the sample dataclass whose default is ``make("sample.decode")``).
 This module holds only what every kind shares: the registries, building a config (``from_dict``,
 ``load``) and writing it (``to_dict``, ``dump``), ``--set`` overrides and the YAML loader (type and
 range checks: mutor2d.checks); each section and each root owns its legacy upgrade (``upgrade``). The
