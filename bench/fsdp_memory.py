@@ -72,7 +72,7 @@ def worker(args) -> None:
 
 
 def measure(args, sharding: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.processes), __file__,
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes), __file__,
            "--worker", "--sharding", sharding, *sum([[f"--{k}", str(getattr(args, k))] for k in
                                                     ("dim", "layers", "heads", "steps", "processes")], [])]
     env = {**os.environ, **common.EXACT_RSS_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -83,11 +83,12 @@ class StageError(RuntimeError):
 
 def launcher(kind: str, script_is_python: bool = True) -> list[str]:
     """The 2-process launch prefix a user types on CPUs (README: accelerate launch --multi_gpu
-    --num_processes 2 ...; torchrun --nproc_per_node 2 works the same)."""
+    --num_processes 2 ...; torchrun --nproc_per_node 2 works the same), on a free port (port 0 /
+    --standalone), so that two rehearsals or test files run side by side."""
     if kind == "accelerate":
-        return [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        return [PY, "-m", "accelerate.commands.launch", "--main_process_port", "0", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    prefix = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    prefix = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     return prefix if script_is_python else prefix + ["--no-python", "--", PY]
 
 

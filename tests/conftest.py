@@ -1,9 +1,14 @@
-"""Shared test fixtures, subprocess timeouts reported as such (tests/timeouts.py), and skips that name the
-missing demo extra (``demo_extra``)."""
+"""Shared test fixtures, subprocess timeouts reported as such (tests/timeouts.py), skips that name the
+missing demo extra (``demo_extra``), and the cores shared out between pytest-xdist's workers."""
+import os
 import subprocess
 
-import pytest
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    # each of N workers (and the processes its tests start) gets cores/N threads, not all the cores
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from timeouts import timeout_message
 
@@ -51,3 +56,14 @@ def pytest_runtest_call(item):
     except subprocess.TimeoutExpired as e:
         message = timeout_message(e)
     pytest.fail(message, pytrace=False)                # outside the except: no chained traceback
+
+
+# the longest files (minutes of subprocesses each on 2 cores) start first: under pytest-xdist
+# (README: -n 2; pyproject.toml: files whole to a worker, in this order) the workers then finish
+# together instead of one waiting on the README walk
+FIRST_FILES = ("test_readme.py", "test_rehearsal.py", "test_fsdp.py", "test_decode_speed_paths.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FIRST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST_FILES)))    # stable: file order otherwise kept

@@ -104,7 +104,7 @@ def resume_past_crafted(out: Path, kind: str) -> None:
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(out)],
+    r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out
@@ -226,7 +226,7 @@ def test_train_py_fsdp_stops_with_75_and_resumes(tmp_path):
     over = [*OBJECTIVES["sparse"], "train.max_steps=1000", "train.ckpt_every=2", "train.keep_ckpts=2",
             "train.sample_every=0", "optim.schedule=constant"]
     cfg, run = write_yaml(tmp_path / "t.yaml", *over), tmp_path / "run"
-    launch = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    launch = [PY, "-m", "accelerate.commands.launch", "--main_process_port", "0", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"), "--config", str(cfg),
               "--out", str(run), "--set", "train.sharding=fsdp"]
     with open(tmp_path / "out.txt", "w+") as log:
@@ -371,7 +371,7 @@ def test_one_launched_process_shards_on_a_one_rank_mesh(tmp_path):
     """torchrun with one process (as bench/gpu.sh runs it on one GPU): FSDP2 on a one-rank mesh, sharded
     checkpoints, --resume auto from one; a plain single process trains unsharded (.pt)."""
     cfg = write_yaml(tmp_path / "t.yaml", "train.max_steps=2", "train.ckpt_every=2", "train.sharding=fsdp")
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "1", "train.py", "--config", str(cfg),
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "train.py", "--config", str(cfg),
            "--out", str(tmp_path / "run")]
     for extra in ([], ["--max-steps", "3", "--resume", "auto"]):
         r = subprocess.run(cmd + extra, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))

@@ -63,7 +63,7 @@ def two_process_runs(tmp_path_factory):
     from mutor2d.lm.data import char_tokenizer
     out = tmp_path_factory.mktemp("fsdp_lm")
     _write_tiny_model(out / "base", char_tokenizer("0123456789+=;:sum "))
-    r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(out)],
+    r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out

@@ -555,7 +555,7 @@ def test_online_accuracy_under_two_processes(tmp_path):
     from test_training import PY, ROOT, env
     cfg = _eval_cfg(tmp_path, max_steps=2, eval_every=1, ckpt_every=0)
     (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
-    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--main_process_port", "0", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                         str(ROOT / "train.py"), "--config", str(tmp_path / "lm.yaml"), "--out", str(tmp_path / "run")],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(240))

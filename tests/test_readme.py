@@ -137,3 +137,16 @@ def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
     assert (work / "runs/digits_mutor2d/eval").is_dir() and (work / "runs/lm_tiny_arith/eval").is_dir()
     assert (work / "runs/digits_vq_mutor2d/checkpoints").is_dir()
     assert list((work / "runs/sg_gpt2_mutor/eval").glob("*.json"))          # the B&N star graph, scored
+
+
+def test_ci_runs_the_readmes_test_command():
+    """.ci/run runs the README's test command, flags included (-n 2 among them)."""
+    readme = re.findall(r"python -m pytest[^\n`]*", (ROOT / "README.md").read_text())
+    ci = re.findall(r"^python -m pytest.*$", (ROOT / ".ci/run").read_text(), flags=re.M)
+    assert len(readme) == 1 and ci == readme, (readme, ci)
+
+
+def test_the_files_the_suite_starts_first_exist():
+    """A renamed long file would silently lose its early start (conftest.FIRST_FILES)."""
+    import conftest
+    assert [name for name in conftest.FIRST_FILES if not (ROOT / "tests" / name).is_file()] == []

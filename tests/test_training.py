@@ -330,7 +330,7 @@ def test_two_ddp_processes_match_one_process(tmp_path):
     ddp = tmp_path / "ddp"
     # accelerate 1.15: "--cpu --num_processes 2" starts ONE process (multi-CPU needs MPI there);
     # "--multi_gpu" starts 2 through torchrun, and training.py picks gloo/CPU when there is no CUDA
-    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    r = subprocess.run([PY, "-m", "accelerate.commands.launch", "--main_process_port", "0", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                         str(ROOT / "train.py"), "--config", str(cfg), "--out", str(ddp)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=limit(180))
