@@ -34,6 +34,21 @@ def test_open_prefix_by_hand():
     assert torch.equal(open_prefix(causal_rule(1, 6), 1).query_limit, causal_rule(1, 6).query_limit)
 
 
+
+def test_open_prefix_with_a_length_per_row_opens_each_row_as_its_own_length_would():
+    """Right-padded rows of prompt lengths 1, 3, 4 (real lengths 5, 4, 6 of width 6, padding never seen,
+    limit -1): per-row P equals opening each row alone with its scalar P, and the padding stays shut."""
+    P, N = torch.tensor([1, 3, 4]), torch.tensor([5, 4, 6])
+    i = torch.arange(6)[None]
+    real = i < N[:, None]
+    vis = Visibility(torch.where(real, i, NEVER), torch.where(real, i, -1))
+    opened = open_prefix(vis, P)
+    for b in range(3):
+        alone = open_prefix(Visibility(vis.key_rank[b:b + 1], vis.query_limit[b:b + 1]), int(P[b]))
+        assert torch.equal(opened.query_limit[b:b + 1], alone.query_limit), b
+    assert opened.query_limit.tolist() == [[0, 1, 2, 3, 4, -1], [2, 2, 2, 3, -1, -1], [3, 3, 3, 3, 4, 5]]
+
+
 # ----------------------------------------------------------------------------- language models
 
 def _prompt_rows(batch, b):

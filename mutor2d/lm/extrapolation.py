@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .. import config
 from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
-from ..model.attention import NEVER, Visibility
+from ..model.attention import NEVER, Visibility, open_prefix
 
 
 def run_config(run: Path):
@@ -80,12 +80,13 @@ def edges_and_bins(chain: list[dict]) -> tuple[list[int], list[str]]:
 
 
 def prompt_visibility(prompt_len: Tensor, length: Tensor, L: int, rule: str) -> Visibility:
-    """The rule over right-padded (prompt + answer) rows of width L: causal, with prompt tokens seeing the
-    whole prompt under "bidirectional"; padding seen by no one and seeing only itself."""
+    """The rule over right-padded (prompt + answer) rows of width L: causal, with each row's prompt opened
+    under "bidirectional" (attention.open_prefix, a length per row); padding seen by no one and seeing
+    only itself."""
     i = torch.arange(L)[None]
     real = i < length[:, None]
-    limit = torch.maximum(i, prompt_len[:, None] - 1) if rule == "bidirectional" else i.expand(len(length), -1)
-    return Visibility(torch.where(real, i, NEVER), torch.where(real, limit, -1))
+    causal = Visibility(torch.where(real, i, NEVER), torch.where(real, i, -1))
+    return open_prefix(causal, prompt_len) if rule == "bidirectional" else causal
 
 
 @torch.no_grad()

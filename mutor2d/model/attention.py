@@ -127,14 +127,16 @@ def causal_rule(batch: int, length: int, device=None) -> Visibility:
     return Visibility(i, i)
 
 
-def open_prefix(vis: Visibility, prefix_len: int) -> Visibility:
+def open_prefix(vis: Visibility, prefix_len: int | Tensor) -> Visibility:
     """``vis`` with bidirectional attention inside the prefix: a query whose own key has rank < P sees
     every key of rank < P (so a prompt token sees the whole prompt, padding excluded, since padding
     is never seen). Nothing else changes: body tokens stay causal, registers keep their limits (an
     anchor at or after the last prefix token already sees the whole prefix), no one sees a register.
-    The rule has no causal block left, so no split fast path."""
+    The rule has no causal block left, so no split fast path. ``prefix_len``: one P for every row, or
+    (B,) long, a P per row (right-padded rows of different prompt lengths)."""
+    P = prefix_len[:, None] if isinstance(prefix_len, Tensor) else prefix_len
     own = vis.key_rank.gather(1, vis._own(vis.key_rank.device).expand_as(vis.query_limit))
-    limit = torch.where(own < prefix_len, vis.query_limit.clamp(min=prefix_len - 1), vis.query_limit)
+    limit = torch.where(own < P, vis.query_limit.clamp(min=P - 1), vis.query_limit)
     return Visibility(vis.key_rank, limit, None, vis.own_key, vis.extra_rank, vis.extra_limit)
 
 
