@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mutor2d.cli import HelpFormatter                 # noqa: E402  (parsed and checked before torch is imported)
-from mutor2d.peaks import PEAK_BF16_FLOPS             # noqa: E402
+from mutor2d.cli import GRID_TOKENS_LIMIT, HelpFormatter  # noqa: E402  (parsed and checked before torch is imported)
+from mutor2d.model.config import PRESETS                 # noqa: E402
+from mutor2d.peaks import PEAK_BF16_FLOPS                 # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -125,6 +127,12 @@ def parse(argv=None) -> argparse.Namespace:
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= 1")
     if not 0 < args.mfu <= 1:
         ap.error(f"--mfu {args.mfu}: expected a fraction in (0, 1]")
+    if args.grid ** 2 > GRID_TOKENS_LIMIT:
+        ap.error(f"--grid {args.grid}: expected at most {math.isqrt(GRID_TOKENS_LIMIT)} ({GRID_TOKENS_LIMIT} tokens)")
+    unknown = [p for p in args.presets.split(",") if p not in PRESETS]
+    if unknown and not args.lm:
+        ap.error(f"--presets {args.presets!r}: {unknown[0]!r} is not a preset; expected a comma-separated "
+                 f"list of {', '.join(PRESETS)}")
     return args
 
 

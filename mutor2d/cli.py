@@ -33,12 +33,17 @@ def check_choice(parser: argparse.ArgumentParser, flag: str, value, choices: lis
         parser.error(f"argument {flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")
 
 
+GRID_TOKENS_LIMIT = 256 * 256     # tokens of a grid: a 4096-px image under a VQ-16 tokenizer
+
+
 def grid_arg(text: str) -> tuple[int, int]:
-    """argparse type for an 'HxW' grid (H, W >= 1)."""
+    """argparse type for an 'HxW' grid (H, W >= 1, H * W <= GRID_TOKENS_LIMIT)."""
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--grid {text!r}: expected HxW, e.g. 16x16 (1xN for 1D)") from None
     if h < 1 or w < 1:
         raise argparse.ArgumentTypeError(f"--grid {text!r}: expected H, W >= 1")
+    if h * w > GRID_TOKENS_LIMIT:
+        raise argparse.ArgumentTypeError(f"--grid {text!r}: {h * w} tokens; expected at most {GRID_TOKENS_LIMIT}")
     return h, w

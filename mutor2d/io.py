@@ -77,8 +77,11 @@ def current_umask() -> int:
 
 
 def write_atomic(path: str | os.PathLike, write_fn: Callable[[BinaryIO], Any]) -> Path:
-    """Call ``write_fn(f)`` on a binary temp file beside ``path``, then move it onto ``path``."""
+    """Call ``write_fn(f)`` on a binary temp file beside ``path``, then move it onto ``path``. A ``path``
+    that is a device, pipe or socket (``/dev/null``) is refused: the rename would replace it by a file."""
     path = Path(path)
+    if path.exists() and not (path.is_file() or path.is_dir()):          # a directory fails at the rename
+        raise OSError(errno.EINVAL, f"'{path}' is a device, pipe or socket; expected the path of a regular file")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:

@@ -8,6 +8,7 @@ register). The layout comes from mutor2d.registers; this module parses its flags
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .cli import HelpFormatter, grid_arg
 
@@ -86,11 +87,33 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+FIGURE_TOKENS = 256      # prefix + grid tokens a figure draws at most: one labelled row and column each
+
+
+def check_args(ap: argparse.ArgumentParser, args, kind: str) -> None:
+    """Values the layout would accept or fail on deep inside: one-line errors naming the flag."""
+    from .objectives.config import MAX_D_1D, MAX_D_2D
+    tokens = args.prefix + args.grid[0] * args.grid[1]
+    if tokens > FIGURE_TOKENS:
+        ap.error(f"--grid {args.grid[0]}x{args.grid[1]} --prefix {args.prefix}: {tokens} tokens; "
+                 f"expected at most {FIGURE_TOKENS} in a figure")
+    if kind == "mutor-2d" and not 2 <= args.dmax2d <= MAX_D_2D:
+        ap.error(f"--dmax2d {args.dmax2d}: expected 2..{MAX_D_2D} (D=1 has no 2D offsets)")
+    if kind == "mutor-1d" and not 1 <= args.dmin <= args.dmax <= MAX_D_1D:
+        ap.error(f"--dmin {args.dmin} --dmax {args.dmax}: expected 1 <= dmin <= dmax <= {MAX_D_1D}")
+    if args.sparse < 0:
+        ap.error(f"--sparse {args.sparse}: expected >= 0 (0: dense)")
+    if Path(args.out).is_dir() or Path(args.out).suffix.lower() != ".png":
+        ap.error(f"--out {args.out!r}: expected the path of a .png file")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
+    check_args(ap, args, kind)
     import torch
     from .registers import LayoutError, RegisterSpec, make_layout
-    kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
     spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
                         args.per_register_offsets, args.edge, register_visibility=args.visibility)

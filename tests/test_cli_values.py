@@ -6,6 +6,8 @@ leaves no partial file under its final name. One test per fault; docs/RELIABILIT
 import errno
 import importlib.util
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -373,3 +375,61 @@ def test_eval_stargraph_counts_are_checked_before_loading(tmp_path, flag, value,
     stargraph = script("eval/stargraph.py", "stargraph_cli_values")
     with pytest.raises(ValueError, match=needle):
         stargraph.main(["--ckpt", str(tmp_path / "nowhere"), flag, value])
+
+
+# ----------------------------------------------------------------------------- 5. hostile values sweep
+
+def test_a_writer_refuses_a_pipe_or_device_as_its_file(tmp_path, capsys):
+    fifo = tmp_path / "fifo"                                   # as /dev/null: the rename would replace it
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as e:
+        lm_data.main(["arith", str(fifo), "--count", "2"])
+    line = one_error_line(capsys)
+    assert e.value.code == 2 and "is a device, pipe or socket; expected the path of a regular file" in line
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--grid", "100000x100000"], "--grid '100000x100000': 10000000000 tokens; expected at most 65536"),
+    (["--prefix", str(10 ** 12)], "1000000000016 tokens; expected at most 256 in a figure"),
+    (["--dmax2d", "0"], "--dmax2d 0: expected 2..256"),
+    (["--grid", "1x8", "--dmin", "0"], "--dmin 0 --dmax 4: expected 1 <= dmin <= dmax <= 65536"),
+    (["--sparse", "-1"], "--sparse -1: expected >= 0"),
+    (["--out", "mask"], "--out 'mask': expected the path of a .png file"),
+])
+def test_mask_figure_values_are_checked_before_drawing(tmp_path, capsys, monkeypatch, flags, needle):
+    from mutor2d import mask_figure
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        mask_figure.main(flags)
+    assert e.value.code == 2 and needle in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--presets", "B,zz"], "--presets 'B,zz': 'zz' is not a preset; expected a comma-separated list of tiny"),
+    (["--grid", str(10 ** 12)], "--grid 1000000000000: expected at most 256"),
+])
+def test_bench_scaling_refuses_unknown_presets_and_huge_grids(capsys, flags, needle):
+    with pytest.raises(SystemExit) as e:
+        script("bench/scaling.py", "scaling_cli_values").parse(flags)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["stargraph", "--count", "0"], "--count 0: expected 1..10000000"),
+    (["stargraph", "--count", str(10 ** 12)], "--count 1000000000000: expected 1..10000000"),
+    (["stargraph", "--seed", "-1"], "--seed -1: expected an integer >= 0"),
+    (["stargraph", "--num-nodes", str(10 ** 12)], "--num-nodes 1000000000000: expected at most 10000"),
+    (["arith", "--steps", "2", str(10 ** 12)], "--steps 2 1000000000000: expected step counts 1..100"),
+])
+def test_lm_data_generator_values_are_checked_when_parsed(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        lm_data.main([argv[0], str(tmp_path / "out.jsonl"), *argv[1:]])
+    assert e.value.code == 2 and needle in capsys.readouterr().err and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("item, needle", [("data.num_nodes=1000000", "data.num_nodes: expected <= 10000"),
+                                          ("data.num_train=1000000000000", "data.num_train: expected <= 10000000")])
+def test_huge_stargraph_config_values_are_refused_naming_the_limit(item, needle):
+    with pytest.raises(ConfigError, match=needle):
+        config.load("stargraph_ntp.yaml", [item])

@@ -126,6 +126,10 @@ class CodesDataConfig(DataConfig):
                           f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 
+STARGRAPH_NODES_LIMIT = 10_000         # node ids: 8192 graphs x 10,000 draws is a 655 MB array
+STARGRAPH_GRAPHS_LIMIT = 10_000_000    # graphs of a split (or of ``lm.data stargraph --count``)
+
+
 @register_variant("data", "stargraph")
 @dataclass
 class StarGraphDataConfig(DataConfig):
@@ -147,8 +151,10 @@ class StarGraphDataConfig(DataConfig):
         if self.num_nodes < need:
             raise ConfigError(f"data.num_nodes={self.num_nodes}: data.degree={self.degree} arms of "
                               f"data.path_len={self.path_len} nodes need {need} distinct nodes")
-        at_least("data.num_train", self.num_train, 1)
-        at_least("data.num_test", self.num_test, 1)
+        at_most("data.num_nodes", self.num_nodes, STARGRAPH_NODES_LIMIT, "each graph draws a permutation of them")
+        for key, count in (("data.num_train", self.num_train), ("data.num_test", self.num_test)):
+            at_least(key, count, 1)
+            at_most(key, count, STARGRAPH_GRAPHS_LIMIT, "graphs held in memory")
         check_seed("data.data_seed", self.data_seed)
         at_least("data.num_workers", self.num_workers, 0)
 

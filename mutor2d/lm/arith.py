@@ -17,6 +17,7 @@ import random
 
 NAMES = (("Ann", "She"), ("Bob", "He"), ("Cal", "He"), ("Dee", "She"))
 THINGS = ("apples", "coins", "books", "cards")
+STEPS_LIMIT = 100       # changes of one problem: about 2,300 characters of question and answer
 
 
 def arith_problem(rng: random.Random, steps: int, max_value: int = 20, max_change: int = 9) -> dict:

@@ -411,7 +411,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.kind in ("stargraph", "arith"):
+        check_generator_args(ap, args)
+    return args
+
+
+def check_generator_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--count, --seed, stargraph's --num-nodes and arith's --steps: one-line errors naming the flag."""
+    from ..data.config import STARGRAPH_GRAPHS_LIMIT, STARGRAPH_NODES_LIMIT
+    from .arith import STEPS_LIMIT
+    if not 1 <= args.count <= STARGRAPH_GRAPHS_LIMIT:
+        ap.error(f"--count {args.count}: expected 1..{STARGRAPH_GRAPHS_LIMIT}")
+    if args.seed < 0:
+        ap.error(f"--seed {args.seed}: expected an integer >= 0")
+    if args.kind == "stargraph" and args.num_nodes > STARGRAPH_NODES_LIMIT:
+        ap.error(f"--num-nodes {args.num_nodes}: expected at most {STARGRAPH_NODES_LIMIT}")
+    if args.kind == "arith" and not 1 <= min(args.steps) <= max(args.steps) <= STEPS_LIMIT:
+        ap.error(f"--steps {' '.join(map(str, args.steps))}: expected step counts 1..{STEPS_LIMIT}")
 
 
 def run(args: argparse.Namespace) -> str:
