@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 from huggingface_hub import ModelCard, ModelHubMixin, snapshot_download
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from . import io
 from . import checkpoint
@@ -224,6 +225,25 @@ def write_folder(model: MutorModel, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def repo_id_arg(text: str) -> str:
+    """argparse type for a hub repository id ('name' or 'namespace/name'), checked before anything is written."""
+    try:
+        validate_repo_id(text)
+    except HFValidationError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return text
+
+
+def push(model: MutorModel, repo_id: str, out: Path) -> None:
+    """Upload ``model`` to ``repo_id``; a failure (no network, no token, refused) is one line, exit 2."""
+    try:
+        print(model.push_to_hub(repo_id))
+    except Exception as e:                             # the hub client's errors have no common base class
+        print(f"error: could not push to {repo_id!r} ({type(e).__name__}: {e}); the hub folder {str(out)!r} is "
+              f"written", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mutor2d.hub", formatter_class=HelpFormatter,
                                  description="Save a checkpoint as a hub folder (and push it).")
@@ -238,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--force", action="store_true",
                       help="write into an OUT that holds other files (only the hub folder's own four files "
                            "are replaced; default: refuse)")
-    save.add_argument("--push", metavar="REPO_ID", help="also push to this hub repository (default: local only)")
+    save.add_argument("--push", metavar="REPO_ID", type=repo_id_arg,
+                      help="also push to this hub repository (default: local only)")
     return ap
 
 
@@ -259,8 +280,8 @@ def main(argv=None) -> None:
               file=sys.stderr)
         raise SystemExit(checkpoint.WRITE_FAILED_EXIT if io.is_disk_full(e) else 2) from None
     print(f"wrote {args.out}")
-    if args.push:
-        print(model.push_to_hub(args.push))
+    if args.push is not None:
+        push(model, args.push, out)
 
 
 if __name__ == "__main__":

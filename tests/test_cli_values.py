@@ -433,3 +433,45 @@ def test_lm_data_generator_values_are_checked_when_parsed(tmp_path, capsys, argv
 def test_huge_stargraph_config_values_are_refused_naming_the_limit(item, needle):
     with pytest.raises(ConfigError, match=needle):
         config.load("stargraph_ntp.yaml", [item])
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--hidden", str(10 ** 12)], "--hidden 1000000000000 --layers 2 --max-positions 256: about 3.2e+25 parameters"),
+    (["--layers", str(10 ** 12)], "about 6.55e+16 parameters; expected at most 1e+09"),
+    (["--max-positions", str(10 ** 12)], "--max-positions 1000000000000: expected at most 1048576"),
+])
+def test_lm_tiny_refuses_huge_sizes(tmp_path, flags, needle):
+    from mutor2d.lm import tiny
+    with pytest.raises(SystemExit) as e:
+        tiny.main([str(tmp_path / "m"), *flags])
+    assert needle in e.value.code and not (tmp_path / "m").exists()
+
+
+def test_lm_tiny_refuses_a_file_or_an_empty_path_as_its_folder(tmp_path, monkeypatch):
+    from mutor2d.lm import tiny
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for out in ("file", ""):                    # was: "wrote file" with nothing written; a model in the cwd
+        with pytest.raises(SystemExit) as e:
+            tiny.main([out])
+        assert e.value.code == f"error: out {out!r}: expected the path of a model folder (a new or existing folder)"
+    assert files_under(tmp_path) == ["file"]
+
+
+def test_hub_push_to_a_bad_repo_id_is_refused_before_writing(run, tmp_path, capsys):
+    from mutor2d import hub
+    with pytest.raises(SystemExit) as e:
+        hub.main(["save", str(run), str(tmp_path / "hub"), "--push", "/tmp/x"])
+    assert e.value.code == 2 and "argument --push: '/tmp/x': Repo id must be" in capsys.readouterr().err
+    assert not (tmp_path / "hub").exists()
+
+
+def test_a_failed_hub_push_is_one_line(run, tmp_path, capsys, monkeypatch):
+    from mutor2d import hub
+
+    def offline(self, repo_id):
+        raise ConnectionError("[Errno -2] Name or service not known")
+    monkeypatch.setattr(hub.MutorModel, "push_to_hub", offline)
+    code, line = exits(hub.main, ["save", str(run), str(tmp_path / "hub"), "--push", "user/m"], capsys)
+    assert code == 2 and line.startswith("error: could not push to 'user/m' (ConnectionError: [Errno -2]")
+    assert (tmp_path / "hub" / "config.json").is_file()

@@ -54,6 +54,10 @@ def write_tiny_gpt2(folder: str | Path, tokenizer, hidden: int = 64, layers: int
     return folder
 
 
+POSITIONS_LIMIT = 1 << 20   # longest sequence of a character model: a million characters
+PARAMS_LIMIT = 10 ** 9      # weights of a "tiny" model: 4 GB of float32 (16 hidden^2 a layer, plus GPT-2's positions)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..cli import HelpFormatter
     ap = argparse.ArgumentParser(prog="python -m mutor2d.lm.tiny", description=__doc__, formatter_class=HelpFormatter)
@@ -67,9 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = build_parser()
-    args = ap.parse_args(argv)
+def check_args(args: argparse.Namespace) -> None:
+    """Sizes, seed and folder: one-line errors naming the flag, before torch is imported."""
     for flag in ("hidden", "layers", "heads", "max_positions"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: expected >= 1")
@@ -77,6 +80,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --seed {args.seed}: expected >= 0")
     if args.hidden % args.heads:
         raise SystemExit(f"error: --hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if args.max_positions > POSITIONS_LIMIT:
+        raise SystemExit(f"error: --max-positions {args.max_positions}: expected at most {POSITIONS_LIMIT}")
+    params = args.layers * 16 * args.hidden ** 2 + args.max_positions * args.hidden * (args.arch == "gpt2")
+    if params > PARAMS_LIMIT:
+        raise SystemExit(f"error: --hidden {args.hidden} --layers {args.layers} --max-positions {args.max_positions}: "
+                         f"about {params:.3g} parameters; expected at most {PARAMS_LIMIT:.0e}")
+    if not args.out or (Path(args.out).exists() and not Path(args.out).is_dir()):
+        raise SystemExit(f"error: out {args.out!r}: expected the path of a model folder (a new or existing folder)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    check_args(args)
     from .arith import arith_alphabet
     from .data import char_tokenizer
     write = write_tiny_gpt2 if args.arch == "gpt2" else write_tiny_llama
