@@ -36,6 +36,15 @@ def at_most(key: str, value, high, why: str = "") -> None:
         fail(key, f"<= {high}" + (f" ({why})" if why else ""), value)
 
 
+WORKERS_LIMIT = 256     # data.num_workers: processes the loader forks
+
+
+def check_workers(key: str, value: int) -> None:
+    """A worker count in 0..WORKERS_LIMIT (a huge one forks until the machine stops)."""
+    at_least(key, value, 0)
+    at_most(key, value, WORKERS_LIMIT, "data-loading processes")
+
+
 def physical_memory() -> int | None:
     """This machine's physical memory in bytes (None where the OS does not say)."""
     try:

@@ -475,3 +475,28 @@ def test_a_failed_hub_push_is_one_line(run, tmp_path, capsys, monkeypatch):
     code, line = exits(hub.main, ["save", str(run), str(tmp_path / "hub"), "--push", "user/m"], capsys)
     assert code == 2 and line.startswith("error: could not push to 'user/m' (ConnectionError: [Errno -2]")
     assert (tmp_path / "hub" / "config.json").is_file()
+
+
+def test_leaderboard_of_a_binary_file_names_it(tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00\xba\xff" * 10)
+    leaderboard = script("eval/leaderboard.py", "leaderboard_cli_values")
+    with pytest.raises(ValueError, match=f"{binary}: not a readable JSON record"):      # was: a bare UnicodeDecodeError
+        leaderboard.main([str(binary)])
+
+
+@pytest.mark.parametrize("name, item, needle", [
+    ("digits_mutor2d.yaml", "data.num_workers=1000000000000", "data.num_workers: expected <= 256"),
+    ("lm_tiny_arith.yaml", "data.num_workers=1000000000000", "data.num_workers: expected <= 256"),
+    ("vq_digits.yaml", "data.num_workers=1000000000000", "data.num_workers: expected <= 256"),
+    ("vq_digits.yaml", "data.crop_range=1000000000000", "data.crop_range: expected a number in [1, 2]"),
+    ("vq_digits.yaml", "model.codebook_size=1000000000000", "vq codebook_size: expected at most 65536"),
+    ("vq_digits.yaml", "model.image_size=1000000000000", "vq image_size: expected at most 4096"),
+    ("vq_digits.yaml", "model.usage_window=1000000000000", "vq usage_window: expected at most 16777216"),
+    ("vq_digits.yaml", "model.ch=1000000000000", "about 2.59e+27 parameters; expected at most 1e+10"),
+    ("vq_digits.yaml", "model.in_channels=1000000000000", "parameters; expected at most 1e+10"),
+])
+def test_huge_worker_counts_and_vq_sizes_are_refused_naming_the_limit(name, item, needle):
+    with pytest.raises(ConfigError) as e:
+        config.load(name, [item])
+    assert needle in str(e.value) and "\n" not in str(e.value)

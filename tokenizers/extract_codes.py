@@ -17,6 +17,7 @@ import sys
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.plugins import load_plugins
+from mutor2d.tokenizer.config import CROP_RANGE, IMAGE_SIZE_LIMIT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,10 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop each process after this many new shards (default: all)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
-
-
-IMAGE_SIZE_LIMIT = 4096      # --image-size: 16x ImageNet's 256 (one float view of 4096 px is 200 MB)
-CROP_RANGE = (1.0, 2.0)      # --crop-range: corner crops from a centre crop 1x to 2x the image size
 
 
 def parse_args(argv=None) -> argparse.Namespace:

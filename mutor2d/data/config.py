@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..checks import ConfigError, at_least, at_most, check_seed, fail
+from ..checks import ConfigError, at_least, at_most, check_seed, check_workers, fail
 from ..config import Variant, register_variant
 from ..io import warn
 from ..tokenizer.config import LEVELS_LIMIT
@@ -61,7 +61,7 @@ class DigitsDataConfig(DataConfig):
             fail("data.val_fraction", "a number in [0, 1) (0 = no validation split)", self.val_fraction)
         if not 0 < self.train_fraction <= 1:
             fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
-        at_least("data.num_workers", self.num_workers, 0)
+        check_workers("data.num_workers", self.num_workers)
 
     def build(self, split: str) -> TokenGrids:
         import torch
@@ -92,7 +92,7 @@ class CodesDataConfig(DataConfig):
             fail("data.path", "the folder written by tokenizers/extract_codes.py", self.path)
         if self.test_path is not None and not self.test_path:
             fail("data.test_path", "a folder or null", self.test_path)
-        at_least("data.num_workers", self.num_workers, 0)
+        check_workers("data.num_workers", self.num_workers)
 
     def build(self, split: str) -> "CodeDataset":
         if split == "val":
@@ -156,7 +156,7 @@ class StarGraphDataConfig(DataConfig):
             at_least(key, count, 1)
             at_most(key, count, STARGRAPH_GRAPHS_LIMIT, "graphs held in memory")
         check_seed("data.data_seed", self.data_seed)
-        at_least("data.num_workers", self.num_workers, 0)
+        check_workers("data.num_workers", self.num_workers)
 
     def build(self, split: str) -> StarGraphs:
         from .stargraph import StarGraphs, StarGraphShape

@@ -118,7 +118,7 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
         for f in files:
             try:
                 rec = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError) as e:
+            except (OSError, ValueError) as e:                 # JSONDecodeError, UnicodeDecodeError
                 raise RecordError(f"{f}: not a readable JSON record ({e})") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("metrics"), dict):
                 raise RecordError(f"{f}: not an evaluation record (no 'metrics' object)")

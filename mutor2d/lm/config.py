@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..checks import ConfigError, at_least, fail
+from ..checks import ConfigError, at_least, check_workers, fail
 from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
 from ..engine.config import OptimConfig, TrainConfig
 from ..objectives.config import ObjectiveConfig
@@ -78,7 +78,7 @@ class LMDataConfig:
             fail("data.path", "a jsonl file", self.path)
         at_least("data.max_prompt_len", self.max_prompt_len, 1)
         at_least("data.max_answer_len", self.max_answer_len, 2)   # a target needs an input before it
-        at_least("data.num_workers", self.num_workers, 0)
+        check_workers("data.num_workers", self.num_workers)
 
 
 @dataclass

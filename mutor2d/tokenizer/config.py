@@ -6,6 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 
 LEVELS_LIMIT = 256      # pixel tokenizer: grey levels; an 8-bit image has no more
+IMAGE_SIZE_LIMIT = 4096      # pixels a side: 16x ImageNet's 256 (one float view of 4096 px is 200 MB)
+CROP_RANGE = (1.0, 2.0)      # random / corner crops from a centre crop 1x to 2x the image size
+CODEBOOK_LIMIT = 1 << 16     # codes are stored as uint16 (mutor2d.tokenizer.codes)
+USAGE_WINDOW_LIMIT = 1 << 24  # quantize.codebook_used: 128 MB of int64
+VQ_PARAMS_LIMIT = 10 ** 10   # about 40 GB of float32 weights: 100x LlamaGen's VQ-16
 
 
 class VQError(ValueError):
@@ -53,9 +58,25 @@ class VQConfig:
         if self.image_size % self.downsample:
             raise VQError(f"vq image_size={self.image_size} is not a multiple of the downsampling "
                           f"factor {self.downsample}")
+        for name, high in (("codebook_size", CODEBOOK_LIMIT), ("image_size", IMAGE_SIZE_LIMIT),
+                           ("usage_window", USAGE_WINDOW_LIMIT)):
+            if getattr(self, name) > high:
+                raise VQError(f"vq {name}: expected at most {high}, got {getattr(self, name)}")
+        if self.params > VQ_PARAMS_LIMIT:
+            raise VQError(f"vq ch={self.ch}, num_res_blocks={self.num_res_blocks}, z_channels={self.z_channels}, "
+                          f"in_channels={self.in_channels}, codebook_embed_dim={self.codebook_embed_dim}: about "
+                          f"{self.params:.3g} parameters; expected at most {VQ_PARAMS_LIMIT:.0e}")
         if self.usage_window < 0:
             raise VQError(f"vq usage_window: expected >= 0, got {self.usage_window}")
         return self
+
+    @property
+    def params(self) -> int:
+        """About the parameter count (3x3 convolutions at the widest level), counted without building it."""
+        wide = self.ch * max(self.ch_mult)
+        convs = 9 * (2 * len(self.ch_mult) * (2 * self.num_res_blocks + 1) * wide ** 2
+                     + 2 * self.in_channels * self.ch + 2 * self.z_channels * wide)
+        return convs + self.codebook_size * self.codebook_embed_dim
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..checks import ConfigError, fail
+from ..checks import ConfigError, check_workers, fail
 from ..config import ConfigRoot, build_section, register_run_config
 from ..engine.config import OptimConfig, TrainConfig
-from ..tokenizer.config import PRESETS, VQConfig, VQError
+from ..tokenizer.config import CROP_RANGE, PRESETS, VQConfig, VQError
 
 TASK = "vq"
 SECTIONS = ("model", "data", "objective", "optim", "train")
@@ -37,11 +37,12 @@ class VQDataConfig:
     def check(self) -> None:
         if self.name == "folder" and not self.path:
             raise ConfigError("data.path: data.name='folder' needs the image folder (root/CLASS/IMAGE)")
-        if not self.crop_range >= 1.0:
-            raise ConfigError(f"data.crop_range: expected >= 1.0, got {self.crop_range}")
-        for key in ("eval_images", "num_workers", "data_seed"):
+        if not CROP_RANGE[0] <= self.crop_range <= CROP_RANGE[1]:
+            fail("data.crop_range", f"a number in [{CROP_RANGE[0]:g}, {CROP_RANGE[1]:g}]", self.crop_range)
+        for key in ("eval_images", "data_seed"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"data.{key}: expected >= 0, got {getattr(self, key)}")
+        check_workers("data.num_workers", self.num_workers)
 
 
 @dataclass
