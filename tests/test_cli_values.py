@@ -500,3 +500,20 @@ def test_huge_worker_counts_and_vq_sizes_are_refused_naming_the_limit(name, item
     with pytest.raises(ConfigError) as e:
         config.load(name, [item])
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_huge_lora_rank_is_refused_at_load():
+    with pytest.raises(ConfigError, match="model.lora_r: expected <= 8192"):
+        config.load("lm_tiny_arith.yaml", ["model.lora_r=1000000000000"])
+
+
+def test_lm_eval_max_new_tokens_is_capped_at_the_models_positions_before_weights_load(tmp_path):
+    from mutor2d.lm import tiny
+    from mutor2d.lm.run import LMRun
+    model = tiny.write_tiny_llama(tmp_path / "m", max_positions=64)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "Ann has 1 coin. How many coins?", "answer": "1\n#### 1"}) + "\n")
+    cfg = config.load("lm_tiny_arith.yaml", [f"model.hf={model}", f"data.path={data}", f"eval.path={data}",
+                                             "eval.max_new_tokens=1000000000000"])     # was: a generation loop
+    with pytest.raises(ConfigError, match="eval.max_new_tokens: expected at most 64, the model's positions"):
+        LMRun().prepare_data(cfg)

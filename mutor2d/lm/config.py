@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..checks import ConfigError, at_least, check_workers, fail
+from ..checks import ConfigError, at_least, at_most, check_workers, fail
 from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
 from ..engine.config import OptimConfig, TrainConfig
 from ..objectives.config import ObjectiveConfig
@@ -35,6 +35,9 @@ from ..objectives.config import ObjectiveConfig
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
 DEFAULT_OBJECTIVE = "mutor-1d"
 SECTIONS = ("model", "data", "objective", "optim", "train", "eval")
+
+
+LORA_R_LIMIT = 8192         # model.lora_r: the width of Llama-3-70B
 
 
 @dataclass
@@ -54,6 +57,7 @@ class LMModelConfig:
 
     def check(self) -> None:
         at_least("model.lora_r", self.lora_r, 1)
+        at_most("model.lora_r", self.lora_r, LORA_R_LIMIT, "a rank past a layer's width adds nothing")
         if not 0 <= self.lora_dropout < 1:
             fail("model.lora_dropout", "a number in [0, 1)", self.lora_dropout)
 

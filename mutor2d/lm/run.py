@@ -85,6 +85,8 @@ class LMRun:
             self.tokenizer = with_pad_token(self.tokenizer) if self.tokenizer else load_tokenizer(cfg.model.hf)
             config = self.given_model.config if self.given_model is not None else load_model_config(cfg.model.hf)
             limit, pairs = position_limit(config), []
+            if cfg.eval.path and limit is not None and cfg.eval.max_new_tokens > limit:
+                fail("eval.max_new_tokens", f"at most {limit}, the model's positions", cfg.eval.max_new_tokens)
             for where, rec in located:
                 more = tokenize([rec], self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos, [where])
                 check_positions(more, limit, where)
