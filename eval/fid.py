@@ -64,6 +64,12 @@ def check_args(args) -> list[str]:
         raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
     if args.inception_weights and args.inception_weights.endswith(".safetensors"):   # torch.load reads these
         read_safetensors(args.inception_weights, "--inception-weights", tensors=False)
+    out = Path(args.json or ".")
+    if out.suffix != ".json" and out.exists() and not out.is_dir():
+        raise MetricsError(f"--json {args.json!r}: is a file without the .json suffix; expected a .json path or "
+                           "a folder")
+    if Path(args.cache_dir).expanduser().is_file():
+        raise MetricsError(f"--cache-dir {args.cache_dir!r}: is a file; expected a folder")
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     if not metrics:
         raise MetricsError(f"--metrics {args.metrics!r}: expected a comma-separated subset of {','.join(METRICS)}")

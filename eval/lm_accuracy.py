@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
     args.stop = DEFAULT_STOP if args.stop is None else [t.replace("\\n", "\n") for t in args.stop]
+    for flag in ("ckpt", "score", "data", "out"):
+        if getattr(args, flag) == "":                  # was: no --out written; the current folder as --ckpt
+            ap.error(f"--{flag} '': expected a path")
     if args.score and not args.kind:
         ap.error("--score needs --kind gsm8k|math|path")
     if args.ckpt and not args.data:
@@ -78,8 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_paths(args) -> None:
     """One-line ValueErrors: --out naming a folder, --ckpt without a saved model (both before torch is
     imported), --max-new-tokens beyond the positions of --ckpt's model."""
-    if args.out and Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out}: is a folder; expected the path of the prediction .jsonl file to write")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_file():
+        what = "a folder" if Path(args.out).is_dir() else "a device, pipe or socket"
+        raise ValueError(f"--out {args.out}: is {what}; expected the path of the prediction .jsonl file to write")
     if not args.ckpt:
         return
     run_info(Path(args.ckpt))

@@ -517,3 +517,30 @@ def test_lm_eval_max_new_tokens_is_capped_at_the_models_positions_before_weights
                                              "eval.max_new_tokens=1000000000000"])     # was: a generation loop
     with pytest.raises(ConfigError, match="eval.max_new_tokens: expected at most 64, the model's positions"):
         LMRun().prepare_data(cfg)
+
+
+@pytest.mark.parametrize("flag", ["--out", "--ckpt"])
+def test_lm_accuracy_empty_paths_are_refused(lm_accuracy, tmp_path, capsys, flag):
+    argv = {"--out": ["--ckpt", str(lm_folder(tmp_path / "m")), "--data", "d.jsonl"], "--ckpt": ["--data", "d.jsonl"]}
+    with pytest.raises(SystemExit) as e:
+        lm_accuracy.parse_args([*argv[flag], flag, ""])
+    assert e.value.code == 2 and f"{flag} '': expected a path" in capsys.readouterr().err
+
+
+def test_lm_accuracy_out_naming_a_pipe_is_refused_before_the_model_loads(lm_accuracy, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                                       # was: /dev/null replaced by the predictions file
+    with pytest.raises(ValueError, match="--out .*fifo: is a device, pipe or socket; expected the path"):
+        lm_accuracy.parse_args(["--ckpt", str(lm_folder(tmp_path / "m")), "--data", "d.jsonl", "--out", str(fifo)])
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.parametrize("flag, needle", [("--json", "is a file without the .json suffix; expected a .json path"),
+                                          ("--cache-dir", "is a file; expected a folder")])
+def test_fid_json_or_cache_dir_naming_a_plain_file_is_one_line(tmp_path, flag, needle):
+    fid = script("eval/fid.py", "fid_paths_cli_values")
+    (tmp_path / "notes").write_text("x")                  # was: "[Errno 17] File exists: 'notes'" after scoring
+    argv = ["s.npz", "--ref", "digits:test", flag, str(tmp_path / "notes")]
+    with pytest.raises(ValueError, match=f"{flag} '.*notes': {needle}"):
+        fid.check_args(fid.parse_args(argv))
+    assert (tmp_path / "notes").read_text() == "x"

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
+
+from .. import io
 
 KINDS = ("gsm8k", "math", "path")
 
@@ -293,13 +294,7 @@ def merge_parts(out: str | Path) -> list[dict]:
     index); the part files are then removed. Returns the merged items."""
     out = Path(out)
     items = [it for _, it in sorted(done_items(out).items())]
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text("".join(json.dumps(it) + "\n" for it in items))
-        os.replace(tmp, out)
-    except OSError:                   # disk full: the part files stay, nothing half-written is left
-        tmp.unlink(missing_ok=True)
-        raise
+    io.write_text_atomic(out, "".join(json.dumps(it) + "\n" for it in items))    # on error the part files stay
     for part in out.parent.glob(f"{out.name}.part*of*"):
         part.unlink()
     return items
