@@ -194,6 +194,7 @@ def test_huge_config_values_are_refused_naming_the_limit(item, needle):
     (["--crop-range", "0"], "--crop-range 0.0: expected a number in [1, 2]"),
     (["--crop-range", "-1"], "--crop-range -1.0: expected a number in [1, 2]"),
     (["--max-shards", "-1"], "--max-shards -1: expected >= 1"),
+    (["--workers", str(10 ** 12)], "--workers 1000000000000: expected 0..256"),
 ])
 def test_extract_codes_values_are_checked(extract_codes, tmp_path, capsys, flags, needle):
     images = image_folder(tmp_path / "images")

@@ -15,6 +15,7 @@ image could be read. Train on the result with ``data.name: codes``, ``data.path:
 import argparse
 import sys
 
+from mutor2d.checks import WORKERS_LIMIT
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.plugins import load_plugins
 from mutor2d.tokenizer.config import CROP_RANGE, IMAGE_SIZE_LIMIT
@@ -56,7 +57,7 @@ def check_args(args: argparse.Namespace) -> None:
               ("--max-shards", args.max_shards, args.max_shards is None or args.max_shards >= 1, ">= 1"),
               ("--shard-size", args.shard_size, args.shard_size >= 1, ">= 1"),
               ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
-              ("--workers", args.workers, args.workers >= 0, ">= 0")]
+              ("--workers", args.workers, 0 <= args.workers <= WORKERS_LIMIT, f"0..{WORKERS_LIMIT}")]
     for flag, value, ok, want in checks:
         if not ok:
             raise ValueError(f"{flag} {value}: expected {want}")
