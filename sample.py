@@ -159,9 +159,9 @@ def check_args(args) -> None:
         raise SampleFileError("--npz takes --num N (N / classes per class), not --per-class or --out")
     if args.npz and Path(args.npz).is_dir():
         raise SampleFileError(f"--npz {args.npz}: is a directory; expected the path of a .npz file")
-    if args.out and (Path(args.out).is_dir() or Path(args.out).suffix.lower() != ".png"):
+    if args.out is not None and (Path(args.out).is_dir() or Path(args.out).suffix.lower() != ".png"):
         what = "is a directory" if Path(args.out).is_dir() else "is not a .png file name"
-        raise SampleFileError(f"--out {args.out}: {what}; expected the path of a .png file")
+        raise SampleFileError(f"--out {args.out!r}: {what}; expected the path of a .png file")
     if args.classes is not None and not args.classes.strip():
         raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
                               "the default classes)")

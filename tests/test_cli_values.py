@@ -545,3 +545,8 @@ def test_fid_json_or_cache_dir_naming_a_plain_file_is_one_line(tmp_path, flag, n
     with pytest.raises(ValueError, match=f"{flag} '.*notes': {needle}"):
         fid.check_args(fid.parse_args(argv))
     assert (tmp_path / "notes").read_text() == "x"
+
+
+def test_sample_out_empty_is_one_line(run, sample, capsys):
+    code, line = exits(sample.main, ["--ckpt", str(run), "--out", ""], capsys)    # was: the default grid name
+    assert code == 2 and "--out '': is a directory; expected the path of a .png file" in line
