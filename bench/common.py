@@ -190,6 +190,18 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: i
             ap.error(f"--{dest.replace('_', '-')} {value}: expected >= {low}")
 
 
+def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--dim, --heads, --layers, --vocab of a GPT benchmark, by the config's own check (a model over
+    model.PARAMS_LIMIT, a head size RoPE cannot rotate): argparse's one-line error, before torch is imported."""
+    from mutor2d.checks import ConfigError
+    from mutor2d.model.config import ModelConfig
+    try:
+        ModelConfig(preset="custom", n_layer=args.layers or 1, n_head=args.heads, dim=args.dim,
+                    vocab_size=args.vocab, num_classes=1000).check()
+    except ConfigError as e:
+        ap.error(str(e))
+
+
 # ----------------------------------------------------------------------------- output
 
 def rounded(obj, digits: int = 4):

@@ -239,6 +239,7 @@ def parse(argv=None):
         ap.error("--crossover needs --ckpt (a trained checkpoint: acceptance decides the crossover)")
     if args.dim % args.heads:
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    common.check_gpt_size(ap, args)
     return args
 
 

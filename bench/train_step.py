@@ -280,6 +280,7 @@ def parse(argv=None):
             ap.error(f"--backends: unknown backend {b!r}; expected sdpa, flex or sdpa-mask")
     if args.dim % args.heads:
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    common.check_gpt_size(ap, args)
     return args
 
 

@@ -550,3 +550,14 @@ def test_fid_json_or_cache_dir_naming_a_plain_file_is_one_line(tmp_path, flag, n
 def test_sample_out_empty_is_one_line(run, sample, capsys):
     code, line = exits(sample.main, ["--ckpt", str(run), "--out", ""], capsys)    # was: the default grid name
     assert code == 2 and "--out '': is a directory; expected the path of a .png file" in line
+
+
+@pytest.mark.parametrize("bench", ["train_step", "sample"])
+@pytest.mark.parametrize("flags, needle", [(["--dim", str(10 ** 12), "--heads", "1"], "about 1.2e+25 parameters"),
+                                           (["--vocab", str(10 ** 12)], "about 1.54e+15 parameters"),
+                                           (["--layers", str(10 ** 12)], "about 7.08e+18 parameters")])
+def test_bench_gpt_sizes_are_capped_before_torch(capsys, monkeypatch, bench, flags, needle):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))         # bench scripts import bench/common.py
+    with pytest.raises(SystemExit) as e:                     # was: an allocator traceback
+        script(f"bench/{bench}.py", f"bench_{bench}_cli_values").parse(flags)
+    assert e.value.code == 2 and f"{needle}; expected at most 3e+10" in capsys.readouterr().err
