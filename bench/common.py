@@ -202,6 +202,15 @@ def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         ap.error(str(e))
 
 
+def check_llama_size(ap: argparse.ArgumentParser, hidden: int, layers: int, vocab: int) -> None:
+    """A benchmark Llama (MLP 4x the width) over model.PARAMS_LIMIT parameters: argparse's one-line error."""
+    from mutor2d.model.config import PARAMS_LIMIT
+    params = layers * 16 * hidden ** 2 + 2 * vocab * hidden
+    if params > PARAMS_LIMIT:
+        sizes = f"--hidden {hidden} --layers {layers}" + (f" --vocab {vocab}" if vocab else "")
+        ap.error(f"{sizes}: about {params:.3g} parameters; expected at most {PARAMS_LIMIT:.0e}")
+
+
 # ----------------------------------------------------------------------------- output
 
 def rounded(obj, digits: int = 4):

@@ -140,6 +140,7 @@ def parse(argv=None):
     common.check_at_least(ap, args, 1, "steps", "hidden", "layers", "answers", "max_new_tokens", "reps", "threads")
     if args.hidden % 8:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")
+    common.check_llama_size(ap, args.hidden, args.layers, 0)
     if args.quick:
         args.steps, args.answers, args.reps, args.max_new_tokens = 5, 2, 1, 12
         args.work = str(Path(args.work) / "quick")

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from mutor2d.lm.packing import LMBatch
 
+POSITIONS = 2048          # max_position_embeddings of the benchmark model: longest prompt + answer
 OBJECTIVES = {"ntp": {"name": "ntp"}, "sparse": None, "dense": {"name": "mutor-1d", "d_min": 1, "d_max": 4}}
 
 
@@ -43,7 +44,7 @@ def build_model(args, device):
     torch.manual_seed(0)
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                                       intermediate_size=4 * args.hidden, num_attention_heads=args.hidden // 64,
-                                      num_key_value_heads=args.hidden // 64, max_position_embeddings=2048,
+                                      num_key_value_heads=args.hidden // 64, max_position_embeddings=POSITIONS,
                                       attn_implementation="sdpa")).to(device)
     if args.lora:
         from mutor2d.lm.hf import apply_lora    # the runs' LoRA path (it keeps peft's deprecation notice quiet)
@@ -114,6 +115,10 @@ def parse(argv=None):
     for flag, (low, high) in (("--prompt", args.prompt), ("--answer", args.answer)):
         if not 1 <= low <= high:
             ap.error(f"{flag} {low} {high}: expected 1 <= MIN <= MAX")
+    if args.prompt[1] + args.answer[1] > POSITIONS:
+        ap.error(f"--prompt {args.prompt[1]} + --answer {args.answer[1]}: expected at most {POSITIONS} tokens "
+                 f"(the model's positions)")
+    common.check_llama_size(ap, args.hidden, args.layers, args.vocab)
     if args.quick:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
     return args

@@ -561,3 +561,15 @@ def test_bench_gpt_sizes_are_capped_before_torch(capsys, monkeypatch, bench, fla
     with pytest.raises(SystemExit) as e:                     # was: an allocator traceback
         script(f"bench/{bench}.py", f"bench_{bench}_cli_values").parse(flags)
     assert e.value.code == 2 and f"{needle}; expected at most 3e+10" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench, flags, needle", [
+    ("lm_step", ["--vocab", str(10 ** 12)], "--hidden 512 --layers 4 --vocab 1000000000000: about 1.02e+15 parameters"),
+    ("lm_step", ["--answer", "1", str(10 ** 12)], "--prompt 120 + --answer 1000000000000: expected at most 2048"),
+    ("lm_decode", ["--layers", str(10 ** 12)], "--hidden 64 --layers 1000000000000: about 6.55e+16 parameters"),
+])
+def test_bench_llama_sizes_are_capped_before_torch(capsys, monkeypatch, bench, flags, needle):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    with pytest.raises(SystemExit) as e:                     # was: an allocator traceback
+        script(f"bench/{bench}.py", f"bench_{bench}_cli_values").parse(flags)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
