@@ -190,6 +190,13 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: i
             ap.error(f"--{dest.replace('_', '-')} {value}: expected >= {low}")
 
 
+def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--threads beyond this machine's cores: argparse's one-line error (10**12 overflowed in torch)."""
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads > cores:
+        ap.error(f"--threads {args.threads}: expected at most {cores}, this machine's cores")
+
+
 def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--dim, --heads, --layers, --vocab of a GPT benchmark, by the config's own check (a model over
     model.PARAMS_LIMIT, a head size RoPE cannot rotate): argparse's one-line error, before torch is imported."""

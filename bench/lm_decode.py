@@ -138,6 +138,7 @@ def parse(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "steps", "hidden", "layers", "answers", "max_new_tokens", "reps", "threads")
+    common.check_threads(ap, args)
     if args.hidden % 8:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")
     common.check_llama_size(ap, args.hidden, args.layers, 0)

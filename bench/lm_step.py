@@ -108,6 +108,7 @@ def parse(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "layers", "batch", "sparse", "reps", "threads")
+    common.check_threads(ap, args)
     if args.hidden < 64 or args.hidden % 64:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 64 (heads of 64)")
     if args.vocab < 4:

@@ -270,6 +270,7 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "batch", "registers", "dmax2d",
                           "threads", "reps")
+    common.check_threads(ap, args)
     common.check_at_least(ap, args, 0, "mfu_layers")
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2

@@ -64,11 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+STACK_LIMIT = 256       # images a grid: 65,536 tokens of 16x16 codes
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if getattr(args, "stack", 2) < 2:
-        ap.error(f"--stack {args.stack}: expected >= 2 (a grid taller than trained)")
+    if not 2 <= getattr(args, "stack", 2) <= STACK_LIMIT:
+        ap.error(f"--stack {args.stack}: expected 2..{STACK_LIMIT} (a grid taller than trained)")
     if getattr(args, "limit", 0) < 0:
         ap.error(f"--limit {args.limit}: expected >= 0")
     if Path(args.out).is_dir():
@@ -106,14 +109,15 @@ def curves(args) -> list[dict]:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from mutor2d.evaluation.extrapolation import summarise, table
-    from mutor2d.io import write_text_atomic
+    from mutor2d.io import exit_on_write_error, write_text_atomic
     found = curves(args)
     summary = summarise(found)
     unit = "answer token" if args.kind == "lm" else "row"
     result = {"kind": args.kind, "unit": unit, "data": getattr(args, "data", None), "stack": getattr(args, "stack", None),
               "wrap": getattr(args, "wrap", None),
               "runs": [{**r, "curve": r["curve"].to_dict()} for r in found], "summary": summary}
-    write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    with exit_on_write_error(args.out):
+        write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(summary, unit))
     print(f"wrote {args.out}", file=sys.stderr)
     return result

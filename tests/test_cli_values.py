@@ -573,3 +573,30 @@ def test_bench_llama_sizes_are_capped_before_torch(capsys, monkeypatch, bench, f
     with pytest.raises(SystemExit) as e:                     # was: an allocator traceback
         script(f"bench/{bench}.py", f"bench_{bench}_cli_values").parse(flags)
     assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def extrapolation():
+    return script("eval/extrapolation.py", "extrapolation_cli_values")
+
+
+def test_extrapolation_stack_is_capped(run, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:                     # was: an allocator traceback
+        extrapolation().parse_args(["image", "--run", f"a={run}", "--out", str(tmp_path / "x.json"),
+                                    "--stack", str(10 ** 12)])
+    assert e.value.code == 2 and "--stack 1000000000000: expected 2..256" in capsys.readouterr().err
+
+
+def test_extrapolation_out_naming_a_pipe_is_one_line(run, tmp_path, capsys, monkeypatch):
+    module, fifo = extrapolation(), tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(module, "curves", lambda args: [])
+    code, line = exits(module.main, ["image", "--run", f"a={run}", "--out", str(fifo)], capsys)
+    assert code == 2 and "is a device, pipe or socket" in line and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.parametrize("bench", ["lm_decode", "lm_step", "sample", "train_step"])
+def test_bench_threads_beyond_the_cores_are_one_line(capsys, monkeypatch, bench):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    with pytest.raises(SystemExit) as e:                     # was: "Overflow when unpacking long" in torch
+        script(f"bench/{bench}.py", f"bench_{bench}_threads_cli_values").parse(["--threads", str(10 ** 12)])
+    assert e.value.code == 2 and f"--threads 1000000000000: expected at most {os.cpu_count()}" in capsys.readouterr().err
