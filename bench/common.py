@@ -197,6 +197,18 @@ def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None
         ap.error(f"--threads {args.threads}: expected at most {cores}, this machine's cores")
 
 
+def device_name(text: str | None) -> str:
+    """--device after parsing (torch imported): the default (cuda when available, else cpu), or a torch
+    device string; anything else is one line, exit 2 (was: torch's RuntimeError traceback)."""
+    import torch
+    text = text or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise SystemExit(f"error: --device {text!r}: not a torch device; expected e.g. cpu, cuda or cuda:1") from None
+    return text
+
+
 def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--dim, --heads, --layers, --vocab of a GPT benchmark, by the config's own check (a model over
     model.PARAMS_LIMIT, a head size RoPE cannot rotate): argparse's one-line error, before torch is imported."""

@@ -131,7 +131,7 @@ def main(argv=None) -> None:
 
     from mutor2d.config import make
     from mutor2d.lm.run import LMTrainModule
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = common.device_name(args.device)
     device = torch.device(args.device)
     common.setup(args.threads, args.clock, device)
     OBJECTIVES["sparse"] = {"name": "mutor-1d", "d_min": 1, "d_max": 4, "placement": "sparse",

@@ -250,7 +250,7 @@ def main(argv=None) -> None:
 
     from mutor2d.config import make
     from mutor2d.sampling import compile_decoder, generate
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = common.device_name(args.device)
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     common.setup(args.threads, args.clock, torch.device(args.device))

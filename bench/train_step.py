@@ -290,7 +290,7 @@ def main(argv=None) -> None:
     import torch
 
     from mutor2d.model.gpt import ModelConfig, model_shape
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = common.device_name(args.device)
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     common.setup(args.threads, args.clock, torch.device(args.device))

@@ -600,3 +600,12 @@ def test_bench_threads_beyond_the_cores_are_one_line(capsys, monkeypatch, bench)
     with pytest.raises(SystemExit) as e:                     # was: "Overflow when unpacking long" in torch
         script(f"bench/{bench}.py", f"bench_{bench}_threads_cli_values").parse(["--threads", str(10 ** 12)])
     assert e.value.code == 2 and f"--threads 1000000000000: expected at most {os.cpu_count()}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench", ["lm_step", "sample", "train_step"])
+def test_bench_device_that_torch_does_not_know_is_one_line(monkeypatch, bench):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    module = script(f"bench/{bench}.py", f"bench_{bench}_device_cli_values")
+    with pytest.raises(SystemExit) as e:                     # was: torch's "Invalid device string" traceback
+        module.main(["--device", "abc"])
+    assert e.value.code == "error: --device 'abc': not a torch device; expected e.g. cpu, cuda or cuda:1"
