@@ -20,7 +20,7 @@ from pathlib import Path
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.evaluation import records
 from mutor2d.evaluation.options import DEFAULT_CACHE, DIGITS_DATA_SEED, FEATURES, METRICS, MetricsError
-from mutor2d.io import read_safetensors
+from mutor2d.io import exit_on_write_error, read_safetensors
 from mutor2d.plugins import load_plugins
 
 
@@ -121,7 +121,8 @@ def main(argv=None) -> dict:
     if out is None:
         print(json.dumps(record, indent=2))
     else:
-        print(f"record: {records.write_record(record, out)}")
+        with exit_on_write_error(str(out)):
+            print(f"record: {records.write_record(record, out)}")
     return record
 
 

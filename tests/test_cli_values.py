@@ -609,3 +609,15 @@ def test_bench_device_that_torch_does_not_know_is_one_line(monkeypatch, bench):
     with pytest.raises(SystemExit) as e:                     # was: torch's "Invalid device string" traceback
         module.main(["--device", "abc"])
     assert e.value.code == "error: --device 'abc': not a torch device; expected e.g. cpu, cuda or cuda:1"
+
+
+def test_fid_record_onto_a_pipe_is_one_line(tmp_path, capsys, monkeypatch):
+    from types import SimpleNamespace
+    fid, fifo = script("eval/fid.py", "fid_record_cli_values"), tmp_path / "r.json"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(fid, "score", lambda args, metrics: (SimpleNamespace(metrics={}, skipped={}), None, None))
+    monkeypatch.setattr(fid.records, "make_record", lambda *args, **kwargs: {"metrics": {}})
+    with pytest.raises(SystemExit) as e:                     # was: an OSError traceback after scoring
+        fid.main(["s.npz", "--ref", "digits:test", "--json", str(fifo)])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and line.startswith(f"error: could not write {fifo}") and "is a device, pipe" in line
