@@ -621,3 +621,12 @@ def test_fid_record_onto_a_pipe_is_one_line(tmp_path, capsys, monkeypatch):
         fid.main(["s.npz", "--ref", "digits:test", "--json", str(fifo)])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and line.startswith(f"error: could not write {fifo}") and "is a device, pipe" in line
+
+
+def test_train_out_naming_a_file_is_one_line(tmp_path, capsys):
+    train_py, out = script("train.py", "train_cli_values"), tmp_path / "notes.txt"
+    out.write_text("x")                                      # was: a FileExistsError traceback
+    with pytest.raises(SystemExit) as e:
+        train_py.main(["--config", "digits_mutor2d.yaml", "--out", str(out), *[f"--set={s}" for s in TINY]])
+    assert e.value.code == 2 and f"run folder '{out}' exists and is not a folder; expected a run folder" in capsys.readouterr().err
+    assert out.read_text() == "x"
