@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> Path:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise ConfigError(f"run folder {str(run_dir)!r} exists and is not a folder; expected a run folder (--out, train.out_dir)")
+        raise ConfigError(f"run folder {str(run_dir)!r} exists and is not a folder; expected a run folder "
+                          f"(--out, train.out_dir)")
     from mutor2d.engine import train                 # torch: after the config is checked
     return train(cfg, run_dir, resume=args.resume)
 
