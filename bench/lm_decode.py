@@ -142,6 +142,8 @@ def parse(argv=None):
     if args.hidden % 8:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")
     common.check_llama_size(ap, args.hidden, args.layers, 0)
+    if Path(args.work).exists() and not Path(args.work).is_dir():
+        ap.error(f"--work {args.work!r}: exists and is not a folder; expected a work folder")
     if args.quick:
         args.steps, args.answers, args.reps, args.max_new_tokens = 5, 2, 1, 12
         args.work = str(Path(args.work) / "quick")

@@ -631,3 +631,11 @@ def test_train_out_naming_a_file_is_one_line(tmp_path, capsys):
         train_py.main(["--config", "digits_mutor2d.yaml", "--out", str(out), *[f"--set={s}" for s in TINY]])
     assert e.value.code == 2 and f"'{out}' exists and is not a folder; expected a run folder" in capsys.readouterr().err
     assert out.read_text() == "x"
+
+
+def test_bench_lm_decode_work_naming_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    (tmp_path / "f").write_text("x")                         # was: a FileExistsError traceback
+    with pytest.raises(SystemExit) as e:
+        script("bench/lm_decode.py", "bench_lm_decode_work_cli_values").parse(["--work", str(tmp_path / "f")])
+    assert e.value.code == 2 and "f': exists and is not a folder; expected a work folder" in capsys.readouterr().err
