@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> Path:
         cfg = load_config(ckpt_lib.read_meta(args.resume)["config"], overrides)
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
+    if args.out == "":
+        raise ConfigError("--out '': expected a run folder path (leave --out out for train.out_dir)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ConfigError(f"run folder {str(run_dir)!r} exists and is not a folder; expected a run folder "

@@ -639,3 +639,11 @@ def test_bench_lm_decode_work_naming_a_file_is_one_line(tmp_path, capsys, monkey
     with pytest.raises(SystemExit) as e:
         script("bench/lm_decode.py", "bench_lm_decode_work_cli_values").parse(["--work", str(tmp_path / "f")])
     assert e.value.code == 2 and "f': exists and is not a folder; expected a work folder" in capsys.readouterr().err
+
+
+def test_train_out_empty_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                              # was: the default runs/<config> folder, silently
+    with pytest.raises(SystemExit) as e:
+        script("train.py", "train_empty_out_cli_values").main(["--config", "digits_mutor2d.yaml", "--out", ""])
+    assert e.value.code == 2 and "--out '': expected a run folder path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
