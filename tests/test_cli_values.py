@@ -647,3 +647,9 @@ def test_train_out_empty_is_one_line(tmp_path, capsys, monkeypatch):
         script("train.py", "train_empty_out_cli_values").main(["--config", "digits_mutor2d.yaml", "--out", ""])
     assert e.value.code == 2 and "--out '': expected a run folder path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_vq_with_no_step_to_train_ends_without_a_traceback(tmp_path):
+    train_vq = script("tokenizers/train_vq.py", "train_vq_cli_values")
+    run_dir = train_vq.main(["--config", "vq_digits.yaml", "--out", str(tmp_path / "vq"), "--max-steps", "0"])
+    assert run_dir == tmp_path / "vq" and not (run_dir / "log.jsonl").exists()     # was: FileNotFoundError

@@ -30,7 +30,7 @@ def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
     args.config = args.config or args.config_file or (None if args.resume not in (None, "auto") else "vq_digits")
     run_dir = train_entry.execute(args)
-    if os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0" and (Path(run_dir) / "log.jsonl").is_file():    # none: no step ran
         from mutor2d.engine import read_log
         evals = [r["eval"] for r in read_log(run_dir) if "eval" in r]
         if evals:
