@@ -92,7 +92,7 @@ FIGURE_TOKENS = 256      # prefix + grid tokens a figure draws at most: one labe
 
 def check_args(ap: argparse.ArgumentParser, args, kind: str) -> None:
     """Values the layout would accept or fail on deep inside: one-line errors naming the flag."""
-    from .objectives.config import MAX_D_1D, MAX_D_2D
+    from .register_spec import MAX_D_1D, MAX_D_2D
     tokens = args.prefix + args.grid[0] * args.grid[1]
     if tokens > FIGURE_TOKENS:
         ap.error(f"--grid {args.grid[0]}x{args.grid[1]} --prefix {args.prefix}: {tokens} tokens; "

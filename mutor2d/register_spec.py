@@ -9,6 +9,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 RegisterKind = Literal["ntp", "mutor-1d", "mutor-2d"]   # what RegisterSpec.kind may be
+MAX_D_1D = 1 << 16      # the farthest 1D offset: beyond any sequence length trained here
+MAX_D_2D = 256          # the side of the 2D offset square: 256^2 - 1 candidates, past any VQ grid
 
 
 class LayoutError(ValueError):

@@ -10,7 +10,7 @@ from typing import Literal
 
 from ..checks import ConfigError, at_least, fraction
 from ..config import Variant, register_variant
-from ..register_spec import LayoutError, RegisterSpec
+from ..register_spec import MAX_D_1D, MAX_D_2D, LayoutError, RegisterSpec
 
 
 class ObjectiveConfig(Variant):
@@ -112,10 +112,6 @@ def check_register_fields(o) -> None:
     fraction("objective.reg_weight", o.reg_weight)
     if getattr(o, "placement", "dense") == "sparse":
         at_least("objective.num_registers", o.num_registers, 1)
-
-
-MAX_D_1D = 1 << 16      # the farthest 1D offset: beyond any sequence length trained here
-MAX_D_2D = 256          # the side of the 2D offset square: 256^2 - 1 candidates, past any VQ grid
 
 
 def check_offsets(o, kind: str) -> None:
