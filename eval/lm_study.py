@@ -380,7 +380,7 @@ def timed(entry, config: Path, cfg: dict, run: Path, out: Path) -> None:
 
 
 def final_loss(run: Path) -> float | None:
-    from mutor2d.engine.hooks import read_log
+    from mutor2d.engine.runlog import read_log
     rows = [r for r in read_log(run) if "loss_ntp" in r]
     return rows[-1]["loss_ntp"] if rows else None
 
@@ -428,16 +428,39 @@ def cpu_seconds(out: Path) -> dict[str, float]:
     return total
 
 
+SKIP_TOLERANCE = 0.01       # paired arms may differ by this share of their updates in skipped ones
+
+
+def skipped(run: Path) -> int:
+    """Updates the run's blow-up guard skipped (mutor2d/engine/health.py)."""
+    from mutor2d.engine.runlog import skip_counts
+    return sum(skip_counts(run).values())
+
+
+def check_skips(runs: dict[str, dict[int, Path]], max_steps: int, reference: str, tolerance: float) -> None:
+    """Refuse (one line) to pair an arm with its reference when, for some seed, their runs' skipped
+    updates differ by more than ``tolerance`` x ``max_steps``: the guard filtered their data unevenly."""
+    for arm, by_seed in runs.items():
+        ref = runs.get(reference_arm(arm, reference), {})
+        for seed, run in by_seed.items():
+            if seed in ref and ref[seed] != run and abs(skipped(run) - skipped(ref[seed])) > tolerance * max_steps:
+                raise SystemExit(f"error: {arm} and {reference_arm(arm, reference)} (seed {seed}) skipped "
+                                 f"{skipped(run)} and {skipped(ref[seed])} of {max_steps} updates, more apart than "
+                                 f"--skip-tolerance {tolerance:g}: their paired difference is not reported "
+                                 f"(--allow-skip-mismatch reports it anyway)")
+
+
 def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, reference: str = "next-token") -> str:
     """Markdown: per arm, final test accuracy with its 95% CI over seeds; the paired difference to
     the ``reference`` arm (same seed, hence the same data order, and the same prompt attention) with
     its 95% CI and wins / ties / losses; CPU seconds per run; forwards per generated token of the
-    final evaluation (mean over seeds: below 1 where register drafts were accepted)."""
+    final evaluation (mean over seeds: below 1 where register drafts were accepted); the updates the
+    blow-up guard skipped, per seed."""
     final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
     acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
     cpu = cpu_seconds(out)
     lines = [f"| arm | seeds | accuracy [95% CI] | minus {reference} [95% CI] | wins / ties / losses | CPU s per run "
-             "| forwards per token |", "|---|---|---|---|---|---|---|"]
+             "| forwards per token | skipped updates per seed |", "|---|---|---|---|---|---|---|---|"]
     for arm, by_seed in acc.items():
         mean, half = ci95(list(by_seed.values()))
         ref = acc.get(reference_arm(arm, reference), {})
@@ -452,8 +475,9 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, 
         cost = f"{statistics.mean(costs):.0f}" if costs else "-"
         fpt = [f for f in map(forwards_per_token, final[arm].values()) if f is not None]
         fpt_text = f"{statistics.mean(fpt):.3f}" if fpt else "-"
+        skips = ", ".join(str(skipped(runs[arm][s])) for s in sorted(by_seed))
         lines.append(f"| {arm} | {len(by_seed)} | {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] | {diff} | "
-                     f"{record} | {cost} | {fpt_text} |")
+                     f"{record} | {cost} | {fpt_text} | {skips} |")
     return "\n".join(lines)
 
 
@@ -497,11 +521,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, default=None, help="training steps per run (default: the study's)")
     ap.add_argument("--plot", default=None, help="plot file (default OUT/lm_study.png, OUT/lm_stargraph.png)")
     ap.add_argument("--quick", action="store_true", help="a tiny version for CI (one seed, a few steps)")
+    ap.add_argument("--skip-tolerance", type=float, default=SKIP_TOLERANCE,
+                    help="paired arms may differ in skipped updates by this share of the steps (default 0.01)")
+    ap.add_argument("--allow-skip-mismatch", action="store_true",
+                    help="report paired differences even when the arms' skipped updates differ by more")
     return ap
 
 
 def main(argv=None) -> str:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not 0 <= args.skip_tolerance < 1:
+        ap.error(f"--skip-tolerance {args.skip_tolerance}: expected a share of the steps in [0, 1)")
     task = TASKS[args.task]
     size = task.quick if args.quick else task.size
     if args.max_steps:
@@ -510,6 +541,8 @@ def main(argv=None) -> str:
     torch.set_num_threads(1)                 # the study machine is shared; 2 threads ran slower here
     out = Path(args.out or f"runs/{task.stem}")
     runs = run_all(out, task, size, args.seeds[:1] if args.quick else args.seeds)
+    if not args.allow_skip_mismatch:
+        check_skips(runs, size.max_steps, task.reference, args.skip_tolerance)
     text = (table(runs, size.max_steps) + "\n\nIntervals and paired differences:\n\n"
             + interval_table(runs, size.max_steps, out, task.reference) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
     (out / "table.md").write_text(text + "\n")

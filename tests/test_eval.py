@@ -256,7 +256,7 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     lines = table.splitlines()
     assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("run", "method", "objective", "step", "FID", "IS",
                                                              "precision", "recall", "evaluator", "reference", "n",
-                                                             "decoding")]
+                                                             "decoding", "skipped")]
     ours = [line for line in lines if "VIRTUAL_imagenet256_labeled.npz" in line]
     assert len(ours) == 2
     assert "| mutor-2d | a=0.5, D=4, sparse K=80 | 100000 | 6.50 | 200.0 | 0.700 | 0.600 |" in ours[0]
@@ -265,6 +265,18 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     digits = [fake_record("ntp", 500, 9.0, "digits:train", {"name": "ntp"})]
     assert "paper" not in R.markdown_table(digits) and "paper" in R.markdown_table(digits, paper=True)
+    assert all(line.endswith("| ? |") for line in ours)                    # no log.jsonl at hand
+
+
+def test_the_leaderboard_counts_each_runs_skipped_updates_up_to_the_records_step(tmp_path):
+    import json
+    for name, skips in (("a", [(3, "nonfinite"), (70, "blowup"), (120, "blowup")]), ("b", [])):
+        R.write_record(fake_record("ntp", 100, 9.0, "digits:train", {"name": "ntp"}), tmp_path / name / "eval")
+        lines = [{"step": 10, "loss": 1.0}] + [{"event": "skip", "step": s, "reason": r} for s, r in skips]
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rows = R.markdown_table(R.read_records([tmp_path / "a", tmp_path / "b"])[0]).splitlines()[2:]
+    assert {row.split(" | ")[0][2:]: row.split(" | ")[-1] for row in rows} == \
+        {"a": "2 (1 blowup, 1 nonfinite) |", "b": "0 |"}
 
 
 @pytest.mark.parametrize("objective, text", [

@@ -203,4 +203,27 @@ def test_the_settings_study_gives_each_setting_its_runs_and_pairs_them_with_the_
     for i, arm in enumerate(arms):
         if arm != task.reference:
             assert rows[arm][3].startswith(f"{0.1 * (i - reference):+.3f} ")
-    assert rows["earlier registers"][6] == "1.000 |" and rows["self-distilled targets"][6] == "0.500 |"
+    assert rows["earlier registers"][6] == "1.000" and rows["self-distilled targets"][6] == "0.500"
+    assert rows["earlier registers"][7] == "0, 0 |"                        # no run skipped an update
+
+
+def test_a_study_refuses_to_pair_arms_the_guard_filtered_unevenly(tmp_path):
+    """Seed 1 of MuToR-1D skipped 4 of 300 updates, next-token none: 4 > 0.01 x 300, so the paired
+    difference is refused in one line unless asked for; the table shows the skips per seed."""
+    study = load_study()
+    runs = {}
+    for arm, skips in (("next-token", (0, 0)), ("mutor-1d d_max=4", (1, 4))):
+        for seed, n in enumerate(skips):
+            run = tmp_path / f"{arm}_{seed}"
+            (run / "eval").mkdir(parents=True)
+            (run / "eval" / "r.json").write_text(json.dumps({"step": 300, "metrics": {"accuracy": 0.5}}))
+            lines = [{"event": "skip", "step": 10 + k, "reason": "blowup"} for k in range(n)]
+            (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            runs.setdefault(arm, {})[seed] = run
+    with pytest.raises(SystemExit, match=r"^error: mutor-1d d_max=4 and next-token \(seed 1\) skipped 4 and 0 "
+                                         r"of 300 updates.*--allow-skip-mismatch") as e:
+        study.check_skips(runs, 300, "next-token", 0.01)
+    assert "\n" not in str(e.value)
+    study.check_skips(runs, 300, "next-token", 0.02)                       # 4 <= 6: within the tolerance
+    row = [line for line in study.interval_table(runs, 300, tmp_path).splitlines() if line.startswith("| mutor")]
+    assert row[0].endswith("| 1, 4 |")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..preempt import PREEMPTED_EXIT, Preempted
 
-EXPORTS = {"read_log": "hooks", "train": "loop", "exit_code": "entry", "run_entry": "entry", "Diverged": "entry",
+EXPORTS = {"read_log": "runlog", "read_skips": "runlog", "train": "loop", "exit_code": "entry", "run_entry": "entry", "Diverged": "entry",
            "param_groups": "optim", "StepBatches": "data_order"}
 __all__ = [*EXPORTS, "PREEMPTED_EXIT", "Preempted", "default_run_dir"]
 

@@ -58,14 +58,15 @@ class TrainConfig:
     ema_decay: float = 0.9999
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
     out_dir: str = ""                # "" = runs/<config name>; train.py --out wins
-    max_nonfinite: int = 20          # updates in a row skipped (non-finite or blown-up loss/grad/weights)
-                                     # before the run stops with an error
+    max_nonfinite: int = 20          # updates in a row skipped for non-finite values or exploded weights
+                                     # before the run stops with an error (gradient spikes never stop it)
     sharding: Literal["auto", "ddp", "fsdp"] = "auto"   # auto: DDP with several processes; fsdp: FSDP2
                                      # shards each block, then the rest (mutor2d/engine/sharding.py)
     fsdp_offload: bool = False       # fsdp: sharded parameters, gradients and AdamW states live on the CPU
     activation_checkpointing: bool = False   # recompute each block's activations in the backward
-    blowup_factor: float = 10.0      # skip an update whose loss or grad norm exceeds this x its median over
-                                     # the last blowup_window healthy updates (engine/health.py); 0 = off
+    blowup_factor: float = 10.0      # skip an update whose grad norm exceeds this x the 90th percentile of
+                                     # the last blowup_window judged ones, or whose weight norm this x its
+                                     # median over the last applied ones (engine/health.py); 0 = off
     blowup_window: int = 50
 
     def check(self) -> None:

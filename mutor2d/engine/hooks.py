@@ -7,18 +7,15 @@ grids, evaluations).
 """
 from __future__ import annotations
 
-import json
-import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .. import checkpoint as ckpt_lib
 from ..io import warn
 from ..checkpoint.resume import Retention
-from .health import SkipWatch
+from .runlog import JsonLog
 from .setup import RunState
 from .sharding import all_finite, is_sharded
 
@@ -35,57 +32,16 @@ def due(every: int, status: StepStatus, at_end: bool = True) -> bool:
     return bool(every and status.done % every == 0) or (at_end and status.last)
 
 
-# ----------------------------------------------------------------------------- log.jsonl
-
-def _finite(record: dict) -> dict:
-    """JSON has no NaN/Infinity: non-finite numbers are written as null."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-
-
-class JsonLog:
-    """RUN/log.jsonl, appended by the main process and never rewritten. A resumed run first writes
-    ``{"event": "resume", "step": S}``; ``read_log`` then drops older records of steps after S."""
-
-    def __init__(self, path: Path, start_step: int, enabled: bool):
-        self.path, self.enabled = path, enabled
-        if enabled and start_step > 0 and path.exists():
-            with open(path, "rb+") as f:            # finish a line cut by a crash
-                f.seek(0, 2)
-                if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                    f.write(b"\n")
-            self.write({"event": "resume", "step": start_step})
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(_finite(record), allow_nan=False) + "\n")
-
-
-def read_log(run_dir) -> list[dict]:
-    """The records of RUN/log.jsonl as the run's history: records of steps redone after a resume are
-    replaced by the new ones; cut lines are skipped; events (resume, preempted) are not returned."""
-    out: list[dict] = []
-    for line in (Path(run_dir) / "log.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("event") == "resume":
-            out = [r for r in out if r.get("step", 0) <= rec["step"]]
-        elif "event" not in rec:
-            out.append(rec)
-    return out
-
-
 class Logger:
     """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
-    the tracker and the progress bar. Rates come from the run kind (``rates``). Warns (main process)
-    when the blow-up guard skips too many updates (health.SkipWatch)."""
+    the tracker and the progress bar. Rates come from the run kind (``rates``). Every skipped update
+    is also a line of its own in log.jsonl (``read_skips``: its reason and the values judged), and the
+    progress bar counts them (``skipped``, by reason, over the session)."""
 
     def __init__(self, run: RunState):
         from tqdm.auto import tqdm
         self.main = run.main
-        self.skip_watch = SkipWatch(run.cfg.train.blowup_factor, run.cfg.train.blowup_window)
+        self.session_skips: dict[str, int] = {}
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
         self.bar = tqdm(total=run.cfg.train.max_steps, initial=run.start, disable=not run.main,
@@ -98,8 +54,10 @@ class Logger:
         self.skipped: dict[str, int] = {}
         self.t0 = time.perf_counter()
 
-    def observe(self, sums: dict, applied: bool, reason: str | None = "nonfinite") -> None:
-        """One step's statistics; a skipped update is counted under ``skipped_<reason>``."""
+    def observe(self, sums: dict, applied: bool, reason: str | None = "nonfinite", step: int | None = None,
+                judged: dict | None = None) -> None:
+        """One step's statistics; a skipped update is counted under ``skipped_<reason>`` and, given its
+        ``step``, written as a skip line with what the guard ``judged`` (Health.judged)."""
         self.steps += 1
         self.applied += int(applied)
         if applied:
@@ -107,10 +65,17 @@ class Logger:
                 self.sums[k] = self.sums.get(k, 0.0) + v
         else:
             self.skipped[reason] = self.skipped.get(reason, 0) + 1
+            self.session_skips[reason] = self.session_skips.get(reason, 0) + 1
+            if step is not None:
+                self.log.write({"event": "skip", "step": step, "reason": reason, **(judged or {})})
+            self.bar.set_postfix({"skipped": self.skip_text()}, refresh=False)
         self.bar.update(1)
-        alarm = self.skip_watch.observe(not applied and reason == "blowup")
-        if alarm and self.main:
-            warn(alarm)
+
+    def skip_text(self) -> str:
+        """This session's skipped updates: "0", or "3 (1 nonfinite, 2 blowup)"."""
+        total = sum(self.session_skips.values())
+        parts = ", ".join(f"{n} {why}" for why, n in sorted(self.session_skips.items()))
+        return f"{total} ({parts})" if total else "0"
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
         if not due(run.cfg.train.log_every, status) and not status.stopping:
@@ -124,7 +89,8 @@ class Logger:
         loss = rec.get("loss")
         rate = next((k for k in rec if k.endswith("_per_s")), None)
         self.bar.set_postfix({"loss": f"{loss:.4f}" if loss is not None else "skipped",
-                              **({rate: f"{rec[rate]:.0f}"} if rate else {})}, refresh=False)
+                              **({rate: f"{rec[rate]:.0f}"} if rate else {}),
+                              **({"skipped": self.skip_text()} if self.session_skips else {})}, refresh=False)
         self._reset()
 
     def record(self, run: RunState, done: int) -> dict:

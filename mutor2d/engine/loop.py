@@ -6,10 +6,12 @@ Rules:
   * An objective whose rule depends on the step (a reg_weight schedule) gets ``set_step(s, max_steps)``
     before update s, as the lr scheduler does: a pure function of (config, s), so resumes are exact.
   * Health guard: an update whose loss, gradient norm or weight norm is not finite or blows up
-    (engine/health.py) is skipped (optimizer untouched, gradients dropped) and counted in the log; after
-    ``train.max_nonfinite`` skipped updates in a row the run stops with an error naming the last good
-    checkpoint, and no checkpoint is written while the last update was skipped
-    (mutor2d.checkpoint.resume: rotation never deletes the last good one).
+    (engine/health.py) is skipped (optimizer untouched, gradients dropped), counted in the log and
+    written there as a skip line with the values judged; after ``train.max_nonfinite`` updates in a row
+    skipped for non-finite values or exploded weights (a gradient spike never counts) the run stops with
+    an error naming the last good checkpoint, and no checkpoint is written while the last update was
+    skipped (mutor2d.checkpoint.resume: rotation never deletes the last good one). The run ends with
+    one line: steps trained, updates skipped by reason.
   * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * A run resumed at ``train.max_steps`` says "nothing to do" and writes nothing: no log line, config,
     tracker file or model folder; unless its kind's final outputs are missing (a session killed between
@@ -195,13 +197,13 @@ def _loop(run: RunState, hooks: Hooks) -> None:
     with StopSignals(run.acc) as signals:
         for step in range(run.start, t.max_steps):
             sums, applied = train_step(run, batches, step)
-            bad = 0 if applied else bad + 1
-            hooks.logger.observe(sums, applied, run.health.last)
+            bad = 0 if applied else bad + int(run.health.fatal)
+            hooks.logger.observe(sums, applied, run.health.last, step + 1, run.health.judged)
             status = StepStatus(step + 1, step + 1 == t.max_steps, signals.requested(), applied)
             for hook in hooks:
                 hook(run, status)
             if bad > t.max_nonfinite:
-                raise Diverged(f"{bad} updates in a row had a non-finite or blown-up loss, gradient or weight norm (step "
+                raise Diverged(f"{bad} updates in a row had a non-finite loss, gradient or weight norm or exploded weights (step "
                                f"{step + 1}, train.max_nonfinite={t.max_nonfinite}); "
                                f"{hooks.checkpointer.kept.after_divergence()}")
             if status.stopping:
@@ -210,3 +212,6 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                 run.acc.wait_for_everyone()           # no process exits before the checkpoint is written
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
+    if run.main and run.start < t.max_steps:
+        print(f"trained steps {run.start + 1}-{t.max_steps}: {hooks.logger.skip_text()} updates skipped by the "
+              f"blow-up guard; run folder {run.run_dir}", flush=True)

@@ -229,7 +229,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     else:
         module, optimizer = acc.prepare(module, optimizer)
     grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
-    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window)
+    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, cfg.optim.grad_clip)
     run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
                    None, start, health)
     if saved is not None:        # a .pt file's model and objective: loaded by the kind, before sharding

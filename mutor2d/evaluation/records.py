@@ -192,8 +192,27 @@ def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
                      _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
                      *(_num(m.get(k), 3) for k in extra),
                      _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?")),
-                     _decode_text(rec)])
+                     _decode_text(rec), skips_text(record_run_dir(rec), rec.get("step"))])
     return rows
+
+
+def record_run_dir(rec: dict) -> Path | None:
+    """The run folder a record belongs to: the one holding its eval/ folder, else its sample file's or
+    checkpoint's run (run_dir_from_meta); None if none is known."""
+    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
+        return Path(rec["_file"]).parent.parent
+    return run_dir_from_meta({**(rec.get("sampling") or {}), "checkpoint": rec.get("checkpoint")})
+
+
+def skips_text(run_dir: Path | None, step=None) -> str:
+    """The updates the run's blow-up guard skipped up to ``step``: "0", "3 (1 nonfinite, 2 blowup)", or
+    "?" when the run's log.jsonl is not at hand (engine/runlog.py)."""
+    from ..engine.runlog import skip_counts
+    if run_dir is None or not (Path(run_dir) / "log.jsonl").is_file():
+        return "?"
+    counts = skip_counts(run_dir, None if step is None else int(step))
+    total = sum(counts.values())
+    return f"{total} ({', '.join(f'{n} {why}' for why, n in sorted(counts.items()))})" if total else "0"
 
 
 def _decode_text(rec: dict) -> str:
@@ -208,23 +227,23 @@ def _decode_text(rec: dict) -> str:
 
 def _paper_rows(extra: list[str]) -> list[list[str]]:
     rows = [["paper", method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra),
-             PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain"] for method, objective, step, fid, is_ in PAPER_ROWS]
+             PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"] for method, objective, step, fid, is_ in PAPER_ROWS]
     rows.append(["paper", "LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain"])
+                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"])
     return rows
 
 
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     """Markdown table: run (its folder's name, so two seeds of one method differ), method, objective,
     step, FID, IS, precision, recall, evaluator, reference, n, decoding (mode, options, forwards per
-    image and speed when recorded). The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
+    image and speed when recorded), skipped (the updates the run's blow-up guard skipped up to the step). The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
     any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
     columns of their own, after recall."""
     std = ("fid", "is", "precision", "recall")
     extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
                                if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
     head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator",
-            "reference", "n", "decoding"]
+            "reference", "n", "decoding", "skipped"]
     rows = _table_rows(records, extra)
     if paper if paper is not None else any(is_imagenet(r) for r in records):
         rows += _paper_rows(extra)
@@ -235,9 +254,7 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
 
 def run_name(rec: dict) -> str:
     """The run folder a record lives in (RUN/eval/x.json), else its checkpoint's run, else "?"."""
-    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
-        return Path(rec["_file"]).parent.parent.name
-    return (run_dir_from_meta({"checkpoint": rec.get("checkpoint")}) or Path("?")).name
+    return (record_run_dir({k: rec.get(k) for k in ("_file", "checkpoint")}) or Path("?")).name
 
 
 def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = None) -> Path:

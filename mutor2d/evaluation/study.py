@@ -284,7 +284,7 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
     """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "nll", "nll_val",
-    "s_per_step", "steps": {seed: step}}}; step None for the floor, VAL_BEST for the validation-selected
+    "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
     groups: dict = {}
     for r in recs:
@@ -294,8 +294,10 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             keys.append((run["method"], VAL_BEST))
         for key in keys:
             group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
-                                            "cfg": {}, "steps": {}})
+                                            "cfg": {}, "steps": {}, "skips": {}})
             group["seeds"].add(run.get("seed"))
+            if r.get("step") is not None:
+                group["skips"][run.get("seed")] = records.skips_text(records.record_run_dir(r), r["step"])
             group["steps"][run.get("seed")] = r.get("step")
             if run.get("train_steps"):
                 group["s_per_step"][run["seed"]] = run["train_seconds"] / run["train_steps"]
@@ -323,12 +325,13 @@ def row_order(key: tuple) -> tuple:
 
 def table(groups: dict, cfg_scales: list[float]) -> str:
     """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
-    validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one."""
+    validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one;
+    the updates each seed's run skipped up to the step (the blow-up guard: mutor2d/engine/health.py)."""
     guided_scales = [s for s in cfg_scales if s != 1.0]
     val = any(g["nll_val"] for g in groups.values())
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
         [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
-        ["test NLL (nats/token)", "train s/step"]
+        ["test NLL (nats/token)", "train s/step", "skipped updates per seed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for key in sorted((k for k in groups if k[1] is not None), key=row_order):
         g = groups[key]
@@ -339,13 +342,14 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
         row += [fmt(g["cfg"].get(1.0, {}).get("is", []))]
         row += [fmt(list(g["nll_val"].values()), 4)] if val else []
         row += [fmt(list(g["nll"].values()), 4), fmt(list(g["s_per_step"].values()), 3)]
+        row += [", ".join(g["skips"][seed] for seed in sorted(g["skips"], key=str)) or "–"]
         lines.append("| " + " | ".join(row) + " |")
     for key in sorted(k for k in groups if k[1] is None):
         g = groups[key]
         c = g["cfg"].get(None, {})
         row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(guided_scales) + \
             [fmt(c.get("accuracy", []), 3)] + ["″"] * len(guided_scales) + [fmt(c.get("is", []))] + \
-            (["–"] if val else []) + ["–", "–"]
+            (["–"] if val else []) + ["–", "–", "–"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import ConfigError
-from ..engine.hooks import JsonLog, StepStatus, due
+from ..engine.hooks import StepStatus, due
+from ..engine.runlog import JsonLog
 from ..engine.rng import preserved_rng
 from ..engine.setup import RunState
 from ..engine.speed import peak_flops, train_flops
