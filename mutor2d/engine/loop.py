@@ -96,7 +96,8 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
                 grad_norm = global_tensor(acc.clip_grad_norm_(module.parameters(), clip))  # over all shards
-                applied = run.health.judge(res.loss.detach(), grad_norm, acc, weight_norm(module)) is None
+                weights = weight_norm(module)
+                applied = run.health.judge(res.loss.detach(), grad_norm, acc, weights) is None
                 if applied:
                     run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -106,6 +107,7 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
     if run.ema is not None and applied:
         run.ema.update(run.model, step=step + 1)
     sums["grad_norm"] = grad_norm.detach().float()
+    sums["weight_norm"] = weights.detach().float()        # the trained weights the update started from
     return sums, applied
 
 
