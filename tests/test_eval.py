@@ -255,7 +255,7 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     table = board.main([str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(png)])
     lines = table.splitlines()
     assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("run", "method", "objective", "step", "FID", "IS",
-                                                             "precision", "recall", "evaluator", "reference", "n",
+                                                             "precision", "recall", "commit", "evaluator", "reference", "n",
                                                              "decoding")]
     ours = [line for line in lines if "VIRTUAL_imagenet256_labeled.npz" in line]
     assert len(ours) == 2
