@@ -141,6 +141,8 @@ def test_the_pretrained_study_shares_one_base_and_pairs_every_arm_with_next_toke
     assert study.main(args) == text
     assert f"reusing the shared base {base.name} ({base})" in capsys.readouterr().out.splitlines()
     run = next((tmp_path / "runs").iterdir())
+    record = study.records_of(run)[task.quick.max_steps]                     # the online evaluation's record
+    assert record["provenance"]["run"]["init"]["sha256"] == base_sha and record["provenance"]["eval"]["code"]
     sessions = provenance.read_sessions(run)
     sessions[0]["init"]["sha256"] = "f" * 64                                # as if it fine-tuned another base
     (run / provenance.RUN_FILE).write_text(json.dumps({"sessions": sessions}))
