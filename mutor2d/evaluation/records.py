@@ -128,16 +128,30 @@ def record_provenance(rec: dict) -> dict | None:
 
 def provenance_warning(recs: list[dict]) -> str | None:
     """One line when the runs of ``recs`` differ in code, versions or data (those with a provenance,
-    against the first of them), naming what differs; None when they agree."""
-    known = [(run_name(r), p) for r in recs if (p := record_provenance(r))]
-    differ: dict[str, list[str]] = {}
-    for name, p in known[1:]:
+    against the first of them), naming what differs and the runs (their folders relative to the
+    folder all of them are in); None when they agree."""
+    known = [(run_folder(r), p) for r in recs if (p := record_provenance(r))]
+    folders = [str(f) for f, _ in known if f is not None]
+    common = os.path.commonpath(folders) if len(folders) == len(known) and folders else None
+
+    def label(folder):
+        return os.path.relpath(folder, common) if common else str(folder)
+
+    differ: dict[str, set] = {}
+    for folder, p in known[1:]:
         for what in provenance_lib.differences(known[0][1], p):
-            differ.setdefault(what, []).append(name)
+            differ.setdefault(what, set()).add(label(folder))
     if not differ:
         return None
-    parts = [f"{what} ({', '.join(sorted(set(names)))} vs {known[0][0]})" for what, names in differ.items()]
+    parts = [f"{what} ({', '.join(sorted(names))} vs {label(known[0][0])})" for what, names in differ.items()]
     return "the compared runs differ in " + "; ".join(parts)
+
+
+def run_folder(rec: dict) -> Path | None:
+    """The run folder a read record belongs to (RUN/eval/x.json), else its checkpoint's run."""
+    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
+        return Path(rec["_file"]).parent.parent
+    return run_dir_from_meta({"checkpoint": rec.get("checkpoint")})
 
 
 def commit_text(rec: dict) -> str:

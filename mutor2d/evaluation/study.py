@@ -481,7 +481,7 @@ def run_study(study: Study) -> dict:
     if differ:
         warn(differ)
     summary["provenance"] = {"study": provenance.provenance(), "runs": {
-        records.run_name(r): records.record_provenance(r) for r in recs if records.record_provenance(r)}}
+        str(records.run_folder(r)): records.record_provenance(r) for r in recs if records.record_provenance(r)}}
     (study.out / "table.md").write_text(md + "\n")
     png = plot(groups, study.cfg_scales, study.plot or study.out / "fid_vs_step.png")
     summary.update(wall_seconds=time.time() - t0, table=md, plot=str(png))
