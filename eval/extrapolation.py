@@ -108,7 +108,9 @@ def curves(args) -> list[dict]:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    from mutor2d import provenance
     from mutor2d.evaluation.extrapolation import summarise, table
+    from mutor2d.evaluation.records import run_provenance
     from mutor2d.io import exit_on_write_error, write_text_atomic
     found = curves(args)
     summary = summarise(found)
@@ -116,6 +118,8 @@ def main(argv=None) -> dict:
     result = {"kind": args.kind, "unit": unit, "data": getattr(args, "data", None), "stack": getattr(args, "stack", None),
               "wrap": getattr(args, "wrap", None),
               "runs": [{**r, "curve": r["curve"].to_dict()} for r in found], "summary": summary}
+    result["provenance"] = {"eval": provenance.provenance(),
+                            "runs": {r["label"]: run_provenance(Path(r["run"]), r["run"]) for r in found}}
     with exit_on_write_error(args.out):
         write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(summary, unit))

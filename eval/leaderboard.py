@@ -3,7 +3,8 @@
     python eval/leaderboard.py RUN_DIR_OR_RECORD... [--plot OUT.png] [--paper | --no-paper]
 
 Reads RUN_DIR/eval/*.json (written by eval/fid.py) or record files given directly. The MuToR paper's
-reported ImageNet rows are shown alongside when a record's reference names ImageNet.
+reported ImageNet rows are shown alongside when a record's reference names ImageNet. A commit column
+names each run's code; one warning line says when the runs differ in code, library versions or data.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 
 from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
+from mutor2d.io import warn
 from mutor2d.plugins import load_plugins
 
 
@@ -34,6 +36,9 @@ def main(argv=None) -> str:
         raise records.RecordError("no evaluation records found in " + ", ".join(args.runs))
     table = records.markdown_table(recs, paper=args.paper)
     print(table)
+    differ = records.provenance_warning(recs)
+    if differ:
+        warn(differ)
     if args.plot:
         print(f"plot: {records.plot_fid(recs, args.plot, paper=args.paper)}", file=sys.stderr)
     return table

@@ -47,7 +47,15 @@ seed, or the shared pretrained base), trained (full fine-tuning) through train.p
 greedy answers to the test split, by the online evaluation hook (eval.path; train.eval_every gives
 the accuracy-vs-step curve). Resumable: a finished run (its final record and saved model) is
 skipped, an unfinished one continues from its last checkpoint (--resume auto). Writes OUT/table.md
-(also printed: final accuracy per method and the mean accuracy at every evaluated step) and the plot.
+(also printed: final accuracy per method and the mean accuracy at every evaluated step), the plot and
+OUT/summary.json (the table's rows, the shared base, the provenance of the study and of every run).
+
+Shared bases are cached by content: BASES/KEY12/ (``--bases``, default runs/bases), KEY = sha256 of
+the pretraining config (without its paths), the fingerprints of its corpus and initial weights, and
+the code identity (commit and diff hash); any study with that recipe (``arith_pretrained_4step`` and
+``arith_settings`` share one) reuses a finished base and says so in one line. Arms are paired by seed:
+arms of one seed whose runs fine-tuned different initial weights (RUN/provenance.json's ``init``) are
+refused in one line unless ``--allow-mixed-bases``.
 """
 from __future__ import annotations
 
@@ -73,11 +81,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Size:
     """The study's scale: data, model, training and evaluation. ``shape``: the task's difficulty
-    (arith: steps per problem, cycled; stargraph: degree, path_len, num_nodes). ``pretrain_blowup``:
-    the engine's health guard skips an update whose loss is that many times its recent median; on a
-    corpus of several kinds of line, length-grouped batches hold one kind each and their losses differ
-    by more than that, so the guard would skip every batch of the harder kind (the star-graph base,
-    guard on, stopped training on its walks after ~2,000 steps and forgot them)."""
+    (arith: steps per problem, cycled; stargraph: degree, path_len, num_nodes)."""
     train: int = 4000
     test: int = 200
     shape: tuple[int, ...] = (2,)
@@ -93,7 +97,6 @@ class Size:
     pretrain_count: int = 0                 # lines of the pretraining corpus (0: no shared base)
     pretrain_steps: int = 0                 # next-token steps of the shared base
     corpus_steps: tuple[int, ...] = (1, 2, 3, 4)   # steps per problem of the pretraining corpus (cycled)
-    pretrain_blowup: float = 10.0           # train.blowup_factor of the shared base (0: off)
 
 
 def arith_records(size: Size, count: int, seed: int) -> list[dict]:
@@ -238,9 +241,9 @@ TASKS = {
         stargraph_records, graph_edges, stargraph_tokenizer, {"name": "jsonl", "kind": "path"},
         {**STAR_METHODS, "multihead d=2..4": {"name": "multihead", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}},
         Size(train=2000, test=500, shape=(2, 5, 20), max_steps=400, lr=1e-3, eval_every=100, max_new_tokens=8,
-             init_std=0.08, pretrain_count=20000, pretrain_steps=4000, pretrain_blowup=0),
+             init_std=0.08, pretrain_count=20000, pretrain_steps=4000),
         Size(train=32, test=8, shape=(2, 3, 20), hidden=16, layers=1, heads=2, max_steps=4, batch=8,
-             eval_every=2, max_new_tokens=6, init_std=0.08, pretrain_count=64, pretrain_steps=3, pretrain_blowup=0),
+             eval_every=2, max_new_tokens=6, init_std=0.08, pretrain_count=64, pretrain_steps=3),
         "lm_stargraph_pretrained", "path-star graph, base pretrained on walks and leaf-side paths",
         corpus=stargraph_corpus, prompt_modes=("causal", "bidirectional")),
 }
@@ -271,20 +274,43 @@ def write_base(folder: Path, task: Task, size: Size, seed: int) -> Path:
                             init_std=size.init_std)
 
 
-def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry) -> Path:
-    """The shared base: a random Llama (seed 1000) trained once with next-token prediction on the
-    task's corpus (lines whose key is in ``exclude`` dropped), through train.py; resumable."""
+def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, str]:
+    """The shared base's pretraining (its config; writes OUT/data/pretrain.jsonl, the task's corpus
+    with the lines whose key is in ``exclude`` dropped, and OUT/pretrain_init, a random Llama of seed
+    1000) and its cache key (:func:`base_key`)."""
     from mutor2d.lm.data import write_jsonl
-    run = out / "pretrain"
-    if finished(run, size.pretrain_steps, records=False):
-        return run
     corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "data" / "pretrain.jsonl")
     init = write_base(out / "pretrain_init", task, size, 1000)
     cfg = run_config(init, out / "data" / "pretrain.jsonl", None, {"name": "ntp"},
                      dataclasses.replace(size, max_steps=size.pretrain_steps, lr=3e-3), 1000, task.scoring)
-    cfg["train"]["blowup_factor"] = size.pretrain_blowup
+    return cfg, base_key(cfg, out / "data" / "pretrain.jsonl", init)
+
+
+def base_key(cfg: dict, corpus: Path, init: Path) -> str:
+    """sha256 of what makes a base: its pretraining config (without the paths of its corpus and initial
+    weights, which name this study's folder), their content (fingerprints) and the code identity
+    (commit and diff hash, or the package version): equal recipes share one base, whatever the study."""
+    from mutor2d import provenance
+    recipe = {k: v for k, v in cfg.items() if k not in ("model", "data")}
+    recipe["model"] = {k: v for k, v in cfg["model"].items() if k != "hf"}
+    recipe["data"] = {k: v for k, v in cfg["data"].items() if k != "path"}
+    code = provenance.code_identity()
+    ident = {"config": recipe, "corpus": provenance.fingerprint(corpus)["sha256"],
+             "init": provenance.fingerprint(init)["sha256"], "code": provenance.code_key(code)}
+    return provenance.text_sha256(json.dumps(ident, sort_keys=True))
+
+
+def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry, bases: Path) -> Path:
+    """The shared base: a random Llama (seed 1000) trained once with next-token prediction on the
+    task's corpus, through train.py, into BASES/KEY12 (KEY: :func:`base_key`); a finished one there is
+    reused (said in one line), an unfinished one resumed."""
+    cfg, key = base_recipe(out, task, size, exclude)
+    run = bases / key[:12]
+    if finished(run, size.pretrain_steps, records=False):
+        print(f"reusing the shared base {key[:12]} ({run})", flush=True)
+        return run
     timed(entry, out / "configs" / "pretrain.yaml", cfg, run, out)
     return run
 
@@ -342,14 +368,15 @@ def run_name(objective: dict, mode: str, seed: int, task: Task) -> str:
     return f"{objective['name']}_d{objective.get('d_max', 1)}{settings}{suffix}_s{seed}"
 
 
-def run_all(out: Path, task: Task, size: Size, seeds: list[int]) -> dict[str, dict[int, Path]]:
-    """Train every (arm, seed) not yet finished through train.py; -> run folders by arm, seed."""
+def run_all(out: Path, task: Task, size: Size, seeds: list[int], bases: Path) -> tuple[dict[str, dict[int, Path]], Path | None]:
+    """Train every (arm, seed) not yet finished through train.py (a shared base: in ``bases``); -> (run
+    folders by arm, seed; the shared base's folder or None)."""
     train, test = write_data(out / "data", task, size)
     entry, runs = train_py(), {}
     shared = None
     if size.pretrain_steps:
         seen = {task.key(r) for r in load_jsonl(train) + load_jsonl(test)}
-        shared = pretrained_base(out, task, size, seen, entry)
+        shared = pretrained_base(out, task, size, seen, entry, bases)
     for seed in seeds:
         base = shared or write_base(out / f"base_s{seed}", task, size, seed)
         for arm, (objective, mode) in arms(task).items():
@@ -359,7 +386,7 @@ def run_all(out: Path, task: Task, size: Size, seeds: list[int]) -> dict[str, di
                 continue
             cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode, task.decode)
             timed(entry, out / "configs" / f"{run.name}.yaml", cfg, run, out)
-    return runs
+    return runs, shared
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -385,18 +412,71 @@ def final_loss(run: Path) -> float | None:
     return rows[-1]["loss_ntp"] if rows else None
 
 
+def table_rows(runs: dict[str, dict[int, Path]], max_steps: int) -> list[dict]:
+    """Per arm: seeds, final test accuracy per seed, its mean and std, final next-token loss (mean, or None)."""
+    rows = []
+    for method, by_seed in runs.items():
+        acc = [records_of(r)[max_steps]["metrics"]["accuracy"] for r in by_seed.values()]
+        loss = [v for v in (final_loss(r) for r in by_seed.values()) if v is not None]
+        rows.append({"arm": method, "seeds": len(acc), "accuracy_mean": statistics.mean(acc),
+                     "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0, "accuracy_per_seed": acc,
+                     "final_ce_ntp": statistics.mean(loss) if loss else None})
+    return rows
+
+
 def table(runs: dict[str, dict[int, Path]], max_steps: int) -> str:
     """Markdown: final test accuracy (mean ± std over seeds, each seed) and final next-token loss."""
     lines = ["| method | seeds | test accuracy (mean ± std) | per seed | final train CE_ntp |",
              "|---|---|---|---|---|"]
-    for method, by_seed in runs.items():
-        acc = [records_of(r)[max_steps]["metrics"]["accuracy"] for r in by_seed.values()]
-        loss = [v for v in (final_loss(r) for r in by_seed.values()) if v is not None]
-        sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        ce = f"{statistics.mean(loss):.3f}" if loss else "-"
-        lines.append(f"| {method} | {len(acc)} | {statistics.mean(acc):.3f} ± {sd:.3f} | "
-                     f"{', '.join(f'{a:.3f}' for a in acc)} | {ce} |")
+    for row in table_rows(runs, max_steps):
+        ce = f"{row['final_ce_ntp']:.3f}" if row["final_ce_ntp"] is not None else "-"
+        lines.append(f"| {row['arm']} | {row['seeds']} | {row['accuracy_mean']:.3f} ± {row['accuracy_sd']:.3f} | "
+                     f"{', '.join(f'{a:.3f}' for a in row['accuracy_per_seed'])} | {ce} |")
     return "\n".join(lines)
+
+
+def init_of(run: Path) -> str | None:
+    """The sha256 of the initial weights a run's first session started from (RUN/provenance.json)."""
+    from mutor2d import provenance
+    sessions = provenance.read_sessions(run)
+    return ((sessions[0].get("init") or {}).get("sha256")) if sessions else None
+
+
+def check_bases(runs: dict[str, dict[int, Path]], allow_mixed: bool) -> dict[int, str | None]:
+    """Seed -> the initial weights' sha256 all its arms started from (arms are paired by seed); a
+    seed whose arms' runs differ is a StudyError unless ``allow_mixed`` (then its value is None)."""
+    by_seed: dict[int, set] = {}
+    for by in runs.values():
+        for seed, run in by.items():
+            by_seed.setdefault(seed, set()).add(init_of(run))
+    mixed = {s: found for s, found in by_seed.items() if len(found - {None}) > 1}
+    if mixed and not allow_mixed:
+        seed, found = next(iter(sorted(mixed.items())))
+        from mutor2d import provenance
+        raise StudyError(f"the arms of seed {seed} fine-tuned different initial weights "
+                         f"({', '.join(sorted(provenance.short(h) for h in found - {None}))}): their pairing would "
+                         f"compare bases, not methods; pass --allow-mixed-bases to pair them anyway")
+    return {s: None if s in mixed else next(iter(found - {None}), None) for s, found in sorted(by_seed.items())}
+
+
+class StudyError(ValueError):
+    """A study that cannot be reported as asked; one line."""
+
+
+def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict, shared: Path | None) -> Path:
+    """OUT/summary.json: the table's rows, the initial weights of each seed's arms (the shared base's
+    folder and key when there is one) and the provenance of the study process and of each run."""
+    from mutor2d import provenance
+    from mutor2d.io import write_json_atomic
+    from mutor2d.lm.hf import base_fingerprint
+    summary = {"task": task_name, "rows": table_rows(runs, size.max_steps),
+               "base": {"folder": str(shared), "key12": shared.name,
+                        "sha256": base_fingerprint(str(shared))["sha256"]} if shared else None,
+               "init_sha256_by_seed": {str(s): h for s, h in bases.items()},
+               "provenance": {"study": provenance.provenance(),
+                              "runs": {r.name: (provenance.read_sessions(r) or [None])[0]
+                                       for by in runs.values() for r in by.values()}}}
+    return write_json_atomic(out / "summary.json", summary)
 
 
 def ci95(values: list[float]) -> tuple[float, float]:
@@ -444,7 +524,7 @@ def check_skips(runs: dict[str, dict[int, Path]], max_steps: int, reference: str
         ref = runs.get(reference_arm(arm, reference), {})
         for seed, run in by_seed.items():
             if seed in ref and ref[seed] != run and abs(skipped(run) - skipped(ref[seed])) > tolerance * max_steps:
-                raise SystemExit(f"error: {arm} and {reference_arm(arm, reference)} (seed {seed}) skipped "
+                raise StudyError(f"{arm} and {reference_arm(arm, reference)} (seed {seed}) skipped "
                                  f"{skipped(run)} and {skipped(ref[seed])} of {max_steps} updates, more apart than "
                                  f"--skip-tolerance {tolerance:g}: their paired difference is not reported "
                                  f"(--allow-skip-mismatch reports it anyway)")
@@ -525,6 +605,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="paired arms may differ in skipped updates by this share of the steps (default 0.01)")
     ap.add_argument("--allow-skip-mismatch", action="store_true",
                     help="report paired differences even when the arms' skipped updates differ by more")
+    ap.add_argument("--bases", default="runs/bases", help="shared pretrained bases, one folder per recipe's key "
+                                                          "(BASES/KEY12; reused by every study of that recipe)")
+    ap.add_argument("--allow-mixed-bases", action="store_true",
+                    help="pair arms whose runs fine-tuned different initial weights (refused by default)")
     return ap
 
 
@@ -540,16 +624,22 @@ def main(argv=None) -> str:
     import torch
     torch.set_num_threads(1)                 # the study machine is shared; 2 threads ran slower here
     out = Path(args.out or f"runs/{task.stem}")
-    runs = run_all(out, task, size, args.seeds[:1] if args.quick else args.seeds)
+    runs, shared = run_all(out, task, size, args.seeds[:1] if args.quick else args.seeds, Path(args.bases))
+    bases = check_bases(runs, args.allow_mixed_bases)
     if not args.allow_skip_mismatch:
         check_skips(runs, size.max_steps, task.reference, args.skip_tolerance)
     text = (table(runs, size.max_steps) + "\n\nIntervals and paired differences:\n\n"
             + interval_table(runs, size.max_steps, out, task.reference) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
     (out / "table.md").write_text(text + "\n")
+    write_summary(out, args.task, runs, size, bases, shared)
     print(text)
     print(f"plot: {plot(runs, Path(args.plot or out / f'{task.stem}.png'), task.title)}", file=sys.stderr)
     return text
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

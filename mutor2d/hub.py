@@ -89,7 +89,7 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
         return {"format": "mutor2d", "step": self.meta["step"], "grid": self.meta["grid"],
                 "weights": "ema" if self.meta["has_ema"] else "model",
                 "tokenizer": tokenizer_reference(self.cfg), "run_config": self.meta["config"],
-                io.WEIGHTS_SHA256_KEY: weights_sha256}
+                "provenance": self.meta.get("provenance"), io.WEIGHTS_SHA256_KEY: weights_sha256}
 
     def _save_pretrained(self, save_directory: Path) -> None:
         weights = checkpoint.save_safetensors(self.model.state_dict(), self.meta,

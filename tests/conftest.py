@@ -2,6 +2,10 @@
 missing demo extra (``demo_extra``), and the cores shared out between pytest-xdist's workers."""
 import os
 import subprocess
+import tempfile
+
+# file hashes of provenance fingerprints (mutor2d.provenance) go to a cache of the test session, not ~/.cache
+os.environ.setdefault("MUTOR2D_CACHE", tempfile.mkdtemp(prefix="mutor2d-cache-"))
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
     # each of N workers (and the processes its tests start) gets cores/N threads, not all the cores

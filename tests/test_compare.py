@@ -194,6 +194,13 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
     md = (out / "table.md").read_text()
     for name in ("next-token", "mutor-2d-sparse", study.COMPUTE_MATCHED, "real held-out"):
         assert f"| {name} |" in md
+    from mutor2d import provenance
+    head, _, first = md.splitlines()[:3]
+    assert head.endswith("| commit |")                                     # every run's code, this checkout's
+    assert first.split(" | ")[-1].rstrip(" |") == provenance.code_text(provenance.code_identity())
+    runs = summary["provenance"]["runs"]
+    assert str(out / "next-token" / "seed0") in runs and summary["provenance"]["study"]["versions"]
+    assert {p["data"]["name"] for p in runs.values()} == {"digits"}
     png = Path(summary["plot"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = sorted(out.glob("*/seed0"))

@@ -255,8 +255,8 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     table = board.main([str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(png)])
     lines = table.splitlines()
     assert lines[0].split("|")[1:-1] == [f" {h} " for h in ("run", "method", "objective", "step", "FID", "IS",
-                                                             "precision", "recall", "evaluator", "reference", "n",
-                                                             "decoding", "skipped")]
+                                                             "precision", "recall", "commit", "evaluator", "reference",
+                                                             "n", "decoding", "skipped")]
     ours = [line for line in lines if "VIRTUAL_imagenet256_labeled.npz" in line]
     assert len(ours) == 2
     assert "| mutor-2d | a=0.5, D=4, sparse K=80 | 100000 | 6.50 | 200.0 | 0.700 | 0.600 |" in ours[0]

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutor2d"
 LAYERS = [
-    {"checks", "cli", "io", "peaks", "plugins", "preempt"},  # what every part shares
+    {"checks", "cli", "io", "peaks", "plugins", "preempt", "provenance"},  # what every part shares
     {"config"},                                    # the registries and config building
     {"checkpoint"},                                # files: written atomically, read without running code
     {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ

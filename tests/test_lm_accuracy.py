@@ -407,7 +407,9 @@ def test_train_each_format_then_evaluate(tmp_path, base, fmt, capsys, monkeypatc
     table = _script("leaderboard").main([str(run)])
     head, rows = table.splitlines()[0], table.splitlines()[2:]
     assert "| accuracy |" in head and len(rows) == (3 if fmt == "messages" else 2)   # one per prediction file
-    assert any(f"| {result['accuracy']:.3f} | gsm8k exact match | sums.jsonl | 12 |" in r for r in rows)
+    from mutor2d import provenance
+    commit = provenance.code_text(provenance.read_sessions(run)[-1]["code"])        # the run's code
+    assert any(f"| {result['accuracy']:.3f} | {commit} | gsm8k exact match | sums.jsonl | 12 |" in r for r in rows)
 
 
 def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):

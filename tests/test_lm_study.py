@@ -115,18 +115,40 @@ def test_quick_stargraph_study_scores_whole_paths_on_held_out_graphs(tmp_path):
     assert any("loss_reg" in json.loads(x) for x in log)                  # the registers trained
 
 
-def test_the_pretrained_study_shares_one_base_and_pairs_every_arm_with_next_token(tmp_path):
+def test_the_pretrained_study_shares_one_base_and_pairs_every_arm_with_next_token(tmp_path, capsys):
     """arith_pretrained --quick: one base pretrained once with next-token prediction on a corpus that
-    holds no fine-tuning or test question; every arm (4 methods x causal/bidirectional prompts)
-    fine-tunes that base; the table gives 95% intervals and the paired difference to the next-token
-    arm of the same prompt attention."""
+    holds no fine-tuning or test question, cached by its recipe's key in --bases and reused by a rerun
+    (said in one line); every arm (4 methods x causal/bidirectional prompts) fine-tunes that base (its
+    provenance's init names it, as does OUT/summary.json); the table gives 95% intervals and the paired
+    difference to the next-token arm of the same prompt attention; arms of one seed that fine-tuned
+    different weights are refused unless --allow-mixed-bases."""
     import yaml
+    from mutor2d import provenance
     study = load_study()
     task = study.TASKS["arith_pretrained"]
-    text = study.main(["--task", "arith_pretrained", "--quick", "--out", str(tmp_path)])
+    args = ["--task", "arith_pretrained", "--quick", "--out", str(tmp_path), "--bases", str(tmp_path / "bases")]
+    text = study.main(args)
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in (tmp_path / "configs").glob("*.yaml")}
     bases = {c["model"]["hf"] for name, c in configs.items() if name != "pretrain"}
-    assert bases == {str(tmp_path / "pretrain")} and (tmp_path / "pretrain" / "config.json").is_file()
+    [base] = list((tmp_path / "bases").iterdir())
+    assert bases == {str(base)} and (base / "config.json").is_file() and len(base.name) == 12
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    base_sha = summary["base"]["sha256"]
+    assert summary["base"]["key12"] == base.name and summary["init_sha256_by_seed"] == {"0": base_sha}
+    assert [r["arm"] for r in summary["rows"]] == list(study.arms(task))
+    assert {p["init"]["sha256"] for p in summary["provenance"]["runs"].values()} == {base_sha}
+    capsys.readouterr()
+    assert study.main(args) == text
+    assert f"reusing the shared base {base.name} ({base})" in capsys.readouterr().out.splitlines()
+    run = next((tmp_path / "runs").iterdir())
+    record = study.records_of(run)[task.quick.max_steps]                     # the online evaluation's record
+    assert record["provenance"]["run"]["init"]["sha256"] == base_sha and record["provenance"]["eval"]["code"]
+    sessions = provenance.read_sessions(run)
+    sessions[0]["init"]["sha256"] = "f" * 64                                # as if it fine-tuned another base
+    (run / provenance.RUN_FILE).write_text(json.dumps({"sessions": sessions}))
+    with pytest.raises(study.StudyError, match="different initial weights .*--allow-mixed-bases"):
+        study.main(args)
+    assert study.main(args + ["--allow-mixed-bases"]) == text
     assert configs["pretrain"]["objective"] == {"name": "ntp"}
     assert sorted(c["model"]["prompt_attention"] for n, c in configs.items() if n != "pretrain") == \
         ["bidirectional"] * 4 + ["causal"] * 4
@@ -154,12 +176,13 @@ def test_the_pretrained_stargraph_study_pretrains_on_other_graphs_and_pairs_arms
     import yaml
     study = load_study()
     task = study.TASKS["stargraph_pretrained"]
-    study.run_all(tmp_path, task, task.quick, [0, 1])
+    study.run_all(tmp_path, task, task.quick, [0, 1], tmp_path / "bases")
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in (tmp_path / "configs").glob("*.yaml")}
     finetunes = {n: c for n, c in configs.items() if n != "pretrain"}
     assert len(finetunes) == 2 * len(study.arms(task)) and configs["pretrain"]["objective"] == {"name": "ntp"}
-    assert configs["pretrain"]["train"]["blowup_factor"] == 0               # the corpus mixes two kinds of line
-    assert {c["model"]["hf"] for c in finetunes.values()} == {str(tmp_path / "pretrain")}
+    assert "blowup_factor" not in configs["pretrain"]["train"]        # two kinds of line: the guard's default rule
+    assert {c["model"]["hf"] for c in finetunes.values()} == {str(p) for p in (tmp_path / "bases").iterdir()}
+    assert len(list((tmp_path / "bases").iterdir())) == 1
     assert {n: c["train"]["seed"] for n, c in finetunes.items()} == {n: int(n[-1]) for n in finetunes}
     lines = {s: study.load_jsonl(tmp_path / "data" / f"{s}.jsonl") for s in ("train", "test", "pretrain")}
     held = {study.graph_edges(r) for s in ("train", "test") for r in lines[s]}
@@ -220,10 +243,30 @@ def test_a_study_refuses_to_pair_arms_the_guard_filtered_unevenly(tmp_path):
             lines = [{"event": "skip", "step": 10 + k, "reason": "blowup"} for k in range(n)]
             (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
             runs.setdefault(arm, {})[seed] = run
-    with pytest.raises(SystemExit, match=r"^error: mutor-1d d_max=4 and next-token \(seed 1\) skipped 4 and 0 "
+    with pytest.raises(study.StudyError, match=r"^mutor-1d d_max=4 and next-token \(seed 1\) skipped 4 and 0 "
                                          r"of 300 updates.*--allow-skip-mismatch") as e:
         study.check_skips(runs, 300, "next-token", 0.01)
     assert "\n" not in str(e.value)
     study.check_skips(runs, 300, "next-token", 0.02)                       # 4 <= 6: within the tolerance
     row = [line for line in study.interval_table(runs, 300, tmp_path).splitlines() if line.startswith("| mutor")]
     assert row[0].endswith("| 1, 4 |")
+
+
+def test_studies_with_one_base_recipe_share_its_key_and_another_recipe_or_code_does_not(tmp_path, monkeypatch):
+    """arith_pretrained_4step and arith_settings pretrain the same base: one key, whatever their --out;
+    arith_pretrained's recipe (another corpus) and other code get other keys."""
+    from mutor2d import provenance
+    study = load_study()
+
+    def key(name, out):
+        task = study.TASKS[name]
+        train, test = study.write_data(out / "data", task, task.quick)
+        seen = {task.key(r) for r in study.load_jsonl(train) + study.load_jsonl(test)}
+        return study.base_recipe(out, task, task.quick, seen)[1]
+
+    four = key("arith_pretrained_4step", tmp_path / "a")
+    assert key("arith_settings", tmp_path / "b") == four
+    assert key("arith_pretrained", tmp_path / "c") != four
+    monkeypatch.setattr(provenance, "code_identity", lambda root=None: {"commit": "0" * 40, "dirty": False,
+                                                                        "diff_sha256": None})
+    assert key("arith_settings", tmp_path / "d") != four

@@ -8,7 +8,8 @@ at the top level:
   ema: EMA state dict (absent, or None in older files, without EMA); optimizer: state dict keyed by
   parameter names; step: int; rng: one RNG state per process (mutor2d.engine.rng); health: the loss /
   gradient-norm history of recent healthy updates (mutor2d.engine.health); config: the resolved run
-  config as a plain dict (its ``task`` first); grid: [H, W] (None for runs without a grid).
+  config as a plain dict (its ``task`` first); grid: [H, W] (None for runs without a grid);
+  provenance: the writing session's (mutor2d.provenance; None in older files and on other processes).
   sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
   a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
 Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
@@ -199,19 +200,20 @@ def output_dir(path: str | os.PathLike, what: str = "samples") -> Path:
 
 
 def read_meta(path: str | os.PathLike) -> dict:
-    """{"step", "grid", "has_ema", "config"} of a checkpoint or safetensors export, without reading weights."""
+    """{"step", "grid", "has_ema", "config", "provenance"} of a checkpoint or safetensors export, without reading weights."""
     path = resolve(path)
     if path.suffix == ".safetensors":
         meta = io.read_safetensors(path, "checkpoint", tensors=False)[1]
         return {"step": int(meta.get("step", 0)), "grid": json.loads(meta.get("grid", "null")),
-                "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}"))}
+                "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}")),
+                "provenance": json.loads(meta.get("provenance", "null"))}
     return _meta_of(load(path, mmap=True))
 
 
 def _meta_of(ckpt: dict) -> dict:
     has_ema = ckpt["has_ema"] if "has_ema" in ckpt else ckpt.get("ema") is not None
     return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": has_ema,
-            "config": ckpt["config"]}
+            "config": ckpt["config"], "provenance": ckpt.get("provenance")}
 
 
 def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
@@ -281,12 +283,12 @@ def check_image_run(path: str | os.PathLike, config) -> None:
 
 
 def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLike) -> Path:
-    """``state`` as a safetensors file whose metadata ``read_meta`` reads back: step, grid and config of
+    """``state`` as a safetensors file whose metadata ``read_meta`` reads back: step, grid, config, provenance of
     ``meta`` (as ``read_meta`` gives them) and which weights they are (``weights``: "ema" or "model").
     Written atomically: a failed write (an OSError) leaves no partial file."""
     from safetensors.torch import save
     info = {"step": str(meta["step"]), "grid": json.dumps(meta["grid"]), "config": json.dumps(meta["config"]),
-            "weights": weights, "format": "mutor2d"}
+            "provenance": json.dumps(meta.get("provenance")), "weights": weights, "format": "mutor2d"}
     data = save({k: v.detach().contiguous().cpu() for k, v in state.items()}, metadata=info)
     return io.write_atomic(out, lambda f: f.write(data))
 

@@ -10,7 +10,8 @@ Keys:
     keyed by parameter names, torch.distributed.checkpoint.state_dict's layout);
   * train state: ``step`` (updates done), ``rng`` (one state per process: mutor2d.engine.rng),
     ``health`` (the recent healthy updates: mutor2d.engine.health);
-  * metadata: ``config`` (the resolved run config as a plain dict), ``grid`` ([H, W] of image runs).
+  * metadata: ``config`` (the resolved run config as a plain dict), ``grid`` ([H, W] of image runs),
+    ``provenance`` (the writing session's: mutor2d.provenance).
 A ``.pt`` file holds them all at its top level (mutor2d.checkpoint); a sharded folder holds the weights
 as DCP entries (``model.*``, ``objective.*``, ``ema.*``, ``optimizer.*``) and the rest in its meta.pt
 (mutor2d.checkpoint.sharded).

@@ -4,6 +4,7 @@ the dataset's module (tokens: digits and code stores; stargraph) and the tokeniz
 dataset: one DataConfig subclass here (or in a plugin) with ``@register_variant("data", NAME)``."""
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,18 @@ if TYPE_CHECKING:
     from .tokens import CodeDataset, TokenGrids
 
 
+def digits_fingerprint(tokenizer: str = "pixel") -> dict:
+    """The digits' fingerprint: scikit-learn's bundled digits.csv.gz; with a VQ checkpoint as tokenizer,
+    the sha256 of both files' hashes (the tokens depend on it) and the tokenizer's own fingerprint."""
+    from .. import provenance
+    found = provenance.package_file("sklearn", "datasets/data/digits.csv.gz", "digits")
+    if tokenizer == "pixel":
+        return found
+    tok = provenance.fingerprint(tokenizer)
+    both = provenance.text_sha256(f"{found['sha256']}\t{tok['sha256']}")
+    return {**found, "sha256": both, "tokenizer": tok}
+
+
 class DataConfig(Variant):
     """A ``data`` variant: its fields, ``build(split)`` (a Dataset of that split: "train", "val" or
     "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
@@ -32,6 +45,15 @@ class DataConfig(Variant):
 
     def build(self, split: str) -> Dataset:
         raise NotImplementedError
+
+    def fingerprint(self) -> dict:
+        """The training data's fingerprint (mutor2d.provenance): of the file or folder at ``path``, else
+        the data set's name and the hash of its settings (data generated from them)."""
+        from .. import provenance
+        if getattr(self, "path", None):
+            return provenance.fingerprint(self.path)
+        fields = {k: v for k, v in self.__dict__.items() if k != "num_workers"}
+        return provenance.named(self.name, provenance.text_sha256(json.dumps(fields, sort_keys=True, default=str)))
 
     def build_tokenizer(self) -> Tokenizer:
         """The tokenizer that turns this data's tokens into images."""
@@ -62,6 +84,9 @@ class DigitsDataConfig(DataConfig):
         if not 0 < self.train_fraction <= 1:
             fail("data.train_fraction", "a number in (0, 1] (1 = all training images)", self.train_fraction)
         check_workers("data.num_workers", self.num_workers)
+
+    def fingerprint(self) -> dict:
+        return digits_fingerprint(self.tokenizer)
 
     def build(self, split: str) -> TokenGrids:
         import torch

@@ -36,7 +36,7 @@ from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
 from .kinds import run_kind
 from .lock import run_lock
-from .setup import RunState, build_run
+from .setup import RunState, build_run, record_provenance
 from .sharding import global_tensor, is_sharded
 
 
@@ -159,6 +159,7 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         from .. import config as config_lib
         (run.run_dir / "config.yaml").write_text(config_lib.dump(run.cfg))
+        run.provenance = record_provenance(run)
     if run.cfg.train.tracker != "none":
         scalars = {k: v if isinstance(v, (int, float, str, bool)) else str(v)     # tracker hyper-parameters
                    for k, v in flat(run.cfg.to_dict()).items()}

@@ -70,6 +70,9 @@ class RunKind(Protocol):
     def finished(self, run_dir: Path) -> bool: ...  # what ``finish`` writes is there (else a resume at
     # train.max_steps runs ``finish`` again: a run killed between its last checkpoint and its final folder)
 
+    def sources(self, cfg) -> tuple[dict | None, dict | None]: ...   # fingerprints (mutor2d.provenance) of
+    # the training data and of the initial weights; optional (a kind without it records neither)
+
 
 @dataclass
 class RunState:
@@ -89,6 +92,7 @@ class RunState:
     loader: DataLoader
     start: int                  # first step to run (0, or the resumed checkpoint's step)
     health: Health              # judges each update (engine/health.py)
+    provenance: dict | None = None   # this session's (mutor2d.provenance; main process): in every checkpoint
 
     @property
     def device(self) -> torch.device:
@@ -118,7 +122,8 @@ class RunState:
                  "rng": RunRng(self), "health": self.health}
         if self.ema is not None:
             parts["ema"] = sharding.ema_part(self.ema)
-        values = {"config": self.cfg.to_dict(), "grid": list(self.grid) if self.grid else None}
+        values = {"config": self.cfg.to_dict(), "grid": list(self.grid) if self.grid else None,
+                  "provenance": self.provenance}
         return TrainState(parts, values, sharded)
 
     def sampling_model(self) -> nn.Module | None:
@@ -243,6 +248,26 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
             _note_schedule_change(saved["config"], cfg)
     run.loader = build_loader(cfg, kind, dataset, acc, start)
     return run
+
+
+def record_provenance(run: RunState) -> dict:
+    """This session's provenance (mutor2d.provenance: data and initial weights from the kind's
+    ``sources``) appended to RUN/provenance.json; one warning line when its code, versions or data
+    differ from the first session's. Main process only."""
+    from .. import provenance
+    data, init = kind_sources(run.kind, run.cfg)
+    prov = provenance.provenance(data, init, device=str(run.device), threads=torch.get_num_threads())
+    changed = provenance.append_session(run.run_dir, prov, run.start)
+    if changed:
+        warn(f"this session's {', '.join(changed)} differ from the run's first session "
+             f"({run.run_dir / provenance.RUN_FILE})")
+    return prov
+
+
+def kind_sources(kind: RunKind, cfg) -> tuple[dict | None, dict | None]:
+    """(data, init) fingerprints of the kind's ``sources``; (None, None) for a kind without it."""
+    sources = getattr(kind, "sources", None)
+    return sources(cfg) if sources is not None else (None, None)
 
 
 def resume_parts(run: RunState, saved: dict, names: tuple[str, ...]) -> None:

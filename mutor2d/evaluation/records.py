@@ -4,7 +4,11 @@ A record is one JSON object per file, written under ``RUN/eval/`` (or where aske
 method, objective (the run's objective settings), step, metrics (fid, is, precision, recall, kid,
 accuracy, ...), skipped (metric -> why), evaluator (torch-fidelity version, feature extractor,
 weights), reference, reference_detail, n (samples), sampling (the sample file's metadata without
-the run config), seed, samples, checkpoint, run_config, created.
+the run config), seed, samples, checkpoint, run_config, created, provenance ({"eval": the evaluating
+process's, "run": the latest session of the run's RUN/provenance.json, or null}: mutor2d.provenance,
+added by :func:`write_record`).
+The leaderboard shows each record's training code (a commit column: short hash, "+dirty") and warns in
+one line when its rows' runs differ in code, library versions or data (:func:`provenance_warning`).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import re
 from pathlib import Path
 
 from .. import config
+from .. import provenance as provenance_lib
 from ..io import write_text_atomic
 
 # The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
@@ -95,11 +100,63 @@ def record_name(record: dict) -> str:
 
 
 def write_record(record: dict, path: str | os.PathLike) -> Path:
-    """Write ``record`` as JSON to ``path`` (a .json file, or a folder to put record_name() in)."""
+    """Write ``record`` as JSON to ``path`` (a .json file, or a folder to put record_name() in), with its
+    provenance (module doc) unless it has one."""
     path = Path(path)
     if path.suffix != ".json":
         path = path / record_name(record)
+    if "provenance" not in record:
+        record = {**record, "provenance": {"eval": provenance_lib.provenance(),
+                                           "run": run_provenance(path.parent, record.get("checkpoint"))}}
     return write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+
+
+def run_provenance(folder: Path, checkpoint: str | None) -> dict | None:
+    """The latest session of the run a record belongs to: the run above RUN/eval/, else its checkpoint's
+    run (a run folder, or RUN/checkpoints/step_N.pt); None when neither has RUN/provenance.json."""
+    runs = [folder.parent] if folder.name == "eval" else []
+    runs += [p for p in (run_dir_from_meta({"checkpoint": checkpoint}), Path(checkpoint) if checkpoint else None)
+             if p is not None]
+    sessions = next((found for found in map(provenance_lib.read_sessions, runs) if found), [])
+    return sessions[-1] if sessions else None
+
+
+def record_provenance(rec: dict) -> dict | None:
+    """The provenance of the run a read record came from (None for records written before provenance)."""
+    return (rec.get("provenance") or {}).get("run")
+
+
+def provenance_warning(recs: list[dict]) -> str | None:
+    """One line when the runs of ``recs`` differ in code, versions or data (those with a provenance,
+    against the first of them), naming what differs and the runs (their folders relative to the
+    folder all of them are in); None when they agree."""
+    known = [(run_folder(r), p) for r in recs if (p := record_provenance(r))]
+    folders = [str(f) for f, _ in known if f is not None]
+    common = os.path.commonpath(folders) if len(folders) == len(known) and folders else None
+
+    def label(folder):
+        return os.path.relpath(folder, common) if common else str(folder)
+
+    differ: dict[str, set] = {}
+    for folder, p in known[1:]:
+        for what in provenance_lib.differences(known[0][1], p):
+            differ.setdefault(what, set()).add(label(folder))
+    if not differ:
+        return None
+    parts = [f"{what} ({', '.join(sorted(names))} vs {label(known[0][0])})" for what, names in differ.items()]
+    return "the compared runs differ in " + "; ".join(parts)
+
+
+def run_folder(rec: dict) -> Path | None:
+    """The run folder a read record belongs to (RUN/eval/x.json), else its checkpoint's run."""
+    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
+        return Path(rec["_file"]).parent.parent
+    return run_dir_from_meta({"checkpoint": rec.get("checkpoint")})
+
+
+def commit_text(rec: dict) -> str:
+    """The commit cell of a record: its run's code (mutor2d.provenance.code_text)."""
+    return provenance_lib.code_text((record_provenance(rec) or {}).get("code"))
 
 
 def read_records(paths) -> tuple[list[dict], list[str]]:
@@ -190,18 +247,10 @@ def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
         rows.append([run_name(rec), rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
                      "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2),
                      _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
-                     *(_num(m.get(k), 3) for k in extra),
+                     *(_num(m.get(k), 3) for k in extra), commit_text(rec),
                      _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?")),
-                     _decode_text(rec), skips_text(record_run_dir(rec), rec.get("step"))])
+                     _decode_text(rec), skips_text(run_folder(rec), rec.get("step"))])
     return rows
-
-
-def record_run_dir(rec: dict) -> Path | None:
-    """The run folder a record belongs to: the one holding its eval/ folder, else its sample file's or
-    checkpoint's run (run_dir_from_meta); None if none is known."""
-    if rec.get("_file") and Path(rec["_file"]).parent.name == "eval":
-        return Path(rec["_file"]).parent.parent
-    return run_dir_from_meta({**(rec.get("sampling") or {}), "checkpoint": rec.get("checkpoint")})
 
 
 def skips_text(run_dir: Path | None, step=None) -> str:
@@ -226,23 +275,24 @@ def _decode_text(rec: dict) -> str:
 
 
 def _paper_rows(extra: list[str]) -> list[list[str]]:
-    rows = [["paper", method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra),
+    rows = [["paper", method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra), "–",
              PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"] for method, objective, step, fid, is_ in PAPER_ROWS]
     rows.append(["paper", "LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                 *("–" for _ in extra), PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"])
+                 *("–" for _ in extra), "–", PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"])
     return rows
 
 
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     """Markdown table: run (its folder's name, so two seeds of one method differ), method, objective,
-    step, FID, IS, precision, recall, evaluator, reference, n, decoding (mode, options, forwards per
-    image and speed when recorded), skipped (the updates the run's blow-up guard skipped up to the step). The paper's reported rows (PAPER_ROWS) are added when ``paper`` is True, or, by default, when
-    any record is an ImageNet one. Other scalar metrics (e.g. the star graph's solve_rate) get
-    columns of their own, after recall."""
+    step, FID, IS, precision, recall, commit (the run's code: short hash, "+dirty"), evaluator, reference,
+    n, decoding (mode, options, forwards per image and speed when recorded), skipped (the updates the
+    run's blow-up guard skipped up to the step). The paper's reported rows (PAPER_ROWS) are added when
+    ``paper`` is True, or, by default, when any record is an ImageNet one. Other scalar metrics (e.g. the
+    star graph's solve_rate) get columns of their own, after recall."""
     std = ("fid", "is", "precision", "recall")
     extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
                                if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
-    head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "evaluator",
+    head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "commit", "evaluator",
             "reference", "n", "decoding", "skipped"]
     rows = _table_rows(records, extra)
     if paper if paper is not None else any(is_imagenet(r) for r in records):
@@ -254,7 +304,7 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
 
 def run_name(rec: dict) -> str:
     """The run folder a record lives in (RUN/eval/x.json), else its checkpoint's run, else "?"."""
-    return (record_run_dir({k: rec.get(k) for k in ("_file", "checkpoint")}) or Path("?")).name
+    return (run_folder(rec) or Path("?")).name
 
 
 def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = None) -> Path:

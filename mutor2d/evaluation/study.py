@@ -31,6 +31,8 @@ import torch
 
 from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
+from .. import provenance
+from ..io import warn
 from ..sampling import images as generation
 from ..preempt import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
@@ -284,7 +286,8 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
     """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "nll", "nll_val",
-    "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}}}; step None for the floor, VAL_BEST for the validation-selected
+    "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
+    runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
     groups: dict = {}
     for r in recs:
@@ -294,10 +297,11 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             keys.append((run["method"], VAL_BEST))
         for key in keys:
             group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
-                                            "cfg": {}, "steps": {}, "skips": {}})
+                                            "cfg": {}, "steps": {}, "skips": {}, "commits": set()})
             group["seeds"].add(run.get("seed"))
+            group["commits"].add(records.commit_text(r))
             if r.get("step") is not None:
-                group["skips"][run.get("seed")] = records.skips_text(records.record_run_dir(r), r["step"])
+                group["skips"][run.get("seed")] = records.skips_text(records.run_folder(r), r["step"])
             group["steps"][run.get("seed")] = r.get("step")
             if run.get("train_steps"):
                 group["s_per_step"][run["seed"]] = run["train_seconds"] / run["train_steps"]
@@ -326,12 +330,13 @@ def row_order(key: tuple) -> tuple:
 def table(groups: dict, cfg_scales: list[float]) -> str:
     """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
     validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one;
-    the updates each seed's run skipped up to the step (the blow-up guard: mutor2d/engine/health.py)."""
+    the updates each seed's run skipped up to the step (the blow-up guard: mutor2d/engine/health.py); the
+    runs' commits (records.commit_text) last."""
     guided_scales = [s for s in cfg_scales if s != 1.0]
     val = any(g["nll_val"] for g in groups.values())
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
         [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
-        ["test NLL (nats/token)", "train s/step", "skipped updates per seed"]
+        ["test NLL (nats/token)", "train s/step", "skipped updates per seed", "commit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for key in sorted((k for k in groups if k[1] is not None), key=row_order):
         g = groups[key]
@@ -342,14 +347,14 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
         row += [fmt(g["cfg"].get(1.0, {}).get("is", []))]
         row += [fmt(list(g["nll_val"].values()), 4)] if val else []
         row += [fmt(list(g["nll"].values()), 4), fmt(list(g["s_per_step"].values()), 3)]
-        row += [", ".join(g["skips"][seed] for seed in sorted(g["skips"], key=str)) or "–"]
+        row += [", ".join(g["skips"][seed] for seed in sorted(g["skips"], key=str)) or "–", ", ".join(sorted(g["commits"]))]
         lines.append("| " + " | ".join(row) + " |")
     for key in sorted(k for k in groups if k[1] is None):
         g = groups[key]
         c = g["cfg"].get(None, {})
         row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(guided_scales) + \
             [fmt(c.get("accuracy", []), 3)] + ["″"] * len(guided_scales) + [fmt(c.get("is", []))] + \
-            (["–"] if val else []) + ["–", "–", "–"]
+            (["–"] if val else []) + ["–", "–", "–", "–"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -460,7 +465,9 @@ def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:
 
 
 def run_study(study: Study) -> dict:
-    """Train, sample, score (unless report_only), then write OUT/table.md, OUT/summary.json, the plots."""
+    """Train, sample, score (unless report_only), then write OUT/table.md, OUT/summary.json, the plots;
+    the summary's ``provenance``: the study process's and each run's (its records'), one warning line
+    when the runs differ in code, versions or data."""
     study.check()
     t0 = time.time()
     summary: dict = {"runs": []}
@@ -472,8 +479,14 @@ def run_study(study: Study) -> dict:
         if study.compute_matched:
             summary["compute_matched"], more = compute_matched(study, summary["runs"])
             summary["runs"] += more
-    groups = summarise(collect(study.out), study.cfg_scales)
+    recs = collect(study.out)
+    groups = summarise(recs, study.cfg_scales)
     md = table(groups, study.cfg_scales)
+    differ = records.provenance_warning(recs)
+    if differ:
+        warn(differ)
+    summary["provenance"] = {"study": provenance.provenance(), "runs": {
+        str(records.run_folder(r)): records.record_provenance(r) for r in recs if records.record_provenance(r)}}
     (study.out / "table.md").write_text(md + "\n")
     png = plot(groups, study.cfg_scales, study.plot or study.out / "fid_vs_step.png")
     summary.update(wall_seconds=time.time() - t0, table=md, plot=str(png))

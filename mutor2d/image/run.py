@@ -83,6 +83,23 @@ class ImageRun:
     def finished(self, run_dir) -> bool:
         return True
 
+    def sources(self, cfg: ImageRunConfig) -> tuple[dict, dict]:
+        """(data fingerprint, initial weights' fingerprint: train.init_from's file, else the seed's random init)."""
+        return cfg.data.fingerprint(), init_fingerprint(cfg.train.init_from, cfg.train.seed)
+
+
+def init_fingerprint(source: str | None, seed: int) -> dict:
+    """train.init_from's fingerprint (of the checkpoint it resolves to: a run folder's newest), else
+    the random initialisation of ``seed``."""
+    from .. import checkpoint as ckpt_lib
+    from .. import provenance
+    if not source:
+        return provenance.random_init(seed)
+    try:
+        return provenance.fingerprint(ckpt_lib.resolve(source))
+    except (FileNotFoundError, ValueError):
+        return provenance.fingerprint(source)
+
 
 def resolve_config(cfg: ImageRunConfig, dataset) -> ImageRunConfig:
     """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""

@@ -162,6 +162,21 @@ def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None
     return out
 
 
+RUN_RECORDS = frozenset({"config.yaml", "log.jsonl", "provenance.json", "run.lock"})   # a run folder's, not the model's
+
+
+def base_fingerprint(ref: str) -> dict:
+    """model.hf's fingerprint (mutor2d.provenance): of a local folder, its top-level files but a run
+    folder's records (RUN_RECORDS; its subfolders: checkpoints, eval, step_N, are not the model
+    either); a hub name by name."""
+    from .. import provenance
+    folder = Path(ref)
+    if not folder.is_dir():
+        return provenance.named(str(ref))
+    names = {p.name for p in folder.iterdir() if p.is_file() and p.name not in RUN_RECORDS}
+    return provenance.fingerprint(folder, names)
+
+
 def saved_prompt_attention(folder: str | Path) -> str:
     """The ``prompt_attention`` a saved folder was trained with (folders written before: causal)."""
     path = Path(folder) / INFERENCE_FILE

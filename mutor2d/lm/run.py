@@ -157,6 +157,12 @@ class LMRun:
         model = (run_dir / "config.json").is_file() or (run_dir / ADAPTER_CONFIG).is_file()
         return model and (run_dir / INFERENCE_FILE).is_file()
 
+    def sources(self, cfg: LMRunConfig) -> tuple[dict, dict]:
+        """(the data file's fingerprint, the base model's: mutor2d.lm.hf.base_fingerprint)."""
+        from .. import provenance
+        from .hf import base_fingerprint
+        return provenance.fingerprint(cfg.data.path) or provenance.named(cfg.data.name), base_fingerprint(cfg.model.hf)
+
     def save_folder(self, run, folder) -> None:
         """Collective: the model in the transformers layout into ``folder`` (main process); a sharded
         model's full state is gathered first."""

@@ -194,6 +194,13 @@ class VQRun:
     def finished(self, run_dir) -> bool:
         return True
 
+    def sources(self, cfg: VQRunConfig) -> tuple[dict, dict]:
+        """(the digits' or the image folder's fingerprint, the seed's random init)."""
+        from .. import provenance
+        from ..data.config import digits_fingerprint
+        data = digits_fingerprint() if cfg.data.name == "digits" else provenance.fingerprint(cfg.data.path)
+        return data, provenance.random_init(cfg.train.seed)
+
 
 @dataclass
 class ReconstructionEval:
