@@ -6,6 +6,7 @@
     python eval/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
     python eval/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
     python eval/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
+    python eval/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
 
 Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
 
@@ -40,6 +41,12 @@ Tasks (a task is data + tokenizer + scorer + methods; the study is the same for 
   setting changed per arm; every arm is paired with the paper's rule. The online evaluation decodes
   with ``auto`` (register drafts where the rule gives them; the same tokens), so the table adds
   forwards per generated token.
+* ``arith_budget``: does the gap close with budget? ``arith_pretrained_4step``'s base and data,
+  causal prompts; next-token, MuToR-1D with the paper's rule and that rule with a linear 0.3 -> 0
+  fade; 1,200 steps, each run scored at steps 300, 600, 900 and 1,200 on 1,000 held-out problems.
+  The table adds, per step, each arm's accuracy and its paired difference to next-token with 95%
+  intervals from a bootstrap over seeds *and* test items (the test set's sampling error is in
+  them), and the plot draws those bands.
 
 A training split and a held-out test split (no test item equal to a training one: the same question,
 or the same graph and query). Model: a small Llama built from a LlamaConfig (random init, one per
@@ -189,6 +196,7 @@ class Task:
     prompt_modes: tuple[str, ...] = ("causal",)         # model.prompt_attention of every arm, crossed
     reference: str = "next-token"                       # the method every other arm is paired with
     decode: str = "plain"                               # eval.decode of the online evaluation (auto: drafts)
+    bootstrap: bool = False                             # add intervals over seeds *and* test items per step
 
 
 A = 0.3                                     # the paper's loss weight of the auxiliary term (LM setting)
@@ -253,6 +261,16 @@ TASKS["arith_settings"] = dataclasses.replace(
     TASKS["arith_pretrained_4step"], methods=SETTINGS_METHODS, stem="lm_settings",
     title="the open questions as settings: 4-step arithmetic, base pretrained on 1-3 steps",
     prompt_modes=("causal",), reference="mutor-1d (paper rule)", decode="auto")
+# the budget question: does next-token's lead close with more steps? The 4-step protocol's base and
+# data, 1,200 steps scored every 300 on 1,000 held-out problems; intervals over seeds and items
+BUDGET_METHODS = {"next-token": {"name": "ntp"}, "mutor-1d (paper rule)": MUTOR_PAPER,
+                  "a linear 0.3 -> 0": SETTINGS_METHODS["a linear 0.3 -> 0"]}
+TASKS["arith_budget"] = dataclasses.replace(
+    TASKS["arith_pretrained_4step"], methods=BUDGET_METHODS, stem="lm_budget",
+    title="budget: 4-step arithmetic, accuracy at 300-1,200 steps",
+    size=dataclasses.replace(TASKS["arith_pretrained_4step"].size, test=1000, max_steps=1200, eval_every=300),
+    quick=dataclasses.replace(TASKS["arith_pretrained_4step"].quick, max_steps=4), prompt_modes=("causal",),
+    bootstrap=True)
 
 
 def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
@@ -463,7 +481,8 @@ class StudyError(ValueError):
     """A study that cannot be reported as asked; one line."""
 
 
-def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict, shared: Path | None) -> Path:
+def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict, shared: Path | None,
+                  boot: dict | None = None) -> Path:
     """OUT/summary.json: the table's rows, the initial weights of each seed's arms (the shared base's
     folder and key when there is one) and the provenance of the study process and of each run."""
     from mutor2d import provenance
@@ -473,6 +492,7 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
                "base": {"folder": str(shared), "key12": shared.name,
                         "sha256": base_fingerprint(str(shared))["sha256"]} if shared else None,
                "init_sha256_by_seed": {str(s): h for s, h in bases.items()},
+               "bootstrap": {str(k): v for k, v in boot.items()} if boot else None,
                "provenance": {"study": provenance.provenance(),
                               "runs": {r.name: (provenance.read_sessions(r) or [None])[0]
                                        for by in runs.values() for r in by.values()}}}
@@ -592,6 +612,75 @@ def plot(runs: dict[str, dict[int, Path]], path: Path, title: str) -> Path:
     return path
 
 
+BOOTSTRAP_DRAWS = 2000
+
+
+def correctness(run: Path, step: int) -> "np.ndarray":
+    """0/1 per test item (in item order) of the run's online evaluation at ``step``."""
+    import numpy as np
+    path = next((run / "eval").glob(f"predictions_*_step{step}.jsonl"))
+    items = sorted(load_jsonl(path), key=lambda it: it["index"])
+    return np.array([bool(it["correct"]) for it in items], dtype=float)
+
+
+def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -> dict:
+    """{step: {arm: {"acc": (mean, lo, hi), "diff": (mean, lo, hi) or None}}}: 95% percentile
+    intervals from one bootstrap over seeds and test items together. Each draw resamples the seeds
+    (with replacement) and the items (with replacement) once, shared by every arm, so an arm's
+    difference to ``reference`` is paired by seed and by item."""
+    import numpy as np
+    steps = sorted(set.intersection(*(set(records_of(r)) for by in runs.values() for r in by.values())))
+    seeds = sorted(set.intersection(*(set(by) for by in runs.values())))
+    rng = np.random.default_rng(seed)
+    out = {}
+    for step in steps:
+        c = {arm: np.stack([correctness(by[s], step) for s in seeds]) for arm, by in runs.items()}  # (S, N)
+        n_seeds, n_items = next(iter(c.values())).shape
+        s_idx = rng.integers(0, n_seeds, (BOOTSTRAP_DRAWS, n_seeds))
+        i_idx = rng.integers(0, n_items, (BOOTSTRAP_DRAWS, n_items))
+        draws = {arm: np.array([m[si][:, ii].mean() for si, ii in zip(s_idx, i_idx)]) for arm, m in c.items()}
+        row = {}
+        for arm, d in draws.items():
+            acc = (float(c[arm].mean()), *map(float, np.percentile(d, [2.5, 97.5])))
+            diff = None
+            if arm != reference and reference in draws:
+                dd = d - draws[reference]
+                diff = (float(c[arm].mean() - c[reference].mean()), *map(float, np.percentile(dd, [2.5, 97.5])))
+            row[arm] = {"acc": acc, "diff": diff}
+        out[step] = row
+    return out
+
+
+def bootstrap_table(boot: dict, reference: str) -> str:
+    """Markdown: per step and arm, accuracy and the paired difference to ``reference`` [95% CI]."""
+    lines = [f"| step | arm | accuracy [95% CI] | minus {reference} [95% CI] |", "|---|---|---|---|"]
+    for step, row in boot.items():
+        for arm, v in row.items():
+            m, lo, hi = v["acc"]
+            diff = "—" if v["diff"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*v["diff"])
+            lines.append(f"| {step} | {arm} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {diff} |")
+    return "\n".join(lines)
+
+
+def plot_bands(boot: dict, path: Path, title: str) -> Path:
+    """Accuracy against training step per arm: the mean line and its 95% bootstrap band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = sorted(boot)
+    for k, arm in enumerate(boot[steps[0]]):
+        m, lo, hi = zip(*(boot[s][arm]["acc"] for s in steps))
+        ax.plot(steps, m, color=f"C{k}", lw=2, marker="o", label=arm)
+        ax.fill_between(steps, lo, hi, color=f"C{k}", alpha=0.2)
+    ax.set(xlabel="training step", ylabel="test accuracy (exact match)", title=title)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     ap.add_argument("--task", choices=list(TASKS), default="arith", help="the task")
@@ -630,10 +719,15 @@ def main(argv=None) -> str:
         check_skips(runs, size.max_steps, task.reference, args.skip_tolerance)
     text = (table(runs, size.max_steps) + "\n\nIntervals and paired differences:\n\n"
             + interval_table(runs, size.max_steps, out, task.reference) + "\n\nMean test accuracy by step:\n\n" + curve_table(runs))
+    boot = bootstrap(runs, task.reference) if task.bootstrap else None
+    if boot:
+        text += ("\n\nPer step, intervals over seeds and test items (paired bootstrap, "
+                 f"{BOOTSTRAP_DRAWS} draws):\n\n" + bootstrap_table(boot, task.reference))
     (out / "table.md").write_text(text + "\n")
-    write_summary(out, args.task, runs, size, bases, shared)
+    write_summary(out, args.task, runs, size, bases, shared, boot)
     print(text)
-    print(f"plot: {plot(runs, Path(args.plot or out / f'{task.stem}.png'), task.title)}", file=sys.stderr)
+    path = Path(args.plot or out / f"{task.stem}.png")
+    print(f"plot: {plot_bands(boot, path, task.title) if boot else plot(runs, path, task.title)}", file=sys.stderr)
     return text
 
 

@@ -270,3 +270,34 @@ def test_studies_with_one_base_recipe_share_its_key_and_another_recipe_or_code_d
     monkeypatch.setattr(provenance, "code_identity", lambda root=None: {"commit": "0" * 40, "dirty": False,
                                                                         "diff_sha256": None})
     assert key("arith_settings", tmp_path / "d") != four
+
+
+def fake_run(folder: Path, correct_by_step: dict[int, list[bool]]) -> Path:
+    """A run folder holding only what the bootstrap reads: a record and a predictions file per step."""
+    (folder / "eval").mkdir(parents=True)
+    for step, correct in correct_by_step.items():
+        (folder / "eval" / f"step{step}.json").write_text(json.dumps({"step": step, "metrics": {}}))
+        lines = [json.dumps({"index": i, "correct": c}) for i, c in reversed(list(enumerate(correct)))]
+        (folder / "eval" / f"predictions_test_step{step}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_the_budget_bootstrap_pairs_arms_by_seed_and_item(tmp_path):
+    """Equal arms differ by exactly 0 in every draw; an arm right where the reference is wrong by
+    exactly +1; the interval of a mixed arm holds its mean and is wider than a seed-only one would be."""
+    study = load_study()
+    rng = __import__("random").Random(0)
+    ref = {s: [rng.random() < 0.5 for _ in range(40)] for s in range(4)}
+    runs = {"next-token": {s: fake_run(tmp_path / f"ref{s}", {10: ref[s], 20: ref[s]}) for s in ref},
+            "same": {s: fake_run(tmp_path / f"same{s}", {10: ref[s], 20: ref[s]}) for s in ref},
+            "flipped": {s: fake_run(tmp_path / f"flip{s}", {10: [not c for c in ref[s]], 20: ref[s]}) for s in ref}}
+    boot = study.bootstrap(runs, "next-token")
+    assert sorted(boot) == [10, 20]
+    assert boot[10]["same"]["diff"] == (0.0, 0.0, 0.0) and boot[10]["next-token"]["diff"] is None
+    mean, lo, hi = boot[10]["next-token"]["acc"]
+    assert mean == sum(map(sum, ref.values())) / 160 and lo < mean < hi and hi - lo > 0.1  # 160 items: ~±0.08
+    d, dlo, dhi = boot[10]["flipped"]["diff"]
+    assert dlo <= d <= dhi and abs(d - (1 - 2 * mean)) < 1e-9
+    assert boot[20]["flipped"]["diff"] == (0.0, 0.0, 0.0)
+    table = study.bootstrap_table(boot, "next-token")
+    assert table.splitlines()[2].startswith("| 10 | next-token | ") and len(table.splitlines()) == 2 + 6
