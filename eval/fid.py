@@ -1,12 +1,13 @@
 """FID / IS / precision / recall / KID of samples against a reference, through torch-fidelity.
 
-    python eval/fid.py SAMPLES --ref REF [--features inception|digits] [--inception-weights PATH]
+    python eval/fid.py SAMPLES --ref REF [--features inception|digits|photos] [--inception-weights PATH]
                        [--metrics fid,is,prc,kid] [--json OUT] [--method NAME] [--device auto|cpu|cuda]
 
 SAMPLES: a sample.py --npz file, any npz of uint8 images (images / arr_0), or an image folder.
 REF: an image folder, an npz of images, an ADM reference batch (arr_0 and/or mu, sigma: FID then uses
-the stored mu/sigma; precision/recall and KID need arr_0), or digits:train / digits:test.
---features defaults to digits (the embedded classifier) for the digits references, else inception.
+the stored mu/sigma; precision/recall and KID need arr_0), digits:train / digits:test, or
+photos:train / photos:test (the photo crops, mutor2d.data.photos). --features defaults to the
+classifier trained here for those (digits, photos), else inception.
 The record goes to --json OUT, else to RUN/eval/ when the samples' metadata names a run, else stdout.
 No input is unpickled: --inception-weights must be a plain state dict (read with weights_only=True).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.evaluation import records
-from mutor2d.evaluation.options import DEFAULT_CACHE, DIGITS_DATA_SEED, FEATURES, METRICS, MetricsError
+from mutor2d.evaluation.options import DEFAULT_CACHE, DIGITS_DATA_SEED, EMBEDDED, FEATURES, METRICS, MetricsError
 from mutor2d.io import exit_on_write_error, read_safetensors
 from mutor2d.plugins import load_plugins
 
@@ -27,9 +28,10 @@ from mutor2d.plugins import load_plugins
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__)
     ap.add_argument("samples", help="sample npz or image folder")
-    ap.add_argument("--ref", required=True, help="reference: folder, npz (images and/or mu/sigma), digits:SPLIT")
+    ap.add_argument("--ref", required=True, help="reference: folder, npz (images and/or mu/sigma), digits:SPLIT, photos:SPLIT")
     ap.add_argument("--features", choices=sorted(FEATURES), default=None,
-                    help="feature extractor (default: digits for digits:* references, else inception)")
+                    help="feature extractor (default: digits / photos for digits:* / photos:* references, "
+                         "else inception)")
     ap.add_argument("--inception-weights", default=None,
                     help="torch-fidelity Inception weights file (pt_inception-2015-12-05); default: download")
     ap.add_argument("--metrics", default=",".join(METRICS),
@@ -52,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def feature_name(args) -> str:
     """--features, else digits for a digits:* reference and inception for any other."""
-    return args.features or ("digits" if args.ref.startswith("digits:") else "inception")
+    return args.features or next((k for k in EMBEDDED if args.ref.startswith(f"{k}:")), "inception")
 
 
 def check_args(args) -> list[str]:
@@ -89,6 +91,9 @@ def score(args, metrics: list[str]) -> tuple:
     weights = args.inception_weights
     if features == "digits":
         weights = digits.digits_classifier_path(digits.DigitsClassifierSettings(data_seed=data_seed), cache)
+    if features == "photos":
+        from mutor2d.evaluation import photos
+        weights = photos.photos_classifier_path(photos.PhotosClassifierSettings(data_seed=data_seed), cache)
     result = M.compute_metrics(samples, reference, features=features, weights_path=weights,
                                metrics=metrics,
                                device=args.device, batch_size=args.batch_size, cache_root=cache / "fidelity_cache",

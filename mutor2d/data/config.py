@@ -151,6 +151,73 @@ class CodesDataConfig(DataConfig):
                           f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 
+@register_variant("data", "photos")
+@dataclass
+class PhotosDataConfig(DataConfig):
+    """Random crops of ten photographs that ship in installed packages (mutor2d.data.photos), the
+    class being the photograph. Without ``path`` a split is ``num_train`` / ``num_test`` crops of
+    ``image_size`` pixels generated from ``data_seed`` and tokenised in memory by ``tokenizer``
+    ("pixel:LEVELS" at image_size, or a VQ checkpoint at its own size); with ``path`` (and
+    ``test_path``) the split is the codes folder that tokenizers/extract_codes.py made from
+    ``python -m mutor2d.data.photos export`` (``tokenizer``: the one that made it)."""
+    tokenizer: str = "runs/vq_photos"  # a VQ checkpoint or run folder, or pixel:LEVELS
+    path: str | None = None          # codes folder of the train split (None: generate in memory)
+    test_path: str | None = None     # codes folder of the test split
+    image_size: int = 32             # pixels a side of a generated crop (a VQ tokenizer uses its own)
+    num_train: int = 50000
+    num_test: int = 5000
+    data_seed: int = 1234
+    num_workers: int = 0
+
+    def check(self) -> None:
+        from .photos import COUNT_LIMIT, SIZE_LIMIT
+        if not self.tokenizer:
+            fail("data.tokenizer", "a VQ checkpoint (or run folder) or pixel:LEVELS", self.tokenizer)
+        for key in ("path", "test_path"):
+            if getattr(self, key) is not None and not getattr(self, key):
+                fail(f"data.{key}", "a codes folder or null", getattr(self, key))
+        at_least("data.image_size", self.image_size, 8)
+        at_most("data.image_size", self.image_size, SIZE_LIMIT, "pixels a side")
+        for key in ("num_train", "num_test"):
+            at_least(f"data.{key}", getattr(self, key), 1)
+            at_most(f"data.{key}", getattr(self, key), COUNT_LIMIT, "images held in memory")
+        check_seed("data.data_seed", self.data_seed)
+        check_workers("data.num_workers", self.num_workers)
+
+    def fingerprint(self) -> dict:
+        from .. import provenance
+        if self.path:
+            return provenance.fingerprint(self.path)
+        from .photos import photos_fingerprint
+        found = photos_fingerprint()
+        settings = {k: getattr(self, k) for k in ("image_size", "num_train", "num_test", "data_seed")}
+        tok = None if self.tokenizer.startswith("pixel") else provenance.fingerprint(self.tokenizer)
+        both = provenance.text_sha256(json.dumps([found["sha256"], settings, self.tokenizer,
+                                                  tok and tok["sha256"]], sort_keys=True))
+        return {**found, "sha256": both, "settings": settings, "tokenizer": tok or self.tokenizer}
+
+    def build(self, split: str) -> "CodeDataset | TokenGrids":
+        if split not in ("train", "test"):
+            raise ValueError(f"split {split!r}: data.name='photos' has 'train' and 'test'")
+        path = self.path if split == "train" else self.test_path
+        if path:
+            from .tokens import CodeDataset
+            return CodeDataset(path, random_aug=split == "train")
+        import torch
+        from .photos import CLASSES, photo_crops
+        from .tokens import TokenGrids
+        tok = self.build_tokenizer()
+        images, labels = photo_crops(split, self.num_train if split == "train" else self.num_test,
+                                     tok.image_size, self.data_seed)
+        x = torch.from_numpy(images).permute(0, 3, 1, 2)
+        codes = torch.cat([tok.encode(b.float() / 255.0).cpu() for b in x.split(256)])
+        return TokenGrids(codes, torch.from_numpy(labels), tok.vocab_size, len(CLASSES))
+
+    def build_tokenizer(self) -> Tokenizer:
+        from .. import tokenizer as tokenizer_lib
+        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self, image_size=self.image_size)
+
+
 STARGRAPH_NODES_LIMIT = 10_000         # node ids: 8192 graphs x 10,000 draws is a 655 MB array
 STARGRAPH_GRAPHS_LIMIT = 10_000_000    # graphs of a split (or of ``lm.data stargraph --count``)
 

@@ -1,5 +1,6 @@
 """FID, IS, precision/recall and KID of samples against a reference, on torch-fidelity's feature
-extractors: its Inception port ("inception") or the embedded digits classifier ("digits").
+extractors: its Inception port ("inception") or a classifier trained here: "digits" (the embedded
+digits) or "photos" (the photo crops).
 
 An ADM-style reference batch may hold ``mu``/``sigma``: FID then uses those stored statistics (so it
 is comparable to published numbers); precision/recall and KID need reference images and are skipped
@@ -32,7 +33,8 @@ from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_
 
 from ..io import write_atomic
 from .digits import DigitsClassifierSettings, digits_classifier_path
-from .options import DIGITS, FEATURES, INCEPTION, METRICS, MetricsError
+from .photos import photos_classifier_path
+from .options import EMBEDDED, FEATURES, INCEPTION, METRICS, MetricsError
 from .sources import ArrayImages, ImageSource, load_tensors
 MIN_IMAGES = {"fid": 2, "is": 1, "prc": 5, "kid": 2}   # fewer give no covariance / neighbourhood
 MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits classifier's input)
@@ -121,8 +123,8 @@ def _handed_state(state: dict):
 def build_extractor(features: str, layers, weights_path, cuda: bool, verbose: bool = False):
     """The torch-fidelity feature extractor named by ``features`` producing ``layers``."""
     kwargs = dict(cuda=cuda, verbose=verbose)
-    if features == "digits":
-        return create_feature_extractor(DIGITS, sorted(layers), feature_extractor_weights_path=str(weights_path),
+    if features in EMBEDDED:
+        return create_feature_extractor(FEATURES[features], sorted(layers), feature_extractor_weights_path=str(weights_path),
                                         **kwargs)
     state = inception_state(weights_path)
     try:
@@ -199,9 +201,11 @@ def use_cuda(device) -> bool:
 
 
 def default_weights(features: str, weights_path):
-    """The digits classifier's default cached file when none is given; Inception's as given."""
+    """The embedded classifier's default cached file when none is given; Inception's as given."""
     if features == "digits" and weights_path is None:
         return digits_classifier_path(DigitsClassifierSettings())
+    if features == "photos" and weights_path is None:
+        return photos_classifier_path()
     return weights_path
 
 
@@ -275,11 +279,11 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     """Score ``samples`` (generated) against ``reference`` (real).
 
     features: "inception" (torch-fidelity's Inception port; ``weights_path`` = its .pth file, for
-    offline machines) or "digits" (the embedded classifier; ``weights_path`` defaults to the cached
+    offline machines), "digits" or "photos" (the embedded classifiers; ``weights_path`` defaults to the cached
     default one). metrics: a subset of fid, is, prc (precision/recall), kid. Reference features are
     cached in ``cache_root`` (None: not cached) under a key made of the reference's identity, the
     extractor, its weights and the layers. FID uses the reference's stored mu/sigma when it has them; metrics the reference
-    cannot serve are listed in ``skipped`` with the reason. The digits features add ``accuracy``
+    cannot serve are listed in ``skipped`` with the reason. The digits and photos features add ``accuracy``
     (classifier vs the samples' labels) when the samples carry labels.
     """
     layer = feature_layers(features)
@@ -287,7 +291,7 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     check_image_sizes(features, samples, reference)
     weights_path = default_weights(features, weights_path)
     evaluator = evaluator_info(features, weights_path)
-    labels = features == "digits" and samples.labels is not None
+    labels = features in EMBEDDED and samples.labels is not None
     if labels and len(samples.labels) != samples.n:
         raise MetricsError(f"{samples.name}: {len(samples.labels)} labels for {samples.n} images")
     layers = ({layer[m] for m in ("fid", "kid", "prc") if m in want} | ({layer["isc"]} if "is" in want else set())

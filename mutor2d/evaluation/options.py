@@ -12,7 +12,9 @@ DIGITS_DATA_SEED = 1234  # data.data_seed default: the split the digits runs tra
 DEFAULT_CACHE = Path(os.environ.get("MUTOR2D_CACHE", "~/.cache/mutor2d"))  # classifier, feature caches
 DIGITS = "mutor2d-digits"                 # the digits classifier, a torch-fidelity feature extractor
 INCEPTION = "inception-v3-compat"
-FEATURES = {"inception": INCEPTION, "digits": DIGITS}
+PHOTOS = "mutor2d-photos"                 # the photo-crops classifier (mutor2d.evaluation.photos)
+FEATURES = {"inception": INCEPTION, "digits": DIGITS, "photos": PHOTOS}
+EMBEDDED = ("digits", "photos")           # classifiers trained here: they also give the samples' class accuracy
 METRICS = ("fid", "is", "prc", "kid")
 
 

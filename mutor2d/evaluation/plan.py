@@ -20,6 +20,9 @@ METHODS = {
     "mutor-2d-D4": {"name": "mutor-2d", "d_max": 4},
     "mutor-2d-sparse": {"name": "mutor-2d", "d_max": 4, "placement": "sparse",
                         "num_registers": 19},  # 19 of 64 anchors ~ 30% (paper: 80 of 256)
+    "mutor-1d-d1": {"name": "mutor-1d", "d_min": 1, "d_max": 4},   # the photos configs' (and the paper's) 1..4
+    "mutor-2d-sparse80": {"name": "mutor-2d", "d_max": 4, "placement": "sparse", "num_registers": 80,
+                          "edge": "geometric"},                    # the paper's 80 of 256 (16 x 16 grids)
     "multihead": {"name": "multihead", "layout": "2d", "d_max": 4},
     # the open questions as settings (docs/METHOD.md): D4 with one setting changed
     "mutor-2d-D4-earlier": {"name": "mutor-2d", "d_max": 4, "register_visibility": "earlier_registers"},
@@ -117,7 +120,7 @@ class Study:
         the base config and its data."""
         self.check_flags()
         base = self.config()
-        if self.val_every and base.data.val_fraction == 0:
+        if self.val_every and getattr(base.data, "val_fraction", 0) == 0:
             raise StudyError(f"--val-every {self.val_every}: needs a validation split (data.val_fraction > 0 in "
                              f"{self.base} or --set)")
         from ..data.tokens import build_dataset

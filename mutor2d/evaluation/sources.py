@@ -110,10 +110,15 @@ def digits_uint8(split: str, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndar
 
 def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
                 lazy_bytes: int = LAZY_BYTES) -> ImageSource:
-    """A sample file, an npz (images/arr_0 and/or mu/sigma), a folder of images, or digits:SPLIT.
+    """A sample file, an npz (images/arr_0 and/or mu/sigma), a folder of images, digits:SPLIT or
+    photos:SPLIT (mutor2d.evaluation.photos).
     npz image arrays larger than ``lazy_bytes`` are streamed from the file (NpzImages), smaller
     ones are read into memory."""
     spec = str(spec)
+    if spec.startswith("photos:"):
+        from .photos import photos_uint8
+        images, labels = photos_uint8(spec.split(":", 1)[1], data_seed=data_seed)
+        return ImageSource(spec, ArrayImages(images), labels, identity=f"{spec}|seed{data_seed}|{len(labels)}")
     if spec.startswith("digits:"):
         split = spec.split(":", 1)[1]
         if split not in ("train", "test"):

@@ -1,12 +1,13 @@
-"""The digits study: next-token vs MuToR (1D, 2D dense/sparse) vs the multi-head baseline, trained,
+"""The image study (digits, or the photo crops): next-token vs MuToR (1D, 2D dense/sparse) vs the multi-head baseline, trained,
 sampled and scored through the library (mutor2d.engine, generation, evaluation). eval/compare.py is
 its command line; its docstring describes the study.
 
 For each method and seed: train the base config (``configs/study_digits.yaml`` unless the study
 names another) with the method's objective (RUN = OUT/LABEL/seedS); at each eval step, class-balanced
 samples at each CFG scale (RUN/samples/eval_stepXXXXXXXX_cfgS.npz), the embedded FID/IS/precision/
-recall and class accuracy against digits:train, and the teacher-forced next-token NLL of the digits
-test split (and of the validation split when the data config holds one out); one record per (step,
+recall and class accuracy against the data's train split (digits:train with the digits classifier,
+photos:train with the photos classifier: :func:`data_reference`), and the teacher-forced next-token
+NLL of its test split (and of the validation split when the data config holds one out); one record per (step,
 cfg) in RUN/eval/. With ``val_every``, the validation NLL of every ``val_every``-th checkpoint goes to
 RUN/val_nll.json and the step with the lowest one ("val-best") is sampled and scored too: steps are
 selected on validation, never on test. Data-fraction runs (LABEL = METHOD@F) train on a nested share
@@ -38,6 +39,7 @@ from ..preempt import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
 from . import records
 from .digits import DigitsClassifierSettings, digits_classifier_path
+from .photos import PhotosClassifierSettings, photos_classifier_path
 from .extrapolation import grid_token_nll
 from .metrics import compute_metrics
 from .plan import (BASE_CONFIG, COMPUTE_MATCHED, METHODS, Study, StudyError,  # noqa: F401 (BASE_CONFIG: re-exported)
@@ -65,24 +67,35 @@ def train_seconds(run_dir: Path) -> tuple[float, int]:
 
 
 def heldout_nll(model, data_cfg, split: str = "test") -> float:
-    """Teacher-forced next-token cross-entropy (nats per token) of a held-out digits split ("test",
-    or "val" when data.val_fraction > 0): the model's NTP head on the regular sequence, registers
-    absent (extrapolation.grid_token_nll, averaged over every body token)."""
+    """Teacher-forced next-token cross-entropy (nats per token) of a held-out split ("test", or "val"
+    when data.val_fraction > 0): the model's NTP head on the regular sequence, registers absent
+    (extrapolation.grid_token_nll, averaged over every body token), in batches of 256 images."""
     from ..data.tokens import build_dataset, collate
     ds = build_dataset(data_cfg, split)
-    b = collate([ds[j] for j in range(len(ds))])
-    codes = b["body"].view(len(ds), *ds.grid)
-    return grid_token_nll(model, codes, b["prefix"]).double().mean().item()
+    total = 0.0
+    for start in range(0, len(ds), 256):
+        b = collate([ds[j] for j in range(start, min(start + 256, len(ds)))])
+        codes = b["body"].view(len(b["body"]), *ds.grid)
+        total += grid_token_nll(model, codes, b["prefix"]).double().mean().item() * len(codes)
+    return total / len(ds)
 
 
-def digits_reference(data_seed: int, cache: Path):
-    """(digits:train source, the digits classifier file for that split)."""
-    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache)
-    return open_images("digits:train", data_seed), weights
+EVALUATED = ("digits", "photos")     # data sets with a classifier trained here (FID features, class accuracy)
 
 
-def score(samples, ref, weights, cache: Path):
-    return compute_metrics(samples, ref, features="digits", weights_path=weights, metrics=SAMPLE_METRICS,
+def data_reference(data_name: str, data_seed: int, cache: Path, split: str = "train"):
+    """(the data's ``split`` as a source, its features name, the classifier file for that data seed)."""
+    if data_name not in EVALUATED:
+        raise StudyError(f"data.name={data_name!r}: the study scores {list(EVALUATED)} (a classifier trained here)")
+    if data_name == "digits":
+        weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache)
+    else:
+        weights = photos_classifier_path(PhotosClassifierSettings(data_seed=data_seed), cache)
+    return open_images(f"{data_name}:{split}", data_seed), data_name, weights
+
+
+def score(samples, ref, features: str, weights, cache: Path):
+    return compute_metrics(samples, ref, features=features, weights_path=weights, metrics=SAMPLE_METRICS,
                            cache_root=cache / "fidelity_cache")
 
 
@@ -97,11 +110,11 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
     path = ckpt_lib.checkpoint_path(run_dir, step)
     src = generation.open_checkpoint(path)               # EMA weights when the run kept them
     nll = {"nll_test": heldout_nll(src.model, src.cfg.data, "test")}
-    if src.cfg.data.val_fraction > 0:
+    if getattr(src.cfg.data, "val_fraction", 0) > 0:
         nll["nll_val"] = heldout_nll(src.model, src.cfg.data, "val")
     classes = list(range(src.cfg.model.num_classes))
     labels = generation.balanced_labels(num, classes)
-    ref, weights = digits_reference(src.cfg.data.data_seed, cache)
+    ref, features, weights = data_reference(src.cfg.data.name, src.cfg.data.data_seed, cache)
     out = []
     for s, name in zip(cfg_scales, names):
         npz = run_dir / "samples" / f"{name}.npz"
@@ -113,7 +126,7 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
         generation.NpzJob(npz, labels, batch_size, seed, meta).complete(
             generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg))
         samples = open_images(npz)
-        res = score(samples, ref, weights, cache)
+        res = score(samples, ref, features, weights, cache)
         res.metrics.update(nll)
         rec = records.make_record(res, samples=samples, reference=ref, method=label, samples_path=str(npz))
         rec["study"] = {**study, "cfg_scale": s}
@@ -174,7 +187,7 @@ def run_unit(unit: dict) -> dict:
         train(cfg, run_dir, resume="auto")
     secs, steps = train_seconds(run_dir)
     study = {"method": unit["label"], "seed": unit["seed"], "train_seconds": secs, "train_steps": steps,
-             "max_steps": unit["steps"], "data_fraction": cfg.data.train_fraction}
+             "max_steps": unit["steps"], "data_fraction": getattr(cfg.data, "train_fraction", 1.0)}
     eval_steps = list(unit["eval_steps"])
     if unit["val_every"]:
         curve = val_curve(run_dir, candidates(unit["val_every"], unit["horizon"]))
@@ -225,27 +238,28 @@ def run_all(units: list[dict], jobs: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- floor
 
-def floor_records(out: Path, num: int, draws: int, cache: Path, data_seed: int = DIGITS_DATA_SEED) -> list[dict]:
-    """Real held-out images (digits:test) against digits:train: as is, and ``draws`` resamples (with
+def floor_records(out: Path, num: int, draws: int, cache: Path, data_seed: int = DIGITS_DATA_SEED,
+                  data_name: str = "digits") -> list[dict]:
+    """Real held-out images (DATA:test) against DATA:train: as is, and ``draws`` resamples (with
     replacement) of ``num`` images."""
     old = sorted((out / "floor" / "eval").glob("*.json"))
     if len(old) == draws + 1:                            # made before with these settings
         recs = [json.loads(p.read_text()) for p in old]
         if all(r["n"] == num for r in recs if r["study"]["seed"] is not None):
             return sorted(recs, key=lambda r: r["study"]["seed"] is not None)
-    test = open_images("digits:test", data_seed)
-    ref, weights = digits_reference(data_seed, cache)
+    test, _, _ = data_reference(data_name, data_seed, cache, "test")
+    ref, features, weights = data_reference(data_name, data_seed, cache)
     sources = [("real held-out", test, None)]
     for d in range(draws):
         idx = np.random.default_rng(d).integers(0, test.n, num)
-        src = ImageSource(f"digits:test resampled {num} #{d}", ArrayImages(test.dataset.images[idx]),
+        src = ImageSource(f"{data_name}:test resampled {num} #{d}", ArrayImages(test.dataset.images[idx]),
                           test.labels[idx])
         sources.append((f"real held-out x{num} (resampled)", src, d))
     recs = []
     for label, src, d in sources:
-        res = score(src, ref, weights, cache)
+        res = score(src, ref, features, weights, cache)
         rec = records.make_record(res, samples=src, reference=ref, method=label,
-                                  samples_path=f"digits-test{'' if d is None else f'-resampled{num}-{d}'}")
+                                  samples_path=f"{data_name}-test{'' if d is None else f'-resampled{num}-{d}'}")
         rec["study"] = {"method": label, "seed": d, "cfg_scale": None}
         records.write_record(rec, out / "floor" / "eval")
         recs.append(rec)
@@ -472,8 +486,9 @@ def run_study(study: Study) -> dict:
     t0 = time.time()
     summary: dict = {"runs": []}
     if not study.report_only:
-        digits_classifier_path(DigitsClassifierSettings(), study.cache)   # train it once, up front
-        floor = floor_records(study.out, study.num, study.floor_draws, study.cache)
+        data = study.config().data
+        data_reference(data.name, data.data_seed, study.cache)              # train the classifier once, up front
+        floor = floor_records(study.out, study.num, study.floor_draws, study.cache, data.data_seed, data.name)
         print(f"floor: held-out FID {floor[0]['metrics']['fid']:.2f}", flush=True)
         summary["runs"] = run_all(study.units(), study.jobs)
         if study.compute_matched:
