@@ -95,3 +95,24 @@ def test_the_issue_lora_run_trains_to_its_end(tmp_path):
     lm_pkg.train(cfg, run)
     log = read_log(run)
     assert log[-1]["step"] == 45 and sum(r.get("skipped_blowup", 0) for r in log) <= 2
+
+
+def test_the_skip_table_groups_seeds_into_arms_and_counts_updates_and_skips(tmp_path):
+    """mutor2d.engine.runlog's table (the false-positive table of docs/RELIABILITY.md): seeds of an arm
+    pooled, skips of steps redone after a resume dropped."""
+    import json
+    from mutor2d.engine.runlog import skip_table
+
+    def run(name, lines):
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        (folder / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return folder
+    a0 = run("ntp_s0", [{"step": 10, "loss": 1.0}, {"event": "skip", "step": 4, "reason": "blowup"},
+                        {"event": "skip", "step": 12, "reason": "nonfinite"}, {"event": "resume", "step": 10},
+                        {"step": 20, "loss": 1.0}])
+    a1 = run("ntp_s1", [{"step": 20, "loss": 1.0}])
+    b0 = run("mutor_s0", [{"step": 20, "loss": 1.0}, {"event": "skip", "step": 3, "reason": "blowup"}])
+    rows = skip_table([a0, a1, b0]).splitlines()[2:]
+    assert rows == [f"| {tmp_path / 'ntp'} | 2 | 40 | 1 (1 blowup) | 2.50% |",
+                    f"| {tmp_path / 'mutor'} | 1 | 20 | 1 (1 blowup) | 5.00% |"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 
@@ -70,3 +71,48 @@ def skip_counts(run_dir, upto: int | None = None) -> dict[str, int]:
             out[skip["reason"]] = out.get(skip["reason"], 0) + 1
     return out
 
+
+
+def last_step(run_dir) -> int:
+    """The last step the run logged (0 when none)."""
+    return max((r.get("step", 0) for r in read_log(run_dir)), default=0) if (Path(run_dir) / "log.jsonl").is_file() else 0
+
+
+def seedless(run_dir) -> str:
+    """A run folder's name without its seed (``NAME_sN`` or ``NAME/seedN``): the arm it belongs to."""
+    return re.sub(r"(_s\d+|/seed\d+)$", "", str(run_dir))
+
+
+def skip_table(runs: list) -> str:
+    """Markdown: per arm (runs grouped by :func:`seedless`), the runs, updates trained, updates the
+    blow-up guard skipped (by reason) and the share skipped: the guard's false positives when the runs
+    are healthy."""
+    groups: dict[str, list[Path]] = {}
+    for run in runs:
+        groups.setdefault(seedless(run), []).append(Path(run))
+    lines = ["| runs | count | updates | skipped | share skipped |", "|---|---|---|---|---|"]
+    for arm, members in groups.items():
+        updates = sum(last_step(r) for r in members)
+        by: dict[str, int] = {}
+        for r in members:
+            for reason, n in skip_counts(r).items():
+                by[reason] = by.get(reason, 0) + n
+        skipped = sum(by.values())
+        detail = f" ({', '.join(f'{n} {k}' for k, n in sorted(by.items()))})" if by else ""
+        share = f"{skipped / updates:.2%}" if updates else "–"
+        lines.append(f"| {arm} | {len(members)} | {updates} | {skipped}{detail} | {share} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+    folders = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if not folders or len(folders) < len(sys.argv) - 1:
+        print("usage: python -m mutor2d.engine.runlog RUN [RUN ...]  (the blow-up guard's skips per arm, markdown)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    missing = [f for f in folders if not (Path(f) / "log.jsonl").is_file()]
+    if missing:
+        print(f"error: {missing[0]!r} is not a run folder (no log.jsonl)", file=sys.stderr)
+        raise SystemExit(2)
+    print(skip_table(folders))
