@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import importlib
 import os
 import typing
@@ -265,8 +266,10 @@ def build_section(cls, data: Any, prefix: str, context: str = ""):
     fields = [f.name for f in dataclasses.fields(cls)]
     for k in data:
         if k not in fields:
-            known = ", ".join((["name"] if context else []) + fields) or "none"
-            raise ConfigError(f"unknown config key '{prefix}{k}'{context} (known: {known})")
+            known = (["name"] if context else []) + fields
+            close = difflib.get_close_matches(str(k), known, n=1)
+            hint = f"did you mean '{prefix}{close[0]}'? " if close else ""
+            raise ConfigError(f"unknown config key '{prefix}{k}'{context} ({hint}known: {', '.join(known) or 'none'})")
     return cls(**{k: build_tagged(prefix + k, v) if prefix + k in VARIANTS else check_type(prefix + k, v, hints[k])
                   for k, v in data.items()})
 

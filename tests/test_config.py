@@ -61,12 +61,15 @@ def test_yaml_file_and_name_lookup(tmp_path):
     (["sample.cfg_scale=.inf"], "sample.cfg_scale: expected a finite number"),
     # variant fields: only the chosen variant's keys exist
     (["objective.name=mutor-2d", "objective.d_min=2"],
-     r"unknown config key 'objective.d_min' for objective.name=mutor-2d \(known: name, reg_weight, reg_weight_schedule, "
+     r"unknown config key 'objective.d_min' for objective.name=mutor-2d \(did you mean 'objective.d_max'\? "
+     r"known: name, reg_weight, reg_weight_schedule, "
      r"reg_weight_final, reg_weight_steps, reg_target, reg_distill_mix, offset_distribution, register_visibility, "
      r"placement, num_registers, per_register_offsets, edge, d_max\)"),
     (["objective.reg_weight=0.5"], r"unknown config key 'objective.reg_weight' for objective.name=ntp \(known: name\)"),
     (["objective.name=mutor-2d", "objective.d_max_2d=4"], "unknown config key 'objective.d_max_2d'"),
     (["data.degree=3"], "unknown config key 'data.degree' for data.name=digits"),
+    (["train.max_step=3"], r"unknown config key 'train.max_step' \(did you mean 'train.max_steps'\? known: batch_size, "),
+    (["train.zzz=3"], r"unknown config key 'train.zzz' \(known: batch_size, "),            # nothing close: no guess
     (["objective.name=mutor-2d", "objective.d_max=1"], "objective.d_max: need 2 <= D"),
     (["objective.name=multihead", "objective.num_heads=16"], r"objective.num_heads: expected 0 \(all\) .. 15"),
     (["objective.name=multihead", "objective.layout=1d", "objective.d_max=1"], "objective.d_max"),

@@ -253,7 +253,7 @@ def test_a_study_refuses_to_pair_arms_the_guard_filtered_unevenly(tmp_path):
 
 
 def test_studies_with_one_base_recipe_share_its_key_and_another_recipe_or_code_does_not(tmp_path, monkeypatch):
-    """arith_pretrained_4step and arith_settings pretrain the same base: one key, whatever their --out;
+    """arith_pretrained_4step, arith_settings and arith_budget pretrain the same base: one key, whatever their --out;
     arith_pretrained's recipe (another corpus) and other code get other keys."""
     from mutor2d import provenance
     study = load_study()
@@ -266,6 +266,7 @@ def test_studies_with_one_base_recipe_share_its_key_and_another_recipe_or_code_d
 
     four = key("arith_pretrained_4step", tmp_path / "a")
     assert key("arith_settings", tmp_path / "b") == four
+    assert key("arith_budget", tmp_path / "e") == four        # its larger test set holds no 1-3-step line
     assert key("arith_pretrained", tmp_path / "c") != four
     monkeypatch.setattr(provenance, "code_identity", lambda root=None: {"commit": "0" * 40, "dirty": False,
                                                                         "diff_sha256": None})
