@@ -3,10 +3,14 @@ update (``{"event": "skip", ...}``: engine/health.py's verdict) and one per even
 (resume, preempted). Torch-free, so that tables over runs (leaderboards, studies) read it cheaply."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
+import sys
 from pathlib import Path
+
+from ..cli import HelpFormatter
 
 
 def _finite(record):
@@ -104,15 +108,23 @@ def skip_table(runs: list) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    import sys
-    folders = [a for a in sys.argv[1:] if not a.startswith("-")]
-    if not folders or len(folders) < len(sys.argv) - 1:
-        print("usage: python -m mutor2d.engine.runlog RUN [RUN ...]  (the blow-up guard's skips per arm, markdown)",
-              file=sys.stderr)
-        raise SystemExit(2)
-    missing = [f for f in folders if not (Path(f) / "log.jsonl").is_file()]
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.engine.runlog", formatter_class=HelpFormatter,
+                                 description="The blow-up guard's skipped updates per arm (seeds pooled), as markdown.")
+    ap.add_argument("runs", nargs="+", help="run folders (holding log.jsonl)")
+    return ap
+
+
+def main(argv=None) -> str:
+    args = build_parser().parse_args(argv)
+    missing = [f for f in args.runs if not (Path(f) / "log.jsonl").is_file()]
     if missing:
         print(f"error: {missing[0]!r} is not a run folder (no log.jsonl)", file=sys.stderr)
         raise SystemExit(2)
-    print(skip_table(folders))
+    text = skip_table(args.runs)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
