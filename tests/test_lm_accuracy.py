@@ -1,6 +1,7 @@
 """LM accuracy evaluation (mutor2d.lm.accuracy, eval/lm_accuracy.py), data formats and the Python API."""
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -440,6 +441,43 @@ def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):
     assert isinstance(hf.load_for_inference(run), LlamaForCausalLM)
     with pytest.raises(hf.LMModelError, match="'org/not-cached': no transformers model at .* none in the local"):
         hf.load_causal_lm("org/not-cached")
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_flipped_byte_in_a_run_folders_weights_is_refused_by_every_reader(tmp_path, base, finetune, capsys):
+    """A run folder and its step_N/ record their weight files' SHA-256 (mutor2d_checksums.json);
+    load_for_inference and eval/lm_accuracy.py refuse a changed byte in one line naming the file; a
+    folder without the record (transformers' own save) loads, said once; a malformed safetensors header
+    there is one line too."""
+    import shutil
+    path = _write_lines(tmp_path / "sums.jsonl", format_lines("prompt-answer"))
+    run = lm_pkg.train(_cfg(base, path, finetune), tmp_path / "run", ["train.save_every=1"])
+    for folder in (run, run / "step_1"):
+        record = json.loads((folder / hf.CHECKSUMS_FILE).read_text())["sha256"]
+        weights = "model.safetensors" if finetune == "full" else "adapter_model.safetensors"
+        assert weights in record and all(len(v) == 64 for v in record.values())
+    hf.load_for_inference(run)                                               # intact: loads
+    weights = run / ("model.safetensors" if finetune == "full" else "adapter_model.safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01                                                         # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(hf.LMModelError, match=rf"^{re.escape(str(weights))} is corrupt: its SHA-256 does not match"):
+        hf.load_for_inference(run)
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(ROOT / "eval" / "lm_accuracy.py"), "--ckpt", str(run), "--data", str(path),
+                           "--max-new-tokens", "2"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    err = [line for line in done.stderr.strip().splitlines() if not line.startswith("warning:")]
+    assert done.returncode == 2 and len(err) == 1 and "is corrupt" in err[0] and weights.name in err[0], done.stderr
+    plain = tmp_path / "plain"                                               # no record: loads, said once
+    shutil.copytree(run / "step_1", plain)
+    (plain / hf.CHECKSUMS_FILE).unlink()
+    hf.load_for_inference(plain)
+    assert re.search(r"^warning: .*plain' has no mutor2d_checksums.json .* load unverified$", capsys.readouterr().err, re.M)
+    if finetune == "full":
+        (plain / "model.safetensors").write_bytes(b"\xff" * 8 + b"not a header")
+        with pytest.raises(hf.LMModelError, match="cannot load the transformers model"):
+            hf.load_for_inference(plain)
 
 
 def test_generate_left_padded_batch_equals_one_by_one(base):

@@ -27,12 +27,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .. import io
 from ..model.attention import NEVER, Visibility
 from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
+CHECKSUMS_FILE = "mutor2d_checksums.json"     # {"sha256": {weight file: its SHA-256}}, written by save
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
 ADAPTER_CONFIG = "adapter_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -58,7 +62,7 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
     try:
         with refusing_pickles(key, ref):
             return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as e:        # transformers' own messages are many lines
+    except (OSError, ValueError, SafetensorError) as e:      # transformers' own messages are many lines
         if not local and isinstance(e, OSError):
             raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
                                "(expected a local folder or a cached hub name; nothing is downloaded)") from None
@@ -158,8 +162,39 @@ def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None
         save_file({"register_embedding": register.cpu().contiguous()}, out / REGISTER_FILE)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    write_checksums(out)
     (out / INFERENCE_FILE).write_text(json.dumps({"prompt_attention": model.prompt_attention}) + "\n")
     return out
+
+
+def write_checksums(folder: Path) -> Path:
+    """FOLDER/mutor2d_checksums.json: the SHA-256 of every weight file in ``folder`` (save's)."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return io.write_json_atomic(folder / CHECKSUMS_FILE, {"sha256": {n: io.file_sha256(folder / n) for n in names}})
+
+
+def verify_checksums(folder: Path) -> None:
+    """Every weight file ``save`` recorded in FOLDER/mutor2d_checksums.json has that SHA-256: else one
+    LMModelError naming the file. A folder without the record (not written by this project's training)
+    loads, said once."""
+    record = folder / CHECKSUMS_FILE
+    if not record.is_file():
+        io.warn(f"{str(folder)!r} has no {CHECKSUMS_FILE} (not written by mutor2d's training): its weights "
+                "load unverified", once=True)
+        return
+    try:
+        expected = json.loads(record.read_text())["sha256"]
+        items = [(str(name), str(sha)) for name, sha in expected.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise LMModelError(f"{record}: not a checksum record ({type(e).__name__}); expected "
+                           '{"sha256": {file: hex digest}}') from None
+    for name, sha in items:
+        path = folder / name
+        if not path.is_file():
+            raise LMModelError(f"{path}: missing, though {CHECKSUMS_FILE} recorded it at save")
+        if io.file_sha256(path) != sha:
+            raise LMModelError(f"{path} is corrupt: its SHA-256 does not match the one {CHECKSUMS_FILE} "
+                               "recorded at save")
 
 
 RUN_RECORDS = frozenset({"config.yaml", "log.jsonl", "provenance.json", "run.lock"})   # a run folder's, not the model's
@@ -209,9 +244,12 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     returns the peft ``PeftModel``. The register embedding is not part of it
     (``speculative.load_registers(folder)`` reads it for register decoding). A model trained
     with ``prompt_attention: bidirectional`` comes back with its ``generate`` prefilling the prompt
-    that way (:func:`with_prompt_attention`); plain transformers loading cannot know it."""
+    that way (:func:`with_prompt_attention`); plain transformers loading cannot know it. The weight
+    files are checked against the checksums ``save`` recorded (:func:`verify_checksums`)."""
     folder = Path(folder)
     adapter = folder / ADAPTER_CONFIG
+    if folder.is_dir():
+        verify_checksums(folder)
     rule = saved_prompt_attention(folder)
     if not adapter.is_file():
         return with_prompt_attention(load_causal_lm(folder, dtype, attn_implementation).eval(), rule)

@@ -93,7 +93,7 @@ PRESETS: dict[str, dict] = {
     "digits": dict(codebook_size=256, ch=8, ch_mult=(1, 2, 4), num_res_blocks=1, z_channels=32,
                    norm_groups=8, image_size=32, usage_window=4096),
     # CPU preset for the photo crops: 32 px -> 16x16 tokens (/2), the paper's token grid.
-    "photos": dict(codebook_size=512, codebook_embed_dim=8, ch=32, ch_mult=(1, 2), num_res_blocks=1,
+    "photos": dict(codebook_size=512, codebook_embed_dim=8, ch=16, ch_mult=(1, 2), num_res_blocks=1,
                    z_channels=32, norm_groups=8, image_size=32, usage_window=4096),
     # Smallest useful model, for tests: 16 px -> 4x4 tokens.
     "tiny": dict(codebook_size=64, codebook_embed_dim=4, ch=8, ch_mult=(1, 2, 2), num_res_blocks=1,
