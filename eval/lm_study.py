@@ -592,24 +592,31 @@ def curve_table(runs: dict[str, dict[int, Path]]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict[int, Path]], path: Path, title: str) -> Path:
-    """Test accuracy against training step: each seed faint, the mean over seeds bold."""
+def figure(path: Path, title: str, draw) -> Path:
+    """``draw(ax)`` on a new figure of test accuracy against training step, saved to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for k, (method, by_seed) in enumerate(runs.items()):
-        curves = [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        for c in curves:
-            ax.plot(sorted(c), [c[s] for s in sorted(c)], color=f"C{k}", alpha=0.25, lw=1)
-        ax.plot(steps, [statistics.mean(c[s] for c in curves) for s in steps], color=f"C{k}", lw=2, label=method)
+    draw(ax)
     ax.set(xlabel="training step", ylabel="test accuracy (exact match)", title=title)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def plot(runs: dict[str, dict[int, Path]], path: Path, title: str) -> Path:
+    """Test accuracy against training step: each seed faint, the mean over seeds bold."""
+    def draw(ax):
+        for k, (method, by_seed) in enumerate(runs.items()):
+            curves = [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            for c in curves:
+                ax.plot(sorted(c), [c[s] for s in sorted(c)], color=f"C{k}", alpha=0.25, lw=1)
+            ax.plot(steps, [statistics.mean(c[s] for c in curves) for s in steps], color=f"C{k}", lw=2, label=method)
+    return figure(path, title, draw)
 
 
 BOOTSTRAP_DRAWS = 2000
@@ -664,21 +671,13 @@ def bootstrap_table(boot: dict, reference: str) -> str:
 
 def plot_bands(boot: dict, path: Path, title: str) -> Path:
     """Accuracy against training step per arm: the mean line and its 95% bootstrap band."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    steps = sorted(boot)
-    for k, arm in enumerate(boot[steps[0]]):
-        m, lo, hi = zip(*(boot[s][arm]["acc"] for s in steps))
-        ax.plot(steps, m, color=f"C{k}", lw=2, marker="o", label=arm)
-        ax.fill_between(steps, lo, hi, color=f"C{k}", alpha=0.2)
-    ax.set(xlabel="training step", ylabel="test accuracy (exact match)", title=title)
-    ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    def draw(ax):
+        steps = sorted(boot)
+        for k, arm in enumerate(boot[steps[0]]):
+            m, lo, hi = zip(*(boot[s][arm]["acc"] for s in steps))
+            ax.plot(steps, m, color=f"C{k}", lw=2, marker="o", label=arm)
+            ax.fill_between(steps, lo, hi, color=f"C{k}", alpha=0.2)
+    return figure(path, title, draw)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,17 +1,15 @@
 """The photo crops' metric (mutor2d.data.photos): a small CNN trained to tell which photograph a
-crop comes from, on crops of the TRAIN split (a minute on one CPU core, cached under
-``$MUTOR2D_CACHE`` or ``~/.cache/mutor2d`` by a hash of its settings), registered as the
-torch-fidelity feature extractor ``mutor2d-photos`` (``feat``: the pooled penultimate layer, for
+crop comes from, on crops of the TRAIN split (two minutes on one CPU core, cached under
+``$MUTOR2D_CACHE`` or ``~/.cache/mutor2d`` by a hash of its settings; mutor2d.evaluation.classifier),
+registered as the torch-fidelity feature extractor ``mutor2d-photos`` (``feat``: the pooled penultimate layer, for
 FID/KID/precision/recall; ``logits`` for IS and the class accuracy of samples), as the digits
 classifier is for digits. References: ``photos:train`` and ``photos:test`` (:func:`photos_uint8`).
 Classifier files load with ``weights_only=True``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch_fidelity.feature_extractor_base import FeatureExtractorBase
-from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
 from ..data.photos import CLASSES, photo_crops
-from ..io import write_atomic
-from .options import DEFAULT_CACHE, PHOTOS, MetricsError
-from .sources import load_tensors
+from . import classifier
+from .options import PHOTOS, MetricsError
 
 SIZE = 32                 # the classifier's input side (crops of other sizes are area-resized)
 REFERENCE_COUNT = {"train": 10000, "test": 5000}    # images of photos:train / photos:test
@@ -42,10 +37,10 @@ class PhotosClassifierSettings:
     batch_size: int = 128
     seed: int = 0
     data_seed: int = 1234
-    version: int = 1          # bump when the architecture or training changes
+    version: int = 2          # bump when the architecture or training changes
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return classifier.settings_key(self)
 
 
 class PhotosNet(nn.Module):
@@ -84,94 +79,31 @@ def photos_uint8(split: str, count: int | None = None, data_seed: int = 1234) ->
 
 
 def train_photos_classifier(settings: PhotosClassifierSettings) -> PhotosNet:
-    """Train on the first ``train_images`` crops of the train split with random flips. Deterministic
-    for given settings; leaves the global RNG untouched; one CPU thread."""
+    """Train on the first ``train_images`` crops of the train split, mirrored at random (classifier.fit)."""
     images, labels = photos_uint8("train", settings.train_images, settings.data_seed)
-    x, y = photos_input(torch.from_numpy(images).permute(0, 3, 1, 2)), torch.from_numpy(labels)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            net = PhotosNet(settings.width, settings.feat_dim)
-            opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
-            gen = torch.Generator().manual_seed(settings.seed)
-            steps = settings.epochs * -(-len(y) // settings.batch_size)
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, settings.lr, total_steps=steps)
-            net.train()
-            for _ in range(settings.epochs):
-                for idx in torch.randperm(len(y), generator=gen).split(settings.batch_size):
-                    flip = torch.rand(len(idx), generator=gen) < 0.5
-                    xb = torch.where(flip[:, None, None, None], x[idx].flip(-1), x[idx])
-                    loss = F.cross_entropy(net(xb)[1], y[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    sched.step()
-        return net.eval()
-    finally:
-        torch.set_num_threads(threads)
+    x = photos_input(torch.from_numpy(images).permute(0, 3, 1, 2))
+    return classifier.fit(lambda: PhotosNet(settings.width, settings.feat_dim), x, torch.from_numpy(labels),
+                          settings, flip=True)
 
 
 def photos_classifier_path(settings: PhotosClassifierSettings | None = None,
                            cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path of the cached classifier for ``settings``, trained and written on first use.
-    File: {"settings": dict, "state": state dict}."""
+    """Path of the cached classifier for ``settings``, trained and written on first use."""
     settings = settings or PhotosClassifierSettings()
-    path = Path(cache_dir or DEFAULT_CACHE).expanduser() / f"photos_classifier_{settings.key()}.pt"
-    if not path.is_file():
-        net = train_photos_classifier(settings)
-        write_atomic(path, lambda f: torch.save({"settings": asdict(settings), "state": net.state_dict()}, f))
-    return path
+    return classifier.cached("photos", settings, lambda: train_photos_classifier(settings), cache_dir)
 
 
 def load_photos_classifier(path: str | os.PathLike) -> PhotosNet:
     """The classifier of a file written by ``photos_classifier_path`` (read with weights_only=True)."""
-    obj = load_tensors(path, "photos classifier file")
-    try:
-        settings = obj["settings"]
-        net = PhotosNet(settings["width"], settings["feat_dim"])
-        net.load_state_dict(obj["state"])
-    except (KeyError, RuntimeError, TypeError) as e:
-        raise MetricsError(f"{path}: not a photos classifier file ({type(e).__name__}: {e})") from None
-    return net.eval()
+    return classifier.load(path, "photos", lambda s: PhotosNet(s["width"], s["feat_dim"]))
 
 
-class PhotosFeatureExtractor(FeatureExtractorBase):
-    """torch-fidelity feature extractor over the photos classifier in ``feature_extractor_weights_path``."""
-
-    def __init__(self, name, features_list, feature_extractor_weights_path=None, **kwargs):
-        super().__init__(name, features_list)
-        if feature_extractor_weights_path is None:
-            raise MetricsError(f"feature extractor {PHOTOS}: needs feature_extractor_weights_path "
-                               "(see photos_classifier_path)")
-        self.net = load_photos_classifier(feature_extractor_weights_path)
-        self.requires_grad_(False)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
-        feat, logits = self.net(photos_input(x))
-        out = {"feat": feat, "logits": logits}
-        return tuple(out[name].float() for name in self.features_list)
-
-    @staticmethod
-    def get_provided_features_list():
-        return "feat", "logits"
-
-    @staticmethod
-    def get_default_feature_layer_for_metric(metric):
-        return {"isc": "logits", "fid": "feat", "kid": "feat", "prc": "feat"}[metric]
-
-    @staticmethod
-    def can_be_compiled():
-        return False
-
-    @staticmethod
-    def get_dummy_input_for_compile():
-        return torch.zeros(1, 3, SIZE, SIZE, dtype=torch.uint8)
+class PhotosFeatureExtractor(classifier.ClassifierFeatures):
+    """torch-fidelity feature extractor over the photos classifier (``feature_extractor_weights_path``)."""
+    load, prepare, side = load_photos_classifier, photos_input, SIZE
 
 
-if PHOTOS not in FEATURE_EXTRACTORS_REGISTRY:
-    register_feature_extractor(PHOTOS, PhotosFeatureExtractor)
+classifier.register(PHOTOS, PhotosFeatureExtractor)
 
 
 def sanity_check(n: int = 2000, settings: PhotosClassifierSettings | None = None, cache_dir=None) -> dict:
