@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -330,3 +331,23 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
         assert len(stop) == 1 and ckpt_lib.checkpoint_path(run, stop[0]["step"]).is_file()
         assert stop[0]["step"] < 5000
     assert not any((out / m / "seed1").exists() for m in ("next-token", "mutor-2d-sparse"))
+
+
+def test_paired_differences_and_the_convergence_ratio_by_hand():
+    """FID minus next-token's at the same step, paired by seed, with a t-interval; the convergence
+    ratio: the first step a method's mean FID reaches next-token's final mean FID, over that step."""
+    from mutor2d.evaluation.study import convergence, paired_table
+
+    def group(fids):
+        return {"fid": {1.0: dict(enumerate(fids))}}
+    groups = {("next-token", 100): group([10.0, 12.0, 11.0]), ("next-token", 200): group([8.0, 9.0, 7.0]),
+              ("mutor-2d-D4", 100): group([8.5, 7.5, 8.0]), ("mutor-2d-D4", 200): group([6.0, 7.0, 6.5]),
+              ("mutor-1d", 100): group([11.0, 13.0, 12.0]), ("mutor-1d", 200): group([9.0, 10.0, 8.0])}
+    rows = paired_table(groups, 1.0).splitlines()[2:]
+    assert rows[0].startswith("| mutor-1d | 100 | 3 | +1.00 [+1.00, +1.00] | 0 / 3 |")
+    d = [8.5 - 10, 7.5 - 12, 8.0 - 11]                                 # mean -3.0, sd 1.5
+    half = 4.302653 * statistics.stdev(d) / 3 ** 0.5
+    assert f"| mutor-2d-D4 | 100 | 3 | -3.00 [{-3 - half:+.2f}, {-3 + half:+.2f}] | 3 / 0 |" in rows
+    found = convergence(groups, 1.0, "mutor-2d-D4")
+    assert found["reference_final_fid"] == 8.0 and found["first_step"] == 100 and found["ratio"] == 0.5
+    assert convergence(groups, 1.0, "mutor-1d")["first_step"] is None          # 9.0 at the end: never

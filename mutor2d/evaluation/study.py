@@ -299,7 +299,7 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
-    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "nll", "nll_val",
+    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "fid": {cfg: {seed: FID}}, "nll", "nll_val",
     "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
     runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
@@ -311,7 +311,7 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             keys.append((run["method"], VAL_BEST))
         for key in keys:
             group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
-                                            "cfg": {}, "steps": {}, "skips": {}, "commits": set()})
+                                            "cfg": {}, "fid": {}, "steps": {}, "skips": {}, "commits": set()})
             group["seeds"].add(run.get("seed"))
             group["commits"].add(records.commit_text(r))
             if r.get("step") is not None:
@@ -322,6 +322,8 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             for name in ("nll_test", "nll_val"):
                 if name in r["metrics"]:
                     group["nll" if name == "nll_test" else name][run["seed"]] = r["metrics"][name]
+            if "fid" in r["metrics"]:
+                group["fid"].setdefault(run.get("cfg_scale"), {})[run.get("seed")] = r["metrics"]["fid"]
             by_metric = group["cfg"].setdefault(run.get("cfg_scale"), {})
             for k, v in r["metrics"].items():
                 by_metric.setdefault(k, []).append(v)
@@ -373,6 +375,48 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
     return "\n".join(lines)
 
 
+def t95(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
+    from scipy.stats import t
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, float("nan")
+    return m, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired_table(groups: dict, cfg: float, reference: str = "next-token") -> str:
+    """Markdown: per label and step, FID at ``cfg`` minus ``reference``'s at the same step, paired by
+    seed (the same data order), with its 95% t-interval and wins (lower FID) / losses over seeds."""
+    lines = [f"| method | step | seeds | FID minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
+    for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
+        ref = groups.get((reference, key[1]), {}).get("fid", {}).get(cfg, {})
+        mine = groups[key]["fid"].get(cfg, {})
+        diffs = [mine[seed] - ref[seed] for seed in sorted(mine, key=str) if seed in ref]
+        if not diffs:
+            continue
+        m, h = t95(diffs)
+        lines.append(f"| {key[0]} | {key[1]} | {len(diffs)} | {m:+.2f} [{m - h:+.2f}, {m + h:+.2f}] | "
+                     f"{sum(d < 0 for d in diffs)} / {sum(d > 0 for d in diffs)} |")
+    return "\n".join(lines)
+
+
+def convergence(groups: dict, cfg: float, method: str, reference: str = "next-token") -> dict | None:
+    """The first scored step at which ``method``'s mean FID (at ``cfg``) is at most ``reference``'s
+    final one (its mean at its last scored step), and that step over the reference's final step
+    (the paper's "MuToR-2D at 100K beats next-token at 200K" is a ratio of 0.5); None without both."""
+    def curve(label):
+        return sorted((k[1], statistics.fmean(g["fid"][cfg].values())) for k, g in groups.items()
+                      if k[0] == label and isinstance(k[1], int) and g["fid"].get(cfg))
+    ref, mine = curve(reference), curve(method)
+    if not ref or not mine:
+        return None
+    final_step, final_fid = ref[-1]
+    first = next((step for step, fid in mine if fid <= final_fid), None)
+    return {"method": method, "reference": reference, "cfg": cfg, "reference_final_step": final_step,
+            "reference_final_fid": final_fid, "first_step": first,
+            "ratio": None if first is None else first / final_step}
+
+
 def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
     """FID (mean ± sd over seeds) against step, one panel per CFG scale; floor as a dashed line."""
     from matplotlib.figure import Figure
@@ -392,7 +436,7 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
             ax.axhline(statistics.fmean(floor), color="grey", linestyle="--", label="real held-out (floor)")
         ax.set_title(f"cfg {s:g}")
         ax.set_xlabel("training step")
-        ax.set_ylabel("embedded FID (digits classifier)")
+        ax.set_ylabel("FID (the data's classifier)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save_figure(fig, out)
@@ -497,6 +541,14 @@ def run_study(study: Study) -> dict:
     recs = collect(study.out)
     groups = summarise(recs, study.cfg_scales)
     md = table(groups, study.cfg_scales)
+    for cfg in study.cfg_scales:
+        md += f"\n\nPaired by seed, cfg {cfg:g}:\n\n" + paired_table(groups, cfg)
+    summary["convergence"] = [c for cfg in study.cfg_scales for m in study.methods if m != "next-token"
+                              for c in [convergence(groups, cfg, m)] if c]
+    for c in summary["convergence"]:
+        first = "never" if c["first_step"] is None else f"step {c['first_step']} (ratio {c['ratio']:.2f})"
+        md += (f"\n\n{c['method']} first reaches next-token's final FID {c['reference_final_fid']:.2f} "
+               f"(step {c['reference_final_step']}, cfg {c['cfg']:g}): {first}")
     differ = records.provenance_warning(recs)
     if differ:
         warn(differ)
