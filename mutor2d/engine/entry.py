@@ -28,7 +28,9 @@ def run_entry(main):
     one line on stderr and that exit code. Bad config or input (2) is mostly the same in every process
     of a launch: the main one (RANK 0 or unset) prints it at once, another only if it is still running
     ECHO_DELAY_S later (a launcher stops the others when the main one exits, so a shared error is
-    printed once and an error of that process alone is still shown)."""
+    printed once and an error of that process alone is still shown). A launched process stopped by a
+    signal (75, its shards saved) leaves without the interpreter's teardown, where torch's threads
+    could abort it (SIGABRT, "terminate called without an active exception") and turn 75 into -6."""
     import sys
     try:
         return main()
@@ -39,6 +41,10 @@ def run_entry(main):
         if code == 2 and os.environ.get("RANK", "0") != "0":
             time.sleep(ECHO_DELAY_S)
         print(str(e) if code == PREEMPTED_EXIT else f"error: {e}", file=sys.stderr)
+        if code == PREEMPTED_EXIT and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)      # all is saved; a launched process's teardown could abort in torch's threads
         raise SystemExit(code) from None
 
 
