@@ -354,7 +354,8 @@ def test_training_logs_online_eval_to_jsonl_and_tensorboard(classifier, cache, t
     from mutor2d import config as C
     from mutor2d.engine import read_log, train
 
-    monkeypatch.setattr(D, "DEFAULT_CACHE", cache)       # the classifier trained by the fixture
+    from mutor2d.evaluation import classifier as trained_here
+    monkeypatch.setattr(trained_here, "DEFAULT_CACHE", cache)   # the classifier trained by the fixture
     cfg = C.from_dict({
         "model": {"preset": "tiny", "attention": "sdpa"}, "data": {"name": "digits", "levels": 5},
         "objective": {"name": "mutor-2d", "d_max": 3},
