@@ -141,7 +141,8 @@ def test_the_image_study_runs_on_the_photo_crops(tmp_path, small_classifier, mon
     monkeypatch.setattr(study, "PhotosClassifierSettings", lambda data_seed: settings)
     compare = entry("eval/compare.py")
     sets = ["data.tokenizer=pixel:16", "data.image_size=16", "data.num_train=64", "data.num_test=16",
-            "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1", *SMALL_MODEL]
+            "data.path=null", "data.test_path=null", "train.batch_size=8", "optim.warmup_steps=1",
+            "train.log_every=1", *SMALL_MODEL]
     compare.main(["--config", "study_photos.yaml", "--out", str(tmp_path / "s"), "--methods", "next-token,mutor-2d-sparse80",
                   "--seeds", "0", "--steps", "2", "--eval-steps", "2", "--num", "20", "--cfg", "1.0", "--jobs", "1",
                   "--floor-draws", "1", "--compute-matched", "", "--cache-dir", str(cache), *[a for s in sets for a in ("--set", s)]])

@@ -8,7 +8,7 @@ then area-resized to ``size`` pixels. Image ``i`` of a split is a pure function 
 (:func:`crop_params`): a split never repeats an image and never needs storing. Labels are balanced
 (image i has class i mod 10).
 
-    python -m mutor2d.data.photos export data/photos --train 50000 --test 5000 --size 32
+    python -m mutor2d.data.photos export data/photos --train 50000 --test 1000 --size 32
 writes data/photos/train/CLASS/NNNNNN.png and data/photos/test/... (ImageFolder trees for
 tokenizers/train_vq.py and tokenizers/extract_codes.py).
 """
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("command", choices=["export"], help="export: write the crops as PNG files")
     ap.add_argument("out", help="output folder")
     ap.add_argument("--train", type=int, default=50000, help="training images (default 50000)")
-    ap.add_argument("--test", type=int, default=5000, help="test images (default 5000)")
+    ap.add_argument("--test", type=int, default=1000, help="test images (default 1000)")
     ap.add_argument("--size", type=int, default=32, help="pixels a side (default 32)")
     ap.add_argument("--seed", type=int, default=1234, help="data seed (default 1234, data.data_seed's)")
     return ap
