@@ -95,8 +95,8 @@ def test_the_tokenizer_config_and_the_codes_path_as_a_user_runs_them(tmp_path):
 @pytest.fixture(autouse=True)
 def small_references(monkeypatch):
     """photos:train / photos:test of 600 / 300 crops (the real ones: 10,000 / 5,000)."""
-    from mutor2d.evaluation import photos
-    monkeypatch.setattr(photos, "REFERENCE_COUNT", {"train": 600, "test": 300})
+    from mutor2d.evaluation import sources
+    monkeypatch.setattr(sources, "PHOTOS_REFERENCE_COUNT", {"train": 600, "test": 300})
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def small_classifier(tmp_path_factory):
 def test_the_evaluator_passes_its_sanity_checks(small_classifier):
     """Real vs real FID near 0 and far below blurred crops; class accuracy high with the true labels
     and near chance with shuffled ones."""
-    from mutor2d.evaluation.photos import sanity_check
+    from mutor2d.evaluation.sanity import sanity_check
     settings, cache = small_classifier
     found = sanity_check(300, settings, cache)
     assert found["fid_real"] < found["fid_blurred"] / 10, found

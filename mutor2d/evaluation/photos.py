@@ -3,7 +3,7 @@ crop comes from, on crops of the TRAIN split (two minutes on one CPU core, cache
 ``$MUTOR2D_CACHE`` or ``~/.cache/mutor2d`` by a hash of its settings; mutor2d.evaluation.classifier),
 registered as the torch-fidelity feature extractor ``mutor2d-photos`` (``feat``: the pooled penultimate layer, for
 FID/KID/precision/recall; ``logits`` for IS and the class accuracy of samples), as the digits
-classifier is for digits. References: ``photos:train`` and ``photos:test`` (:func:`photos_uint8`).
+classifier is for digits. References: ``photos:train`` and ``photos:test`` (``sources.photos_uint8``).
 Classifier files load with ``weights_only=True``.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.photos import CLASSES, photo_crops
+from ..data.photos import CLASSES
 from . import classifier
-from .options import PHOTOS, MetricsError
+from .options import PHOTOS
+from .sources import PHOTOS_SIDE, photos_uint8
 
-SIZE = 32                 # the classifier's input side (crops of other sizes are area-resized)
-REFERENCE_COUNT = {"train": 10000, "test": 5000}    # images of photos:train / photos:test
+SIZE = PHOTOS_SIDE        # the classifier's input side (crops of other sizes are area-resized)
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,6 @@ def photos_input(images: Tensor) -> Tensor:
     return F.interpolate(x, size=(SIZE, SIZE), mode="area") if x.shape[-2:] != (SIZE, SIZE) else x
 
 
-def photos_uint8(split: str, count: int | None = None, data_seed: int = 1234) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``count`` (default REFERENCE_COUNT[split]) crops of ``split`` at 32 px: uint8
-    (n, 32, 32, 3) and labels (n,)."""
-    if split not in REFERENCE_COUNT:
-        raise MetricsError(f"photos:{split}: expected photos:train or photos:test")
-    return photo_crops(split, count or REFERENCE_COUNT[split], SIZE, data_seed)
-
-
 def train_photos_classifier(settings: PhotosClassifierSettings) -> PhotosNet:
     """Train on the first ``train_images`` crops of the train split, mirrored at random (classifier.fit)."""
     images, labels = photos_uint8("train", settings.train_images, settings.data_seed)
@@ -105,27 +97,3 @@ class PhotosFeatureExtractor(classifier.ClassifierFeatures):
 
 classifier.register(PHOTOS, PhotosFeatureExtractor)
 
-
-def sanity_check(n: int = 2000, settings: PhotosClassifierSettings | None = None, cache_dir=None) -> dict:
-    """The evaluator against known answers, on ``n`` real test crops scored against photos:train:
-    ``fid_real`` (real vs real: near 0), ``fid_blurred`` (the same crops at a quarter of the
-    resolution, upsampled: far larger), ``accuracy_real`` (the classes: near 1) and
-    ``accuracy_shuffled`` (the same images with their labels permuted: near 1/10)."""
-    from .metrics import compute_metrics
-    from .sources import ArrayImages, ImageSource, open_images
-    settings = settings or PhotosClassifierSettings()
-    weights = photos_classifier_path(settings, cache_dir)
-    images, labels = photos_uint8("test", n, settings.data_seed)
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()
-    blurred = F.interpolate(F.avg_pool2d(x, 4), scale_factor=4, mode="bilinear").round().clamp(0, 255)
-    blurred = blurred.to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    shuffled = np.random.default_rng(0).permutation(labels)
-    reference = open_images("photos:train", settings.data_seed)
-
-    def score(arr, lab):
-        res = compute_metrics(ImageSource("check", ArrayImages(arr), lab), reference, features="photos",
-                              weights_path=weights, metrics=("fid",), use_cache=False)
-        return res.metrics
-    real, blur, shuf = score(images, labels), score(blurred, labels), score(images, shuffled)
-    return {"fid_real": real["fid"], "fid_blurred": blur["fid"], "accuracy_real": real["accuracy"],
-            "accuracy_shuffled": shuf["accuracy"], "n": n}

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from ..data.photos import photo_crops
 from ..data.tokens import digits_images
 from ..sampling.images import to_uint8
 from .options import DIGITS_DATA_SEED, MetricsError
@@ -108,6 +109,18 @@ def digits_uint8(split: str, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndar
     return to_uint8(images.unsqueeze(1).expand(-1, 3, -1, -1)), labels.numpy()
 
 
+PHOTOS_SIDE = 32                                          # photos:SPLIT images, pixels a side
+PHOTOS_REFERENCE_COUNT = {"train": 10000, "test": 5000}   # images of photos:train / photos:test
+
+
+def photos_uint8(split: str, count: int | None = None, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` (default PHOTOS_REFERENCE_COUNT[split]) photo crops of ``split`` at 32 px
+    (mutor2d.data.photos): uint8 (n, 32, 32, 3) and labels (n,)."""
+    if split not in PHOTOS_REFERENCE_COUNT:
+        raise MetricsError(f"photos:{split}: expected photos:train or photos:test")
+    return photo_crops(split, count or PHOTOS_REFERENCE_COUNT[split], PHOTOS_SIDE, data_seed)
+
+
 def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
                 lazy_bytes: int = LAZY_BYTES) -> ImageSource:
     """A sample file, an npz (images/arr_0 and/or mu/sigma), a folder of images, digits:SPLIT or
@@ -116,7 +129,6 @@ def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
     ones are read into memory."""
     spec = str(spec)
     if spec.startswith("photos:"):
-        from .photos import photos_uint8
         images, labels = photos_uint8(spec.split(":", 1)[1], data_seed=data_seed)
         return ImageSource(spec, ArrayImages(images), labels, identity=f"{spec}|seed{data_seed}|{len(labels)}")
     if spec.startswith("digits:"):
