@@ -66,6 +66,8 @@ def check_args(args) -> list[str]:
         raise MetricsError(f"--batch-size: expected >= 1, got {args.batch_size}")
     if args.inception_weights and args.inception_weights.endswith(".safetensors"):   # torch.load reads these
         read_safetensors(args.inception_weights, "--inception-weights", tensors=False)
+    if args.json is not None and not args.json.strip():
+        raise MetricsError(f"--json {args.json!r}: expected a .json path or a folder (leave it out for RUN/eval/)")
     out = Path(args.json or ".")
     if out.suffix != ".json" and out.exists() and not out.is_dir():
         raise MetricsError(f"--json {args.json!r}: is a file without the .json suffix; expected a .json path or "

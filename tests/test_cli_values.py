@@ -653,3 +653,20 @@ def test_train_vq_with_no_step_to_train_ends_without_a_traceback(tmp_path):
     train_vq = script("tokenizers/train_vq.py", "train_vq_cli_values")
     run_dir = train_vq.main(["--config", "vq_digits.yaml", "--out", str(tmp_path / "vq"), "--max-steps", "0"])
     assert run_dir == tmp_path / "vq" and not (run_dir / "log.jsonl").exists()     # was: FileNotFoundError
+
+
+def test_fid_json_empty_is_refused_not_taken_as_left_out(tmp_path):
+    fid = script("eval/fid.py", "fid_empty_json_cli_values")        # was: '' meant "not given" (RUN/eval/)
+    with pytest.raises(ValueError, match=r"^--json '': expected a \.json path or a folder"):
+        fid.check_args(fid.parse_args(["s.npz", "--ref", "digits:test", "--json", ""]))
+    assert fid.check_args(fid.parse_args(["s.npz", "--ref", "digits:test", "--json", str(tmp_path / "r.json")]))
+
+
+@pytest.mark.parametrize("argv", [["--config", ""], [" "]])
+def test_train_vq_empty_config_is_refused_not_the_default(tmp_path, capsys, argv):
+    train_vq = script("tokenizers/train_vq.py", "train_vq_empty_cli_values")   # was: silently vq_digits
+    with pytest.raises(SystemExit) as exit_:
+        train_vq.main([*argv, "--out", str(tmp_path / "vq")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "expected a YAML path or a name under configs/" in err[-1]
+    assert not (tmp_path / "vq").exists()

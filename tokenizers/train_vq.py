@@ -27,7 +27,11 @@ def build_parser():
 
 
 def main(argv=None) -> Path:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    for flag, value in (("--config", args.config), ("CONFIG", args.config_file)):
+        if value is not None and not value.strip():
+            ap.error(f"{flag} {value!r}: expected a YAML path or a name under configs/ (leave it out for vq_digits)")
     args.config = args.config or args.config_file or (None if args.resume not in (None, "auto") else "vq_digits")
     run_dir = train_entry.execute(args)
     if os.environ.get("RANK", "0") == "0" and (Path(run_dir) / "log.jsonl").is_file():    # none: no step ran
