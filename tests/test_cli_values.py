@@ -670,3 +670,18 @@ def test_train_vq_empty_config_is_refused_not_the_default(tmp_path, capsys, argv
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and "expected a YAML path or a name under configs/" in err[-1]
     assert not (tmp_path / "vq").exists()
+
+
+def test_a_checkpoint_that_rotation_removed_is_named_with_keep_ckpts(tmp_path):
+    """A step checkpoint that is not there, beside others of its run: the error names train.keep_ckpts
+    and the checkpoints that remain (was: only "does not exist")."""
+    from mutor2d.checkpoint import resolve
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for step in (750, 1000):
+        (folder / f"step_{step:08d}.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"step_00000250.pt' does not exist \(a run keeps only its newest "
+                                                r"train.keep_ckpts .* holds step_00000750.pt, step_00001000.pt\)"):
+        resolve(folder / "step_00000250.pt")
+    with pytest.raises(FileNotFoundError, match=r"'elsewhere.pt' does not exist$"):      # not a run's: no hint
+        resolve("elsewhere.pt")

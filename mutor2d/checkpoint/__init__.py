@@ -185,8 +185,22 @@ def resolve(path: str | os.PathLike) -> Path:
             raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")
         return found
     if not p.is_file():
-        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist")
+        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist{rotation_hint(p)}")
     return p
+
+
+def rotation_hint(p: Path) -> str:
+    """What to say of a missing step checkpoint whose run folder holds others: rotation removed it
+    (train.keep_ckpts), and which remain."""
+    folder = p.parent
+    if folder.name != "checkpoints" or not folder.is_dir():
+        return ""
+    kept = sorted(q.name for q in folder.iterdir() if q.name.startswith("step_") and q.suffix in (".pt", ".dcp"))
+    if not kept:
+        return ""
+    shown = ", ".join(kept[-3:]) + (f" and {len(kept) - 3} older" if len(kept) > 3 else "")
+    return (f" (a run keeps only its newest train.keep_ckpts checkpoints, and train.keep_every's multiples; "
+            f"{str(folder)!r} holds {shown})")
 
 
 def output_dir(path: str | os.PathLike, what: str = "samples") -> Path:
