@@ -82,7 +82,6 @@ def check_args(args) -> list[str]:
 
 def score(args, metrics: list[str]) -> tuple:
     """(result, samples, reference) of the parsed flags and ``metrics`` (``check_args``)."""
-    from mutor2d.evaluation import digits
     from mutor2d.evaluation import metrics as M
     from mutor2d.evaluation.sources import open_images
     features = feature_name(args)
@@ -91,11 +90,8 @@ def score(args, metrics: list[str]) -> tuple:
     reference = open_images(args.ref, data_seed)
     cache = Path(args.cache_dir).expanduser()
     weights = args.inception_weights
-    if features == "digits":
-        weights = digits.digits_classifier_path(digits.DigitsClassifierSettings(data_seed=data_seed), cache)
-    if features == "photos":
-        from mutor2d.evaluation import photos
-        weights = photos.photos_classifier_path(photos.PhotosClassifierSettings(data_seed=data_seed), cache)
+    if features in EMBEDDED:
+        weights = M.embedded_weights(features, data_seed, cache)
     result = M.compute_metrics(samples, reference, features=features, weights_path=weights,
                                metrics=metrics,
                                device=args.device, batch_size=args.batch_size, cache_root=cache / "fidelity_cache",

@@ -70,7 +70,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import statistics
 import sys
 import time
@@ -501,11 +500,8 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
 
 def ci95(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
-    from scipy.stats import t
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    from mutor2d.evaluation.study import t95
+    return t95(values)
 
 
 def reference_arm(arm: str, reference: str = "next-token") -> str:

@@ -33,8 +33,8 @@ from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_
 
 from ..io import write_atomic
 from .digits import DigitsClassifierSettings, digits_classifier_path
-from .photos import photos_classifier_path
-from .options import EMBEDDED, FEATURES, INCEPTION, METRICS, MetricsError
+from .photos import PhotosClassifierSettings, photos_classifier_path
+from .options import DIGITS_DATA_SEED, EMBEDDED, FEATURES, INCEPTION, METRICS, MetricsError
 from .sources import ArrayImages, ImageSource, load_tensors
 MIN_IMAGES = {"fid": 2, "is": 1, "prc": 5, "kid": 2}   # fewer give no covariance / neighbourhood
 MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits classifier's input)
@@ -200,12 +200,20 @@ def use_cuda(device) -> bool:
     return False
 
 
+def embedded_weights(features: str, data_seed: int = DIGITS_DATA_SEED, cache_dir=None) -> Path:
+    """The classifier file of an embedded feature extractor ("digits", "photos") trained on that data
+    seed's train split (trained and cached on first use)."""
+    if features == "digits":
+        return digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache_dir)
+    if features == "photos":
+        return photos_classifier_path(PhotosClassifierSettings(data_seed=data_seed), cache_dir)
+    raise MetricsError(f"features {features!r}: expected one of {list(EMBEDDED)} (a classifier trained here)")
+
+
 def default_weights(features: str, weights_path):
     """The embedded classifier's default cached file when none is given; Inception's as given."""
-    if features == "digits" and weights_path is None:
-        return digits_classifier_path(DigitsClassifierSettings())
-    if features == "photos" and weights_path is None:
-        return photos_classifier_path()
+    if features in EMBEDDED and weights_path is None:
+        return embedded_weights(features)
     return weights_path
 
 

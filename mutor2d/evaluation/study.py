@@ -38,10 +38,9 @@ from ..sampling import images as generation
 from ..preempt import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
 from . import records
-from .digits import DigitsClassifierSettings, digits_classifier_path
-from .photos import PhotosClassifierSettings, photos_classifier_path
 from .extrapolation import grid_token_nll
-from .metrics import compute_metrics
+from .metrics import compute_metrics, embedded_weights
+from .options import EMBEDDED
 from .plan import (BASE_CONFIG, COMPUTE_MATCHED, METHODS, Study, StudyError,  # noqa: F401 (BASE_CONFIG: re-exported)
                    fraction_label, label_parts, run_config)
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, open_images
@@ -80,18 +79,11 @@ def heldout_nll(model, data_cfg, split: str = "test") -> float:
     return total / len(ds)
 
 
-EVALUATED = ("digits", "photos")     # data sets with a classifier trained here (FID features, class accuracy)
-
-
 def data_reference(data_name: str, data_seed: int, cache: Path, split: str = "train"):
     """(the data's ``split`` as a source, its features name, the classifier file for that data seed)."""
-    if data_name not in EVALUATED:
-        raise StudyError(f"data.name={data_name!r}: the study scores {list(EVALUATED)} (a classifier trained here)")
-    if data_name == "digits":
-        weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache)
-    else:
-        weights = photos_classifier_path(PhotosClassifierSettings(data_seed=data_seed), cache)
-    return open_images(f"{data_name}:{split}", data_seed), data_name, weights
+    if data_name not in EMBEDDED:
+        raise StudyError(f"data.name={data_name!r}: the study scores {list(EMBEDDED)} (a classifier trained here)")
+    return open_images(f"{data_name}:{split}", data_seed), data_name, embedded_weights(data_name, data_seed, cache)
 
 
 def score(samples, ref, features: str, weights, cache: Path):
