@@ -256,6 +256,8 @@ def _children(pid: int) -> list[int]:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     worker(Path(sys.argv[1]))
+    import launched
+    launched.exit_worker()
 
 
 def test_llamagen_384_configs():

@@ -161,3 +161,5 @@ def test_every_class_torch_writes_for_our_lm_states_is_allowed(two_process_runs)
 if __name__ == "__main__":
     torch.set_num_threads(1)
     worker(Path(sys.argv[1]))
+    import launched
+    launched.exit_worker()

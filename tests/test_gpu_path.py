@@ -41,9 +41,12 @@ def test_peak_flops_per_card_and_from_the_environment(monkeypatch):
 
 # ----------------------------------------------------------------------------- CUDA
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
-    """A VQ tokenizer built on the CPU (as build_hooks does) decodes the training grid on the GPU, and
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])   # on the CPU too, so CI sees the hook's interface move
+def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device):
+    """A VQ tokenizer built on the CPU (as build_hooks does) decodes the training grid on the run's device, and
     the grid is sample.py's on the same checkpoint and device, byte for byte."""
     from mutor2d.data.tokens import build_tokenizer
     from mutor2d.engine.hooks import StepStatus
@@ -60,15 +63,16 @@ def test_cuda_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path):
                              "sample.classes=[1,4]"])
     checkpoint.save_atomic({"model": GPT(cfg.model).state_dict(), "ema": None, "objective": {}, "step": 5,
                             "config": cfg.to_dict(), "grid": [4, 4]}, checkpoint.checkpoint_path(tmp_path / "run", 5))
-    src = generation.open_checkpoint(checkpoint.resolve(tmp_path / "run"), device="cuda")
+    src = generation.open_checkpoint(checkpoint.resolve(tmp_path / "run"), device=device)
     tokenizer = build_tokenizer(cfg.data)
     assert tokenizer.device.type == "cpu"
-    run = SimpleNamespace(cfg=src.cfg, sample_model=src.model, grid=src.grid, device=torch.device("cuda"),
+    run = SimpleNamespace(cfg=src.cfg, sample_model=src.model, sampling_model=lambda: src.model, grid=src.grid,
+                          device=torch.device(device),
                           run_dir=tmp_path, main=True, acc=SimpleNamespace(wait_for_everyone=lambda: None))
     SampleGrids(tokenizer, [1, 4])(run, StepStatus(5, True))
-    assert tokenizer.device.type == "cuda"
+    assert tokenizer.device.type == device
     spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    cli.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "cli.png"), "--device", "cuda"])
+    cli.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "cli.png"), "--device", device])
     assert (tmp_path / "samples" / "step_00000005.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
