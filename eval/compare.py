@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"comma-separated, of {','.join(plan.METHODS)}")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds of every method")
     ap.add_argument("--steps", type=int, default=500, help="training steps of every run")
-    ap.add_argument("--eval-steps", default="250,500", help="checkpoints to evaluate (each divides --steps)")
+    ap.add_argument("--eval-steps", default="250,500", help="checkpoints to evaluate, at most --steps (their gcd divides --steps)")
     ap.add_argument("--num", type=int, default=1000, help="class-balanced samples per evaluation")
     ap.add_argument("--cfg", default="1.0,2.0", help="CFG scales to sample at")
     ap.add_argument("--jobs", type=int, default=2, help="processes at a time (one CPU thread each)")

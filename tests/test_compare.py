@@ -248,9 +248,19 @@ def test_mean_sd_and_fmt():
     assert study.fmt([5.0]) == "5.00" and study.fmt([]) == "–"
 
 
+def test_eval_steps_need_not_divide_the_run_only_lie_on_its_checkpoint_grid(tmp_path):
+    """50,100,...,250 of a 250-step run: checkpoints every 50 steps (100 does not divide 250)."""
+    s = study.Study(out=tmp_path, methods=["next-token"], seeds=[0], steps=250,
+                    eval_steps=[50, 100, 150, 200, 250], num=10, cfg_scales=[1.0])
+    s.check_flags()
+    assert s.every == 50 and s.units()[0]["ckpt_every"] == 25    # next-token's grain: gcd(50, 250 // 10)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--methods", "next-token,foo"], "'foo' is not a method"),
     (["--steps", "10", "--eval-steps", "3"], "--eval-steps 3"),
+    (["--steps", "10", "--eval-steps", "5,12"], "--eval-steps 5,12"),
+    (["--steps", "10", "--eval-steps", "0,10"], "--eval-steps 0,10"),
     (["--num", "15"], "--num 15"),
     (["--methods", "mutor-2d-D4", "--compute-matched", "mutor-2d-D4"], "needs next-token"),
     (["--set", "optim.schedule=cosine"], "needs --cm-ratio"),

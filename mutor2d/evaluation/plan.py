@@ -90,8 +90,10 @@ class Study:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise StudyError(f"--methods: {bad[0]!r} is not a method (expected some of {', '.join(METHODS)})")
-        if not self.eval_steps or any(s < 1 or self.steps % s for s in self.eval_steps):
-            raise StudyError(f"--eval-steps {','.join(map(str, self.eval_steps))}: each must divide --steps {self.steps}")
+        if (not self.eval_steps or any(not 1 <= s <= self.steps for s in self.eval_steps)
+                or self.steps % math.gcd(*self.eval_steps)):
+            raise StudyError(f"--eval-steps {','.join(map(str, self.eval_steps))}: expected steps in [1, --steps "
+                             f"{self.steps}] on a checkpoint grid that ends at --steps (their gcd divides it)")
         if self.val_every < 0 or (self.val_every and self.steps % self.val_every):
             raise StudyError(f"--val-every {self.val_every}: expected 0 (off) or a divisor of --steps {self.steps}")
         bad = [f for f in self.fractions if not 0 < f < 1]
