@@ -5,7 +5,7 @@
 #   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
 #      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
 #      measured bf16 matmul rate and the nominal peak),
-#   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute, compile on/off),
+#   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute), eager, then compiled,
 #   4. the sharded (FSDP2) path on the GPU: torchrun with one process (a one-rank mesh), bf16 mixed
 #      precision policy, sharded .dcp checkpoints, --resume auto from one (digits, tiny model).
 # Each step has its own time limit, so one slow step cannot eat the others' time.
@@ -33,13 +33,17 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep the log and th
     echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
 
-step cuda_tests 170 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_compile.py \
+step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_compile.py \
     tests/test_registers.py tests/test_gpu_path.py -k cuda
-step train_step 200 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
+step train_step 100 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
     --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS"
-step sample 120 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3
+# eager and compiled sampling apart: compiling the decode step took over 80 s on an H200 (2026-12-04),
+# so the eager numbers must not wait on it; the compiled run logs its recompiles
+step sample 130 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3 --compile off
+TORCH_LOGS=recompiles step sample_compiled 170 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 \
+    --images 32 --reps 3 --compile on
 FSDP_RUN="$OUT/fsdp_run"; rm -rf "$FSDP_RUN"
 FSDP="$PY -m torch.distributed.run --nproc_per_node 1 train.py --config digits_mutor2d.yaml --out $FSDP_RUN \
   --set train.sharding=fsdp --set train.mixed_precision=bf16 --set train.ckpt_every=3 --set train.tracker=none"
-step fsdp 60 bash -c "$FSDP --max-steps 3 && $FSDP --max-steps 6 --resume auto && ls $FSDP_RUN/checkpoints"
+step fsdp 50 bash -c "$FSDP --max-steps 3 && $FSDP --max-steps 6 --resume auto && ls $FSDP_RUN/checkpoints"
 cat "$OUT/summary.txt"
