@@ -120,7 +120,7 @@ def execute(args: argparse.Namespace) -> Path:
         return run(args)
     run_dir = run_entry(start)
     if os.environ.get("RANK", "0") == "0":           # one line per run, not per process
-        print(f"run folder: {run_dir}")
+        print(f"run folder: {Path(run_dir).absolute()}")
     return run_dir
 
 

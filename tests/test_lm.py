@@ -506,13 +506,17 @@ def _eval_cfg(tmp_path, **train):
             "eval": {"path": data, "limit": 5, "max_new_tokens": 4, "batch_size": 2, "stop": [], "kind": "gsm8k"}}
 
 
-def test_online_accuracy_every_n_steps_is_the_evaluator_and_leaves_training_alone(tmp_path):
+def test_online_accuracy_every_n_steps_is_the_evaluator_and_leaves_training_alone(tmp_path, capsys):
     from mutor2d.evaluation import records
     from test_lm_accuracy import _script
     from test_training import losses
     cfg = _eval_cfg(tmp_path)
     out = lm_pkg.train(cfg, tmp_path / "run")
     recs, _ = records.read_records([out])
+    printed = capsys.readouterr().out.splitlines()          # each evaluation is printed, and the end says so
+    for r in sorted(recs, key=lambda r: r["step"]):
+        assert f"step {r['step']}: evaluation accuracy {r['metrics']['accuracy']:.4g}, n 5" in printed
+    assert printed[-1].startswith("done: steps 1-4 in ") and f"evaluation at step 4: accuracy " in printed[-1]
     assert sorted(r["step"] for r in recs) == [2, 4] and all(r["n"] == 5 for r in recs)
     assert " accuracy " in records.markdown_table(recs).splitlines()[0]           # eval/leaderboard.py's table
     logged = [r for r in (json.loads(line) for line in (out / "log.jsonl").read_text().splitlines())

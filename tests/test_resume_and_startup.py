@@ -286,3 +286,32 @@ def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tm
                                      generation.grid_classes(cfg.sample, cfg.model.num_classes), tmp_path / "x.png",
                                      objective=cfg.objective)
     assert (out / "sample.png").read_bytes() == expected.read_bytes()
+
+
+def test_a_run_prints_its_evaluations_and_ends_with_a_summary_naming_absolute_paths(tmp_path, monkeypatch, capsys):
+    """Started from another folder with a relative --out: the start-up line, each evaluation and the
+    closing summary (steps, time, last loss, last evaluation, newest checkpoint, run folder) name it absolutely."""
+    from mutor2d.engine import read_log, train
+    from test_training import tiny
+    monkeypatch.chdir(tmp_path)
+    train(tiny("train.max_steps=4", "train.eval_every=2", "train.eval_per_class=1", "train.ckpt_every=4"),
+          "runs/rel")
+    lines = capsys.readouterr().out.splitlines()
+    run = (tmp_path / "runs" / "rel").resolve()
+    assert lines[0].endswith(f"run folder {run}")
+    log = read_log(run)
+    evals = [r for r in log if "eval_fid" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert f"step 2: evaluation fid {evals[0]['eval_fid']:.4g}, " in "\n".join(lines)
+    end = lines[-1]
+    loss = [r["loss"] for r in log if "loss" in r][-1]
+    assert end.startswith("done: steps 1-4 in 0 min ") and f"last logged loss {loss:.4f}" in end
+    assert f"evaluation at step 4: fid {evals[1]['eval_fid']:.4g}" in end
+    assert f"newest checkpoint {run / 'checkpoints' / 'step_00000004.pt'}" in end and f"run folder {run}" in end
+
+
+def test_the_summary_of_a_run_without_loss_evaluation_or_checkpoint(tmp_path):
+    from mutor2d.engine.runlog import summary
+    (tmp_path / "log.jsonl").write_text('{"step": 1, "lr": 0.1, "skipped_blowup": 1}\n')
+    line = summary(tmp_path, 1, 1, 125.4, None)
+    assert line == f"done: steps 1-1 in 2 min 5 s; no loss logged; run folder {tmp_path.absolute()}"

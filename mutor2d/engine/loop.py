@@ -25,12 +25,15 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .. import checkpoint as ckpt_lib
 from ..preempt import Preempted
+from . import runlog
 from .config import TrainConfig, flat  # noqa: F401 (TrainConfig: the loop's section, importable from here)
 from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
@@ -165,12 +168,17 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
                    for k, v in flat(run.cfg.to_dict()).items()}
         run.acc.init_trackers("tb", config=scalars)
     run.module.train()
+    t0 = time.perf_counter()
     try:
         _loop(run, hooks)
         run.kind.finish(run)
     finally:
         hooks.logger.close()
         run.acc.end_training()
+    if run.main and run.start < run.cfg.train.max_steps:
+        kept = ckpt_lib.list_checkpoints(run.run_dir)
+        print(runlog.summary(run.run_dir, run.start + 1, run.cfg.train.max_steps, time.perf_counter() - t0,
+                             kept[-1] if kept else None), flush=True)
     return run.run_dir
 
 
@@ -180,7 +188,7 @@ def startup_line(run: RunState) -> str:
     total, trained = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
     where = f"{run.device}" + (f" x {run.acc.num_processes} processes" if run.acc.num_processes > 1 else "")
     return (f"{run.kind.name} run on {where}: {short_count(total)} parameters ({short_count(trained)} trained); "
-            f"run folder {run.run_dir}")
+            f"run folder {run.run_dir.absolute()}")
 
 
 def short_count(n: int) -> str:
@@ -217,4 +225,4 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                                 f"continue with --resume auto")
     if run.main and run.start < t.max_steps:
         print(f"trained steps {run.start + 1}-{t.max_steps}: {hooks.logger.skip_text()} updates skipped by the "
-              f"blow-up guard; run folder {run.run_dir}", flush=True)
+              f"blow-up guard; run folder {run.run_dir.absolute()}", flush=True)

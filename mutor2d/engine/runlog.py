@@ -82,6 +82,30 @@ def last_step(run_dir) -> int:
     return max((r.get("step", 0) for r in read_log(run_dir)), default=0) if (Path(run_dir) / "log.jsonl").is_file() else 0
 
 
+def eval_text(record: dict) -> str:
+    """A log record's evaluation (its ``eval_*`` values) in words: "accuracy 0.912, n 100"; "" if none."""
+    return ", ".join(f"{k[len('eval_'):]} {v:.4g}" if isinstance(v, float) else f"{k[len('eval_'):]} {v}"
+                     for k, v in record.items() if k.startswith("eval_") and v is not None)
+
+
+def summary(run_dir, first: int, last: int, seconds: float, checkpoint: Path | None) -> str:
+    """The end-of-run line: the steps this session trained and its time, the last logged loss and the
+    last evaluation of RUN/log.jsonl, the newest ``checkpoint`` and the run folder (absolute paths)."""
+    records = read_log(run_dir) if (Path(run_dir) / "log.jsonl").is_file() else []
+    loss = next((r["loss"] for r in reversed(records) if r.get("loss") is not None), None)
+    evaluated = next((r for r in reversed(records) if eval_text(r)), None)
+    minutes, secs = divmod(round(seconds), 60)
+    parts = [f"done: steps {first}-{last} in {minutes} min {secs} s",
+             f"last logged loss {loss:.4f}" if loss is not None else "no loss logged",
+             f"evaluation at step {evaluated['step']}: {eval_text(evaluated)}" if evaluated else "",
+             f"newest checkpoint {Path(checkpoint).absolute()}" if checkpoint else "",
+             f"run folder {Path(run_dir).absolute()}"]
+    samples = Path(run_dir) / "samples"
+    if samples.is_dir():
+        parts.append(f"sample grids {samples.absolute()}")
+    return "; ".join(p for p in parts if p)
+
+
 def seedless(run_dir) -> str:
     """A run folder's name without its seed (``NAME_sN`` or ``NAME/seedN``): the arm it belongs to."""
     return re.sub(r"(_s\d+|/seed\d+)$", "", str(run_dir))

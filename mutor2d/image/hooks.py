@@ -11,7 +11,7 @@ import torch
 
 from ..checks import ConfigError
 from ..engine.hooks import StepStatus, due
-from ..engine.runlog import JsonLog
+from ..engine.runlog import JsonLog, eval_text
 from ..engine.rng import preserved_rng
 from ..engine.setup import RunState
 from ..engine.speed import peak_flops, train_flops
@@ -77,7 +77,9 @@ class OnlineEval:
                 res = online.online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
                                                 on_device(self.tokenizer, run.device), run.cfg.sample.seed,
                                                 grid=run.grid)
-            self.log.write({"step": status.done, **{f"eval_{k}": v for k, v in res.items()}})
+            rec = {"step": status.done, **{f"eval_{k}": v for k, v in res.items()}}
+            self.log.write(rec)
+            print(f"step {status.done}: evaluation {eval_text(rec)}", flush=True)
             write_record(online.online_record(run.cfg, status.done, res), run.run_dir / "eval")
             if t.tracker != "none":
                 run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=status.done)

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from ..config import ConfigError, fail
 from ..engine.kinds import register_run_kind
+from ..engine.runlog import eval_text
 from ..objectives import ObjectiveConfig
 from . import accuracy
 from .config import LMRunConfig
@@ -234,7 +235,9 @@ class OnlineAccuracy:
         result, _ = accuracy.write_scores(out, len(self.items), self.kind, run.run_dir / "eval",
                                           run_config=run.cfg.to_dict(), step=step, data=e.path,
                                           checkpoint=str(run.run_dir), generation=generation)
-        self.log.write({"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]})
+        rec = {"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]}
+        self.log.write(rec)
+        print(f"step {step}: evaluation {eval_text(rec)}", flush=True)
         if run.cfg.train.tracker != "none":
             run.acc.log({"eval/accuracy": result["accuracy"]}, step=step)
 
