@@ -28,6 +28,7 @@ from mutor2d.cli import HelpFormatter          # the command line parses and che
 from mutor2d.lm import accuracy
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
+DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kind", choices=accuracy.KINDS,
                     help="answer rules (default: math when --data-name math or the answers hold \\boxed, else gsm8k)")
     ap.add_argument("--limit", type=int, default=0, help="evaluate the first N items only (0 = all)")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="generation length limit (default 512)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help=f"generation length limit (default {DEFAULT_MAX_NEW_TOKENS}, or the positions of --ckpt's "
+                         "model when it has fewer)")
     ap.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default 16)")
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
                     help=f"stop string, repeatable; \\n is a newline (default {DEFAULT_STOP!r})")
@@ -72,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.draft is not None and args.draft < 1:
         ap.error(f"--draft {args.draft}: expected >= 1")
     for flag in ("limit", "max_new_tokens", "batch_size"):
-        if getattr(args, flag) < (0 if flag == "limit" else 1):
+        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "limit" else 1):
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= {0 if flag == 'limit' else 1}")
     check_paths(args)
     return args
@@ -89,6 +92,8 @@ def check_paths(args) -> None:
     run_info(Path(args.ckpt))
     from mutor2d.lm.data import model_positions
     positions = model_positions(args.ckpt)
+    if args.max_new_tokens is None:                 # the default fits the model
+        args.max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, positions or DEFAULT_MAX_NEW_TOKENS)
     if positions is not None and args.max_new_tokens > positions:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected at most {positions}, the positions of "
                          f"the model in {args.ckpt} (max_position_embeddings, prompt included)")

@@ -423,6 +423,10 @@ def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):
     assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/tiny"
     step = _script("lm_accuracy").main(["--ckpt", "run_rel/step_1", "--data", "d.jsonl", "--max-new-tokens", "2"])
     assert step["predictions"] == "run_rel/eval/predictions_d_step1.jsonl"
+    from mutor2d.lm.data import model_positions          # without --max-new-tokens: the default fits the model
+    positions = model_positions("run_rel")
+    assert positions < 512 and _script("lm_accuracy").parse_args(["--ckpt", "run_rel", "--data", "d.jsonl"]
+                                                                 ).max_new_tokens == positions
     assert json.loads(Path(step["record"]).read_text())["step"] == 1
     merged, wrapped = hf.load_for_inference(run), hf.load_for_inference(run, merge=False)
     assert isinstance(merged, LlamaForCausalLM) and isinstance(wrapped, PeftModel)
