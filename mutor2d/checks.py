@@ -1,7 +1,7 @@
 """Value checks every config section uses: one-line :class:`ConfigError` messages naming the key.
 
 Range rules (``fail``, ``at_least``, ``at_most``, ``fraction``, ``check_seed``), ``physical_memory``
-for estimates checked before allocating, and ``check_type``, which coerces a YAML value to a dataclass
+and ``check_model_fits`` for estimates checked before allocating, and ``check_type``, which coerces a YAML value to a dataclass
 field's type (bool, int, float, str, Literal, Optional, list, tuple).
 """
 from __future__ import annotations
@@ -51,6 +51,19 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):
         return None
+
+
+TRAIN_BYTES_PER_PARAM = 16   # float32 weights, gradients and Adam's two moments: a run trained where it is built
+BUILD_BYTES_PER_PARAM = 4    # float32 weights, built on the host before they move to an accelerator
+
+
+def check_model_fits(params: int, sizes: str, bytes_per_param: int) -> None:
+    """A model of ``params`` parameters (set by the config fields ``sizes`` names) that needs more than
+    this machine's physical memory at ``bytes_per_param`` is refused in one line before it is built."""
+    need, have = params * bytes_per_param, physical_memory()
+    if have is not None and need > have:
+        raise ConfigError(f"{sizes}: about {params:.3g} parameters, {need / 2 ** 30:.3g} GiB at {bytes_per_param} "
+                          f"bytes each; this machine has {have / 2 ** 30:.3g} GiB of memory")
 
 
 def fraction(key: str, value: float) -> None:

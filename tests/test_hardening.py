@@ -304,3 +304,27 @@ def test_app_exits_within_seconds_of_ctrl_c_or_sigterm_with_queued_requests(save
     finally:
         proc.kill()
         proc.wait()
+
+
+# ----------------------------------------------------------------------------- a model that cannot fit
+
+def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
+    """model.n_layer=100000 allocated until the kernel's OOM killer ended the run: the size fields' model
+    must fit this machine's memory (16 bytes a parameter on the CPU), image and VQ runs alike; the same
+    configs train on the real machine."""
+    from mutor2d import checks
+    from mutor2d.engine import train
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train as train_vq
+    from test_training import tiny
+    monkeypatch.setattr(checks, "physical_memory", lambda: 2 ** 16)            # a machine of 64 KiB
+    with pytest.raises(config.ConfigError, match=r"^model.n_layer=\d+, model.dim=\d+, model.vocab_size=17: about "
+                       r".* parameters, .* GiB at 16 bytes each; this machine has 6.1e-05 GiB of memory$"):
+        train(tiny("data.levels=17"), tmp_path / "image")
+    assert not (tmp_path / "image" / "checkpoints").exists()
+    vq = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=1", "train.eval_every=0"]
+    with pytest.raises(config.ConfigError, match=r"^model.ch=\d+, model.ch_mult=\[.*\], model.num_res_blocks=\d+: about"):
+        train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq'}"]))
+    monkeypatch.undo()
+    assert (train(tiny(), tmp_path / "fits") / "log.jsonl").is_file()
+    train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq_fits'}"]))

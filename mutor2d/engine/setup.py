@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 
+from ..checks import BUILD_BYTES_PER_PARAM, TRAIN_BYTES_PER_PARAM, check_model_fits
 from ..config import ConfigError
 from ..io import warn
 from ..checkpoint.resume import find_resume, remove_stale_temps
@@ -72,6 +73,9 @@ class RunKind(Protocol):
 
     def sources(self, cfg) -> tuple[dict | None, dict | None]: ...   # fingerprints (mutor2d.provenance) of
     # the training data and of the initial weights; optional (a kind without it records neither)
+
+    def size(self, cfg) -> tuple[int, str]: ...      # parameters of the model the config's size fields
+    # describe, and those fields in words; optional (a kind whose model is read from files has none)
 
 
 @dataclass
@@ -220,6 +224,8 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         if acc.is_main_process:
             print(f"nothing to do: the run is at step {start}, train.max_steps is {cfg.train.max_steps}", flush=True)
         return None
+    if hasattr(kind, "size"):                # before anything is allocated: it must fit this machine
+        check_model_fits(*kind.size(cfg), TRAIN_BYTES_PER_PARAM if acc.device.type == "cpu" else BUILD_BYTES_PER_PARAM)
     model, module = kind.build_networks(cfg, saved, dataset)
     layout_gen = seed_process(cfg.train.seed, acc.process_index, acc.device)
     if cfg.train.activation_checkpointing:

@@ -19,6 +19,7 @@ from .. import config as config_lib
 from ..checks import ConfigError
 from ..data.tokens import build_dataset, collate
 from ..engine.kinds import register_run_kind
+from ..model.config import model_shape
 from ..model.gpt import GPT
 from ..objectives import Batch
 from .config import ImageRunConfig
@@ -58,6 +59,12 @@ class ImageRun:
     def build_networks(self, cfg: ImageRunConfig, saved: dict | None, dataset) -> tuple[GPT, TrainModule]:
         model, objective = build_networks(cfg, saved)
         return model, TrainModule(model, objective, tuple(int(v) for v in dataset.grid))
+
+    def size(self, cfg: ImageRunConfig) -> tuple[int, str]:
+        """The GPT's parameters (without the objective's few) and the fields that set them."""
+        shape, m = model_shape(cfg.model), cfg.model
+        return (shape.params(m.vocab_size, m.num_classes),
+                f"model.n_layer={shape.n_layer}, model.dim={shape.dim}, model.vocab_size={m.vocab_size}")
 
     def blocks(self, module: TrainModule) -> list[nn.Module]:
         """The GPT's transformer blocks and the objective's (multi-head)."""

@@ -175,6 +175,11 @@ class VQRun:
         weights = cfg.objective.perceptual_weights
         return model, VQTrainModule(model, cfg.objective, load_lpips(weights) if weights else None)
 
+    def size(self, cfg: VQRunConfig) -> tuple[int, str]:
+        """The VQ's parameters (about) and the fields that set them."""
+        m = cfg.model
+        return m.params, f"model.ch={m.ch}, model.ch_mult={list(m.ch_mult)}, model.num_res_blocks={m.num_res_blocks}"
+
     def blocks(self, module: VQTrainModule) -> list:
         """No transformer blocks: FSDP2 shards the VQ as one unit."""
         return []
