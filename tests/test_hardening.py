@@ -328,3 +328,21 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     monkeypatch.undo()
     assert (train(tiny(), tmp_path / "fits") / "log.jsonl").is_file()
     train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq_fits'}"]))
+
+
+def test_a_tokenizer_runs_checkpoint_given_where_an_image_model_is_expected_is_one_line(tmp_path, capsys):
+    """hub save (and sample.py) of a VQ run ended in AttributeError: 'VQConfig' object has no attribute 'build'."""
+    from mutor2d.vq.config import load_config
+    from mutor2d.vq.run import train as train_vq
+    run = tmp_path / "vq"
+    train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4",
+                                       "train.max_steps=1", "train.eval_every=0", f"train.out_dir={run}"]))
+    capsys.readouterr()
+    expected = f"error: checkpoint '{run / 'checkpoints' / 'step_00000001.pt'}' is a vq run's (task: vq); " \
+               "expected an image model's (train.py with an image config)"
+    with pytest.raises(SystemExit) as e:
+        hub.main(["save", str(run), str(tmp_path / "hub")])
+    assert e.value.code == 2 and one_error_line(capsys) == expected and not (tmp_path / "hub").exists()
+    with pytest.raises(SystemExit) as e:
+        sample_main().main(["--ckpt", str(run), "--out", str(tmp_path / "grid.png"), "--device", "cpu"])
+    assert e.value.code == 2 and one_error_line(capsys) == expected

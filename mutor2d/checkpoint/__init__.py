@@ -252,6 +252,10 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     objective from a plugin this process has not imported is kept as stored (config.UnknownVariant):
     plain decoding never uses it, register drafts say in one line that they need it."""
     state, meta = load_weights(path, use_ema)
+    task = meta["config"].get("task", "image")
+    if task != "image":                    # a tokenizer or language-model run's checkpoint
+        raise CheckpointError(f"checkpoint {str(path)!r} is a {task} run's (task: {task}); expected an image "
+                              f"model's (train.py with an image config)")
     cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
     known = not isinstance(cfg.objective, config_lib.UnknownVariant)
     model = cfg.model.build(register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
