@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fill", dest="fill", action="store_const", const=False,
                    help="--decode registers: no Jacobi guesses where a register cannot draft (row ends; "
                         "default: fill them)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out, or an --npz file made with other settings (default: refuse; "
+                        "an npz of the same settings is reported complete)")
     p.add_argument("--no-labels", dest="labels", action="store_const", const=False,
                    help="grid PNG without the left margin naming each row's class (default: the checkpoint's "
                         "sample.labels, true; the names stay in the PNG's text chunk 'rows')")
@@ -162,6 +165,8 @@ def check_args(args) -> None:
     if args.out is not None and (Path(args.out).is_dir() or Path(args.out).suffix.lower() != ".png"):
         what = "is a directory" if Path(args.out).is_dir() else "is not a .png file name"
         raise SampleFileError(f"--out {args.out!r}: {what}; expected the path of a .png file")
+    if args.out is not None and Path(args.out).exists() and not args.force:
+        raise SampleFileError(f"--out {args.out}: exists; pass --force to replace it, or another --out")
     if args.classes is not None and not args.classes.strip():
         raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
                               "the default classes)")
@@ -311,6 +316,9 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
         if state.is_main_process:
             print(f"{job.out} is already complete")
         return
+    if job.out.exists() and not args.force:
+        raise SampleFileError(f"{job.out} holds other samples ({other_settings(job)}); pass --force to replace "
+                              f"it, or write to another --npz")
     todo = job.missing()              # every process lists the same shards before any is written
     state.wait_for_everyone()
     with io.exit_on_write_error(str(job.dir)):
@@ -320,6 +328,19 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
         with io.exit_on_write_error(str(job.out)):
             job.assemble()
         print(f"wrote {job.out} ({args.num} samples, {len(classes)} classes, step {src.step})")
+
+
+def other_settings(job) -> str:
+    """What differs between an existing npz and the job that would replace it, in words."""
+    from mutor2d.sampling import images as generation
+    try:
+        found = generation.read_npz_meta(job.out)
+    except Exception:
+        return "not a sample file of this tool"
+    found.pop("decode_stats", None)
+    keys = sorted(set(found) | set(job.meta))
+    same = [json.dumps(found.get(k), sort_keys=True) == json.dumps(job.meta.get(k), sort_keys=True) for k in keys]
+    return "made with other settings: " + ", ".join(k for k, eq in zip(keys, same) if not eq)
 
 
 def run(argv=None) -> None:

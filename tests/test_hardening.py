@@ -346,3 +346,35 @@ def test_a_tokenizer_runs_checkpoint_given_where_an_image_model_is_expected_is_o
     with pytest.raises(SystemExit) as e:
         sample_main().main(["--ckpt", str(run), "--out", str(tmp_path / "grid.png"), "--device", "cpu"])
     assert e.value.code == 2 and one_error_line(capsys) == expected
+
+
+# ----------------------------------------------------------------------------- sample.py replaces nothing silently
+
+def test_sample_py_replaces_no_other_output_without_force(run, tmp_path, capsys):
+    """An existing --out (the leaderboard's plot) and an npz of other settings are refused in one line and
+    left as they were; the same npz settings say 'already complete'; --force replaces."""
+    sample = sample_main()
+    plot = tmp_path / "fid.png"
+    plot.write_bytes(b"the leaderboard's plot")
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", str(run), "--out", str(plot), "--device", "cpu", "--per-class", "1"])
+    assert e.value.code == 2 and one_error_line(capsys) == \
+        f"error: --out {plot}: exists; pass --force to replace it, or another --out"
+    assert plot.read_bytes() == b"the leaderboard's plot"
+    sample.main(["--ckpt", str(run), "--out", str(plot), "--device", "cpu", "--per-class", "1", "--force"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    npz = tmp_path / "samples_cfg2.npz"
+    common = ["--ckpt", str(run), "--npz", str(npz), "--num", "10", "--device", "cpu"]
+    sample.main(common + ["--cfg", "2.0"])
+    made = npz.read_bytes()
+    capsys.readouterr()
+    sample.main(common + ["--cfg", "2.0"])
+    assert capsys.readouterr().out.strip() == f"{npz} is already complete"
+    with pytest.raises(SystemExit) as e:
+        sample.main(common + ["--cfg", "3.0"])
+    assert e.value.code == 2 and one_error_line(capsys) == (
+        f"error: {npz} holds other samples (made with other settings: cfg_scale); pass --force to replace it, "
+        "or write to another --npz")
+    assert npz.read_bytes() == made
+    sample.main(common + ["--cfg", "3.0", "--force"])
+    assert npz.read_bytes() != made
