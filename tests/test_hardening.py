@@ -378,3 +378,43 @@ def test_sample_py_replaces_no_other_output_without_force(run, tmp_path, capsys)
     assert npz.read_bytes() == made
     sample.main(common + ["--cfg", "3.0", "--force"])
     assert npz.read_bytes() != made
+
+
+# ----------------------------------------------------------------------------- a run folder that refuses writes
+
+def test_a_read_only_or_full_run_folder_is_one_line_exit_74_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """OSError 30 from the run lock and 28 from log.jsonl were tracebacks: now one line naming the run
+    folder and what it keeps, exit 74 through train.py's entry; a healthy run is untouched by the rule."""
+    import errno as errno_lib
+    from mutor2d.engine import entry, read_log, runlog, train
+    from mutor2d.engine.runlog import JsonLog
+    from test_training import tiny
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *a, **k):
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno_lib.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *a, **k)
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(SystemExit) as e:
+        entry.run_entry(lambda: train(tiny(), tmp_path / "ro" / "run"))
+    assert e.value.code == 74 and one_error_line(capsys) == (
+        f"error: could not write into run folder '{tmp_path / 'ro' / 'run'}' (Read-only file system: "
+        f"{tmp_path / 'ro' / 'run'}); no checkpoint had been written")
+    monkeypatch.undo()
+    real_write = JsonLog.write
+
+    def full_at_step_3(self, record):
+        if record.get("step") == 3 and "loss" in record:
+            raise OSError(errno_lib.ENOSPC, "No space left on device")
+        real_write(self, record)
+    monkeypatch.setattr(runlog.JsonLog, "write", full_at_step_3)
+    run = tmp_path / "full"
+    with pytest.raises(SystemExit) as e:
+        entry.run_entry(lambda: train(tiny("train.max_steps=4", "train.ckpt_every=2"), run))
+    assert e.value.code == 74 and capsys.readouterr().err.strip().splitlines()[-1] == (        # after the bar
+        f"error: could not write into run folder '{run}' (No space left on device); its checkpoints are kept "
+        "(newest: step_00000002.pt)")
+    monkeypatch.undo()
+    train(tiny("train.max_steps=4", "train.ckpt_every=2"), run, resume="auto")      # space again: it continues
+    assert [r["step"] for r in read_log(run) if "loss" in r] == [1, 2, 3, 4]

@@ -22,6 +22,7 @@ Rules:
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -148,8 +149,26 @@ def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
     Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
     holds (RunLocked). ``kind``: the run kind's parts (default: those registered for ``cfg.task``,
     mutor2d.engine.kinds)."""
-    with run_lock(run_dir):
-        return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)())
+    try:
+        with run_lock(run_dir):
+            return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)())
+    except ckpt_lib.CheckpointWriteError:
+        raise
+    except OSError as e:                     # the run folder refused a write: disk full, read-only, not ours
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise ckpt_lib.CheckpointWriteError(f"could not write into run folder {str(Path(run_dir).absolute())!r} "
+                                            f"({e.strerror}{f': {e.filename}' if e.filename else ''}); "
+                                            f"{kept_checkpoints(run_dir)}") from None
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def kept_checkpoints(run_dir) -> str:
+    """What a run that could not write leaves: its checkpoints, untouched."""
+    kept = ckpt_lib.list_checkpoints(run_dir) if Path(run_dir).is_dir() else []
+    return f"its checkpoints are kept (newest: {kept[-1].name})" if kept else "no checkpoint had been written"
 
 
 def _train(cfg, run_dir, resume: str | None, kind) -> Path:
