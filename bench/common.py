@@ -190,6 +190,22 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: i
             ap.error(f"--{dest.replace('_', '-')} {value}: expected >= {low}")
 
 
+REPS_LIMIT = 10 ** 4     # timed repetitions of a case: more only wait longer for the same median
+
+
+def check_at_most(ap: argparse.ArgumentParser, args: argparse.Namespace, high: int, why: str, *dests: str) -> None:
+    """argparse's one-line error for an option among ``dests`` above ``high`` (``why``: what the limit is)."""
+    for dest in dests:
+        value = getattr(args, dest)
+        if value is not None and value > high:
+            ap.error(f"--{dest.replace('_', '-')} {value}: expected at most {high} ({why})")
+
+
+def check_reps(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--reps above REPS_LIMIT: argparse's one-line error (10**12 timed for ever)."""
+    check_at_most(ap, args, REPS_LIMIT, "more only wait longer for the same median", "reps")
+
+
 def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--threads beyond this machine's cores: argparse's one-line error (10**12 overflowed in torch)."""
     cores = os.cpu_count() or 1

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import common             # the command line parses and checks before torch is imported
 from mutor2d.cli import HelpFormatter
+from mutor2d.lm.tiny import DEFAULT_POSITIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +139,8 @@ def parse(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "steps", "hidden", "layers", "answers", "max_new_tokens", "reps", "threads")
+    common.check_at_most(ap, args, DEFAULT_POSITIONS, "the tiny model's positions", "max_new_tokens")
+    common.check_reps(ap, args)
     common.check_threads(ap, args)
     if args.hidden % 8:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")

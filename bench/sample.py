@@ -228,6 +228,7 @@ def parse(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "images", "threads", "reps")
+    common.check_reps(ap, args)
     common.check_threads(ap, args)
     common.check_at_least(ap, args, 0, "step_layers")
     if args.quick:

@@ -270,6 +270,7 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "batch", "registers", "dmax2d",
                           "threads", "reps")
+    common.check_reps(ap, args)
     common.check_threads(ap, args)
     common.check_at_least(ap, args, 0, "mfu_layers")
     if args.quick:

@@ -567,6 +567,11 @@ def test_bench_gpt_sizes_are_capped_before_torch(capsys, monkeypatch, bench, fla
     ("lm_step", ["--vocab", str(10 ** 12)], "--hidden 512 --layers 4 --vocab 1000000000000: about 1.02e+15 parameters"),
     ("lm_step", ["--answer", "1", str(10 ** 12)], "--prompt 120 + --answer 1000000000000: expected at most 2048"),
     ("lm_decode", ["--layers", str(10 ** 12)], "--hidden 64 --layers 1000000000000: about 6.55e+16 parameters"),
+    ("lm_decode", ["--max-new-tokens", str(10 ** 12)], "--max-new-tokens 1000000000000: expected at most 256 "
+                                                       "(the tiny model's positions)"),
+    ("lm_step", ["--sparse", str(10 ** 12)], "--sparse 1000000000000: expected at most 160 (registers of the "
+                                             "longest answer, --answer MAX)"),
+    ("lm_step", ["--batch", str(10 ** 12)], "--batch 1000000000000: its logits alone take about "),
 ])
 def test_bench_llama_sizes_are_capped_before_torch(capsys, monkeypatch, bench, flags, needle):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
@@ -601,6 +606,15 @@ def test_bench_threads_beyond_the_cores_are_one_line(capsys, monkeypatch, bench)
         script(f"bench/{bench}.py", f"bench_{bench}_threads_cli_values").parse(["--threads", str(10 ** 12)])
     needle = f"--threads 1000000000000: expected at most {os.cpu_count()}"
     assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench", ["lm_decode", "lm_step", "sample", "train_step"])
+def test_bench_reps_that_would_time_for_ever_are_one_line(capsys, monkeypatch, bench):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    with pytest.raises(SystemExit) as e:                     # was: timing 10**12 repetitions
+        script(f"bench/{bench}.py", f"bench_{bench}_reps_cli_values").parse(["--reps", str(10 ** 12)])
+    assert e.value.code == 2 and "--reps 1000000000000: expected at most 10000" in capsys.readouterr().err
+    script(f"bench/{bench}.py", f"bench_{bench}_reps_ok_cli_values").parse(["--reps", "10000"])   # the limit itself
 
 
 @pytest.mark.parametrize("bench", ["lm_step", "sample", "train_step"])

@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+DEFAULT_POSITIONS = 256    # positions of a tiny model (prompt and answer together)
+
 
 def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layers: int = 2, heads: int = 4,
-                     seed: int = 0, max_positions: int = 256, init_std: float = 0.02) -> Path:
+                     seed: int = 0, max_positions: int = DEFAULT_POSITIONS, init_std: float = 0.02) -> Path:
     """Write the model (initialised from ``seed``, weights drawn with std ``init_std``) and ``tokenizer``
     (default: the arithmetic problems' character tokenizer) to ``folder``; an existing model folder is
     kept as it is."""
@@ -39,7 +41,7 @@ def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layer
 
 
 def write_tiny_gpt2(folder: str | Path, tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4,
-                    seed: int = 0, max_positions: int = 256) -> Path:
+                    seed: int = 0, max_positions: int = DEFAULT_POSITIONS) -> Path:
     """A GPT-2 of that size with ``tokenizer`` in ``folder`` (kept if it already holds a model)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
