@@ -190,6 +190,15 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: i
             ap.error(f"--{dest.replace('_', '-')} {value}: expected >= {low}")
 
 
+def die_with_parent() -> None:
+    """``preexec_fn`` of a child launch (Linux): the kernel sends it SIGTERM when this process dies, even
+    by SIGKILL, so a launch (torchrun and its workers) never outlives the benchmark that started it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+
+
 REPS_LIMIT = 10 ** 4     # timed repetitions of a case: more only wait longer for the same median
 
 

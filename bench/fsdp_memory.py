@@ -76,7 +76,8 @@ def measure(args, sharding: str) -> list[dict]:
            "--worker", "--sharding", sharding, *sum([[f"--{k}", str(getattr(args, k))] for k in
                                                     ("dim", "layers", "heads", "steps", "processes")], [])]
     env = {**os.environ, **common.EXACT_RSS_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+                       preexec_fn=common.die_with_parent)      # its workers hung on once this process was killed
     lines = [line for line in r.stdout.splitlines() if line.startswith("[{")]
     if r.returncode != 0 or not lines:
         raise SystemExit(f"error: {sharding} launch failed: {r.stderr.strip().splitlines()[-1:]}")

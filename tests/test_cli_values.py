@@ -8,6 +8,9 @@ import importlib.util
 import json
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -699,3 +702,27 @@ def test_a_checkpoint_that_rotation_removed_is_named_with_keep_ckpts(tmp_path):
         resolve(folder / "step_00000250.pt")
     with pytest.raises(FileNotFoundError, match=r"'elsewhere.pt' does not exist$"):      # not a run's: no hint
         resolve("elsewhere.pt")
+
+
+def test_a_bench_launch_dies_with_the_benchmark_that_started_it(tmp_path):
+    """bench/fsdp_memory.py's torchrun workers hung on once it was killed: a child started with
+    common.die_with_parent gets SIGTERM when its parent dies, even by SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; sys.path.insert(0, 'bench'); "
+                               "import common; c = subprocess.Popen(['sleep', '120'], preexec_fn=common.die_with_parent); "
+                               "print(c.pid, flush=True); time.sleep(120)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)                                        # alive while its parent is
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":   # gone, not yet reaped by init
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the child {child} outlived its killed parent")
