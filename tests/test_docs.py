@@ -1,5 +1,5 @@
 """The pages a reader opens (README.md, docs/*.md) hold to their own rules, checked without running
-anything heavy: no issue numbers and no path outside the repository; every test docs/RELIABILITY.md
+anything heavy (docs/ with its subfolders): no issue numbers and no path outside the repository; every test docs/RELIABILITY.md
 cites exists; every code block of docs/EXTENDING.md is a recipe a test runs; every local link and
 every raw-curve file docs/RESULTS.md names exists; the README stays a five-minute page."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TESTS = ROOT / "tests"
 
 
