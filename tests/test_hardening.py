@@ -215,7 +215,7 @@ def test_a_hub_config_that_does_not_match_its_weights_names_the_first_tensor(sav
 
 # ----------------------------------------------------------------------------- sample outputs
 
-def test_readme_grids_of_steps_3_and_5_have_different_names_and_the_readme_names_step_3s():
+def test_tutorial_grids_of_steps_3_and_5_have_different_names_and_the_tutorial_names_step_3s():
     sample_py = sample_main()
     src = types.SimpleNamespace(cfg=config.load("digits_mutor2d.yaml"), grid=(8, 8), step=1000, num_choices=10)
 
