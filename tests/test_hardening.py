@@ -215,7 +215,7 @@ def test_a_hub_config_that_does_not_match_its_weights_names_the_first_tensor(sav
 
 # ----------------------------------------------------------------------------- sample outputs
 
-def test_readme_grids_of_steps_3_and_5_have_different_names_and_the_readme_names_step_3s():
+def test_tutorial_grids_of_steps_3_and_5_have_different_names_and_the_tutorial_names_step_3s():
     sample_py = sample_main()
     src = types.SimpleNamespace(cfg=config.load("digits_mutor2d.yaml"), grid=(8, 8), step=1000, num_choices=10)
 
@@ -231,7 +231,7 @@ def test_readme_grids_of_steps_3_and_5_have_different_names_and_the_readme_names
              name("--classes", "1,7,9", "--per-class", "8", "--cfg", "2.0", "--batch-size", "4"),
              name("--classes", "1,7,9", "--per-class", "4", "--cfg", "2.0")}
     assert len(names) == 5
-    assert f"runs/digits_mutor2d/samples/{step3}" in (ROOT / "README.md").read_text()
+    assert f"runs/digits_mutor2d/samples/{step3}" in (ROOT / "docs" / "TUTORIAL.md").read_text()
 
 
 def test_sampling_a_hub_folder_writes_beside_it(saved, tmp_path):

@@ -1,10 +1,10 @@
-"""The README's commands, in order, on a fresh copy of the project, as a newcomer runs them (so the
-README cannot drift from the code).
+"""The README's commands, then docs/TUTORIAL.md's (the first-hour walkthrough), in order, on a fresh
+copy of the project, as a newcomer runs them (so neither page can drift from the code).
 
-Rules (the README states them): every ```bash and ```python block runs in order in one fresh folder
+Rules (the tutorial states them): every ```bash and ```python block runs in order in one fresh folder
 holding the project's tracked files; install steps (venv, activate, pip) and the test-suite command are
 left out (this environment is the installed one); a block whose first line is ``# needs: ...`` is not
-run; every training command gets ``--set train.max_steps=20`` (the README's one override); ``app.py``
+run; every training command gets ``--set train.max_steps=20`` (the tutorial's one override); ``app.py``
 is started, must serve its page, and is stopped. The commands of the language-model and tokenizer
 sections share no file with the image ones: each of the three chains runs in README order, the chains
 side by side (the suite's time).
@@ -29,6 +29,7 @@ from conftest import demo_extra
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGES = ("README.md", "docs/TUTORIAL.md")        # run in this order, as one walk
 QUICK = "--set train.max_steps=20"
 SKIPPED = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install|python -m pytest)")
 TRAINING = re.compile(r"^python (train\.py|tokenizers/train_vq\.py) ")
@@ -58,6 +59,11 @@ def commands(text: str) -> list[tuple[str, str]]:
                     step = f"{step} {QUICK}"
                 out.append(("app" if step.startswith("python app.py") else "shell", step))
     return out
+
+
+def walk() -> list[tuple[str, str]]:
+    """The commands of README.md, then those of docs/TUTORIAL.md."""
+    return [step for page in PAGES for step in commands((ROOT / page).read_text())]
 
 
 def test_readme_rules_pick_the_commands():
@@ -127,7 +133,7 @@ def test_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
     work = fresh_copy(tmp_path / "clone")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(work)}
-    steps = commands((ROOT / "README.md").read_text())
+    steps = walk()
     assert len(steps) >= 20 and sum(kind == "app" for kind, _ in steps) == 1
     chains = {name: [s for s in steps if chain_of(s[1]) == name] for name in ("image", *CHAINS)}
     assert all(len(chain) >= 2 for chain in chains.values()), {k: len(v) for k, v in chains.items()}
@@ -150,3 +156,22 @@ def test_the_files_the_suite_starts_first_exist():
     """A renamed long file would silently lose its early start (conftest.FIRST_FILES)."""
     import conftest
     assert [name for name in conftest.FIRST_FILES if not (ROOT / "tests" / name).is_file()] == []
+
+
+def test_the_readmes_three_commands_are_among_the_tested_ones():
+    """The README's table of the three commands (train, sample, evaluate) shows commands the walk runs."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## The three commands"):readme.index("## The method in one screen")]
+    shown = re.findall(r"^\| \w+ \| `(python [^`]+)`", section, flags=re.M)
+    run = {re.sub(rf" {re.escape(QUICK)}$", "", command) for _, command in walk()}
+    assert len(shown) == 3 and [c for c in shown if c not in run] == [], shown
+
+
+def test_the_tutorial_keeps_its_walk_and_its_needs_blocks():
+    """The walkthrough moved from the README keeps its steps: the main job in the README, the photos
+    chain (step 10) and the cluster blocks marked ``# needs:`` in the tutorial."""
+    readme, tutorial = ((ROOT / page).read_text() for page in PAGES)
+    assert "python train.py --config digits_mutor2d.yaml" in [c for _, c in commands(readme)][0]
+    needs = [body for _, body in readme_blocks(tutorial) if body.startswith("# needs:")]
+    assert len(needs) >= 3 and any("photos" in body for body in needs), len(needs)
+    assert [n for n in range(1, 11) if f"**{n}. " not in tutorial] == []

@@ -1,4 +1,4 @@
-"""The extension recipes of docs/METHOD.md section 11, built as a new contributor builds them: each
+"""The extension recipes of docs/EXTENDING.md, built as a new contributor builds them: each
 test writes a sketch of that page, verbatim, into a module of its own (tmp_path), names it in
 MUTOR2D_PLUGINS and runs the public commands in this process: (images -> codes ->) train -> resume
 -> sample -> eval/fid.py -> eval/leaderboard.py; the objective also fine-tunes a tiny Llama."""
@@ -42,9 +42,9 @@ TINY = {
 
 
 def recipe(heading: str) -> tuple[str, str]:
-    """(module name, source) of the first python block under ``### heading`` in docs/METHOD.md; the
+    """(module name, source) of the first python block under ``### heading`` in docs/EXTENDING.md; the
     block's first line names its file (``# name.py``)."""
-    text = (ROOT / "docs" / "METHOD.md").read_text()
+    text = (ROOT / "docs" / "EXTENDING.md").read_text()
     section = text[text.index(f"### {heading}\n"):]
     source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     return re.match(r"# (\w+)\.py\n", source).group(1), source

@@ -1,4 +1,4 @@
-"""The extension recipes of docs/METHOD.md ("A decoding mode", "Datasets and conditioning"), run as
+"""The extension recipes of docs/EXTENDING.md ("A decoding mode", "Datasets and conditioning"), run as
 written: each code block becomes a plugin module in a temporary folder, imported through
 MUTOR2D_PLUGINS, and goes through the public commands (train.py -> sample.py -> eval/fid.py ->
 eval/leaderboard.py; their ``main`` in this process, and sample.py once as a fresh process, which
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def recipe(name: str) -> str:
-    """The code block of docs/METHOD.md that starts with the comment ``# name``."""
-    text = (ROOT / "docs" / "METHOD.md").read_text()
+    """The code block of docs/EXTENDING.md that starts with the comment ``# name``."""
+    text = (ROOT / "docs" / "EXTENDING.md").read_text()
     found = re.search(rf"```python\n# {re.escape(name)}\n(.*?)```", text, re.S)
-    assert found, f"docs/METHOD.md has no recipe block '# {name}'"
+    assert found, f"docs/EXTENDING.md has no recipe block '# {name}'"
     return found.group(1)
 
 

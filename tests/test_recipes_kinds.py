@@ -1,4 +1,4 @@
-"""The dataset and run-kind recipes of docs/METHOD.md section 11, built from the page's own code
+"""The dataset and run-kind recipes of docs/EXTENDING.md, built from the page's own code
 blocks as a contributor would: each block is written verbatim into a module of its own, named in
 MUTOR2D_PLUGINS, and run through train.py (train, resume) and, for the dataset, sample.py."""
 import sys
