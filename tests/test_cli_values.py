@@ -1,4 +1,4 @@
-"""Issue 39, command-line values and writers: every value a command takes is checked where it is parsed
+"""Command-line values and writers: every value a command takes is checked where it is parsed
 (bad and huge values are one line naming the value and the limit, before anything is allocated),
 checkpoints and code stores that pass their checksums but are incomplete or of the wrong dtype are
 one line, and every writer turns a full disk (exit 74) or a refused folder (exit 2) into one line and

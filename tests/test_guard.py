@@ -51,7 +51,7 @@ def test_a_gradient_spike_is_judged_against_its_90th_percentile_and_the_clip():
 
 
 def test_a_gradient_level_the_run_stays_at_trains_again():
-    """The LoRA run of issue 47: the model reaches a state where every batch's gradient is 20 x the old
+    """The reported LoRA run: the model reaches a state where every batch's gradient is 20 x the old
     level. Skipped values enter the history, so after a tenth of the window the level is the scale."""
     guard = Health(10.0, 50, clip=0.1)
     feed(guard, [0.3] * 50)
@@ -79,7 +79,7 @@ def test_the_guard_history_is_a_checkpoint_part():
 
 
 def test_the_issue_lora_run_trains_to_its_end(tmp_path):
-    """Issue 47's report: LoRA r 16 on every projection of the README's tiny Llama, MuToR-1D, lr 1e-2.
+    """The reported run: LoRA r 16 on every projection of the README's tiny Llama, MuToR-1D, lr 1e-2.
     The old guard skipped every update from step 11 and stopped the run at step 31."""
     import mutor2d.lm as lm_pkg
     cfg = {"task": "lm",

@@ -1,4 +1,4 @@
-"""Issue 39, hardening: nothing a command writes destroys what it did not create (hub save, the LM data
+"""Hardening: nothing a command writes destroys what it did not create (hub save, the LM data
 converters), hub folders verified like checkpoints (a checksum of their weights, a config that does not
 match them named in one line), app.py's clean exits and one-line errors, sample outputs that never
 collide and never land inside a hub folder."""

@@ -3,7 +3,7 @@ modules (found by their ``__main__`` guard or a package's ``__main__.py``, so a 
 out) build their parser with ``build_parser()``; every option, positional and subcommand has a help
 text, and every parser uses the shared formatter that shows each option's default
 (mutor2d.cli.HelpFormatter). In-process: the modules are imported, no script runs. And in a subprocess
-each entry point answers --help and a bad option before torch is imported (issue 39, item 8)."""
+each entry point answers --help and a bad option before torch is imported."""
 from __future__ import annotations
 
 import argparse

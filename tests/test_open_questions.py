@@ -1,4 +1,4 @@
-"""The method's open questions as objective settings (issue 40, item 1): each default is the paper's
+"""The method's open questions as objective settings: each default is the paper's
 rule, bit-identical to the code path without the setting; each rule holds for images and text."""
 import dataclasses
 import json

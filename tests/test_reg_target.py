@@ -1,4 +1,4 @@
-"""objective.reg_target (issue 40): what a register, or head k at an anchor, learns about its target
+"""objective.reg_target: what a register, or head k at an anchor, learns about its target
 body token x_j, for mutor-1d, mutor-2d and multihead, on the image GPT and on transformers LMs.
 
 * token (default): today's loss, bit for bit (losses, logs, gradients, random draws), checked against

@@ -1,4 +1,4 @@
-"""Resume, start-up and fast command lines (issue 39, items 5, 7, 9): the divergence guard of
+"""Resume, start-up and fast command lines: the divergence guard of
 language-model runs, a finished run resumed changes nothing, one start-up line per run, scaled
 subprocess timeouts, named leaderboard rows, readable small grids and a hub card sampled from its own
 weights (entry points that parse before importing torch, item 8: tests/test_help.py). Each test is one
