@@ -201,7 +201,7 @@ def stats_table(st: dict, s, stats: dict, N: int, seconds: float, command: str) 
     mode = s.decode.name + "".join(f", {k} {v}" for k, v in config.section_dict(s.decode).items()
                                    if k in ("draft", "window"))
     rows = [("decoding", mode + (" (auto)" if st["decode"] == "auto" else "")),
-            ("forwards per image", f"{stats['forwards_per_image']:.1f} for {N} tokens"),
+            ("forwards per image", f"{stats['forwards_per_sequence']:.1f} for {N} tokens"),
             ("tokens per forward", f"{stats['tokens_per_forward']:.2f}"),
             ("tokens/s", f"{stats['tokens_per_s']:.0f}"), ("seconds", f"{seconds:.2f}")]
     for kind, what in (("", "acceptance by draft distance"), ("register_", "register drafts' acceptance")):
@@ -260,7 +260,7 @@ class Demo:
                 worker.join()          # a closed page frees the model only once its decoding is done
         if "error" in result:
             raise result["error"]
-        stats = generation.decode_summary([sampler.last], N)
+        stats = sampler.last.summary()
         yield self.save(result["images"], st, "grid"), stats_table(st, s, stats, N, time.perf_counter() - start,
                                                                   self.command(st, s))
 

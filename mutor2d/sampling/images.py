@@ -35,6 +35,7 @@ from ..io import write_atomic
 from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from .decoding import decoding_mode, run_decoder, unwrap_model
 from .rules import SamplingRules
+from .stats import DecodeStats
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -132,45 +133,24 @@ def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objecti
     (default: the model's) with the settings and decoding mode (``sample_cfg.decode``, fitted to
     ``objective``, the checkpoint's objective section) of ``sample_cfg``, a checked ``sample``
     section; decode them with ``tokenizer`` on the tokenizer's device. The sampler's ``last`` holds
-    the latest call's decoding counts (sampling.generate's ``stats``) and seconds."""
+    the latest call's decoding counts and seconds (a DecodeStats)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rules = SamplingRules.of(**sampling_settings(sample_cfg))
     mode = decoding_mode(sample_cfg.decode, objective, grid)
 
     def sample(prefixes: Tensor, seed: int) -> np.ndarray:
         gen = torch.Generator(device).manual_seed(seed)
-        stats, start = {}, time.perf_counter()
+        stats, start = DecodeStats(), time.perf_counter()
         tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats)
-        sample.last = {**stats, "images": len(prefixes), "seconds": time.perf_counter() - start}
+        stats.seconds = time.perf_counter() - start
+        sample.last = stats
         tokens = tokens.view(-1, *grid)
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(tokenizer_device(tokenizer) or tokens.device))
         return to_uint8(images)
 
-    sample.last = {}
+    sample.last = DecodeStats()
     return sample
-
-
-def decode_summary(parts: list[dict], tokens_per_image: int) -> dict:
-    """Decoding counts of several sampler calls (``sampler.last``) summed into one summary: forward
-    passes per image, tokens per forward, accepted draft tokens per forward, acceptance by draft
-    distance, tokens/s of generation (tokenizer decoding not counted)."""
-    parts = [p for p in parts if p.get("images")]
-    if not parts:
-        return {}
-    images = sum(p["images"] for p in parts)
-    row_forwards = sum(p["forwards_per_image"] * p["images"] for p in parts)
-    out = {"forwards_per_image": row_forwards / images, "tokens_per_forward": tokens_per_image * images / row_forwards,
-           "tokens_per_s": tokens_per_image * images / max(sum(p["seconds"] for p in parts), 1e-9)}
-    if all("proposed" in p for p in parts):
-        accepted = np.sum([p["accepted"] for p in parts], axis=0)
-        out["accepted_per_forward"] = float(accepted.sum()) / max(row_forwards - images, 1)
-        for kind in ("", "register_"):                      # all drafts; those a register made
-            if all(f"{kind}proposed" in p for p in parts):
-                prop = np.sum([p[f"{kind}proposed"] for p in parts], axis=0)
-                acc = np.sum([p[f"{kind}accepted"] for p in parts], axis=0)
-                out[f"{kind}acceptance_by_distance"] = [float(a / n) if n else None for a, n in zip(acc, prop)]
-    return out
 
 
 def sample_batches(sampler: Sampler, prefixes: Tensor, batch_size: int, seed: int,
@@ -412,7 +392,7 @@ class NpzJob:
         prefixes = self.kind.batch(self.prefixes, k * self.batch_size, (k + 1) * self.batch_size)
         images = sampler(prefixes, shard_seed(self.seed, k))
         _write_npz_atomic(self.shard_path(k), images=images, **self.kind.npz_arrays(prefixes),
-                          meta=np.array(_canon(self.meta)), stats=np.array(json.dumps(getattr(sampler, "last", {}))))
+                          meta=np.array(_canon(self.meta)), stats=np.array(json.dumps(getattr(sampler, "last", DecodeStats()).state())))
 
     def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
         """Make the given shards. Processes split ``missing()`` (taken by all of them before any
@@ -434,11 +414,11 @@ class NpzJob:
         if missing:
             raise SampleFileError(f"{self.dir}: {len(missing)} of {self.num_shards} shards are missing "
                                   f"(first: {missing[0]}); rerun to finish them")
-        n, images, prefixes, at, stats = len(self.prefixes), None, {}, 0, []
+        n, images, prefixes, at, stats = len(self.prefixes), None, {}, 0, DecodeStats()
         for k in range(self.num_shards):        # fill one array: 50K 256px images are ~10 GB
             with np.load(self.shard_path(k), allow_pickle=False) as f:
                 part = f["images"]
-                stats.append(json.loads(str(f["stats"])) if "stats" in f.files else {})
+                stats.merge(DecodeStats.from_state(json.loads(str(f["stats"]))))
                 if images is None:
                     images = np.empty((n, *part.shape[1:]), np.uint8)
                 images[at: at + len(part)] = part
@@ -448,8 +428,7 @@ class NpzJob:
                 at += len(part)
         if at != n:
             raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {n}")
-        grid = self.meta.get("grid") or [1, 1]
-        meta = {**self.meta, "decode_stats": decode_summary(stats, int(np.prod(grid)))}
+        meta = {**self.meta, "decode_stats": stats.summary()}
         _write_npz_atomic(self.out, images=images, **{k: np.concatenate(v) for k, v in prefixes.items()},
                           meta=np.array(_canon(meta)))
         shutil.rmtree(self.dir)

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from ..registers import regular_position_ids
-from .config import PlainDecode  # noqa: F401 (its settings, importable from here)
 from .rules import SamplingRules, sample_logits
+from .stats import DecodeStats
 
 
 def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:
@@ -23,7 +23,7 @@ def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:
 
 
 def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
-                 stats: dict | None = None) -> Tensor:
+                 stats: DecodeStats | None = None) -> Tensor:
     """Sample bodies (B, H*W) for ``prefix``: one decode call per token."""
     device = model.output.weight.device
     prefix = prefix.to(device)
@@ -50,5 +50,5 @@ def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRu
             tok = torch.cat([tok, tok])
         logits = model.decode(tok, pos[P + t: P + t + 1].expand(rows, 1, 2), P + t)[:, -1]
     if stats is not None:
-        stats.update(forwards=N, forwards_per_image=float(N), tokens_per_forward=1.0)
+        stats.add_plain(B, B * N, N, B * N)
     return out

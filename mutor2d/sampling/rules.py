@@ -82,6 +82,11 @@ class SamplingRules:
         """The rules of checked settings; guidance is on when the scale is not 1."""
         return cls(cfg_scale, temperature, top_k, top_p, guided=cfg_scale != 1.0)
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: every token is the argmax."""
+        return self.temperature == 0
+
     def combine(self, logits: Tensor) -> Tensor:
         """Model logits (rows, ..., V) -> the logits the rules sample from (B, ..., V)."""
         if not self.guided:
@@ -92,6 +97,6 @@ class SamplingRules:
     def probs(self, logits: Tensor) -> Tensor:
         """Combined logits (..., V) -> the distribution each token is drawn from (..., V);
         greedy: one-hot at the argmax."""
-        if self.temperature == 0:
+        if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         return filter_logits(logits.float() / self.temperature, self.top_k, self.top_p).softmax(-1)
