@@ -24,7 +24,7 @@ from .config import DecodeConfig, JacobiDecode, PlainDecode, RegisterDecode
 EXPORTS = {**dict.fromkeys(["CPU_DECODE_INDUCTOR", "compile_decoder", "decode_modes", "decoding_mode", "generate",
                             "run_decoder", "unwrap_model"], "decoding"),
            **dict.fromkeys(["SamplingRules", "draw", "filter_logits", "guide", "sample_logits"], "rules"),
-           "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
+           "DecodeStats": "stats", "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
 __all__ = ["DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode", *EXPORTS]
 
 
