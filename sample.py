@@ -329,7 +329,7 @@ def run(argv=None) -> None:
     path = checkpoint.resolve(args.ckpt).resolve()
     from mutor2d.sampling import compile_decoder, decode_modes
     from mutor2d.sampling import images as generation
-    check_choice(build_parser(), "--decode", args.decode, [*decode_modes(), "auto"])
+    check_choice(build_parser(), "--decode", args.decode, decode_modes())
     state, device = pick_device(args.device)
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
     pick_auto(args, src, device)

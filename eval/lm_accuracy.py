@@ -26,6 +26,7 @@ import yaml
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.lm import accuracy
+from mutor2d.sampling.config import decode_modes
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
 
@@ -50,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="weights dtype for generation (default float32)")
     ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
-    ap.add_argument("--decode", choices=["plain", "registers", "auto"], default="plain",
-                    help="plain generate, register-drafted (exact: the same outputs), or registers when the run "
-                         "has a register embedding whose objective drafts (default plain)")
+    ap.add_argument("--decode", choices=decode_modes("text"), default="plain",
+                    help="plain generate, register-drafted (exact: the same outputs), or auto: registers when the "
+                         "run has a register embedding whose objective drafts (default plain)")
     ap.add_argument("--draft", type=int, default=None, metavar="K",
                     help="register drafts per forward (default: the objective's d_max - 1)")
     return ap

@@ -119,10 +119,10 @@ def sample_config(src: generation.Loaded, st: dict, device):
         raise DemoError(f"images per class {st['per_class']}: expected 1..{MAX_IMAGES // len(st['classes'])} "
                         f"({MAX_IMAGES} images at most per request)")
     mode = st["decode"]
+    if mode not in decode_modes():
+        raise DemoError(f"decode={mode!r}: expected one of {', '.join(decode_modes())}")
     if mode == "auto":
         mode = auto_decode(total, device, can_draft(src.cfg.objective))
-    if mode not in decode_modes():
-        raise DemoError(f"decode={mode!r}: expected one of {', '.join([*decode_modes(), 'auto'])}")
     decode = {"name": mode, **({"draft": st["draft"] or None} if mode == "registers" else {}),
               **({"window": st["window"]} if mode == "jacobi" else {})}
     given = {"cfg_scale": st["cfg"], "temperature": st["temperature"], "top_k": st["top_k"], "top_p": st["top_p"]}
@@ -342,7 +342,7 @@ def build_app(demo: Demo):
                          gr.Number(d["top_k"], label="top-k (0 = off)", precision=0, elem_id="top_k"),
                          gr.Number(d["top_p"], label="top-p (1 = off)", elem_id="top_p"),
                          gr.Number(d["seed"], label="seed", precision=0, elem_id="seed"),
-                         gr.Radio(["auto", *decode_modes()], value=d["decode"], label="decoding", elem_id="decode"),
+                         gr.Radio(decode_modes(), value=d["decode"], label="decoding", elem_id="decode"),
                          gr.Number(d["draft"], label="draft tokens (registers; 0 = the checkpoint's useful length)",
                                    precision=0, elem_id="draft"),
                          gr.Number(d["window"], label="Jacobi window", precision=0, elem_id="window")]

@@ -166,12 +166,12 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
         sample_main()([*common, "--npz", str(path), "--decode", *mode])
         out[mode[0]] = generation.read_npz(path)
     plain = out["plain"][2]["decode_stats"]
-    assert plain["forwards_per_image"] == 64 and "acceptance_by_distance" not in plain
+    assert plain["forwards_per_sequence"] == 64 and "acceptance_by_distance" not in plain
     for mode in ("registers", "jacobi"):
         images, _, meta = out[mode]
         assert np.array_equal(images, out["plain"][0])                    # greedy: the same tokens
         stats = meta["decode_stats"]
-        assert stats["forwards_per_image"] < 64 and stats["tokens_per_forward"] > 1
+        assert stats["forwards_per_sequence"] < 64 and stats["tokens_per_forward"] > 1
         assert len(stats["acceptance_by_distance"]) == {"registers": 2, "jacobi": 3}[mode]
     assert out["registers"][2]["decode_options"] == {"draft": 2, "anchors": "every", "fill": True}
     assert len(out["registers"][2]["decode_stats"]["register_acceptance_by_distance"]) == 2

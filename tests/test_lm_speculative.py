@@ -268,7 +268,7 @@ def test_draft_length_comes_from_the_objective_and_bad_settings_are_one_line(tmp
         drafter.draft_offsets(make("objective", name="ntp"))
     with pytest.raises(ValueError, match="no register_embedding.safetensors .*decode plain"):
         drafter.load_registers(tmp_path)
-    with pytest.raises(ValueError, match="decode='fast': expected 'plain' or 'registers'"):
+    with pytest.raises(ValueError, match="decode='fast': expected one of plain, registers, auto"):
         hf.generate(tiny("llama", 8), char_tokenizer("ab"), [[1, 4]], 2, decode="fast")
     assert drafter.folder_mode("auto", tmp_path) == "plain"
 

@@ -106,7 +106,7 @@ def test_decoding_mode_recipe_trains_samples_scores_and_ranks(imported, tmp_path
     images, labels, meta = generation.read_npz(npz)
     assert images.shape == (20, 8, 8, 3) and np.bincount(labels).tolist() == [2] * 10
     assert (meta["decode"], meta["decode_options"]) == ("greedy-twice", {"repeats": 3})
-    assert meta["decode_stats"]["forwards_per_image"] == 3 * 64                # three greedy runs per image
+    assert meta["decode_stats"]["forwards_per_sequence"] == 3 * 64             # three greedy runs per image
     load_script("eval/fid.py").main([str(npz), "--ref", "digits:train", "--metrics", "fid", "--device", "cpu",
                                      "--cache-dir", str(tmp_path / "cache"), "--quiet"])
     table = load_script("eval/leaderboard.py").main([str(run)])

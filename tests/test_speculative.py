@@ -195,7 +195,7 @@ def test_kv_cache_after_speculative_equals_plain(decoder, option):
     (dict(decode="jacobi", window=-1), "^sample.decode.window: expected an integer >= 1, got -1$"),
     (dict(decode="jacobi", window=True), "^sample.decode.window: expected an integer, got True$"),
     (dict(decode="jacobi", window=4), r"^sample.decode.window=4: a 2x2 grid has 4 tokens, so a window guesses at most 3"),
-    (dict(decode="bogus"), r"^sample.decode.name: expected one of \['plain', 'registers', 'jacobi'\], got 'bogus'$"),
+    (dict(decode="bogus"), r"^sample.decode.name: expected one of \['plain', 'registers', 'jacobi', 'auto'\], got 'bogus'$"),
     (dict(decode="registers", anchors="first"), r"^sample.decode.anchors: expected one of \['every', 'last'\]"),
     (dict(decode="registers", draft=3), r"^sample.decode.draft=3: this checkpoint's registers draft at most 2 tokens "
                                         r"\(objective mutor-2d, d_max=4\)$"),

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import io
 from ..model.attention import NEVER, Visibility
+from ..sampling.config import decode_modes
 from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
@@ -325,12 +326,16 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     are done, as a sharded (FSDP2) forward needs. ``prompt_attention``: the run's rule (None: the
     one :func:`load_for_inference` gave ``lm``, else causal); bidirectional prefills with
     :func:`prefill_prompts`. ``decode="registers"``: the same tokens, register-drafted
-    (mutor2d.lm.speculative; ``registers``: a run folder or its ``drafter.Registers``); ``stats``: a
+    (mutor2d.lm.speculative; ``registers``: a run folder or its ``drafter.Registers``); ``"auto"``:
+    registers where ``registers`` drafts (a folder that can, or a Registers), else plain; ``stats``: a
     ``DecodeStats`` that receives the counts. -> the decoded new text of each prompt
     (special tokens skipped)."""
     from . import drafter, speculative        # they import this module
-    if decode not in ("plain", "registers"):
-        raise ValueError(f"decode={decode!r}: expected 'plain' or 'registers'")
+    if decode not in decode_modes("text"):
+        raise ValueError(f"decode={decode!r}: expected one of {', '.join(decode_modes('text'))}")
+    if decode == "auto":
+        decode = drafter.folder_mode(decode, registers) if isinstance(registers, (str, Path)) else \
+            "plain" if registers is None else "registers"
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)

@@ -10,7 +10,8 @@ Every decoding mode applies the same rules (speculative modes to draft and targe
 
 ``SampleConfig`` is the ``sample`` config section (mutor2d.sampling.config, no torch): these settings,
 the grid and seed, and the decoding mode ``sample.decode``, a tagged sub-section whose variants
-(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings.
+(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings;
+``check_sampling`` checks them there.
 """
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from .config import DecodeConfig, SampleConfig, check_sampling, setting  # noqa: F401 (importable here)
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
