@@ -13,22 +13,23 @@ from torch import Tensor
 from ..config import make
 from .auto import auto_decode, can_draft
 from .config import DecodeConfig, check_sampling
-from .plain import decode_plain
+from .plain import Progress, decode_plain
 from .rules import SamplingRules
 from .speculative import decode_jacobi, decode_registers
 from .stats import DecodeStats
 
-# mode name -> its image decoder: (model, prefix, grid, rules, generator, stats, mode, objective) -> bodies
-# (B, H*W) in raster order, every token following the distribution ``rules.probs`` gives for the tokens
-# before it; ``stats`` (a DecodeStats or None) receives the counts.
+# mode name -> its image decoder: (model, prefix, grid, rules, generator, stats, mode, objective, progress)
+# -> bodies (B, H*W) in raster order, every token following the distribution ``rules.probs`` gives for the
+# tokens before it; ``stats`` (a DecodeStats or None) receives the counts, ``progress`` (None or a
+# ``plain.Progress``) sees the tokens as they are emitted.
 DECODERS: dict[str, Callable] = {
-    "plain": lambda model, prefix, grid, rules, gen, stats, mode, objective:
-        decode_plain(model, prefix, grid, rules, gen, stats),
-    "registers": lambda model, prefix, grid, rules, gen, stats, mode, objective:
+    "plain": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
+        decode_plain(model, prefix, grid, rules, gen, stats, progress),
+    "registers": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
         decode_registers(model, prefix, grid, rules, gen, stats, spec=objective.register_spec(), draft=mode.draft,
-                         anchors=mode.anchors, fill=mode.fill),
-    "jacobi": lambda model, prefix, grid, rules, gen, stats, mode, objective:
-        decode_jacobi(model, prefix, grid, rules, gen, stats, window=mode.window),
+                         anchors=mode.anchors, fill=mode.fill, progress=progress),
+    "jacobi": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
+        decode_jacobi(model, prefix, grid, rules, gen, stats, window=mode.window, progress=progress),
 }
 
 
@@ -41,11 +42,11 @@ def register_decoder(name: str):
 
 
 @register_decoder("auto")
-def decode_auto(model, prefix, grid, rules, generator, stats, mode, objective) -> Tensor:
+def decode_auto(model, prefix, grid, rules, generator, stats, mode, objective, progress) -> Tensor:
     """``AutoDecode`` for images: the measured fastest mode for this batch and device, fitted, run."""
     name = auto_decode(len(prefix), model.output.weight.device, can_draft(objective))
     chosen = make("sample.decode", name=name).fit(objective, grid)
-    return DECODERS[name](model, prefix, grid, rules, generator, stats, chosen, objective)
+    return DECODERS[name](model, prefix, grid, rules, generator, stats, chosen, objective, progress)
 
 
 def unwrap_model(model):
@@ -93,10 +94,11 @@ def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float =
 @torch.no_grad()
 def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, mode: DecodeConfig,
                 objective=None, generator: torch.Generator | None = None,
-                stats: DecodeStats | None = None) -> Tensor:
+                stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
     """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
     a caller sampling many batches checks its settings once. The prefix is checked by the model's
-    conditioning kind; the model runs in eval mode (its training flag is restored after)."""
+    conditioning kind; the model runs in eval mode (its training flag is restored after). ``progress``
+    (``plain.Progress``) sees the tokens as they are emitted."""
     model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
     if rules.guided and not model.conditioning.guidable:
@@ -105,7 +107,7 @@ def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
     was_training = model.training
     model.eval()
     try:
-        return DECODERS[mode.name](model, prefix, grid, rules, generator, stats, mode, objective)
+        return DECODERS[mode.name](model, prefix, grid, rules, generator, stats, mode, objective, progress)
     finally:
         model.clear_cache()
         model.train(was_training)

@@ -34,6 +34,7 @@ from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
 from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from .decoding import decoding_mode, run_decoder, unwrap_model
+from .plain import Progress
 from .rules import SamplingRules
 from .stats import DecodeStats
 
@@ -128,12 +129,13 @@ def tokenizer_to(tokenizer, device: torch.device):
 
 
 def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objective=None,
-                 device: torch.device | str | None = None) -> Sampler:
+                 device: torch.device | str | None = None, progress: Progress | None = None) -> Sampler:
     """(prefixes (n, ...), seed) -> uint8 images (n, h, w, 3): generate codes (B, H*W) on ``device``
     (default: the model's) with the settings and decoding mode (``sample_cfg.decode``, fitted to
     ``objective``, the checkpoint's objective section) of ``sample_cfg``, a checked ``sample``
-    section; decode them with ``tokenizer`` on the tokenizer's device. The sampler's ``last`` holds
-    the latest call's decoding counts and seconds (a DecodeStats)."""
+    section; decode them with ``tokenizer`` on the tokenizer's device; ``progress`` sees the codes as
+    they are emitted. The sampler's ``last`` holds the latest call's decoding counts and seconds (a
+    DecodeStats)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rules = SamplingRules.of(**sampling_settings(sample_cfg))
     mode = decoding_mode(sample_cfg.decode, objective, grid)
@@ -141,7 +143,7 @@ def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objecti
     def sample(prefixes: Tensor, seed: int) -> np.ndarray:
         gen = torch.Generator(device).manual_seed(seed)
         stats, start = DecodeStats(), time.perf_counter()
-        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats)
+        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats, progress)
         stats.seconds = time.perf_counter() - start
         sample.last = stats
         tokens = tokens.view(-1, *grid)

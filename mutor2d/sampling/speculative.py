@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..registers import RegisterSpec, first_anchor, offset_targets, regular_position_ids
 from . import speculation
-from .plain import with_null_prefix
+from .plain import Progress, with_null_prefix
 from .rules import SamplingRules
 from .speculation import Drafts, emitted, pick, reached
 from .stats import DecodeStats
@@ -130,8 +130,9 @@ class JacobiDrafter:
 
 
 def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
-                stats: DecodeStats | None, K: int, make_drafter) -> Tensor:
-    """The round loop shared by the drafters (see module doc) -> bodies (B, H*W)."""
+                stats: DecodeStats | None, K: int, make_drafter, progress: Progress | None = None) -> Tensor:
+    """The round loop shared by the drafters (see module doc) -> bodies (B, H*W); ``progress`` sees
+    every round's."""
     device = model.output.weight.device
     prefix = prefix.to(device)
     B, N = prefix.shape[0], grid[0] * grid[1]
@@ -166,6 +167,8 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
         out.scatter_(1, cols, emitted(drafts.tokens, kept, token))
         n = torch.where(active, (n + kept + 1).clamp(max=N), n)
         drafts = drafter.propose(logits, p, kept, n, generator)
+        if progress is not None:
+            progress(out[:, :N], n)
     if stats is not None:
         stats.merge(counts)
     return out[:, :N]
@@ -196,7 +199,7 @@ def _prefill(model, prefix: Tensor, positions: Tensor, rules: SamplingRules, dra
 
 
 def decode_registers(model, prefix, grid, rules, generator, stats=None, *, spec: RegisterSpec, draft: int,
-                     anchors: str = "every", fill: bool = True) -> Tensor:
+                     anchors: str = "every", fill: bool = True, progress: Progress | None = None) -> Tensor:
     """Speculative decoding with ``draft`` = K register drafts (the first K of ``spec.draft_offsets()``,
     the rules of the checkpoint's objective) per regular input (``anchors`` "every") or after the last
     regular input only ("last"); ``fill``: Jacobi guesses where no register drafts."""
@@ -204,10 +207,12 @@ def decode_registers(model, prefix, grid, rules, generator, stats=None, *, spec:
         raise ValueError("decode='registers' needs a checkpoint trained with registers; this model "
                          "has no register embedding (use decode='jacobi' or 'plain')")
     return speculative(model, prefix, grid, rules, generator, stats, draft,
-                       lambda grid, P, table: RegisterDrafter(grid, P, spec, draft, table, rules, fill, anchors))
+                       lambda grid, P, table: RegisterDrafter(grid, P, spec, draft, table, rules, fill, anchors),
+                       progress)
 
 
-def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int) -> Tensor:
+def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int,
+                  progress: Progress | None = None) -> Tensor:
     """Speculative Jacobi decoding with a window of ``window`` = K draft tokens."""
     return speculative(model, prefix, grid, rules, generator, stats, window,
-                       lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window, rules))
+                       lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window, rules), progress)
