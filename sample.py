@@ -296,17 +296,18 @@ def write_png(args, src: Loaded, s, sampler, path: Path, seed: int) -> None:
 def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> None:
     """The balanced npz (N / choices per choice: per class), its shards split over the processes."""
     from mutor2d.sampling import images as generation
+    from mutor2d.sampling import npz as npz_files
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else list(range(n))
     check_memory("--num", args.num, args.num, src.tokenizer.image_size)
     prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
-    meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
-                                  settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
-                                  batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
-                                  decode_options=decode_options(s.decode))
+    meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
+                                 settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
+                                 batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
+                                 decode_options=decode_options(s.decode))
     out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
                                                         args.batch_size)
-    job = generation.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
+    job = npz_files.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:
             print(f"{job.out} is already complete")
