@@ -135,7 +135,7 @@ def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objecti
     def sample(prefixes: Tensor, seed: int) -> np.ndarray:
         gen = torch.Generator(device).manual_seed(seed)
         stats, start = DecodeStats(), time.perf_counter()
-        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats, progress)
+        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats, progress=progress)
         stats.seconds = time.perf_counter() - start
         sample.last = stats
         tokens = tokens.view(-1, *grid)
