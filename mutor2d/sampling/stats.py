@@ -1,7 +1,7 @@
 """The counts of decoding runs, one type for every decoder (plain and speculative, images and text)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
