@@ -301,17 +301,18 @@ def write_png(args, src: Loaded, s, sampler, path: Path, seed: int) -> None:
 def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> None:
     """The balanced npz (N / choices per choice: per class), its shards split over the processes."""
     from mutor2d.sampling import images as generation
+    from mutor2d.sampling import npz as npz_files
     n = src.num_choices
     classes = parse_classes(args.classes, n) if args.classes else list(range(n))
     check_memory("--num", args.num, args.num, src.tokenizer.image_size)
     prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
-    meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
-                                  settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
-                                  batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
-                                  decode_options=decode_options(s.decode))
+    meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
+                                 settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
+                                 batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
+                                 decode_options=decode_options(s.decode))
     out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
                                                         args.batch_size)
-    job = generation.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
+    job = npz_files.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
     if job.is_complete():
         if state.is_main_process:
             print(f"{job.out} is already complete")
@@ -332,9 +333,9 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
 
 def other_settings(job) -> str:
     """What differs between an existing npz and the job that would replace it, in words."""
-    from mutor2d.sampling import images as generation
+    from mutor2d.sampling import npz as npz_files
     try:
-        found = generation.read_npz_meta(job.out)
+        found = npz_files.read_npz_meta(job.out)
     except Exception:
         return "not a sample file of this tool"
     found.pop("decode_stats", None)
@@ -350,7 +351,7 @@ def run(argv=None) -> None:
     path = checkpoint.resolve(args.ckpt).resolve()
     from mutor2d.sampling import compile_decoder, decode_modes
     from mutor2d.sampling import images as generation
-    check_choice(build_parser(), "--decode", args.decode, [*decode_modes(), "auto"])
+    check_choice(build_parser(), "--decode", args.decode, decode_modes())
     state, device = pick_device(args.device)
     src = generation.open_checkpoint(path, use_ema=args.ema, device=device, grid=args.grid)
     pick_auto(args, src, device)

@@ -157,12 +157,13 @@ def main(argv=None) -> None:
     args = parse(argv)
     import torch
     common.setup(args.threads, args.clock, torch.device("cpu"))
-    from mutor2d.lm import data, hf, speculative
+    from mutor2d.lm import data, drafter, hf
+    from mutor2d.sampling.stats import DecodeStats
     run = fine_tuned(args)
     lm, tok = hf.load_for_inference(run), hf.load_tokenizer(run)
     test = data.load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
     prompts = [it["prompt_ids"] for it in data.eval_prompts(test, tok)]
-    d_max = speculative.run_objective(run).d_max
+    d_max = drafter.run_objective(run).d_max
     counter = ForwardCounter(lm)
     cases, stats, batches_of = {}, {}, {}
     for B in (1, 8):
@@ -176,8 +177,8 @@ def main(argv=None) -> None:
                 cases[f"prompt_lookup/{temp}/b{B}"] = plain_case(*settings, lookup=4)
             for K in range(1, d_max):
                 name = f"registers_K{K}/{temp}/b{B}"
-                stats[name] = speculative.DecodeStats()
-                cases[name] = register_case(*settings, speculative.load_registers(run, K), stats[name])
+                stats[name] = DecodeStats()
+                cases[name] = register_case(*settings, drafter.load_registers(run, K), stats[name])
     calls, outputs = {}, {}
     for name, fn in cases.items():                       # one counted pass each (also checks exactness)
         before = counter.calls

@@ -123,8 +123,9 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
     import torch
 
     from mutor2d.sampling import generate
+    from mutor2d.sampling.stats import DecodeStats
     modes = spec_modes(args)
-    stats = {name: {} for name in modes}
+    stats = {name: DecodeStats() for name in modes}
 
     def case(name: str, mode: str, options: dict):
         return lambda: generate(model, labels, grid, cfg_scale=cfg_scale, temperature=temperature,
@@ -133,11 +134,11 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
     times = common.time_round_robin({n: case(n, *m) for n, m in modes.items()}, args.reps, 1, device)
     n, N, plain = labels.shape[0], grid[0] * grid[1], times["plain"]["median_s"]
     rows = {}
-    for name, st in stats.items():
-        t = times[name]["median_s"]
+    for name, counts in stats.items():
+        t, st = times[name]["median_s"], counts.summary()
         rows[name] = {"time_s": t, "tokens_per_s": n * N / t, "wall_speedup": plain / t,
-                      "forwards_per_image": st["forwards_per_image"],
-                      "forward_reduction": N / st["forwards_per_image"],
+                      "forwards_per_image": st["forwards_per_sequence"],
+                      "forward_reduction": N / st["forwards_per_sequence"],
                       "tokens_per_forward": st["tokens_per_forward"],
                       "acceptance_by_distance": st.get("acceptance_by_distance", []),
                       "register_acceptance_by_distance": st.get("register_acceptance_by_distance", [])}

@@ -26,6 +26,7 @@ import yaml
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.lm import accuracy
+from mutor2d.sampling.config import decode_modes
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -53,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="weights dtype for generation (default float32)")
     ap.add_argument("--out", help="per-item prediction file (default RUN/eval/predictions_<data>[_stepN].jsonl)")
-    ap.add_argument("--decode", choices=["plain", "registers", "auto"], default="plain",
-                    help="plain generate, register-drafted (exact: the same outputs), or registers when the run "
-                         "has a register embedding whose objective drafts (default plain)")
+    ap.add_argument("--decode", choices=decode_modes("text"), default="plain",
+                    help="plain generate, register-drafted (exact: the same outputs), or auto: registers when the "
+                         "run has a register embedding whose objective drafts (default plain)")
     ap.add_argument("--draft", type=int, default=None, metavar="K",
                     help="register drafts per forward (default: the objective's d_max - 1)")
     return ap
@@ -123,20 +124,21 @@ def generate_all(args, located, kind: str, out: Path):
     """This process's share of the items: greedy outputs appended to its part file; once every
     process is done, returns (accelerate's PartialState, the decoding settings of the record)."""
     from accelerate import PartialState
-    from mutor2d.lm import data, hf, speculative
+    from mutor2d.lm import data, drafter, hf
+    from mutor2d.sampling.stats import DecodeStats
     state = PartialState()
     tokenizer = hf.load_tokenizer(args.ckpt)
     items = data.eval_prompts(located, tokenizer)                 # every line checked before the model loads
-    mode = speculative.resolve(args.decode, args.ckpt)
-    registers = speculative.load_registers(args.ckpt, args.draft) if mode == "registers" else None
+    mode = drafter.folder_mode(args.decode, args.ckpt)
+    registers = drafter.load_registers(args.ckpt, args.draft) if mode == "registers" else None
     model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
-    stats = speculative.DecodeStats()
+    stats = DecodeStats()
     accuracy.predict(items, lambda batch: hf.generate(model, tokenizer, [it["prompt_ids"] for it in batch],
                                                       args.max_new_tokens, args.stop, decode=mode,
                                                       registers=registers, stats=stats),
                      out, kind, state.process_index, state.num_processes, args.batch_size)
     state.wait_for_everyone()
-    return state, speculative.record_fields(mode, registers, stats)
+    return state, drafter.record_fields(mode, registers, stats)
 
 
 def evaluate(args) -> dict | None:

@@ -6,8 +6,8 @@ top-k, top-p, seed, decoding mode and its draft / window), read from the page or
 parameters (``settings_from_query``), so a result is shared by its link. It runs through the one path
 from a model to images (``generation.make_sampler``) as one batch seeded with ``shard_seed(seed, 0)``,
 so the grid equals ``sample.py --classes C --per-class N --seed S --batch-size len(C)*N`` (the page
-shows that command). While the decoder runs in a worker thread, ``TokenWatch`` rebuilds the tokens
-emitted so far from the model's decode calls and the page shows them decoded by the checkpoint's
+shows that command). While the decoder runs in a worker thread, ``TokenWatch`` (its progress
+callback) holds the tokens emitted so far and the page shows them decoded by the checkpoint's
 tokenizer, the rest grey. Beside the grid: forward passes per image, tokens per forward, tokens/s
 and acceptance by draft distance (the decoders' own counts). Bad settings are a message in the page;
 requests are queued (one decoding at a time); the server logs one line per request.
@@ -119,10 +119,10 @@ def sample_config(src: generation.Loaded, st: dict, device):
         raise DemoError(f"images per class {st['per_class']}: expected 1..{MAX_IMAGES // len(st['classes'])} "
                         f"({MAX_IMAGES} images at most per request)")
     mode = st["decode"]
+    if mode not in decode_modes():
+        raise DemoError(f"decode={mode!r}: expected one of {', '.join(decode_modes())}")
     if mode == "auto":
         mode = auto_decode(total, device, can_draft(src.cfg.objective))
-    if mode not in decode_modes():
-        raise DemoError(f"decode={mode!r}: expected one of {', '.join([*decode_modes(), 'auto'])}")
     decode = {"name": mode, **({"draft": st["draft"] or None} if mode == "registers" else {}),
               **({"window": st["window"]} if mode == "jacobi" else {})}
     given = {"cfg_scale": st["cfg"], "temperature": st["temperature"], "top_k": st["top_k"], "top_p": st["top_p"]}
@@ -136,53 +136,25 @@ def sample_config(src: generation.Loaded, st: dict, device):
 # ----------------------------------------------------------------------------- images forming
 
 class TokenWatch:
-    """The tokens emitted so far (B, N) of a decoding run, rebuilt from the model's decode calls: a call
-    whose regular inputs start at body index i holds x_i (the newest emitted token) and, if the call
-    before started at j < i, its inputs 1..i-j-1 were drafts kept at j+1..i-1 (plain decoding: i = j+1)."""
+    """The tokens emitted so far (B, N) of a decoding run: the decoder's progress callback
+    (``sampling.plain.Progress``), read from the page's thread by ``snapshot``."""
 
-    def __init__(self, model, B: int, N: int):
-        self.model, self.B, self.N = model, B, N
+    def __init__(self, B: int, N: int):
         self.tokens = torch.zeros(B, N, dtype=torch.long)
         self.known = torch.zeros(B, N, dtype=torch.bool)
-        self.prev, self.P, self.lock = None, 0, threading.Lock()
+        self.lock = threading.Lock()
 
-    def see(self, tokens, positions, start, prefix=None, *rest) -> None:
-        if tokens is None:                             # the prefill: prefix only
-            self.P = self.model.prefix_len(prefix)
-            return
-        first = (start if isinstance(start, int) else start[:self.B].cpu()) - self.P
-        first = torch.as_tensor(first).expand(self.B).clamp(max=self.N - 1)
-        tok, rows = tokens[:self.B].cpu(), torch.arange(self.B)
+    def __call__(self, bodies: torch.Tensor, emitted) -> None:
+        """bodies (B, N) being filled; the first ``emitted`` (an int or (B,)) of each row are in."""
+        emitted = torch.as_tensor(emitted).cpu()
+        known = torch.arange(bodies.shape[1]) < emitted.reshape(-1, 1)
+        tokens = bodies.to("cpu", copy=True)
         with self.lock:
-            if self.prev is not None:
-                prev_first, prev_tok = self.prev
-                for k in range(1, prev_tok.shape[1]):  # drafts kept between the two calls
-                    kept = prev_first + k < first
-                    self.set(rows[kept], prev_first[kept] + k, prev_tok[kept, k])
-            self.set(rows, first, tok[:, 0])
-        self.prev = (first, tok)
-
-    def set(self, rows, cols, values) -> None:
-        self.tokens[rows, cols], self.known[rows, cols] = values, True
+            self.tokens, self.known = tokens, known.expand_as(tokens)
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self.lock:
             return self.tokens.clone(), self.known.clone()
-
-    def __enter__(self):
-        eager, self.saved = self.model.decode, self.model.__dict__.get("decode")   # compiled: an attribute
-
-        def decode(*args, **kwargs):
-            self.see(*args, **kwargs)
-            return eager(*args, **kwargs)
-        self.model.decode = decode
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is None:
-            del self.model.decode                      # back to the class's method
-        else:
-            self.model.decode = self.saved
 
 
 def partial_images(src: generation.Loaded, tokens: torch.Tensor, known: torch.Tensor) -> np.ndarray:
@@ -201,7 +173,7 @@ def stats_table(st: dict, s, stats: dict, N: int, seconds: float, command: str) 
     mode = s.decode.name + "".join(f", {k} {v}" for k, v in config.section_dict(s.decode).items()
                                    if k in ("draft", "window"))
     rows = [("decoding", mode + (" (auto)" if st["decode"] == "auto" else "")),
-            ("forwards per image", f"{stats['forwards_per_image']:.1f} for {N} tokens"),
+            ("forwards per image", f"{stats['forwards_per_sequence']:.1f} for {N} tokens"),
             ("tokens per forward", f"{stats['tokens_per_forward']:.2f}"),
             ("tokens/s", f"{stats['tokens_per_s']:.0f}"), ("seconds", f"{seconds:.2f}")]
     for kind, what in (("", "acceptance by draft distance"), ("register_", "register drafts' acceptance")):
@@ -243,10 +215,11 @@ class Demo:
         stats. ValueError (one line) for settings the checkpoint cannot run."""
         s = sample_config(self.src, st, self.device)
         src, B, N = self.src, len(st["classes"]) * st["per_class"], self.src.grid[0] * self.src.grid[1]
+        watch = TokenWatch(B, N)
         sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
-                                          device=self.device)
+                                          device=self.device, progress=watch)
         prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, B, st["classes"])
-        with self.lock, TokenWatch(src.model, B, N) as watch:
+        with self.lock:
             self.requests += 1
             result, start = {}, time.perf_counter()
             worker = threading.Thread(target=_call, args=(sampler, prefixes, generation.shard_seed(s.seed, 0), result))
@@ -260,7 +233,7 @@ class Demo:
                 worker.join()          # a closed page frees the model only once its decoding is done
         if "error" in result:
             raise result["error"]
-        stats = generation.decode_summary([sampler.last], N)
+        stats = sampler.last.summary()
         yield self.save(result["images"], st, "grid"), stats_table(st, s, stats, N, time.perf_counter() - start,
                                                                   self.command(st, s))
 
@@ -342,7 +315,7 @@ def build_app(demo: Demo):
                          gr.Number(d["top_k"], label="top-k (0 = off)", precision=0, elem_id="top_k"),
                          gr.Number(d["top_p"], label="top-p (1 = off)", elem_id="top_p"),
                          gr.Number(d["seed"], label="seed", precision=0, elem_id="seed"),
-                         gr.Radio(["auto", *decode_modes()], value=d["decode"], label="decoding", elem_id="decode"),
+                         gr.Radio(decode_modes(), value=d["decode"], label="decoding", elem_id="decode"),
                          gr.Number(d["draft"], label="draft tokens (registers; 0 = the checkpoint's useful length)",
                                    precision=0, elem_id="draft"),
                          gr.Number(d["window"], label="Jacobi window", precision=0, elem_id="window")]

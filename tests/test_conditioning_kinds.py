@@ -21,6 +21,7 @@ from mutor2d import checkpoint, config  # noqa: E402
 from mutor2d.checks import ConfigError  # noqa: E402
 from mutor2d.engine import train  # noqa: E402
 from mutor2d.sampling import images as generation  # noqa: E402
+from mutor2d.sampling import npz as npz_files  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -100,7 +101,7 @@ def test_a_kind_with_choices_writes_training_grids_and_sample_py_grids_and_npz_f
     for name, flags, picks in (("all", [], [0, 1, 2]), ("some", ["--classes", "1,2"], [1, 2])):
         main(["--ckpt", str(style_run), "--npz", str(tmp_path / f"{name}.npz"), "--num", "6", "--device", "cpu",
               *flags])
-        images, labels, meta = generation.read_npz(tmp_path / f"{name}.npz")
+        images, labels, meta = npz_files.read_npz(tmp_path / f"{name}.npz")
         with np.load(tmp_path / f"{name}.npz") as f:
             prefixes = f["prefixes"]
         assert images.shape == (6, 8, 8, 3) and labels is None and meta["classes"] == picks

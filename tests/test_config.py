@@ -8,7 +8,7 @@ import yaml
 
 from mutor2d import config as C
 from mutor2d.objectives import ObjectiveConfig
-from mutor2d.sampling.rules import check_sampling
+from mutor2d.sampling.config import check_sampling
 
 CONFIGS = sorted(p.stem for p in C.CONFIG_DIR.glob("*.yaml")      # image runs; LM and VQ ones (task:) load in
                  if "task" not in (yaml.safe_load(p.read_text()) or {}))   # test_lm.py and test_vq.py

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from mutor2d import config as C
 from mutor2d.image.config import ImageRunConfig
-from mutor2d.sampling.rules import check_sampling
+from mutor2d.sampling.config import check_sampling
 
 # A valid starting point per variant; the fuzzed field replaces its value.
 BASE = {("data", "codes"): {"path": "codes/"}}

@@ -71,14 +71,14 @@ def test_settings_from_the_url_and_their_errors(src):
 
 @pytest.mark.parametrize("mode", ["plain", "registers", "jacobi"])
 def test_token_watch_sees_the_tokens_as_they_are_emitted(src, mode):
-    """Every token the watch reports equals the decoder's, and all but the last round's are seen."""
+    """Every token the watch reports equals the decoder's, and all but the last round's are seen; the
+    model's decode method is left alone (the watch is the decoder's progress callback)."""
     B, N, K = 3, 64, 1
-    watch = demo_lib.TokenWatch(src.model, B, N)
-    with watch:
-        out = run_decoder(src.model, torch.tensor([1, 4, 7]), src.grid, SamplingRules.of(2.0),
-                          decoding_mode(mode, src.cfg.objective, src.grid, **({"window": K} if mode == "jacobi" else {})),
-                          src.cfg.objective, torch.Generator().manual_seed(0))
-    assert "decode" not in vars(src.model)                       # the model's own method again
+    watch = demo_lib.TokenWatch(B, N)
+    out = run_decoder(src.model, torch.tensor([1, 4, 7]), src.grid, SamplingRules.of(2.0),
+                      decoding_mode(mode, src.cfg.objective, src.grid, **({"window": K} if mode == "jacobi" else {})),
+                      src.cfg.objective, torch.Generator().manual_seed(0), progress=watch)
+    assert "decode" not in vars(src.model)                       # the model's own method
     tokens, known = watch.snapshot()
     assert torch.equal(tokens[known], out[known]) and bool(known[:, :N - K - 1].all())
 

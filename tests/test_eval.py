@@ -323,7 +323,7 @@ def test_online_digits_eval(classifier, cache, monkeypatch):
     test = build_dataset(cfg.data, "test")
     tokenizer = build_tokenizer(cfg.data)
 
-    def real_digits(model, labels, grid, rules, mode, objective, generator, stats):
+    def real_digits(model, labels, grid, rules, mode, objective, generator, stats, progress=None):
         assert grid == (8, 8) and generator is not None
         picks = [torch.nonzero(test.labels == c).flatten() for c in range(10)]
         seen = [0] * 10

@@ -13,6 +13,7 @@ import torch
 from mutor2d import config
 from mutor2d import checkpoint
 from mutor2d.sampling import images as generation
+from mutor2d.sampling import npz as npz_files
 from mutor2d.sampling.images import SampleFileError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,14 +111,14 @@ def test_npz_meta_is_built_in_one_place(run, tmp_path):
     src = generation.open_checkpoint(checkpoint.resolve(run))
     sample_cfg = dataclasses.replace(src.cfg.sample, cfg_scale=2.0)
     settings = generation.sampling_settings(sample_cfg)
-    meta = generation.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
-                                  seed=1, classes=[0, 1], num=4, batch_size=3, ema=src.ema, grid=src.grid)
+    meta = npz_files.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
+                                 seed=1, classes=[0, 1], num=4, batch_size=3, ema=src.ema, grid=src.grid)
     assert {k: meta[k] for k in ("step", "cfg_scale", "top_p", "per_class", "num", "classes", "grid", "ema")} == \
         {"step": 7, "cfg_scale": 2.0, "top_p": 1.0, "per_class": 2, "num": 4, "classes": [0, 1], "grid": [8, 8],
          "ema": False}
-    job = generation.NpzJob(tmp_path / "s.npz", generation.balanced_labels(4, [0, 1]), 3, 1, meta)
+    job = npz_files.NpzJob(tmp_path / "s.npz", generation.balanced_labels(4, [0, 1]), 3, 1, meta)
     sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg)
-    images, labels, found = generation.read_npz(job.complete(sampler))
+    images, labels, found = npz_files.read_npz(job.complete(sampler))
     assert images.shape == (4, 8, 8, 3) and labels.tolist() == [0, 0, 1, 1] and found["cfg_scale"] == 2.0
     assert np.array_equal(images, generation.sample_batches(sampler, torch.tensor([0, 0, 1, 1]), 3, 1))
 
@@ -164,14 +165,14 @@ def test_sample_py_speculative_modes_record_their_counts_and_keep_greedy_tokens(
     for mode in (["plain"], ["registers", "--draft", "2"], ["jacobi", "--window", "3"]):
         path = tmp_path / f"{mode[0]}.npz"
         sample_main()([*common, "--npz", str(path), "--decode", *mode])
-        out[mode[0]] = generation.read_npz(path)
+        out[mode[0]] = npz_files.read_npz(path)
     plain = out["plain"][2]["decode_stats"]
-    assert plain["forwards_per_image"] == 64 and "acceptance_by_distance" not in plain
+    assert plain["forwards_per_sequence"] == 64 and "acceptance_by_distance" not in plain
     for mode in ("registers", "jacobi"):
         images, _, meta = out[mode]
         assert np.array_equal(images, out["plain"][0])                    # greedy: the same tokens
         stats = meta["decode_stats"]
-        assert stats["forwards_per_image"] < 64 and stats["tokens_per_forward"] > 1
+        assert stats["forwards_per_sequence"] < 64 and stats["tokens_per_forward"] > 1
         assert len(stats["acceptance_by_distance"]) == {"registers": 2, "jacobi": 3}[mode]
     assert out["registers"][2]["decode_options"] == {"draft": 2, "anchors": "every", "fill": True}
     assert len(out["registers"][2]["decode_stats"]["register_acceptance_by_distance"]) == 2
@@ -211,7 +212,7 @@ def test_decode_defaults_come_from_the_checkpoint(mutor_run, tmp_path):
     sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "a.npz")])
     sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "b.npz"), "--decode", "jacobi"])
     sample_main()(["--ckpt", str(tmp_path / "reg.pt"), *common, "--npz", str(tmp_path / "c.npz"), "--decode", "plain"])
-    a, b, c = (generation.read_npz(tmp_path / f"{n}.npz") for n in "abc")
+    a, b, c = (npz_files.read_npz(tmp_path / f"{n}.npz") for n in "abc")
     assert (a[2]["decode"], a[2]["decode_options"]) == ("registers", {"draft": 2, "anchors": "last", "fill": True})
     assert (b[2]["decode"], b[2]["decode_options"]) == ("jacobi", {"window": 4})
     assert (c[2]["decode"], c[2]["decode_options"]) == ("plain", {})
@@ -282,9 +283,9 @@ def test_is_complete_reads_only_the_meta(run, tmp_path, monkeypatch):
     labels = generation.balanced_labels(4, [0, 1])
 
     def job(seed):
-        meta = generation.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
-                                      seed=seed, classes=[0, 1], num=4, batch_size=2, ema=src.ema, grid=src.grid)
-        return generation.NpzJob(tmp_path / "s.npz", labels, 2, seed, meta)
+        meta = npz_files.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
+                                     seed=seed, classes=[0, 1], num=4, batch_size=2, ema=src.ema, grid=src.grid)
+        return npz_files.NpzJob(tmp_path / "s.npz", labels, 2, seed, meta)
 
     job(1).complete(generation.make_sampler(src.model, src.tokenizer, src.grid, src.cfg.sample))
     read, get = [], np.lib.npyio.NpzFile.__getitem__

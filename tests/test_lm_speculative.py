@@ -15,10 +15,14 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 
 import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
-from mutor2d.lm import hf, speculative  # noqa: E402
+from mutor2d.lm import drafter, hf  # noqa: E402
 from mutor2d.lm.data import char_tokenizer  # noqa: E402
-from mutor2d.lm.speculative import Decoding, DecodeStats, Registers, Rows, cache_tensors, generate_ids
+from mutor2d.lm.drafter import Registers  # noqa: E402
+from mutor2d.lm.rows import Rows  # noqa: E402
+from mutor2d.lm.speculative import Decoding, generate_ids  # noqa: E402
+from mutor2d.sampling import speculation  # noqa: E402
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
+from mutor2d.sampling.stats import DecodeStats  # noqa: E402
 
 WIDTH = 32
 CHARS = "abcdef"                       # 10 ids: small enough that drafts are kept, varied outputs
@@ -62,6 +66,13 @@ def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 PROMPTS = {1: ["abca"], 3: ["abca", "b", "cabbac"]}
 
 
+def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) (b, heads, L, head_dim) of every layer of a DynamicCache."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
 @pytest.mark.parametrize("lora", ["none", "merged", "unmerged"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
@@ -77,7 +88,8 @@ def test_greedy_is_plain_generate_token_for_token(family, batch, lora):
                       pad_token_id=0)[:, ids.shape[1]:].tolist()
     stats = DecodeStats()
     assert generate_ids(lm, ids, mask, 24, registers=registers(K=2, seed=5), stats=stats) == ref   # no EOS
-    assert stats.summary()["forwards_per_token"] < 1.0 and sum(stats.accepted) > 0    # some drafts were kept
+    summary = stats.summary()
+    assert summary["forwards_per_token"] < 1.0 and sum(summary["accepted"]) > 0      # some drafts were kept
 
 
 @pytest.mark.parametrize("family", ["gemma2", "mistral"])
@@ -149,7 +161,7 @@ def test_kv_cache_after_every_round_is_plain_decodings():
                     torch.testing.assert_close(k[b][:, ok], rk[0], atol=1e-5, rtol=1e-5)
                     torch.testing.assert_close(v[b][:, ok], rv[0], atol=1e-5, rtol=1e-5)
         assert len(cached[0][0][0, 0]) == dec.keys.ok.shape[1]     # registers never stay
-        assert sum(dec.stats.accepted) > 0
+        assert sum(dec.stats.summary()["accepted"]) > 0
 
 
 def test_synced_rows_stay_in_the_batch_and_give_the_same_tokens():
@@ -240,7 +252,7 @@ def test_sampling_follows_plain_sampling_distribution(rules, monkeypatch):
     probs = sequence_probs(lm, prompt, rules, eos=2)
     assert math.isclose(sum(probs.values()), 1.0, rel_tol=1e-5) and len(probs) > 10
     assert chi_square_p(draw_sequences(lm, prompt, rules, 6000, seed=0), probs) > 1e-3
-    monkeypatch.setattr(speculative, "verify", residual_from_p)
+    monkeypatch.setattr(speculation, "verify", residual_from_p)
     assert chi_square_p(draw_sequences(lm, prompt, rules, 6000, seed=0), probs) < 1e-6
 
 
@@ -249,16 +261,16 @@ def test_sampling_follows_plain_sampling_distribution(rules, monkeypatch):
 def test_draft_length_comes_from_the_objective_and_bad_settings_are_one_line(tmp_path):
     from mutor2d.config import make
     mutor = make("objective", name="mutor-1d", d_max=4)
-    assert speculative.draft_offsets(mutor) == (2, 3, 4) and speculative.draft_offsets(mutor, 2) == (2, 3)
+    assert drafter.draft_offsets(mutor) == (2, 3, 4) and drafter.draft_offsets(mutor, 2) == (2, 3)
     with pytest.raises(ConfigError, match="draft=4: this checkpoint's registers draft at most 3 tokens"):
-        speculative.draft_offsets(mutor, 4)
+        drafter.draft_offsets(mutor, 4)
     with pytest.raises(ConfigError, match="no registers to draft with \\(objective ntp\\)"):
-        speculative.draft_offsets(make("objective", name="ntp"))
+        drafter.draft_offsets(make("objective", name="ntp"))
     with pytest.raises(ValueError, match="no register_embedding.safetensors .*decode plain"):
-        speculative.load_registers(tmp_path)
-    with pytest.raises(ValueError, match="decode='fast': expected 'plain' or 'registers'"):
+        drafter.load_registers(tmp_path)
+    with pytest.raises(ValueError, match="decode='fast': expected one of plain, registers, auto"):
         hf.generate(tiny("llama", 8), char_tokenizer("ab"), [[1, 4]], 2, decode="fast")
-    assert speculative.resolve("auto", tmp_path) == "plain"
+    assert drafter.folder_mode("auto", tmp_path) == "plain"
 
 
 def _script():

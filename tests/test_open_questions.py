@@ -172,7 +172,7 @@ def test_offset_weights_on_text():
 
 # ----------------------------------------------------------------------------- register_visibility
 
-from mutor2d.sampling.speculative import useful_draft  # noqa: E402
+from mutor2d.sampling.config import useful_draft  # noqa: E402
 from test_lm import run_layout  # noqa: E402
 
 EARLIER = RegisterSpec("mutor-2d", 1, 3, register_visibility="earlier_registers")

@@ -19,6 +19,7 @@ import torch
 from mutor2d import config
 from mutor2d import checkpoint
 from mutor2d.sampling import images as generation
+from mutor2d.sampling import npz as npz_files
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,10 +104,10 @@ def test_decoding_mode_recipe_trains_samples_scores_and_ranks(imported, tmp_path
                                    "--device", "cpu", "--decode", "greedy-twice", "--temperature", "0",
                                    "--set", "sample.decode.repeats=3"])
     assert "wrote" in capsys.readouterr().out
-    images, labels, meta = generation.read_npz(npz)
+    images, labels, meta = npz_files.read_npz(npz)
     assert images.shape == (20, 8, 8, 3) and np.bincount(labels).tolist() == [2] * 10
     assert (meta["decode"], meta["decode_options"]) == ("greedy-twice", {"repeats": 3})
-    assert meta["decode_stats"]["forwards_per_image"] == 3 * 64                # three greedy runs per image
+    assert meta["decode_stats"]["forwards_per_sequence"] == 3 * 64             # three greedy runs per image
     load_script("eval/fid.py").main([str(npz), "--ref", "digits:train", "--metrics", "fid", "--device", "cpu",
                                      "--cache-dir", str(tmp_path / "cache"), "--quiet"])
     table = load_script("eval/leaderboard.py").main([str(run)])
@@ -150,7 +151,7 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     npz = tmp_path / "text.npz"
     command(["sample.py", "--ckpt", run, "--npz", npz, "--num", 6, "--batch-size", 4, "--device", "cpu",
              "--decode", "registers"], plugins, "text_vectors")
-    images, labels, meta = generation.read_npz(npz)
+    images, labels, meta = npz_files.read_npz(npz)
     with np.load(npz) as f:
         prefixes = f["prefixes"]
     assert images.shape == (6, 8, 8, 3) and labels is None and meta["decode_options"]["draft"] == 2
@@ -159,7 +160,7 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     sample_py = load_script("sample.py")
     sample_py.main(["--ckpt", str(run), "--npz", str(tmp_path / "plain.npz"), "--num", "6", "--batch-size", "4",
                     "--device", "cpu"])
-    assert np.array_equal(generation.read_npz(tmp_path / "plain.npz")[0], images)   # greedy: plain's tokens
+    assert np.array_equal(npz_files.read_npz(tmp_path / "plain.npz")[0], images)   # greedy: plain's tokens
     sample_py.main(["--ckpt", str(run), "--out", str(tmp_path / "grid.png"), "--device", "cpu", "--classes", "2,0"])
     from PIL import Image
     png = Image.open(tmp_path / "grid.png")
@@ -197,6 +198,6 @@ def test_checkpoint_written_before_sample_decode_samples_the_same(tmp_path):
     for name, ck in (("new", checkpoint.latest_valid(run)), ("old", tmp_path / "old.pt")):
         sample_py.main(["--ckpt", str(ck), "--npz", str(tmp_path / f"{name}.npz"), "--num", "10", "--device", "cpu"])
         sample_py.main(["--ckpt", str(ck), "--out", str(tmp_path / f"{name}.png"), "--device", "cpu"])
-    new, old_npz = (generation.read_npz(tmp_path / f"{n}.npz") for n in ("new", "old"))
+    new, old_npz = (npz_files.read_npz(tmp_path / f"{n}.npz") for n in ("new", "old"))
     assert np.array_equal(new[0], old_npz[0]) and np.array_equal(new[1], old_npz[1])
     assert (tmp_path / "new.png").read_bytes() == (tmp_path / "old.png").read_bytes()

@@ -18,7 +18,8 @@ from mutor2d.model.gpt import ModelConfig
 from mutor2d.tokenizer import PixelTokenizer
 from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
-from mutor2d.sampling.images import NpzJob, SampleFileError, balanced_labels, make_sampler, parse_classes, read_npz, sample_batches, save_grid, shard_dir, spread_classes
+from mutor2d.sampling.images import SampleFileError, balanced_labels, make_sampler, parse_classes, sample_batches, save_grid, spread_classes
+from mutor2d.sampling.npz import NpzJob, read_npz, shard_dir
 from mutor2d.sampling import SamplingRules, filter_logits, generate, guide, sample_logits
 
 from test_generation import cli_error

@@ -12,9 +12,13 @@ from mutor2d.config import ConfigError, make
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.registers import RegisterSpec, regular_position_ids
-from mutor2d.sampling import SamplingRules as Rules, generate, speculative
+from mutor2d.sampling import SamplingRules as Rules, generate
 from mutor2d.sampling.plain import decode_plain
-from mutor2d.sampling.speculative import Drafts, decode_jacobi, decode_registers, useful_draft
+from mutor2d.sampling import speculation
+from mutor2d.sampling.speculation import Drafts
+from mutor2d.sampling.speculative import decode_jacobi, decode_registers
+from mutor2d.sampling.config import useful_draft
+from mutor2d.sampling.stats import DecodeStats
 
 SPEC_2D = RegisterSpec("mutor-2d", d_max=4)                          # draft offsets (0, 2), (0, 3)
 
@@ -111,11 +115,11 @@ def run_case(case, seed=0):
     m = tiny(V=V, prefix=kind, rope="1d" if grid[0] == 1 else "2d", small=True, layers=1 + bidirectional,
              prompt_attention="bidirectional" if bidirectional else "causal")
     prefix = torch.tensor([2, 0]) if kind == "prompt" else torch.tensor(1)
-    stats = {}
+    stats = DecodeStats()
     with torch.no_grad():
         out = decoder(m, prefix.expand(S, *prefix.shape), grid, rules, torch.Generator().manual_seed(seed),
                       stats, **option)
-    return out, exact_distribution(m, prefix, grid, rules), stats
+    return out, exact_distribution(m, prefix, grid, rules), stats.summary()
 
 
 @pytest.mark.parametrize("case", EXACT_CASES, ids=[c[0] for c in EXACT_CASES])
@@ -124,7 +128,7 @@ def test_speculative_samples_follow_the_plain_distribution(case):
     assert chi_square_p(out, exact) > 1e-3
     rate = stats["acceptance_by_distance"][0]
     assert 0.05 < rate < 0.98, stats             # both verification paths are exercised
-    assert stats["forwards_per_image"] < case[3][0] * case[3][1]
+    assert stats["forwards_per_sequence"] < case[3][0] * case[3][1]
 
 
 def test_a_bidirectional_prompt_changes_the_distribution():
@@ -137,8 +141,8 @@ def test_a_bidirectional_prompt_changes_the_distribution():
 
 def test_a_wrong_acceptance_rule_fails_the_exactness_test(monkeypatch):
     """Accepting every draft the target allows (q ignored) biases samples toward the drafter."""
-    right = speculative.verify
-    monkeypatch.setattr(speculative, "verify", lambda p, d, g: right(
+    right = speculation.verify
+    monkeypatch.setattr(speculation, "verify", lambda p, d, g: right(
         p, Drafts(d.tokens, torch.zeros_like(d.probs), d.valid), g))
     for case in EXACT_CASES[:2]:
         out, exact, _ = run_case(case)
@@ -160,10 +164,11 @@ def test_greedy_equals_plain_greedy(case, mode, option):
     _, kw, prefix, grid, cfg_scale, objective = case
     m = tiny(V=17, C=10, std=0.3, **kw)
     plain = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale)
-    stats = {}
-    fast = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale, decode=mode, stats=stats,
+    counts = DecodeStats()
+    fast = generate(m, prefix, grid, temperature=0.0, cfg_scale=cfg_scale, decode=mode, stats=counts,
                     objective=objective, **option)
     assert torch.equal(fast, plain)
+    stats = counts.summary()
     assert stats["forwards"] >= 2 and stats["tokens_per_forward"] >= 1.0
 
 
@@ -190,7 +195,7 @@ def test_kv_cache_after_speculative_equals_plain(decoder, option):
     (dict(decode="jacobi", window=-1), "^sample.decode.window: expected an integer >= 1, got -1$"),
     (dict(decode="jacobi", window=True), "^sample.decode.window: expected an integer, got True$"),
     (dict(decode="jacobi", window=4), r"^sample.decode.window=4: a 2x2 grid has 4 tokens, so a window guesses at most 3"),
-    (dict(decode="bogus"), r"^sample.decode.name: expected one of \['plain', 'registers', 'jacobi'\], got 'bogus'$"),
+    (dict(decode="bogus"), r"^sample.decode.name: expected one of \['plain', 'registers', 'jacobi', 'auto'\], got 'bogus'$"),
     (dict(decode="registers", anchors="first"), r"^sample.decode.anchors: expected one of \['every', 'last'\]"),
     (dict(decode="registers", draft=3), r"^sample.decode.draft=3: this checkpoint's registers draft at most 2 tokens "
                                         r"\(objective mutor-2d, d_max=4\)$"),
@@ -233,10 +238,11 @@ def test_fill_uses_jacobi_guesses_where_registers_leave_the_row():
     guesses take those slots, so fewer forwards are needed; without it, every kept draft is a
     register draft."""
     m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
-    filled, bare = {}, {}
+    filled, bare = DecodeStats(), DecodeStats()
     generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, stats=filled, objective=OBJ_2D)
     generate(m, labels, grid, temperature=0.0, decode="registers", draft=3, fill=False, stats=bare, objective=OBJ_2D)
-    assert filled["forwards_per_image"] < bare["forwards_per_image"]
+    filled, bare = filled.summary(), bare.summary()
+    assert filled["forwards_per_sequence"] < bare["forwards_per_sequence"]
     assert bare["register_proposed"] == bare["proposed"]
     assert sum(filled["register_proposed"]) < sum(filled["proposed"])
 

@@ -269,8 +269,8 @@ def _decode_text(rec: dict) -> str:
     s = rec.get("sampling") or {}
     mode, opts, st = s.get("decode", "plain"), s.get("decode_options") or {}, s.get("decode_stats") or {}
     text = mode + "".join(f" {k}={v}" for k, v in opts.items())
-    if st.get("forwards_per_image"):
-        text += f": {st['forwards_per_image']:.1f} fwd/img, {st.get('tokens_per_s', 0):.0f} tok/s"
+    if st.get("forwards_per_sequence"):
+        text += f": {st['forwards_per_sequence']:.1f} fwd/img, {st.get('tokens_per_s', 0):.0f} tok/s"
     return text
 
 

@@ -35,6 +35,7 @@ from .. import config as config_lib
 from .. import provenance
 from ..io import warn
 from ..sampling import images as generation
+from ..sampling import npz as npz_files
 from ..preempt import PREEMPTED_EXIT, Preempted
 from ..plugins import load_plugins
 from . import records
@@ -112,10 +113,10 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
         npz = run_dir / "samples" / f"{name}.npz"
         sample_cfg = config_lib.make("sample", cfg_scale=s)                   # plain decoding, temperature 1, no top-k/p
         settings = generation.sampling_settings(sample_cfg)
-        meta = generation.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
-                                      settings=settings, seed=seed, classes=classes, num=num,
-                                      batch_size=batch_size, ema=src.ema, grid=src.grid)
-        generation.NpzJob(npz, labels, batch_size, seed, meta).complete(
+        meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
+                                     settings=settings, seed=seed, classes=classes, num=num,
+                                     batch_size=batch_size, ema=src.ema, grid=src.grid)
+        npz_files.NpzJob(npz, labels, batch_size, seed, meta).complete(
             generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg))
         samples = open_images(npz)
         res = score(samples, ref, features, weights, cache)

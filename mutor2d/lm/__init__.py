@@ -6,7 +6,9 @@ star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pur
 packing (a batch in the canonical frame the objectives read, and its physical sequence), model
 (MutorLM: the transformers model, register embedding and extra heads; FramedLM: the objectives'
 model interface on one batch; no loss code), hf (load / LoRA / save / generate), speculative (exact
-register-drafted decoding with a run's register embedding), extrapolation (NLL per answer
+register-drafted decoding on the speculative rule the image decoder shares, mutor2d.sampling.speculation),
+drafter (a run's register embedding and draft offsets; what ``--decode`` means for a run), rows (when a
+decoded row ends: EOS, stop strings, the length limit), extrapolation (NLL per answer
 position of a run on longer held-out answers, its trained limits marked), run (the engine's parts for LM runs: the
 same loop, resume, stop signals and guards as image runs).
 Importing this package needs only yaml (its config, with every section's config module, loads on

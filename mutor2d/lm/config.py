@@ -31,6 +31,7 @@ from ..checks import ConfigError, at_least, at_most, check_workers, fail
 from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
 from ..engine.config import OptimConfig, TrainConfig
 from ..objectives.config import ObjectiveConfig
+from ..sampling.config import decode_modes
 
 TASK = "lm"                                   # a YAML whose top-level ``task`` is this is an LM run
 DEFAULT_OBJECTIVE = "mutor-1d"
@@ -92,8 +93,8 @@ class LMEvalConfig:
     greedily, ``batch_size`` prompts per generate call, stopping at EOS, a ``stop`` string or after
     ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file; path: the whole answer
     word for word, e.g. a star-graph path). Runs every ``train.eval_every`` steps and after the last
-    step when ``path`` is set ("" = off). ``decode``: plain, registers (the same outputs, register-drafted;
-    mutor2d.lm.speculative) or auto (registers when the objective drafts)."""
+    step when ``path`` is set ("" = off). ``decode``: a text mode of ``sampling.decode_modes``: plain,
+    registers (the same outputs, register-drafted; mutor2d.lm.speculative) or auto (``AutoDecode``)."""
     path: str = ""
     name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
     kind: Literal["", "gsm8k", "math", "path"] = ""
@@ -101,9 +102,11 @@ class LMEvalConfig:
     max_new_tokens: int = 256
     batch_size: int = 16
     stop: list[str] = field(default_factory=lambda: ["\nQuestion:", "\nProblem:"])
-    decode: Literal["plain", "registers", "auto"] = "plain"
+    decode: str = "plain"
 
     def check(self) -> None:
+        if self.decode not in decode_modes("text"):
+            fail("eval.decode", f"one of {decode_modes('text')}", self.decode)
         at_least("eval.limit", self.limit, 0)
         at_least("eval.max_new_tokens", self.max_new_tokens, 1)
         at_least("eval.batch_size", self.batch_size, 1)

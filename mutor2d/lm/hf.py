@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import io
 from ..model.attention import NEVER, Visibility
+from ..sampling.config import decode_modes
 from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
@@ -242,7 +243,7 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
     name) with the adapters; ``merge=True`` folds them into the base weights (peft
     ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
     returns the peft ``PeftModel``. The register embedding is not part of it
-    (``speculative.load_registers(folder)`` reads it for register decoding). A model trained
+    (``drafter.load_registers(folder)`` reads it for register decoding). A model trained
     with ``prompt_attention: bidirectional`` comes back with its ``generate`` prefilling the prompt
     that way (:func:`with_prompt_attention`); plain transformers loading cannot know it. The weight
     files are checked against the checksums ``save`` recorded (:func:`verify_checksums`)."""
@@ -325,19 +326,23 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     are done, as a sharded (FSDP2) forward needs. ``prompt_attention``: the run's rule (None: the
     one :func:`load_for_inference` gave ``lm``, else causal); bidirectional prefills with
     :func:`prefill_prompts`. ``decode="registers"``: the same tokens, register-drafted
-    (mutor2d.lm.speculative; ``registers``: a run folder or its ``Registers``); ``stats``: a
-    ``speculative.DecodeStats`` that receives the counts. -> the decoded new text of each prompt
+    (mutor2d.lm.speculative; ``registers``: a run folder or its ``drafter.Registers``); ``"auto"``:
+    registers where ``registers`` drafts (a folder that can, or a Registers), else plain; ``stats``: a
+    ``DecodeStats`` that receives the counts. -> the decoded new text of each prompt
     (special tokens skipped)."""
-    from . import speculative                 # it imports this module
-    if decode not in ("plain", "registers"):
-        raise ValueError(f"decode={decode!r}: expected 'plain' or 'registers'")
+    from . import drafter, speculative        # they import this module
+    if decode not in decode_modes("text"):
+        raise ValueError(f"decode={decode!r}: expected one of {', '.join(decode_modes('text'))}")
+    if decode == "auto":
+        decode = drafter.folder_mode(decode, registers) if isinstance(registers, (str, Path)) else \
+            "plain" if registers is None else "registers"
     batch = tokenizer.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     device = next(lm.parameters()).device
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
     eos = speculative.eos_ids(lm)
     if decode == "registers":
-        regs = registers if isinstance(registers, speculative.Registers) else speculative.load_registers(registers)
+        regs = registers if isinstance(registers, drafter.Registers) else drafter.load_registers(registers)
         new = speculative.generate_ids(lm, batch["input_ids"], batch["attention_mask"], max_new_tokens,
                                        registers=regs, eos=eos, stop=stop, tokenizer=tokenizer, stats=stats,
                                        synced=synced, raw_stop=maps_stop_strings(tokenizer, stop),
@@ -356,6 +361,14 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
         out = run()                            # character-level ones): the cut below gives the same text
     new = out[:, batch["input_ids"].shape[1]:]
     if stats is not None:
-        stats.add_plain(new, [*eos, tokenizer.pad_token_id], time.perf_counter() - t0)
+        tokens = int(_lengths(new, [*eos, tokenizer.pad_token_id]).sum())
+        stats.add_plain(len(new), tokens, new.shape[1], tokens)     # one token per forward per row
+        stats.seconds += time.perf_counter() - t0
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
     return [cut_at_stop(t, list(stop)) for t in texts]
+
+
+def _lengths(new: torch.Tensor, ends) -> torch.Tensor:
+    """New tokens (B, T) -> each row's length (B,): up to its first id in ``ends`` (counted), else T."""
+    hit = torch.isin(new, torch.tensor(list(ends), dtype=new.dtype, device=new.device))
+    return torch.where(hit.any(1), hit.long().argmax(1) + 1, torch.full_like(hit[:, 0], new.shape[1], dtype=torch.long))

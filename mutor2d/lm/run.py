@@ -32,7 +32,8 @@ from .data import eval_prompts, load_located, tokenize
 from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
 from .model import MutorLM, frame_batch, position_limit
 from .packing import LMBatch, collate
-from .speculative import DecodeStats, record_fields, run_decoding
+from ..sampling.stats import DecodeStats
+from .drafter import model_decoding, record_fields
 
 
 class Examples(Dataset):
@@ -128,7 +129,7 @@ class LMRun:
     def hooks(self, run, log) -> list:
         online = [OnlineAccuracy(self.eval_items, self.eval_kind, self.tokenizer, log)] if self.eval_items else []
         if online and run.cfg.eval.decode == "registers":
-            run_decoding("registers", run.model, run.cfg.objective)      # one-line error before training
+            model_decoding("registers", run.model, run.cfg.objective)      # one-line error before training
         return [self.snapshot, *online]
 
     def snapshot(self, run, status) -> None:
@@ -220,7 +221,7 @@ class OnlineAccuracy:
             return int(acc.gather(torch.tensor([batches], device=run.device)).max())
 
         with preserved_rng(run.device), generating(run, sharded):
-            self.decoding, self.stats = run_decoding(e.decode, run.model, run.cfg.objective), DecodeStats()
+            self.decoding, self.stats = model_decoding(e.decode, run.model, run.cfg.objective), DecodeStats()
             accuracy.predict(self.items, answer, out, self.kind, acc.process_index, acc.num_processes, e.batch_size,
                              agree if sharded else None)
         acc.wait_for_everyone()

@@ -3,29 +3,35 @@
 ``generate`` fills a grid token by token in raster order from a prefix (class labels, a prompt, or
 whatever the model's conditioning kind takes). The per-token rules (CFG, temperature, top-k, top-p)
 are ``SamplingRules`` (``rules``); how tokens are proposed and checked is a decoding mode, a variant
-of the ``sample.decode`` config section (``DecodeConfig``, registered beside its code):
+of the ``sample.decode`` config section (``DecodeConfig``, ``config``: settings only), whose image
+decoder ``decoding.DECODERS`` names:
 
 * ``plain``: one token per forward pass (``plain.py``);
 * ``registers``: speculative decoding with MuToR registers as drafters (``draft=K``; the offsets,
   edge rule and default K come from the checkpoint's objective);
-* ``jacobi``: speculative Jacobi decoding, training-free (``window=K``).
-The speculative modes (``speculative.py``) are exact: their samples follow the distribution of
-plain sampling under the same settings, and greedy decoding gives plain greedy's tokens.
-A new mode is one dataclass registered with ``@register_variant("sample.decode", NAME)``
-(docs/METHOD.md, "A decoding mode"). The settings (``config``: the ``sample`` section and the modes)
-import no torch; the names below are imported on first use (``decoding``: generate and its parts).
+* ``jacobi``: speculative Jacobi decoding, training-free (``window=K``);
+* ``auto``: the fastest exact mode for the batch and device (``AutoDecode`` states it for images
+  and text).
+The speculative modes (``speculative.py``, on the rule of ``speculation.py`` that the language-model
+decoder shares) are exact: their samples follow the distribution of plain sampling under the same
+settings, and greedy decoding gives plain greedy's tokens. Every decoder counts into a
+``DecodeStats`` (``stats``). ``decode_modes(wing)`` lists the modes of the image or text decoder: the
+one registry of ``--decode``. A new mode is one dataclass registered with
+``@register_variant("sample.decode", NAME)`` and its decoder with ``@register_decoder(NAME)``
+(docs/METHOD.md, "A decoding mode"). The settings import no torch; the names below are imported on
+first use (``decoding``: generate and its parts).
 """
 from __future__ import annotations
 
 import importlib
 
-from .config import DecodeConfig, JacobiDecode, PlainDecode, RegisterDecode
+from .config import AutoDecode, DecodeConfig, JacobiDecode, PlainDecode, RegisterDecode, decode_modes
 
-EXPORTS = {**dict.fromkeys(["CPU_DECODE_INDUCTOR", "compile_decoder", "decode_modes", "decoding_mode", "generate",
-                            "run_decoder", "unwrap_model"], "decoding"),
+EXPORTS = {**dict.fromkeys(["CPU_DECODE_INDUCTOR", "compile_decoder", "decoding_mode", "generate",
+                            "register_decoder", "run_decoder", "unwrap_model"], "decoding"),
            **dict.fromkeys(["SamplingRules", "draw", "filter_logits", "guide", "sample_logits"], "rules"),
-           "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
-__all__ = ["DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode", *EXPORTS]
+           "DecodeStats": "stats", "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
+__all__ = ["AutoDecode", "DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode", "decode_modes", *EXPORTS]
 
 
 def __getattr__(name: str):

@@ -1,23 +1,22 @@
 """The ``sample`` section (SampleConfig: the per-token rules' settings, grid classes, seed) and its
-tagged sub-section ``sample.decode``, whose variants are the decoding modes (plain, registers, jacobi;
-DecodeConfig subclasses). No torch here (a config is checked before torch is imported): a mode's
-``run`` imports its decoder (plain, speculative)."""
+tagged sub-section ``sample.decode``, whose variants are the decoding modes (plain, registers, jacobi,
+auto; DecodeConfig subclasses): the one registry of ``--decode`` for images and text
+(``decode_modes``). Settings only: no torch and no decoder here (a config is checked before torch
+is imported); the image decoders are looked up by mode name in ``decoding.DECODERS``, the text
+wing's in ``mutor2d.lm.drafter``."""
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from ..checks import ConfigError, at_least, at_most, check_seed, fail
-from ..config import Variant, make, register_section, register_variant
+from ..config import VARIANTS, Variant, make, register_section, register_variant
 from ..sample_values import PER_CLASS_LIMIT
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from .rules import SamplingRules
+WINGS = ("image", "text")        # the decoders: images (mutor2d.sampling), language models (mutor2d.lm)
 
 
 def check_sampling(cfg_scale: float, temperature: float, top_k: int, top_p: float,
@@ -48,9 +47,12 @@ def setting(key: str, value) -> str:
 
 
 class DecodeConfig(Variant):
-    """A decoding mode, the ``sample.decode`` section: its fields, rules and decoder. Adding one: a
-    dataclass subclass registered with ``@register_variant("sample.decode", NAME)`` beside its code,
-    implementing ``run``; ``sample.py --decode NAME`` and ``--set sample.decode.name=NAME`` pick it."""
+    """A decoding mode, the ``sample.decode`` section: its fields and rules; ``wings`` the decoders
+    that run it (``WINGS``). Adding one: a dataclass subclass registered with
+    ``@register_variant("sample.decode", NAME)`` and its image decoder with
+    ``decoding.register_decoder(NAME)``; ``sample.py --decode NAME`` and ``--set
+    sample.decode.name=NAME`` pick it."""
+    wings: ClassVar[tuple[str, ...]] = ("image",)
 
     def key(self, field_name: str, names: dict[str, str] | None = None) -> str:
         """The name of a field in messages: ``names[field]`` (a flag) if given, else its config key."""
@@ -65,11 +67,12 @@ class DecodeConfig(Variant):
         that depend on them filled in; ConfigError (one line) where they cannot work there."""
         return self
 
-    def run(self, model, prefix: Tensor, grid: tuple[int, int], rules: "SamplingRules", generator,
-            stats: dict | None, objective) -> Tensor:
-        """Bodies (B, H*W) in raster order for ``prefix``; every token must follow the distribution
-        ``rules.probs`` gives for the tokens before it. ``stats``, if a dict, receives the counts."""
-        raise NotImplementedError
+
+def decode_modes(wing: str = "image") -> list[str]:
+    """The registered decoding modes (``sample.decode`` variants, plugins included) that the ``wing``
+    decoder runs (one of ``WINGS``), in registration order: the choices of its ``--decode``."""
+    make("sample.decode")                               # imports the parts and plugins once
+    return [name for name, cls in VARIANTS["sample.decode"].items() if wing in cls.wings]
 
 
 @register_section("sample")
@@ -111,10 +114,7 @@ class SampleConfig:
 @dataclass
 class PlainDecode(DecodeConfig):
     """One token per forward pass; no field."""
-
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        from .plain import decode_plain
-        return decode_plain(model, prefix, grid, rules, generator, stats)
+    wings: ClassVar[tuple[str, ...]] = WINGS
 
 
 @register_variant("sample.decode", "registers")
@@ -122,7 +122,8 @@ class PlainDecode(DecodeConfig):
 class RegisterDecode(DecodeConfig):
     """Register drafts: ``draft`` K tokens per round (null = the checkpoint's useful draft length),
     registers after ``anchors`` every regular input of a round or the last one only; ``fill``:
-    Jacobi guesses where no register drafts."""
+    Jacobi guesses where no register drafts. Text: ``draft`` only (flag ``--draft``)."""
+    wings: ClassVar[tuple[str, ...]] = WINGS
     draft: Optional[int] = None
     anchors: Literal["every", "last"] = "every"
     fill: bool = True
@@ -135,11 +136,6 @@ class RegisterDecode(DecodeConfig):
     def fit(self, objective, grid, names=None):
         draft = useful_draft(objective, self.draft, self.key("draft", names), self.key("name", names))
         return dataclasses.replace(self, draft=draft)
-
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        from .speculative import decode_registers
-        return decode_registers(model, prefix, grid, rules, generator, stats, spec=objective.register_spec(),
-                                draft=self.draft, anchors=self.anchors, fill=self.fill)
 
 
 @register_variant("sample.decode", "jacobi")
@@ -159,9 +155,16 @@ class JacobiDecode(DecodeConfig):
                               f"has {N} tokens, so a window guesses at most {N - 1} (the first comes from the prefix)")
         return self
 
-    def run(self, model, prefix, grid, rules, generator, stats, objective):
-        from .speculative import decode_jacobi
-        return decode_jacobi(model, prefix, grid, rules, generator, stats, window=self.window)
+
+@register_variant("sample.decode", "auto")
+@dataclass
+class AutoDecode(DecodeConfig):
+    """The fastest exact mode this checkpoint can run here, chosen when decoding starts; no field.
+    Images: the fastest of plain, registers and jacobi (their default draft and window) at the batch
+    size and device type, from the measured crossover (``sampling.auto.auto_decode``; registers only
+    where the checkpoint's registers draft, ``can_draft``). Text: registers where the checkpoint's
+    registers draft (``can_draft``), else plain (the language-model decoder runs no jacobi)."""
+    wings: ClassVar[tuple[str, ...]] = WINGS
 
 
 def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",

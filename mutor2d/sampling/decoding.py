@@ -1,23 +1,52 @@
 """Generation with a KV cache, from a model and a decoding mode: ``generate`` (its checks, then
-``run_decoder``), ``decoding_mode``, ``compile_decoder`` (torch.compile of a decode step); the modes
-and rules: mutor2d.sampling."""
+``run_decoder``), ``decoding_mode``, the image decoder of each mode (``DECODERS``),
+``compile_decoder`` (torch.compile of a decode step); the modes and rules: mutor2d.sampling."""
 from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from ..config import VARIANTS, make
-from .config import DecodeConfig
-from .rules import SamplingRules, check_sampling
+from ..config import make
+from .auto import auto_decode, can_draft
+from .config import DecodeConfig, check_sampling
+from .plain import Progress, decode_plain
+from .rules import SamplingRules
+from .speculative import decode_jacobi, decode_registers
+from .stats import DecodeStats
+
+# mode name -> its image decoder: (model, prefix, grid, rules, generator, stats, mode, objective, progress)
+# -> bodies (B, H*W) in raster order, every token following the distribution ``rules.probs`` gives for the
+# tokens before it; ``stats`` (a DecodeStats or None) receives the counts, ``progress`` (None or a
+# ``plain.Progress``) sees the tokens as they are emitted.
+DECODERS: dict[str, Callable] = {
+    "plain": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
+        decode_plain(model, prefix, grid, rules, gen, stats, progress),
+    "registers": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
+        decode_registers(model, prefix, grid, rules, gen, stats, spec=objective.register_spec(), draft=mode.draft,
+                         anchors=mode.anchors, fill=mode.fill, progress=progress),
+    "jacobi": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
+        decode_jacobi(model, prefix, grid, rules, gen, stats, window=mode.window, progress=progress),
+}
 
 
-def decode_modes() -> list[str]:
-    """The registered decoding modes (``sample.decode`` variants), plugins included."""
-    make("sample.decode")                               # imports the parts and plugins once
-    return sorted(VARIANTS["sample.decode"])
+def register_decoder(name: str):
+    """Decorator: the image decoder of the mode ``name`` (signature: ``DECODERS``)."""
+    def add(fn: Callable) -> Callable:
+        DECODERS[name] = fn
+        return fn
+    return add
+
+
+@register_decoder("auto")
+def decode_auto(model, prefix, grid, rules, generator, stats, mode, objective, progress) -> Tensor:
+    """``AutoDecode`` for images: the measured fastest mode for this batch and device, fitted, run."""
+    name = auto_decode(len(prefix), model.output.weight.device, can_draft(objective))
+    chosen = make("sample.decode", name=name).fit(objective, grid)
+    return DECODERS[name](model, prefix, grid, rules, generator, stats, chosen, objective, progress)
 
 
 def unwrap_model(model):
@@ -43,7 +72,7 @@ def decoding_mode(decode: str | DecodeConfig, objective, grid: tuple[int, int], 
 def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None, decode: str | DecodeConfig = "plain",
-             objective=None, stats: dict | None = None, **options) -> Tensor:
+             objective=None, stats: DecodeStats | None = None, **options) -> Tensor:
     """Sample bodies for ``prefix`` -> LongTensor (B, H*W) in raster order.
 
     prefix: what the model's conditioning kind takes (class labels (B,), ``num_classes`` = the null
@@ -51,7 +80,7 @@ def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float =
     a null prefix only). temperature 0 = greedy. ``decode``: a mode's name with its fields as
     ``options`` (``draft=2`` for registers, ``window=4`` for jacobi), or a DecodeConfig.
     ``objective``: the checkpoint's objective config section (register drafts take their offsets,
-    edge rule and default length from it). ``stats``, if a dict, receives the run's counts
+    edge rule and default length from it). ``stats``, a DecodeStats, receives the run's counts
     (forward passes, tokens per forward, acceptance by draft distance)."""
     check_sampling(cfg_scale, temperature, top_k, top_p, where="")
     H, W = grid
@@ -64,10 +93,12 @@ def generate(model, prefix: Tensor, grid: tuple[int, int], *, cfg_scale: float =
 
 @torch.no_grad()
 def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, mode: DecodeConfig,
-                objective=None, generator: torch.Generator | None = None, stats: dict | None = None) -> Tensor:
+                objective=None, generator: torch.Generator | None = None,
+                stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
     """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
     a caller sampling many batches checks its settings once. The prefix is checked by the model's
-    conditioning kind; the model runs in eval mode (its training flag is restored after)."""
+    conditioning kind; the model runs in eval mode (its training flag is restored after). ``progress``
+    (``plain.Progress``) sees the tokens as they are emitted."""
     model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
     if rules.guided and not model.conditioning.guidable:
@@ -76,7 +107,7 @@ def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
     was_training = model.training
     model.eval()
     try:
-        return mode.run(model, prefix, grid, rules, generator, stats, objective)
+        return DECODERS[mode.name](model, prefix, grid, rules, generator, stats, mode, objective, progress)
     finally:
         model.clear_cache()
         model.train(was_training)

@@ -5,22 +5,14 @@ Every caller (sample.py, training sample grids, online evaluation, the digits st
 labels, ...) are cut into batches of ``batch_size`` consecutive prefixes (choice-major order: the
 kind's ``balanced``) and batch k is one decoding run seeded with ``shard_seed(seed, k)``. So a grid
 written during training equals ``sample.py`` on that checkpoint with the same settings, seed and
-batch size. The kind also names the grid's rows (``row_label``) and stores the prefixes in npz files.
-
-npz sample files (what the evaluator reads): ``images`` uint8 (N, H, W, 3), the prefixes as the kind
-stores them (class labels: ``labels`` int64 (N,); ``npz_arrays``), ``meta`` a 0-d string array
-holding JSON (``sample_meta``). ``NpzJob`` writes them as shards of
-``batch_size`` samples, seeded like the batches above, so the file is the same for any number of
-processes (it does depend on batch_size, which meta records). Finished shards wait in
-``OUT_shards/`` beside the npz and are skipped on rerun; the npz is assembled from them at the end
-and the folder removed.
+batch size. The kind also names the grid's rows (``row_label``) and stores the prefixes in npz files
+(``npz``: sample files written in shards by the same batches).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +26,9 @@ from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
 from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from .decoding import decoding_mode, run_decoder, unwrap_model
+from .plain import Progress
 from .rules import SamplingRules
+from .stats import DecodeStats
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -127,50 +121,30 @@ def tokenizer_to(tokenizer, device: torch.device):
 
 
 def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objective=None,
-                 device: torch.device | str | None = None) -> Sampler:
+                 device: torch.device | str | None = None, progress: Progress | None = None) -> Sampler:
     """(prefixes (n, ...), seed) -> uint8 images (n, h, w, 3): generate codes (B, H*W) on ``device``
     (default: the model's) with the settings and decoding mode (``sample_cfg.decode``, fitted to
     ``objective``, the checkpoint's objective section) of ``sample_cfg``, a checked ``sample``
-    section; decode them with ``tokenizer`` on the tokenizer's device. The sampler's ``last`` holds
-    the latest call's decoding counts (sampling.generate's ``stats``) and seconds."""
+    section; decode them with ``tokenizer`` on the tokenizer's device; ``progress`` sees the codes as
+    they are emitted. The sampler's ``last`` holds the latest call's decoding counts and seconds (a
+    DecodeStats)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rules = SamplingRules.of(**sampling_settings(sample_cfg))
     mode = decoding_mode(sample_cfg.decode, objective, grid)
 
     def sample(prefixes: Tensor, seed: int) -> np.ndarray:
         gen = torch.Generator(device).manual_seed(seed)
-        stats, start = {}, time.perf_counter()
-        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats)
-        sample.last = {**stats, "images": len(prefixes), "seconds": time.perf_counter() - start}
+        stats, start = DecodeStats(), time.perf_counter()
+        tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats, progress=progress)
+        stats.seconds = time.perf_counter() - start
+        sample.last = stats
         tokens = tokens.view(-1, *grid)
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(tokenizer_device(tokenizer) or tokens.device))
         return to_uint8(images)
 
-    sample.last = {}
+    sample.last = DecodeStats()
     return sample
-
-
-def decode_summary(parts: list[dict], tokens_per_image: int) -> dict:
-    """Decoding counts of several sampler calls (``sampler.last``) summed into one summary: forward
-    passes per image, tokens per forward, accepted draft tokens per forward, acceptance by draft
-    distance, tokens/s of generation (tokenizer decoding not counted)."""
-    parts = [p for p in parts if p.get("images")]
-    if not parts:
-        return {}
-    images = sum(p["images"] for p in parts)
-    row_forwards = sum(p["forwards_per_image"] * p["images"] for p in parts)
-    out = {"forwards_per_image": row_forwards / images, "tokens_per_forward": tokens_per_image * images / row_forwards,
-           "tokens_per_s": tokens_per_image * images / max(sum(p["seconds"] for p in parts), 1e-9)}
-    if all("proposed" in p for p in parts):
-        accepted = np.sum([p["accepted"] for p in parts], axis=0)
-        out["accepted_per_forward"] = float(accepted.sum()) / max(row_forwards - images, 1)
-        for kind in ("", "register_"):                      # all drafts; those a register made
-            if all(f"{kind}proposed" in p for p in parts):
-                prop = np.sum([p[f"{kind}proposed"] for p in parts], axis=0)
-                acc = np.sum([p[f"{kind}accepted"] for p in parts], axis=0)
-                out[f"{kind}acceptance_by_distance"] = [float(a / n) if n else None for a, n in zip(acc, prop)]
-    return out
 
 
 def sample_batches(sampler: Sampler, prefixes: Tensor, batch_size: int, seed: int,
@@ -314,143 +288,3 @@ def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str
         raise SampleFileError(f"tokenizer of {path}: {e}") from None
     known = tuple(int(v) for v in (meta.get("grid") or tokenizer.grid))
     return Loaded(model, cfg, step, tokenizer, pick_grid(grid, known), bool(use_ema and meta.get("has_ema")))
-
-
-# ----------------------------------------------------------------------------- npz files
-
-def sample_meta(*, checkpoint: str, step: int, config: dict, settings: dict, seed: int, classes: list[int],
-                num: int, batch_size: int, ema: bool, grid, decode: str = "plain",
-                decode_options: dict | None = None) -> dict:
-    """The ``meta`` of a sample file: where the samples come from and every setting that made them
-    (the assembled file adds ``decode_stats``, measured while sampling)."""
-    return dict(checkpoint=str(checkpoint), step=step, config=config, **{k: settings[k] for k in SETTINGS},
-                seed=seed, per_class=num // len(classes), num=num, classes=list(classes), batch_size=batch_size,
-                ema=ema, grid=list(grid), decode=decode, decode_options=dict(decode_options or {}))
-
-
-def _write_npz_atomic(path: Path, **arrays) -> None:
-    write_atomic(path, lambda f: np.savez(f, **arrays))
-
-
-def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    """(images uint8 (N, H, W, 3), labels int64 (N,) or None for prefixes that are not class labels,
-    meta dict) of a sample file."""
-    with np.load(path, allow_pickle=False) as f:
-        return f["images"], f["labels"] if "labels" in f.files else None, json.loads(str(f["meta"]))
-
-
-def read_npz_meta(path: str | os.PathLike) -> dict:
-    """The meta dict of a sample file (or shard) alone: an npz is read per entry, so the images
-    (~10 GB for 50K 256 px samples) stay on disk."""
-    with np.load(path, allow_pickle=False) as f:
-        return json.loads(str(f["meta"]))
-
-
-def shard_dir(npz_path: str | os.PathLike) -> Path:
-    """``out.npz`` -> ``out_shards/`` beside it."""
-    p = Path(npz_path)
-    return p.with_name(p.stem + "_shards")
-
-
-def _canon(meta: dict) -> str:
-    return json.dumps(meta, sort_keys=True)
-
-
-def _meta_mismatch(found: dict, meta: dict) -> list[str]:
-    keys = sorted(set(found) | set(meta))
-    return [k for k in keys if _canon({"v": found.get(k)}) != _canon({"v": meta.get(k)})]
-class NpzJob:
-    """N balanced samples of ``prefixes`` (the model's conditioning ``kind``; default class labels)
-    written as shards of ``batch_size`` (see module docstring)."""
-
-    def __init__(self, out: str | os.PathLike, prefixes: Tensor, batch_size: int, seed: int, meta: dict,
-                 kind: Conditioning | None = None):
-        if batch_size < 1:
-            raise SampleFileError(f"--batch-size {batch_size}: expected >= 1")
-        self.out, self.prefixes, self.batch_size, self.seed = Path(out), prefixes, batch_size, seed
-        self.kind = kind or conditioning("class")
-        self.meta = json.loads(_canon(meta))   # plain JSON types, as read back from a file
-        self.dir = shard_dir(self.out)
-
-    @property
-    def num_shards(self) -> int:
-        return -(-len(self.prefixes) // self.batch_size)
-
-    def shard_path(self, k: int) -> Path:
-        return self.dir / f"shard_{k:06d}.npz"
-
-    def is_complete(self) -> bool:
-        """True if ``out`` already holds this very job (same meta; only the meta entry is read)."""
-        if not self.out.is_file():
-            return False
-        try:
-            found = read_npz_meta(self.out)
-        except Exception:
-            return False
-        found.pop("decode_stats", None)             # measured while sampling: not a setting
-        return _canon(found) == _canon(self.meta)
-
-    def _shard_done(self, k: int) -> bool:
-        path = self.shard_path(k)
-        if not path.is_file():
-            return False
-        try:
-            found = read_npz_meta(path)
-        except Exception:       # truncated or foreign: make it again
-            return False
-        bad = _meta_mismatch(found, self.meta)
-        if bad:
-            raise SampleFileError(f"{self.dir} holds shards made with other settings (differs in: "
-                                  f"{', '.join(bad)}); delete it or write to another --npz")
-        return True
-
-    def missing(self) -> list[int]:
-        """Shards not yet made (raises if the folder holds shards of other settings)."""
-        return [k for k in range(self.num_shards) if not self._shard_done(k)]
-
-    def make_shard(self, sampler: Sampler, k: int) -> None:
-        prefixes = self.kind.batch(self.prefixes, k * self.batch_size, (k + 1) * self.batch_size)
-        images = sampler(prefixes, shard_seed(self.seed, k))
-        _write_npz_atomic(self.shard_path(k), images=images, **self.kind.npz_arrays(prefixes),
-                          meta=np.array(_canon(self.meta)), stats=np.array(json.dumps(getattr(sampler, "last", {}))))
-
-    def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
-        """Make the given shards. Processes split ``missing()`` (taken by all of them before any
-        starts) as ``missing[rank::world]``."""
-        from tqdm import tqdm
-        for k in tqdm(shards, desc="shards", disable=not progress, dynamic_ncols=True):
-            self.make_shard(sampler, k)
-
-    def complete(self, sampler: Sampler) -> Path:
-        """One process: make the missing shards (none if ``out`` already holds this job) and assemble."""
-        if not self.is_complete():
-            self.run(sampler, self.missing())
-            self.assemble()
-        return self.out
-
-    def assemble(self) -> Path:
-        """Join all shards into ``out`` (atomic write) and remove the shard folder."""
-        missing = self.missing()
-        if missing:
-            raise SampleFileError(f"{self.dir}: {len(missing)} of {self.num_shards} shards are missing "
-                                  f"(first: {missing[0]}); rerun to finish them")
-        n, images, prefixes, at, stats = len(self.prefixes), None, {}, 0, []
-        for k in range(self.num_shards):        # fill one array: 50K 256px images are ~10 GB
-            with np.load(self.shard_path(k), allow_pickle=False) as f:
-                part = f["images"]
-                stats.append(json.loads(str(f["stats"])) if "stats" in f.files else {})
-                if images is None:
-                    images = np.empty((n, *part.shape[1:]), np.uint8)
-                images[at: at + len(part)] = part
-                for key in f.files:
-                    if key not in ("images", "meta", "stats"):     # the prefixes, as the kind stores them
-                        prefixes.setdefault(key, []).append(f[key])
-                at += len(part)
-        if at != n:
-            raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {n}")
-        grid = self.meta.get("grid") or [1, 1]
-        meta = {**self.meta, "decode_stats": decode_summary(stats, int(np.prod(grid)))}
-        _write_npz_atomic(self.out, images=images, **{k: np.concatenate(v) for k, v in prefixes.items()},
-                          meta=np.array(_canon(meta)))
-        shutil.rmtree(self.dir)
-        return self.out

@@ -7,12 +7,18 @@ default) has no other field.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from ..registers import regular_position_ids
-from .config import PlainDecode  # noqa: F401 (its settings, importable from here)
 from .rules import SamplingRules, sample_logits
+from .stats import DecodeStats
+
+# a decoder's progress callback: (bodies (B, H*W) being filled, tokens emitted so far: an int for every
+# row or (B,) per row); the columns past them hold no tokens yet
+Progress = Callable[[Tensor, "int | Tensor"], None]
 
 
 def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:
@@ -23,8 +29,8 @@ def with_null_prefix(model, prefix: Tensor, rules: SamplingRules) -> Tensor:
 
 
 def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
-                 stats: dict | None = None) -> Tensor:
-    """Sample bodies (B, H*W) for ``prefix``: one decode call per token."""
+                 stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
+    """Sample bodies (B, H*W) for ``prefix``: one decode call per token; ``progress`` sees each."""
     device = model.output.weight.device
     prefix = prefix.to(device)
     B = prefix.shape[0]
@@ -43,6 +49,8 @@ def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRu
     logits = model.decode(None, pos[:P].expand(rows, P, 2), 0, prefix)[:, -1]
     for t in range(N):
         out[:, t] = pick(logits)
+        if progress is not None:
+            progress(out, t + 1)
         if t == N - 1:
             break
         tok = out[:, t: t + 1]
@@ -50,5 +58,5 @@ def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRu
             tok = torch.cat([tok, tok])
         logits = model.decode(tok, pos[P + t: P + t + 1].expand(rows, 1, 2), P + t)[:, -1]
     if stats is not None:
-        stats.update(forwards=N, forwards_per_image=float(N), tokens_per_forward=1.0)
+        stats.add_plain(B, B * N, N, B * N)
     return out

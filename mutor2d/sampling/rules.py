@@ -10,7 +10,8 @@ Every decoding mode applies the same rules (speculative modes to draft and targe
 
 ``SampleConfig`` is the ``sample`` config section (mutor2d.sampling.config, no torch): these settings,
 the grid and seed, and the decoding mode ``sample.decode``, a tagged sub-section whose variants
-(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings.
+(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings;
+``check_sampling`` checks them there.
 """
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from .config import DecodeConfig, SampleConfig, check_sampling, setting  # noqa: F401 (importable here)
 
 
 def guide(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
@@ -82,6 +81,11 @@ class SamplingRules:
         """The rules of checked settings; guidance is on when the scale is not 1."""
         return cls(cfg_scale, temperature, top_k, top_p, guided=cfg_scale != 1.0)
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: every token is the argmax."""
+        return self.temperature == 0
+
     def combine(self, logits: Tensor) -> Tensor:
         """Model logits (rows, ..., V) -> the logits the rules sample from (B, ..., V)."""
         if not self.guided:
@@ -92,6 +96,6 @@ class SamplingRules:
     def probs(self, logits: Tensor) -> Tensor:
         """Combined logits (..., V) -> the distribution each token is drawn from (..., V);
         greedy: one-hot at the argmax."""
-        if self.temperature == 0:
+        if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         return filter_logits(logits.float() / self.temperature, self.top_k, self.top_p).softmax(-1)

@@ -1,15 +1,13 @@
-"""Exact speculative decoding: register drafts (MuToR checkpoints) and speculative Jacobi decoding.
+"""Exact speculative decoding of images: register drafts (MuToR checkpoints) and speculative Jacobi
+decoding, on the model's static KV cache.
 
 One round, per row with n body tokens emitted (x_{n-1} not yet in the KV cache):
   regular inputs [x_{n-1}, d_n, ..., d_{n+K-1}] (K drafts, some may be absent) at cache indices
-  P+n-1.., so regular output j gives the target distribution p_j of body token n+j;
-  drafts are verified left to right with standard speculative sampling: d_{n+i} ~ q_i is kept
-  with probability min(1, p_i(d)/q_i(d)); at the first rejection the token is drawn from
-  normalise(max(p_i − q_i, 0)) and the round ends; if every draft is kept (or none is left),
-  one more token is drawn from the next p. Each emitted token thus follows p given the tokens
-  before it, so the samples follow plain sampling's distribution. p and q are both made by
-  ``SamplingRules`` (CFG, temperature, top-k, top-p); greedy makes them one-hot, which reproduces plain
-  greedy decoding. Rows advance at their own pace (one cache start per row).
+  P+n-1.., so regular output j gives the target distribution p_j of body token n+j; the drafts are
+  verified by the speculative rule (``speculation``: sampled and greedy), so the samples follow
+  plain sampling's distribution and greedy decoding gives plain greedy's tokens. p and q are both
+  made by ``SamplingRules`` (CFG, temperature, top-k, top-p). Rows advance at their own pace (one
+  cache start per row).
 
 Drafters (who proposes d and q; any proposal is exact as long as d is drawn from the q used to
 verify it):
@@ -35,63 +33,18 @@ Config: ``sample.decode.name: registers`` (fields draft, anchors, fill) and ``ja
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from ..registers import RegisterSpec, first_anchor, offset_targets, regular_position_ids
-from .config import JacobiDecode, RegisterDecode, useful_draft  # noqa: F401 (the modes' settings, importable from here)
-from .plain import with_null_prefix
-from .rules import SamplingRules, draw
+from . import speculation
+from .plain import Progress, with_null_prefix
+from .rules import SamplingRules
+from .speculation import Drafts, emitted, pick, reached
+from .stats import DecodeStats
 
 
 # ----------------------------------------------------------------------------- the rounds
-
-
-@dataclass
-class Drafts:
-    """tokens (B, K) long, probs (B, K, V) the distributions q they were drawn from, valid
-    (B, K) bool (an invalid draft is absent; verification stops there), register (B, K) bool
-    (drawn from a register; None = none was)."""
-    tokens: Tensor
-    probs: Tensor
-    valid: Tensor
-    register: Tensor | None = None
-
-    @classmethod
-    def none(cls, B: int, K: int, V: int, device) -> "Drafts":
-        return cls(torch.zeros(B, K, dtype=torch.long, device=device),
-                   torch.full((B, K, V), 1.0 / V, device=device),
-                   torch.zeros(B, K, dtype=torch.bool, device=device))
-
-
-def _uniform(shape, generator, device) -> Tensor:
-    gen_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=gen_device).to(device)
-
-
-def verify(p: Tensor, drafts: Drafts, generator) -> tuple[Tensor, Tensor, Tensor]:
-    """Speculative sampling of one round. p (B, K+1, V) target distributions, drafts of K.
-
-    Returns (kept (B,) number of drafts kept, token (B,) the token after them, lead (B, K) bool
-    which drafts were kept)."""
-    B, K1, V = p.shape
-    K = K1 - 1
-    d = drafts.tokens[..., None]
-    p_d = p[:, :K].gather(-1, d)[..., 0]
-    q_d = drafts.probs.gather(-1, d)[..., 0]
-    ok = drafts.valid & (_uniform((B, K), generator, p.device) * q_d < p_d)   # u < p/q
-    lead = ok.long().cumprod(1).bool()
-    kept = lead.sum(1)
-    at = kept[:, None, None].expand(B, 1, V)
-    p_at = p.gather(1, at)[:, 0]
-    q_at = torch.cat([drafts.probs, torch.zeros_like(p[:, :1])], 1).gather(1, at)[:, 0]
-    rejected = torch.cat([drafts.valid, torch.zeros_like(drafts.valid[:, :1])], 1).gather(1, kept[:, None])
-    residual = (p_at - q_at).clamp(min=0)
-    mass = residual.sum(-1, keepdim=True)
-    dist = torch.where(rejected & (mass > 0), residual / mass.clamp(min=1e-30), p_at)
-    return kept, draw(dist, generator), lead
 
 
 def jacobi_drafts(p: Tensor, kept: Tensor, n_new: Tensor, N: int) -> tuple[Tensor, Tensor]:
@@ -153,17 +106,17 @@ class RegisterDrafter:
         q = self.rules.probs(reg)
         valid = self.valid[rows, slot.clamp(min=0)] & (slot >= 0)[:, None]
         if not self.fill:
-            return Drafts(draw(q, generator), q, valid, valid)
+            return Drafts.drawn(q, valid, self.rules.greedy, generator, valid)
         q_jacobi, in_range = jacobi_drafts(p, kept, n_new, self.N)
         q = torch.where(valid[..., None], q, q_jacobi)
-        return Drafts(draw(q, generator), q, in_range, valid)
+        return Drafts.drawn(q, in_range, self.rules.greedy, generator, valid)
 
 
 class JacobiDrafter:
     """Drafts = this round's regular outputs past the kept tokens (see module doc)."""
 
-    def __init__(self, num_tokens: int, K: int):
-        self.N, self.K = num_tokens, K
+    def __init__(self, num_tokens: int, K: int, rules: SamplingRules):
+        self.N, self.K, self.greedy = num_tokens, K, rules.greedy
 
     def extras(self, start: Tensor, cur: Tensor) -> tuple[None, None]:
         return None, None
@@ -173,49 +126,13 @@ class JacobiDrafter:
 
     def propose(self, logits: Tensor, p: Tensor, kept: Tensor, n_new: Tensor, generator) -> Drafts:
         q, in_range = jacobi_drafts(p, kept, n_new, self.N)
-        return Drafts(draw(q, generator), q, in_range)
-
-
-class Counts:
-    """Per-run statistics of a speculative run (kept on the device until ``summary``)."""
-
-    def __init__(self, B: int, K: int, device):
-        self.B, self.forwards, self.row_forwards = B, 1, torch.tensor(B, device=device)  # the prefill
-        self.proposed, self.accepted = torch.zeros(2, K, device=device), torch.zeros(2, K, device=device)
-
-    def add(self, active: Tensor, drafts: Drafts, lead: Tensor) -> None:
-        """One round: drafts proposed (reached by verification) and kept, by distance; row 1
-        counts register drafts only."""
-        reached = torch.cat([torch.ones_like(lead[:, :1]), lead[:, :-1]], 1) & drafts.valid & active[:, None]
-        kept = lead & active[:, None]
-        register = drafts.register if drafts.register is not None else torch.zeros_like(lead)
-        self.forwards += 1
-        self.row_forwards += active.sum()
-        self.proposed += torch.stack([reached.sum(0), (reached & register).sum(0)])
-        self.accepted += torch.stack([kept.sum(0), (kept & register).sum(0)])
-
-    def summary(self, N: int) -> dict:
-        row_forwards = int(self.row_forwards)
-        per_image = row_forwards / self.B
-        rounds = max(row_forwards - self.B, 1)
-        proposed, accepted = self.proposed.cpu().long(), self.accepted.cpu().long()
-
-        def rates(row: int) -> list[float]:
-            pairs = zip(accepted[row].tolist(), proposed[row].tolist())
-            return [a / p if p else float("nan") for a, p in pairs]
-        out = dict(forwards=self.forwards, forwards_per_image=per_image, tokens_per_forward=N / per_image,
-                   accepted_per_forward=float(accepted[0].sum()) / rounds,
-                   proposed=proposed[0].tolist(), accepted=accepted[0].tolist(),
-                   acceptance_by_distance=rates(0))
-        if int(proposed[1].sum()):
-            out.update(register_proposed=proposed[1].tolist(), register_accepted=accepted[1].tolist(),
-                       register_acceptance_by_distance=rates(1))
-        return out
+        return Drafts.drawn(q, in_range, self.greedy, generator)
 
 
 def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRules, generator,
-                stats: dict | None, K: int, make_drafter) -> Tensor:
-    """The round loop shared by the drafters (see module doc) -> bodies (B, H*W)."""
+                stats: DecodeStats | None, K: int, make_drafter, progress: Progress | None = None) -> Tensor:
+    """The round loop shared by the drafters (see module doc) -> bodies (B, H*W); ``progress`` sees
+    every round's."""
     device = model.output.weight.device
     prefix = prefix.to(device)
     B, N = prefix.shape[0], grid[0] * grid[1]
@@ -229,7 +146,8 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
     out = torch.zeros(B, N + K + 1, dtype=torch.long, device=device)
     out[:, 0], drafts = _prefill(model, prefix, table[:P], rules, drafter, twice, generator)
     n = torch.ones(B, dtype=torch.long, device=device)
-    counts, j = Counts(B, K, device), torch.arange(K + 1, device=device)
+    counts, j = DecodeStats(), torch.arange(K + 1, device=device)
+    counts.add_plain(B, B * N, 1, B)                   # the prefill
     while bool((n < N).any()):
         active = n < N
         cur = n.clamp(max=N - 1)                       # finished rows repeat their last input
@@ -242,16 +160,17 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
                               None if extra_limit is None else twice(extra_limit))
         logits = rules.combine(logits)
         p = rules.probs(logits[:, :K + 1])
-        kept, token, lead = verify(p, drafts, generator)
-        counts.add(active, drafts, lead)
-        emitted = torch.cat([drafts.tokens, token[:, None]], 1).scatter(1, kept[:, None], token[:, None])
+        kept, token, lead = speculation.verify(p, drafts, generator)
+        counts.add_round(active, reached(lead, drafts.valid), lead, drafts.register)
         write = (j <= kept[:, None]) & active[:, None]
         cols = torch.where(write, n[:, None] + j, torch.full_like(write, N + K, dtype=torch.long))
-        out.scatter_(1, cols, emitted)
+        out.scatter_(1, cols, emitted(drafts.tokens, kept, token))
         n = torch.where(active, (n + kept + 1).clamp(max=N), n)
         drafts = drafter.propose(logits, p, kept, n, generator)
+        if progress is not None:
+            progress(out[:, :N], n)
     if stats is not None:
-        stats.update(counts.summary(N))
+        stats.merge(counts)
     return out[:, :N]
 
 
@@ -270,17 +189,17 @@ def _prefill(model, prefix: Tensor, positions: Tensor, rules: SamplingRules, dra
     extra_pos, extra_limit = drafter.first_extras(B, prefix.device)
     if extra_pos is None:
         logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix))
-        return draw(rules.probs(logits[:, P - 1]), generator), Drafts.none(B, K, V, prefix.device)
+        return pick(rules.probs(logits[:, P - 1]), rules.greedy, generator), Drafts.none(B, K, V, rules.greedy,
+                                                                                         prefix.device)
     logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix,
                                         twice(extra_pos), twice(extra_limit)))
-    first = draw(rules.probs(logits[:, P - 1]), generator)
-    q = rules.probs(logits[:, P:])
+    first = pick(rules.probs(logits[:, P - 1]), rules.greedy, generator)
     valid = drafter.valid[:, 0]
-    return first, Drafts(draw(q, generator), q, valid, valid)
+    return first, Drafts.drawn(rules.probs(logits[:, P:]), valid, rules.greedy, generator, valid)
 
 
 def decode_registers(model, prefix, grid, rules, generator, stats=None, *, spec: RegisterSpec, draft: int,
-                     anchors: str = "every", fill: bool = True) -> Tensor:
+                     anchors: str = "every", fill: bool = True, progress: Progress | None = None) -> Tensor:
     """Speculative decoding with ``draft`` = K register drafts (the first K of ``spec.draft_offsets()``,
     the rules of the checkpoint's objective) per regular input (``anchors`` "every") or after the last
     regular input only ("last"); ``fill``: Jacobi guesses where no register drafts."""
@@ -288,10 +207,12 @@ def decode_registers(model, prefix, grid, rules, generator, stats=None, *, spec:
         raise ValueError("decode='registers' needs a checkpoint trained with registers; this model "
                          "has no register embedding (use decode='jacobi' or 'plain')")
     return speculative(model, prefix, grid, rules, generator, stats, draft,
-                       lambda grid, P, table: RegisterDrafter(grid, P, spec, draft, table, rules, fill, anchors))
+                       lambda grid, P, table: RegisterDrafter(grid, P, spec, draft, table, rules, fill, anchors),
+                       progress)
 
 
-def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int) -> Tensor:
+def decode_jacobi(model, prefix, grid, rules, generator, stats=None, *, window: int,
+                  progress: Progress | None = None) -> Tensor:
     """Speculative Jacobi decoding with a window of ``window`` = K draft tokens."""
     return speculative(model, prefix, grid, rules, generator, stats, window,
-                       lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window))
+                       lambda grid, P, table: JacobiDrafter(grid[0] * grid[1], window, rules), progress)

@@ -1,0 +1,39 @@
+"""The per-row state of a batch of texts being decoded on the host: emitted tokens, done flags and the
+rules that end a row (EOS, a stop string, ``max_new_tokens``)."""
+from __future__ import annotations
+
+
+class Rows:
+    """The per-row decoding state on the host: emitted tokens, done flags, the stop rules.
+
+    A row ends at the token that is EOS, that completes a stop string (an occurrence overlapping this
+    token) or that reaches ``max_new_tokens``. ``raw_stop``:
+    stop strings are matched as transformers' StopStringCriteria matches them in plain ``generate``
+    (special tokens' text included, and the prompt's end, ``prompts`` the real prompt ids of each row);
+    else in the generated text without special tokens (where plain ``generate`` had no criteria and
+    the caller cuts the text). Only a window of the last tokens is decoded."""
+
+    def __init__(self, B: int, max_new_tokens: int, eos=(), stop=(), tokenizer=None, prompts=None,
+                 raw_stop: bool = False):
+        self.out, self.done = [[] for _ in range(B)], [False] * B
+        self.max_new, self.eos, self.stop, self.tokenizer = max_new_tokens, set(eos), list(stop), tokenizer
+        if self.stop and tokenizer is None:
+            raise ValueError(f"stop={self.stop}: stop strings need the tokenizer")
+        self.raw, self.window = raw_stop, 2 * max(map(len, self.stop), default=0) + 4
+        self.context = [list(p) for p in prompts] if raw_stop else [[] for _ in range(B)]
+
+    def _completes_stop(self, row: int) -> bool:
+        """Whether a stop string occurs in the text of the row's last tokens ending past the text
+        before its last token (overlapping that token)."""
+        seq = (self.context[row] + self.out[row])[-self.window:]
+        now, before = (self.tokenizer.decode(s, skip_special_tokens=not self.raw) for s in (seq, seq[:-1]))
+        return any(now.find(s, max(len(before) - len(s) + 1, 0)) >= 0 for s in self.stop)
+
+    def emit(self, row: int, tokens: list[int]) -> None:
+        """Append a round's tokens to ``row`` up to the one that ends it (see the class doc)."""
+        out = self.out[row]
+        for t in tokens:
+            out.append(t)
+            if t in self.eos or len(out) >= self.max_new or (self.stop and self._completes_stop(row)):
+                self.done[row] = True
+                return
