@@ -4,7 +4,7 @@ copy of the project, as a newcomer runs them (so neither page can drift from the
 Rules (the tutorial states them): every ```bash and ```python block runs in order in one fresh folder
 holding the project's tracked files; install steps (venv, activate, pip) and the test-suite command are
 left out (this environment is the installed one); a block whose first line is ``# needs: ...`` is not
-run; every training command gets ``--set train.max_steps=20`` (the tutorial's one override); ``app.py``
+run; every training command gets ``--set train.max_steps=20`` in place of its own --max-steps (the tutorial's one override); ``app.py``
 is started, must serve its page, and is stopped. The commands of the language-model and tokenizer
 sections share no file with the image ones: each of the three chains runs in README order, the chains
 side by side (the suite's time).
@@ -42,8 +42,9 @@ def readme_blocks(text: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(bash|python)\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def commands(text: str) -> list[tuple[str, str]]:
-    """[(kind, command)]: kind "python" (a script), "app" (a server) or "shell"; the rules above."""
+def commands(text: str, quick: bool = True) -> list[tuple[str, str]]:
+    """[(kind, command)]: kind "python" (a script), "app" (a server) or "shell"; the rules above (``quick``:
+    training commands capped at 20 steps, their own --max-steps dropped; else as written)."""
     out = []
     for lang, body in readme_blocks(text):
         if body.startswith("# needs:"):
@@ -55,8 +56,8 @@ def commands(text: str) -> list[tuple[str, str]]:
             steps = [s.strip() for s in line.split(" && ") if s.strip() and not SKIPPED.match(s.strip())]
             for step in steps:
                 step = " ".join(re.sub(r"\s+#.*$", "", step).split())      # no trailing comment
-                if TRAINING.match(step):
-                    step = f"{step} {QUICK}"
+                if quick and TRAINING.match(step):
+                    step = f"{re.sub(r' --max-steps [0-9]+', '', step)} {QUICK}"
                 out.append(("app" if step.startswith("python app.py") else "shell", step))
     return out
 
@@ -71,9 +72,36 @@ def test_readme_rules_pick_the_commands():
             "--config a.yaml\n```\n```bash\n# needs: GPUs\npython train.py --config big.yaml\n```\n"
             "```bash\npython sample.py --ckpt r \\\n    --cfg 2.0      # a grid\npython app.py --ckpt r\n```\n"
             "```python\nprint(1)\n```\n```text\npython nothing.py\n```\n")
+    assert commands(text.replace("a.yaml", "a.yaml --max-steps 900")) == commands(text)     # the walk's cap wins
     assert commands(text) == [("shell", f"python train.py --config a.yaml {QUICK}"),
                               ("shell", "python sample.py --ckpt r --cfg 2.0"),
                               ("app", "python app.py --ckpt r"), ("python", "print(1)\n")]
+
+
+WALK_STEPS = 1000     # the most steps a walkthrough training command trains as written (CPU minutes)
+
+
+def test_every_training_command_as_written_fits_the_walk():
+    """The walk caps training at 20 steps, so it cannot see a command that trains for days as written
+    (the star-graph stand-in once took the paper's 1,250,000 steps): each training command outside a
+    ``# needs:`` block, with its own --max-steps / --set, trains at most WALK_STEPS steps."""
+    import importlib.util
+    import shlex
+    from mutor2d import config as config_lib
+    spec = importlib.util.spec_from_file_location("train_vq_walk", ROOT / "tokenizers" / "train_vq.py")
+    train_vq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_vq)                        # its parser is train.py's with CONFIG first
+    seen = 0
+    for page in PAGES:
+        for kind, step in commands((ROOT / page).read_text(), quick=False):
+            if kind != "shell" or not TRAINING.match(step):
+                continue
+            args = train_vq.build_parser().parse_args(shlex.split(step)[2:])
+            name = args.config or args.config_file
+            steps = args.max_steps or config_lib.load(name, args.overrides).train.max_steps
+            assert steps <= WALK_STEPS, f"{page}: {step} trains {steps} steps"
+            seen += 1
+    assert seen >= 5
 
 
 def fresh_copy(dest: Path) -> Path:
