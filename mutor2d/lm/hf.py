@@ -226,13 +226,6 @@ def saved_prompt_attention(folder: str | Path) -> str:
     return found
 
 
-def load_register_embedding(model: MutorLM, folder: str | Path) -> None:
-    """Copy a saved register embedding into ``model`` (to continue training)."""
-    saved = load_file(str(Path(folder) / REGISTER_FILE))["register_embedding"]
-    with torch.no_grad():
-        model.register_embedding.copy_(saved)
-
-
 def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool = True,
                        attn_implementation: str = "sdpa"):
     """The fine-tuned model of a saved folder (a run folder or its step_N/), in eval mode.
