@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint import inference
 from mutor2d.data.tokens import build_dataset, collate
 from mutor2d.evaluation import records, study
 from mutor2d.registers import regular_position_ids
@@ -86,8 +87,8 @@ def test_quick_writes_a_record_per_run_step_and_cfg(quick):
 def test_quick_fraction_run_trains_on_the_nested_share(quick):
     out, summary = quick
     run = out / "next-token@0.5" / "seed0"
-    _, cfg, _ = ckpt_lib.load_model(run)
-    full = ckpt_lib.load_model(out / "next-token" / "seed0")[1]
+    _, cfg, _ = inference.load_model(run)
+    full = inference.load_model(out / "next-token" / "seed0")[1]
     assert cfg.data.train_fraction == 0.5 and full.data.train_fraction == 1.0
     assert cfg.data.val_fraction == full.data.val_fraction == 0.2
     part, whole = build_dataset(cfg.data, "train"), build_dataset(full.data, "train")
@@ -119,7 +120,7 @@ def test_selection_is_the_lowest_validation_nll(quick):
         curve = study.read_curve(run)
         assert curve["weights"] == "ema" and len(curve["nll"]) >= 2
         for step in sorted(curve["nll"]) if run.parent.name == "next-token@0.5" else set(curve["selected"].values()):
-            model, cfg, _ = ckpt_lib.load_model(ckpt_lib.checkpoint_path(run, step))
+            model, cfg, _ = inference.load_model(ckpt_lib.checkpoint_path(run, step))
             assert curve["nll"][step] == pytest.approx(study.heldout_nll(model, cfg.data, "val"), rel=1e-6)
         for label, step in curve["selected"].items():
             pool = {s: v for s, v in curve["nll"].items() if s <= horizon.get(label, compare.QUICK["steps"])}
@@ -167,7 +168,7 @@ def test_cm_ratio_fixes_the_step_and_a_decaying_lr_trains_its_own_run(quick, tmp
     cm = summary["compute_matched"]
     assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
     run = out / study.COMPUTE_MATCHED / "seed0"
-    _, cfg, last = ckpt_lib.load_model(run)
+    _, cfg, last = inference.load_model(run)
     assert cfg.optim.schedule == "cosine" and cfg.train.max_steps == last == round(1.5 * steps)
     recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
     assert {round(1.5 * steps), selected(run)[study.COMPUTE_MATCHED]} == {r["step"] for r in recs}
@@ -215,7 +216,7 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
 @pytest.mark.parametrize("split", ["test", "val"])
 def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
-    model, cfg, _ = ckpt_lib.load_model(out / "mutor-2d-sparse" / "seed0")
+    model, cfg, _ = inference.load_model(out / "mutor-2d-sparse" / "seed0")
     ds = cfg.data.build(split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid

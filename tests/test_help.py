@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "tokenizers") for p in folder.glob("*.py")
                  if "__main__" in p.read_text())
 MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
-                  if 'if __name__ == "__main__"' in p.read_text()}
+                  if 'if __name__ == "__main__"' in p.read_text() and p.name != "__main__.py"}
                  | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
 DELEGATES = {"app.py": "mutor2d.demo_cli"}         # scripts whose parser lives in a module
 ENTRIES = [p.relative_to(ROOT).as_posix() for p in SCRIPTS] + [f"-m {m}" for m in MODULES]
@@ -99,7 +99,11 @@ def test_every_script_option_has_help(path, monkeypatch):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_module_option_has_help(name):
-    assert undescribed(importlib.import_module(name).build_parser(), name) == []
+    """A package's parser is its ``__main__``'s (the command line of ``python -m PACKAGE``)."""
+    module = importlib.import_module(name)
+    if hasattr(module, "__path__"):
+        module = importlib.import_module(f"{name}.__main__")
+    assert undescribed(module.build_parser(), name) == []
 
 
 def test_the_formatter_shows_defaults_once():

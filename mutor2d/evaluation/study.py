@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .. import checkpoint as ckpt_lib
+from ..checkpoint import inference
 from .. import config as config_lib
 from .. import provenance
 from ..io import warn
@@ -154,7 +155,7 @@ def val_curve(run_dir: Path, steps: list[int]) -> dict:
     curve = read_curve(run_dir)
     for step in steps:
         if step not in curve["nll"]:
-            model, cfg, meta = ckpt_lib.open_model(ckpt_lib.checkpoint_path(run_dir, step))
+            model, cfg, meta = inference.open_model(ckpt_lib.checkpoint_path(run_dir, step))
             curve["nll"][step] = heldout_nll(model, cfg.data, "val")
             curve["weights"] = "ema" if meta["has_ema"] else "raw"
             write_curve(run_dir, curve)
