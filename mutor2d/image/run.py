@@ -141,7 +141,7 @@ def init_weights(model: GPT, source: str) -> None:
     GPT checkpoint; optimizer, step and data order start fresh."""
     from ..checkpoint import inference, locate
     from ..checkpoint import sharded as sharded_checkpoint
-    from ..model.gpt import load_llamagen
+    from ..model.llamagen import load_llamagen
     try:
         path = locate.resolve(source)
         if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):
