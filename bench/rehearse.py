@@ -164,7 +164,8 @@ def make_vq(path: Path, ch: int) -> dict:
     """A VQ-16-layout tokenizer (LlamaGen's module names) with random weights, saved as LlamaGen
     ships vq_ds16_c2i.pt: {"model": state dict}. The loader infers the architecture from the weights."""
     import torch
-    from mutor2d.tokenizer.vq import VQModel, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     model = VQModel(vq_config("vq16", ch=ch))
     torch.save({"model": model.state_dict()}, path)

@@ -229,7 +229,9 @@ def fake_run(cfg, model, grid, device, run_dir):
 
 
 def tiny_vq_tokenizer():
-    from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq import VQTokenizer
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     return VQTokenizer(VQModel(vq_config("tiny", **TINY_VQ)))
 

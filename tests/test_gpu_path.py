@@ -53,7 +53,8 @@ def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device)
     from mutor2d.engine.hooks import StepStatus
     from mutor2d.image.hooks import SampleGrids
     from mutor2d.model.gpt import GPT
-    from mutor2d.tokenizer.vq import VQModel, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     vq = VQModel(vq_config("tiny", codebook_size=17, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1,
                            z_channels=8, norm_groups=4, image_size=8, usage_window=0))

@@ -165,7 +165,8 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
 
 
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
-    from mutor2d.tokenizer.vq import VQError, load_vq
+    from mutor2d.tokenizer.config import VQError
+    from mutor2d.tokenizer.vq import load_vq
     from mutor2d.vq.config import load_config
     from mutor2d.vq.run import train as train_vq
     train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=4", "train.batch_size=4",
