@@ -188,7 +188,7 @@ def check_codes(codes: Path, num_images: int, augs: int) -> dict:
 def write_reference(images: Path, out: Path) -> dict:
     """ADM-style reference batch from the ImageFolder: arr_0 uint8 (n, 256, 256, 3), ADM centre crops."""
     from PIL import Image
-    from mutor2d.tokenizer.codes import center_crop_arr, scan_image_folder
+    from mutor2d.tokenizer.image_folder import center_crop_arr, scan_image_folder
     files, _, _ = scan_image_folder(images)
     arr = []
     for f in files:

@@ -302,7 +302,7 @@ def test_sample_py_without_the_codes_folder(tmp_path, capsys):
 
     from mutor2d.data.tokens import build_tokenizer
     from mutor2d.model.gpt import GPT
-    from mutor2d.tokenizer.codes import extract
+    from mutor2d.tokenizer.extract import extract
     from mutor2d.tokenizer.vq import VQTokenizer
     model = tiny_vq_tokenizer().model
     vq = tmp_path / "vq.pt"

@@ -24,7 +24,7 @@ from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.tokenizer import TOKENIZERS
-from mutor2d.tokenizer.codes import augment, center_crop_arr
+from mutor2d.tokenizer.image_folder import augment, center_crop_arr
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
