@@ -112,7 +112,7 @@ def arith_records(size: Size, count: int, seed: int) -> list[dict]:
 
 def arith_tokenizer(size: Size):
     from mutor2d.lm.arith import arith_alphabet
-    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.offline_tokenizers import char_tokenizer
     return char_tokenizer(arith_alphabet())
 
 
@@ -174,7 +174,7 @@ def stargraph_corpus(size: Size, count: int, seed: int) -> list[dict]:
 
 def stargraph_tokenizer(size: Size):
     """One word per node id (0..num_nodes-1) and per delimiter (edge end |, query /, answer =)."""
-    from mutor2d.lm.data import word_tokenizer
+    from mutor2d.lm.offline_tokenizers import word_tokenizer
     return word_tokenizer([str(v) for v in range(size.shape[2])] + ["|", "/", "="])
 
 
@@ -274,7 +274,7 @@ TASKS["arith_budget"] = dataclasses.replace(
 
 def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
     """Training and held-out test splits (jsonl lines); no test line shares its key with a training line."""
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     out.mkdir(parents=True, exist_ok=True)
     train = task.records(size, size.train, 0)
     seen = {task.key(r) for r in train}
@@ -295,7 +295,7 @@ def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, 
     """The shared base's pretraining (its config; writes OUT/data/pretrain.jsonl, the task's corpus
     with the lines whose key is in ``exclude`` dropped, and OUT/pretrain_init, a random Llama of seed
     1000) and its cache key (:func:`base_key`)."""
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "data" / "pretrain.jsonl")

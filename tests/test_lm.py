@@ -18,7 +18,9 @@ from mutor2d import config as image_config  # noqa: E402
 from mutor2d.config import ConfigError, make  # noqa: E402
 from mutor2d.engine import StepBatches  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
-from mutor2d.lm.data import char_tokenizer, gsm8k_record, load_records, tokenize
+from mutor2d.lm.offline_tokenizers import char_tokenizer
+from mutor2d.lm.prompts import tokenize
+from mutor2d.lm.records import gsm8k_record, load_records
 from mutor2d.lm.packing import collate
 from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402

@@ -16,7 +16,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
 from mutor2d.lm import hf, speculative  # noqa: E402
-from mutor2d.lm.data import char_tokenizer  # noqa: E402
+from mutor2d.lm.offline_tokenizers import char_tokenizer  # noqa: E402
 from mutor2d.lm.speculative import Decoding, DecodeStats, Registers, Rows, cache_tensors, generate_ids
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .. import io
 from ..model.attention import NEVER, Visibility
