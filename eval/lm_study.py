@@ -500,7 +500,7 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
 
 def ci95(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
-    from mutor2d.evaluation.study import t95
+    from mutor2d.evaluation.study_tables import t95
     return t95(values)
 
 
