@@ -1,4 +1,4 @@
-"""The digits study (mutor2d.evaluation.study, command line eval/compare.py): --quick runs the whole
+"""The digits study (mutor2d.evaluation.study, command line experiments/compare.py): --quick runs the whole
 pipeline (train, sample, score, validation NLL and selection, a data fraction, compute-matched point,
 floor, table, plots) and leaves records the leaderboard reads; the held-out NLL is the next-token
 cross-entropy; selection picks the lowest validation NLL; runs train in the stated order; bad
@@ -38,7 +38,7 @@ def _load(name: str, path: Path):
     return mod
 
 
-compare = _load("compare_driver", ROOT / "eval" / "compare.py")   # the command line: --quick sizes, main
+compare = _load("compare_driver", ROOT / "experiments" / "compare.py")   # the command line: --quick sizes, main
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, argv, needle):
 
 
 def test_script_error_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "eval/compare.py", "--out", str(tmp_path), "--methods", "bogus"],
+    r = subprocess.run([sys.executable, "experiments/compare.py", "--out", str(tmp_path), "--methods", "bogus"],
                        cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]]
@@ -311,7 +311,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
     """With --jobs 2 the pool workers must not train on once the driver is gone: each stops at its next
     step with a checkpoint (a 'preempted' event) and starts none of the queued runs."""
     out = tmp_path / "s"
-    argv = [sys.executable, "eval/compare.py", "--out", str(out), "--methods", "next-token,mutor-2d-sparse",
+    argv = [sys.executable, "experiments/compare.py", "--out", str(out), "--methods", "next-token,mutor-2d-sparse",
             "--seeds", "0,1", "--steps", "5000", "--eval-steps", "5000", "--num", "20", "--jobs", "2",
             "--compute-matched", "", "--floor-draws", "1"]
     for kv in ("model.dim=32", "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1"):

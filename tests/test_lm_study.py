@@ -1,4 +1,4 @@
-"""The CPU language study (eval/lm_study.py) and its synthetic task (mutor2d.lm.arith)."""
+"""The CPU language study (experiments/lm_study.py) and its synthetic task (mutor2d.lm.arith)."""
 import importlib.util
 import json
 import sys
@@ -44,7 +44,7 @@ def test_arith_converter_writes_lines_the_gsm8k_reader_takes(tmp_path):
 
 def load_study():
     pytest.importorskip("transformers", reason="the study trains Hugging Face models: pip install -e '.[lm]'")
-    spec = importlib.util.spec_from_file_location("lm_study", ROOT / "eval" / "lm_study.py")
+    spec = importlib.util.spec_from_file_location("lm_study", ROOT / "experiments" / "lm_study.py")
     study = importlib.util.module_from_spec(spec)
     sys.modules["lm_study"] = study                     # its dataclasses look their module up
     spec.loader.exec_module(study)

@@ -1,12 +1,12 @@
 """CPU-scale language study: next-token vs MuToR-1D (vs the multi-head baseline) on a synthetic task.
 
-    python eval/lm_study.py --out runs/lm_study [--seeds 0 1 2] [--plot docs/lm_study.png]
-    python eval/lm_study.py --task stargraph --out runs/lm_stargraph [--plot docs/lm_stargraph.png]
-    python eval/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
-    python eval/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
-    python eval/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
-    python eval/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
-    python eval/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
+    python experiments/lm_study.py --out runs/lm_study [--seeds 0 1 2] [--plot docs/lm_study.png]
+    python experiments/lm_study.py --task stargraph --out runs/lm_stargraph [--plot docs/lm_stargraph.png]
+    python experiments/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
+    python experiments/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
+    python experiments/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
+    python experiments/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
+    python experiments/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
 
 Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
 

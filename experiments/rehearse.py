@@ -1,7 +1,7 @@
 """Rehearse the path users run at scale, end to end, with the commands they type (subprocesses).
 
-    python bench/rehearse.py --quick [--workdir DIR]     # CI size (tests/test_rehearsal.py), ~2 min
-    python bench/rehearse.py --full  [--workdir DIR]     # by hand: the real VQ-16 and GPT-B shapes
+    python experiments/rehearse.py --quick [--workdir DIR]     # CI size (tests/test_rehearsal.py), ~2 min
+    python experiments/rehearse.py --full  [--workdir DIR]     # by hand: the real VQ-16 and GPT-B shapes
 
 Stages (one timing line each, then a JSON summary on the last line of stdout):
   images    an ImageFolder of 256 px JPEGs: random square crops of scikit-learn's sample photos
