@@ -19,8 +19,8 @@ from mutor2d.config import ConfigError, make  # noqa: E402
 from mutor2d.engine import StepBatches  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
 from mutor2d.lm.offline_tokenizers import char_tokenizer
-from mutor2d.lm.prompts import tokenize
-from mutor2d.lm.records import gsm8k_record, load_records
+from mutor2d.lm.prompts import eval_prompts, tokenize
+from mutor2d.lm.records import gsm8k_record, load_located, load_records
 from mutor2d.lm.packing import collate
 from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
@@ -523,7 +523,7 @@ def test_online_accuracy_every_n_steps_is_the_evaluator_and_leaves_training_alon
         sorted((r["step"], r["metrics"]["accuracy"]) for r in recs)
     # the generation of eval/lm_accuracy.py (hf.generate on the saved step-2 folder) and its scoring
     tok = hf.load_tokenizer(out / "step_2")
-    items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
+    items = eval_prompts(load_located("jsonl", cfg["eval"]["path"])[:5], tok)
     texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
     online = [json.loads(line) for line in (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()]
     assert [r["output"] for r in online] == texts

@@ -17,6 +17,8 @@ import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
 from mutor2d.lm import hf, speculative  # noqa: E402
 from mutor2d.lm.offline_tokenizers import char_tokenizer  # noqa: E402
+from mutor2d.lm.prompts import eval_prompts  # noqa: E402
+from mutor2d.lm.records import load_located  # noqa: E402
 from mutor2d.lm.speculative import Decoding, DecodeStats, Registers, Rows, cache_tensors, generate_ids
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
 
@@ -309,7 +311,7 @@ def test_online_evaluation_decodes_with_the_runs_setting(tmp_path):
     assert len(recs) == 2 and all(r["sampling"]["decode"] == "registers" for r in recs)
     assert all(0 < r["sampling"]["decode_stats"]["forwards_per_token"] <= 1 for r in recs)
     tok = hf.load_tokenizer(out / "step_2")
-    items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
+    items = eval_prompts(load_located("jsonl", cfg["eval"]["path"])[:5], tok)
     texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
     lines = (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()
     online = [json.loads(line)["output"] for line in lines]
