@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mutor2d import config, io           # the command line parses and checks before torch is imported
-from mutor2d import checkpoint
+from mutor2d.checkpoint import locate
 from mutor2d.checks import physical_memory
 from mutor2d.cli import HelpFormatter, check_choice
 from mutor2d.plugins import load_plugins
@@ -269,12 +269,12 @@ def output_name(src: Loaded, s, seed: int, ema: bool, suffix: str, classes: list
 
 
 def output_folder(path: Path) -> Path:
-    """Where default outputs of checkpoint ``path`` go: ``checkpoint.output_dir``, except beside a hub
+    """Where default outputs of checkpoint ``path`` go: ``locate.output_dir``, except beside a hub
     folder (HUB_samples/), never inside the folder meant to be shared."""
     hub = path.parent
-    if path.name == checkpoint.HUB_WEIGHTS and checkpoint.is_hub_folder(hub):
+    if path.name == locate.HUB_WEIGHTS and locate.is_hub_folder(hub):
         return hub.parent / f"{hub.name}_samples"
-    return checkpoint.output_dir(path)
+    return locate.output_dir(path)
 
 
 def write_png(args, src: Loaded, s, sampler, path: Path, seed: int) -> None:
@@ -348,7 +348,7 @@ def run(argv=None) -> None:
     """Check the flags (those that need no torch first), open the checkpoint and write the grid or npz."""
     args = parse_args(argv)
     check_args(args)
-    path = checkpoint.resolve(args.ckpt).resolve()
+    path = locate.resolve(args.ckpt).resolve()
     from mutor2d.sampling import compile_decoder, decode_modes
     from mutor2d.sampling import images as generation
     check_choice(build_parser(), "--decode", args.decode, decode_modes())

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from mutor2d import checkpoint as ckpt_lib          # the command line parses before torch is imported
+from mutor2d.checkpoint import inference, locate
 from mutor2d import config as config_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.config import ConfigError
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> Path:
             report_resume_changes(data, saved, overrides)
             cfg = load_config(saved, overrides)
     elif args.resume and args.resume != "auto":
-        cfg = load_config(ckpt_lib.read_meta(args.resume)["config"], overrides)
+        cfg = load_config(inference.read_meta(args.resume)["config"], overrides)
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     if args.out == "":
@@ -79,8 +80,8 @@ def saved_config(resume: str | None, run_dir) -> dict | None:
     """The stored config of the checkpoint ``--resume`` continues from (None: a fresh run, or none to
     read here; the engine then says why)."""
     try:
-        path = ckpt_lib.latest_valid(run_dir) if resume == "auto" else ckpt_lib.resolve(resume) if resume else None
-        return ckpt_lib.read_meta(path)["config"] if path is not None else None
+        path = ckpt_lib.latest_valid(run_dir) if resume == "auto" else locate.resolve(resume) if resume else None
+        return inference.read_meta(path)["config"] if path is not None else None
     except (ValueError, FileNotFoundError):
         return None
 

@@ -46,7 +46,7 @@ def fine_tuned(args) -> Path:
     """The MuToR-1D run folder (trained here unless --work already holds it)."""
     import mutor2d.lm as lm_pkg
     from mutor2d.lm.arith import arith_records
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     from mutor2d.lm.tiny import write_tiny_llama
     work = Path(args.work)
     run = work / f"run_{args.hidden}x{args.layers}_{args.steps}"
@@ -157,12 +157,14 @@ def main(argv=None) -> None:
     args = parse(argv)
     import torch
     common.setup(args.threads, args.clock, torch.device("cpu"))
-    from mutor2d.lm import data, drafter, hf
+    from mutor2d.lm import drafter, hf
+    from mutor2d.lm import prompts as lm_prompts
+    from mutor2d.lm import records as lm_records
     from mutor2d.sampling.stats import DecodeStats
     run = fine_tuned(args)
     lm, tok = hf.load_for_inference(run), hf.load_tokenizer(run)
-    test = data.load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
-    prompts = [it["prompt_ids"] for it in data.eval_prompts(test, tok)]
+    test = lm_records.load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
+    prompts = [it["prompt_ids"] for it in lm_prompts.eval_prompts(test, tok)]
     d_max = drafter.run_objective(run).d_max
     counter = ForwardCounter(lm)
     cases, stats, batches_of = {}, {}, {}
@@ -221,7 +223,7 @@ def main(argv=None) -> None:
 def _test_file(work: Path) -> Path:
     """200 held-out problems (seed 1), written once."""
     from mutor2d.lm.arith import arith_records
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     path = work / "test.jsonl"
     if not path.is_file():
         write_jsonl(arith_records(200, [2], 1), path)

@@ -149,9 +149,9 @@ def checkpoint_tables(args, device) -> dict:
     """``spec_table`` of the --ckpt model at each --spec-images batch size."""
     import torch
 
-    from mutor2d import checkpoint
+    from mutor2d.checkpoint import locate
     from mutor2d.sampling import images as generation
-    src = generation.open_checkpoint(checkpoint.resolve(args.ckpt).resolve(), device=device)
+    src = generation.open_checkpoint(locate.resolve(args.ckpt).resolve(), device=device)
     model, n_cls = src.model.eval(), src.cfg.model.num_classes
     out = {"checkpoint": str(args.ckpt), "step": src.step, "grid": list(src.grid), "tables": {}}
     for n in args.spec_images:

@@ -88,7 +88,7 @@ def curves(args) -> list[dict]:
     torch.set_num_threads(1)
     if args.kind == "lm":
         from mutor2d.lm.extrapolation import answer_curve
-        from mutor2d.lm.data import load_records
+        from mutor2d.lm.records import load_records
         records = load_records(args.data_name, args.data)
         records = records[:args.limit] if args.limit else records
         out = []

@@ -124,11 +124,12 @@ def generate_all(args, located, kind: str, out: Path):
     """This process's share of the items: greedy outputs appended to its part file; once every
     process is done, returns (accelerate's PartialState, the decoding settings of the record)."""
     from accelerate import PartialState
-    from mutor2d.lm import data, drafter, hf
+    from mutor2d.lm import drafter, hf
+    from mutor2d.lm import prompts as lm_prompts
     from mutor2d.sampling.stats import DecodeStats
     state = PartialState()
     tokenizer = hf.load_tokenizer(args.ckpt)
-    items = data.eval_prompts(located, tokenizer)                 # every line checked before the model loads
+    items = lm_prompts.eval_prompts(located, tokenizer)                 # every line checked before the model loads
     mode = drafter.folder_mode(args.decode, args.ckpt)
     registers = drafter.load_registers(args.ckpt, args.draft) if mode == "registers" else None
     model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
@@ -143,10 +144,11 @@ def generate_all(args, located, kind: str, out: Path):
 
 def evaluate(args) -> dict | None:
     from mutor2d import io
-    from mutor2d.lm import data, hf
+    from mutor2d.lm import hf
+    from mutor2d.lm import records as lm_records
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
-    located = data.load_located(args.data_name, args.data)
+    located = lm_records.load_located(args.data_name, args.data)
     located = located[:args.limit] if args.limit else located
     kind = args.kind or guess_kind(located, args.data_name)
     suffix = f"_step{step}" if ckpt != run_dir else ""

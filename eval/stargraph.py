@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from mutor2d import io
-from mutor2d import checkpoint          # the command line parses before torch is imported (in main)
+from mutor2d.checkpoint import inference, locate          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
@@ -74,8 +74,8 @@ def main(argv=None) -> dict:
 
     from mutor2d.evaluation.stargraph import solve_rates, teacher_forced_accuracy
     load_plugins()
-    path = checkpoint.resolve(args.ckpt)
-    model, cfg, step = checkpoint.load_model(path, use_ema=not args.no_ema)
+    path = locate.resolve(args.ckpt)
+    model, cfg, step = inference.load_model(path, use_ema=not args.no_ema)
     if cfg.data.name != "stargraph":
         raise ValueError(f"--ckpt {args.ckpt}: trained on data.name={cfg.data.name!r}, not stargraph")
     offsets = probe_offsets(args.offsets, cfg.data.path_len)
@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
     rates = solve_rates(model, test, args.batch_size)
     tf = teacher_forced_accuracy(model, test, offsets, args.batch_size)
     record = make_record(cfg, step, path, rates, tf)
-    where = Path(args.json) if args.json else checkpoint.output_dir(path, "eval") / f"stargraph_step{step:08d}.json"
+    where = Path(args.json) if args.json else locate.output_dir(path, "eval") / f"stargraph_step{step:08d}.json"
     with io.exit_on_write_error(str(where)):
         out = records.write_record(record, where)
     print(f"step {step}: solve rate {rates['solve_rate']:.3f}, first-step accuracy "

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import config
-from . import checkpoint
+from .checkpoint import locate
 from .sampling import images as generation
 from .plugins import load_plugins
 from .sampling import decode_modes
@@ -378,7 +378,7 @@ def run(args) -> None:
         check_port(args.host, args.port)
         load_plugins()
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        src = generation.open_checkpoint(checkpoint.resolve(args.ckpt), use_ema=args.ema, device=device)
+        src = generation.open_checkpoint(locate.resolve(args.ckpt), use_ema=args.ema, device=device)
         serve(build_app(Demo(src, device, args.ckpt)), args.host, args.port)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

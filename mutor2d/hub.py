@@ -2,13 +2,13 @@
 
 ``MutorModel`` wraps the GPT of a checkpoint with ``huggingface_hub.ModelHubMixin``. A saved folder holds
   model.safetensors  the weights (EMA when the checkpoint has them), with the step, grid, run config and
-                     weight kind as safetensors metadata (the layout of ``checkpoint.export_safetensors``);
+                     weight kind as safetensors metadata (the layout of ``checkpoint.export.export_safetensors``);
   config.json        {"format": "mutor2d", "step", "grid", "weights", "tokenizer", "run_config",
                      "weights_sha256": the SHA-256 of model.safetensors, checked at every load};
   README.md          the model card: the run's config, its FID records (RUN/eval/, as eval/leaderboard.py
                      shows them), a sample grid and how to sample;
   sample.png         that grid, sampled from the saved weights with the run's sample settings.
-``mutor2d.checkpoint.resolve`` maps such a folder to its model.safetensors once its checksum matches
+``mutor2d.checkpoint.locate.resolve`` maps such a folder to its model.safetensors once its checksum matches
 (``io.verified_weights``: a corrupt file is a one-line error, a folder written before checksums loads
 with a warning), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained`` take it
 like a run folder.
@@ -38,7 +38,8 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from . import io
 from . import checkpoint
-from .checkpoint import HUB_WEIGHTS as WEIGHTS, is_hub_folder
+from .checkpoint import export, inference, locate
+from .checkpoint.locate import HUB_WEIGHTS as WEIGHTS, is_hub_folder
 from .cli import HelpFormatter
 
 CARD_IMAGE = "sample.png"
@@ -59,7 +60,7 @@ def run_folder(path: Path) -> Path | None:
 
 class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-generation", "autoregressive"]):
     """A checkpoint's GPT (eval mode) with its run config ``cfg``, ``meta`` (step, grid, has_ema,
-    config: as ``checkpoint.read_meta``) and the run folder it came from (for the card)."""
+    config: as ``checkpoint.inference.read_meta``) and the run folder it came from (for the card)."""
 
     def __init__(self, model, cfg, meta: dict, run_dir: Path | None = None):
         self.model, self.cfg, self.meta, self.run_dir = model, cfg, meta, run_dir
@@ -67,8 +68,8 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
     @classmethod
     def from_checkpoint(cls, path, use_ema: bool = True, device="cpu") -> "MutorModel":
         """A checkpoint file, run folder, safetensors export or hub folder."""
-        path = checkpoint.resolve(path)
-        model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)
+        path = locate.resolve(path)
+        model, cfg, meta = inference.open_model(path, use_ema=use_ema, device=device)
         meta = {**meta, "has_ema": bool(use_ema and meta["has_ema"])}
         return cls(model, cfg, meta, run_folder(path))
 
@@ -92,7 +93,7 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
                 "provenance": self.meta.get("provenance"), io.WEIGHTS_SHA256_KEY: weights_sha256}
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        weights = checkpoint.save_safetensors(self.model.state_dict(), self.meta,
+        weights = export.save_safetensors(self.model.state_dict(), self.meta,
                                               "ema" if self.meta["has_ema"] else "model", save_directory / WEIGHTS)
         config = self.hub_config(io.file_sha256(weights))
         (save_directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -108,7 +109,7 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
 
         from .sampling import images as generation
         from .data.tokens import build_tokenizer
-        model = checkpoint.open_model(weights, device=next(self.model.parameters()).device)[0]
+        model = inference.open_model(weights, device=next(self.model.parameters()).device)[0]
         s, grid = self.cfg.sample, tuple(self.meta["grid"])
         s = replace(s, per_class=min(s.per_class, CARD_PER_CLASS))
         classes = generation.grid_classes(s, len(model.conditioning.choices(self.cfg.model)))

@@ -30,11 +30,6 @@ from .model.attention import NEVER, Visibility
 from .register_spec import LayoutError, RegisterSpec, first_anchor, num_anchors, offset_pairs  # noqa: F401 (re-exported)
 
 
-def candidate_offsets(kind: str, d_min: int, d_max: int) -> Tensor:
-    """Candidate offsets (C, 2) as (dr, dc): ``offset_pairs`` as a tensor."""
-    return torch.tensor(offset_pairs(kind, d_min, d_max), dtype=torch.long).reshape(-1, 2)
-
-
 def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge: str,
                    lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Targets of ``anchors`` (..., ) body indices under ``offsets`` (..., 2), broadcast together.

@@ -19,6 +19,7 @@ import torch
 
 from mutor2d import config, io
 from mutor2d import checkpoint
+from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d.sampling import images as generation
 from mutor2d.checks import ConfigError
 from mutor2d.engine import train
@@ -236,7 +237,7 @@ def test_a_refused_folder_is_one_line_exit_2(run, sample, tmp_path, capsys, monk
 
 def test_checkpoint_export_on_a_full_disk_is_exit_74_and_no_file(run, tmp_path, capsys, monkeypatch):
     disk_full(monkeypatch, io)
-    code, line = exits(checkpoint.main, ["export", str(run), str(tmp_path / "w.safetensors")], capsys)
+    code, line = exits(checkpoint_main, ["export", str(run), str(tmp_path / "w.safetensors")], capsys)
     assert code == 74 and "no space left" in line and files_under(tmp_path) == []
 
 
@@ -291,7 +292,7 @@ def test_extract_codes_out_naming_a_file_is_one_line(extract_codes, tmp_path, ca
 
 def test_checkpoint_export_into_a_folder_is_one_line(run, tmp_path):
     with pytest.raises(SystemExit) as e:
-        checkpoint.main(["export", str(run), str(tmp_path)])
+        checkpoint_main(["export", str(run), str(tmp_path)])
     assert "is a folder; expected the path of the .safetensors file" in str(e.value.code)
     assert list(tmp_path.iterdir()) == []
 
@@ -345,7 +346,7 @@ def test_checkpoint_export_refuses_a_language_model_run(tmp_path, capsys):
     checkpoint.save_atomic({"model": {}, "config": {"task": "lm"}, "step": 1, "grid": None},
                            checkpoint.checkpoint_path(run, 1))
     with pytest.raises(SystemExit) as e:
-        checkpoint.main(["export", str(run), str(tmp_path / "w.safetensors")])
+        checkpoint_main(["export", str(run), str(tmp_path / "w.safetensors")])
     assert "is a language-model run; its model is already saved as" in str(e.value.code)
     assert f"{run}/model.safetensors" in str(e.value.code) and not (tmp_path / "w.safetensors").exists()
 
@@ -692,7 +693,7 @@ def test_train_vq_empty_config_is_refused_not_the_default(tmp_path, capsys, argv
 def test_a_checkpoint_that_rotation_removed_is_named_with_keep_ckpts(tmp_path):
     """A step checkpoint that is not there, beside others of its run: the error names train.keep_ckpts
     and the checkpoints that remain (was: only "does not exist")."""
-    from mutor2d.checkpoint import resolve
+    from mutor2d.checkpoint.locate import resolve
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)
     for step in (750, 1000):

@@ -1,4 +1,4 @@
-"""The digits study (mutor2d.evaluation.study, command line eval/compare.py): --quick runs the whole
+"""The digits study (mutor2d.evaluation.study, command line experiments/compare.py): --quick runs the whole
 pipeline (train, sample, score, validation NLL and selection, a data fraction, compute-matched point,
 floor, table, plots) and leaves records the leaderboard reads; the held-out NLL is the next-token
 cross-entropy; selection picks the lowest validation NLL; runs train in the stated order; bad
@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint import inference
 from mutor2d.data.tokens import build_dataset, collate
-from mutor2d.evaluation import records, study
+from mutor2d import config as config_lib
+from mutor2d.evaluation import plan, records, study_plots, study_runs, study_tables
 from mutor2d.registers import regular_position_ids
 from timeouts import limit
 
@@ -36,7 +38,7 @@ def _load(name: str, path: Path):
     return mod
 
 
-compare = _load("compare_driver", ROOT / "eval" / "compare.py")   # the command line: --quick sizes, main
+compare = _load("compare_driver", ROOT / "experiments" / "compare.py")   # the command line: --quick sizes, main
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +54,13 @@ def quick(tmp_path_factory):
 
 
 def selected(run: Path) -> dict:
-    return json.loads((run / study.VAL_CURVE_FILE).read_text())["selected"]
+    return json.loads((run / study_runs.VAL_CURVE_FILE).read_text())["selected"]
 
 
 def test_quick_writes_a_record_per_run_step_and_cfg(quick):
     out, summary = quick
     q = compare.QUICK
-    labels = q["methods"].split(",") + [study.fraction_label(m, float(f)) for m in q["fraction_methods"].split(",")
+    labels = q["methods"].split(",") + [plan.fraction_label(m, float(f)) for m in q["fraction_methods"].split(",")
                                         for f in q["fractions"].split(",")]
     steps = [int(s) for s in q["eval_steps"].split(",")]
     scales = [float(s) for s in q["cfg"].split(",")]
@@ -86,8 +88,8 @@ def test_quick_writes_a_record_per_run_step_and_cfg(quick):
 def test_quick_fraction_run_trains_on_the_nested_share(quick):
     out, summary = quick
     run = out / "next-token@0.5" / "seed0"
-    _, cfg, _ = ckpt_lib.load_model(run)
-    full = ckpt_lib.load_model(out / "next-token" / "seed0")[1]
+    _, cfg, _ = inference.load_model(run)
+    full = inference.load_model(out / "next-token" / "seed0")[1]
     assert cfg.data.train_fraction == 0.5 and full.data.train_fraction == 1.0
     assert cfg.data.val_fraction == full.data.val_fraction == 0.2
     part, whole = build_dataset(cfg.data, "train"), build_dataset(full.data, "train")
@@ -96,12 +98,12 @@ def test_quick_fraction_run_trains_on_the_nested_share(quick):
     assert all(tuple(c.flatten().tolist()) + (int(y),) in rows for c, y in zip(part.codes, part.labels))
     png = Path(summary["fraction_plot"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    groups = study.summarise(study.collect(out), [1.0, 2.0])
-    pts = study.fraction_points(groups, "next-token", "nll_val")
+    groups = study_tables.summarise(study_tables.collect(out), [1.0, 2.0])
+    pts = study_plots.fraction_points(groups, "next-token", "nll_val")
     assert [p[0] for p in pts] == [0.5, 1.0]                         # the curve has both shares
-    last = study.last_step(groups, "next-token")
+    last = study_plots.last_step(groups, "next-token")
     assert last == max(k[1] for k in groups if k[0] == "next-token@0.5" and isinstance(k[1], int))
-    ends = study.fraction_points(groups, "next-token", "nll_val", last)
+    ends = study_plots.fraction_points(groups, "next-token", "nll_val", last)
     assert [p[0] for p in ends] == [0.5, 1.0]
     assert ends[0][1] == pytest.approx(groups[("next-token@0.5", last)]["nll_val"][0])
 
@@ -111,31 +113,31 @@ def test_selection_is_the_lowest_validation_nll(quick):
     weights); the selected step is the lowest up to the label's horizon; its records are the table's
     val-best row."""
     out, summary = quick
-    horizon = {study.COMPUTE_MATCHED: summary["compute_matched"]["step"]}
-    groups = study.summarise(study.collect(out), [1.0, 2.0])
+    horizon = {plan.COMPUTE_MATCHED: summary["compute_matched"]["step"]}
+    groups = study_tables.summarise(study_tables.collect(out), [1.0, 2.0])
     runs = [r for r in sorted(out.glob("*/seed0")) if r.parent.name != "floor"]
     assert len(runs) == 3
     for run in runs:
-        curve = study.read_curve(run)
+        curve = study_runs.read_curve(run)
         assert curve["weights"] == "ema" and len(curve["nll"]) >= 2
         for step in sorted(curve["nll"]) if run.parent.name == "next-token@0.5" else set(curve["selected"].values()):
-            model, cfg, _ = ckpt_lib.load_model(ckpt_lib.checkpoint_path(run, step))
-            assert curve["nll"][step] == pytest.approx(study.heldout_nll(model, cfg.data, "val"), rel=1e-6)
+            model, cfg, _ = inference.load_model(ckpt_lib.checkpoint_path(run, step))
+            assert curve["nll"][step] == pytest.approx(study_runs.heldout_nll(model, cfg.data, "val"), rel=1e-6)
         for label, step in curve["selected"].items():
             pool = {s: v for s, v in curve["nll"].items() if s <= horizon.get(label, compare.QUICK["steps"])}
             assert step == min(pool, key=lambda s: (pool[s], s))
-            assert groups[(label, study.VAL_BEST)]["steps"] == {0: step}
-            assert groups[(label, study.VAL_BEST)]["nll_val"][0] == pytest.approx(curve["nll"][step], rel=1e-6)
+            assert groups[(label, study_tables.VAL_BEST)]["steps"] == {0: step}
+            assert groups[(label, study_tables.VAL_BEST)]["nll_val"][0] == pytest.approx(curve["nll"][step], rel=1e-6)
 
 
 def test_select_step_and_candidates():
     curve = {100: 1.30, 200: 1.20, 300: 1.25, 400: 1.10, 500: 1.10}
-    assert study.select_step(curve, 300) == 200                     # the minimum within the horizon
-    assert study.select_step(curve, 500) == 400                     # a tie goes to the earlier step
-    with pytest.raises(study.StudyError, match="no validation NLL at or before step 50"):
-        study.select_step(curve, 50)
-    assert study.candidates(200, 1000) == [200, 400, 600, 800, 1000]
-    assert study.candidates(200, 700) == [200, 400, 600, 700]
+    assert study_runs.select_step(curve, 300) == 200                     # the minimum within the horizon
+    assert study_runs.select_step(curve, 500) == 400                     # a tie goes to the earlier step
+    with pytest.raises(plan.StudyError, match="no validation NLL at or before step 50"):
+        study_runs.select_step(curve, 50)
+    assert study_runs.candidates(200, 1000) == [200, 400, 600, 800, 1000]
+    assert study_runs.candidates(200, 700) == [200, 400, 600, 700]
 
 
 def test_quick_compute_matched_point_and_floor(quick):
@@ -145,14 +147,14 @@ def test_quick_compute_matched_point_and_floor(quick):
     assert cm["ratio"] > 0 and steps <= cm["step"] <= 2 * steps
     run = out / "next-token" / "seed0"
     cm_recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
-    cm_recs = [r for r in cm_recs if r["study"]["method"] == study.COMPUTE_MATCHED]
-    want = {cm["step"], selected(run)[study.COMPUTE_MATCHED]}
+    cm_recs = [r for r in cm_recs if r["study"]["method"] == plan.COMPUTE_MATCHED]
+    want = {cm["step"], selected(run)[plan.COMPUTE_MATCHED]}
     assert {r["step"] for r in cm_recs} == want and len(cm_recs) == 2 * len(want)
     # the next-token run really went on past the equal-step point (constant lr): checkpoints up to 2x
     assert ckpt_lib.list_checkpoints(run)[-1].name == f"step_{2 * steps:08d}.pt"
     floor = [json.loads(p.read_text()) for p in (out / "floor" / "eval").glob("*.json")]
     held = [r for r in floor if r["method"] == "real held-out"]
-    assert len(held) == 1 and held[0]["n"] == len(build_dataset(study.config_lib.load(study.BASE_CONFIG).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
+    assert len(held) == 1 and held[0]["n"] == len(build_dataset(config_lib.load(plan.BASE_CONFIG).data, "test")) and 0 < held[0]["metrics"]["fid"] < 30
     assert held[0]["metrics"]["accuracy"] > 0.9        # real digits are recognised: the classifier works
 
 
@@ -166,16 +168,16 @@ def test_cm_ratio_fixes_the_step_and_a_decaying_lr_trains_its_own_run(quick, tmp
     summary = compare.main(["--quick", "--out", str(out), "--set", "optim.schedule=cosine", "--cm-ratio", "1.5"])
     cm = summary["compute_matched"]
     assert cm["ratio"] == 1.5 and cm["step"] == round(1.5 * steps) and cm["measured_ratio"] > 0
-    run = out / study.COMPUTE_MATCHED / "seed0"
-    _, cfg, last = ckpt_lib.load_model(run)
+    run = out / plan.COMPUTE_MATCHED / "seed0"
+    _, cfg, last = inference.load_model(run)
     assert cfg.optim.schedule == "cosine" and cfg.train.max_steps == last == round(1.5 * steps)
     recs = [json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]
-    assert {round(1.5 * steps), selected(run)[study.COMPUTE_MATCHED]} == {r["step"] for r in recs}
+    assert {round(1.5 * steps), selected(run)[plan.COMPUTE_MATCHED]} == {r["step"] for r in recs}
     assert ckpt_lib.list_checkpoints(out / "next-token" / "seed0")[-1].name == f"step_{2 * steps:08d}.pt"  # as copied
 
 
 def test_units_train_the_headline_runs_first(tmp_path):
-    s = study.Study(out=tmp_path, methods=["next-token", "mutor-2d-D4", "mutor-2d-sparse"], seeds=[100, 101],
+    s = plan.Study(out=tmp_path, methods=["next-token", "mutor-2d-D4", "mutor-2d-sparse"], seeds=[100, 101],
                     steps=10, eval_steps=[10], num=10, cfg_scales=[1.0], fractions=[0.25, 0.5],
                     fraction_methods=["next-token", "mutor-2d-D4"], compute_matched="mutor-2d-D4", cm_ratio=1.5,
                     overrides=["optim.schedule=cosine"])
@@ -183,8 +185,8 @@ def test_units_train_the_headline_runs_first(tmp_path):
     first = [(m, seed) for seed in (100, 101) for m in ("next-token", "mutor-2d-D4")]
     fracs = [(f"{m}@{f}", seed) for seed in (100, 101) for f in ("0.5", "0.25") for m in ("next-token", "mutor-2d-D4")]
     assert got == first + fracs + [("mutor-2d-sparse", 100), ("mutor-2d-sparse", 101),
-                                   (study.COMPUTE_MATCHED, 100), (study.COMPUTE_MATCHED, 101)]
-    assert {u["steps"] for u in s.units() if u["label"] == study.COMPUTE_MATCHED} == {15}
+                                   (plan.COMPUTE_MATCHED, 100), (plan.COMPUTE_MATCHED, 101)]
+    assert {u["steps"] for u in s.units() if u["label"] == plan.COMPUTE_MATCHED} == {15}
     frac = next(u for u in s.units() if u["label"] == "mutor-2d-D4@0.25")
     assert frac["method"] == "mutor-2d-D4" and frac["overrides"][-1] == "data.train_fraction=0.25"
     assert frac["run_dir"] == str(tmp_path / "mutor-2d-D4@0.25" / "seed100")
@@ -193,7 +195,7 @@ def test_units_train_the_headline_runs_first(tmp_path):
 def test_quick_table_plot_and_leaderboard(quick, capsys):
     out, summary = quick
     md = (out / "table.md").read_text()
-    for name in ("next-token", "mutor-2d-sparse", study.COMPUTE_MATCHED, "real held-out"):
+    for name in ("next-token", "mutor-2d-sparse", plan.COMPUTE_MATCHED, "real held-out"):
         assert f"| {name} |" in md
     from mutor2d import provenance
     head, _, first = md.splitlines()[:3]
@@ -215,7 +217,7 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
 @pytest.mark.parametrize("split", ["test", "val"])
 def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
-    model, cfg, _ = ckpt_lib.load_model(out / "mutor-2d-sparse" / "seed0")
+    model, cfg, _ = inference.load_model(out / "mutor-2d-sparse" / "seed0")
     ds = cfg.data.build(split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid
@@ -223,34 +225,34 @@ def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     with torch.no_grad():
         logits = model(b["body"][:, :-1], pos, b["prefix"])          # (B, 1 + N - 1, V)
     want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["body"].reshape(-1)).item()
-    assert study.heldout_nll(model, cfg.data, split) == pytest.approx(want, rel=1e-5)
+    assert study_runs.heldout_nll(model, cfg.data, split) == pytest.approx(want, rel=1e-5)
     assert len(ds) == {"test": 359, "val": 288}[split]              # ceil(0.2 * 1438) validation images
 
 
 def test_study2_config_is_the_second_protocol(tmp_path):
     """configs/study2_digits.yaml: EMA, cosine to the end, a validation split; its documented
     settings pass the checks, and its compute-matched point needs --cm-ratio."""
-    cfg = study.config_lib.load("study2_digits.yaml")
+    cfg = config_lib.load("study2_digits.yaml")
     assert cfg.train.ema and cfg.optim.schedule == "cosine" and cfg.optim.min_lr == 0
     assert cfg.data.val_fraction > 0 and cfg.data.train_fraction == 1
-    kw = dict(out=tmp_path, methods=list(study.METHODS), seeds=[100], steps=1500, eval_steps=[750, 1500],
+    kw = dict(out=tmp_path, methods=list(plan.METHODS), seeds=[100], steps=1500, eval_steps=[750, 1500],
               num=5000, cfg_scales=[1.0, 2.0], base="study2_digits.yaml", val_every=150, fractions=[0.25, 0.5],
               fraction_methods=["next-token", "mutor-2d-D4"], compute_matched="mutor-2d-D4")
-    study.Study(**kw, cm_ratio=2.0).check()
-    with pytest.raises(study.StudyError, match="needs --cm-ratio"):
-        study.Study(**kw).check()
+    plan.Study(**kw, cm_ratio=2.0).check()
+    with pytest.raises(plan.StudyError, match="needs --cm-ratio"):
+        plan.Study(**kw).check()
 
 
 def test_mean_sd_and_fmt():
-    m, sd, n = study.mean_sd([1.0, 2.0, 3.0])
+    m, sd, n = study_tables.mean_sd([1.0, 2.0, 3.0])
     assert (m, n) == (2.0, 3) and sd == pytest.approx(1.0)
-    assert study.fmt([1.0, 2.0, 3.0]) == "2.00 ± 1.00"
-    assert study.fmt([5.0]) == "5.00" and study.fmt([]) == "–"
+    assert study_tables.fmt([1.0, 2.0, 3.0]) == "2.00 ± 1.00"
+    assert study_tables.fmt([5.0]) == "5.00" and study_tables.fmt([]) == "–"
 
 
 def test_eval_steps_need_not_divide_the_run_only_lie_on_its_checkpoint_grid(tmp_path):
     """50,100,...,250 of a 250-step run: checkpoints every 50 steps (100 does not divide 250)."""
-    s = study.Study(out=tmp_path, methods=["next-token"], seeds=[0], steps=250,
+    s = plan.Study(out=tmp_path, methods=["next-token"], seeds=[0], steps=250,
                     eval_steps=[50, 100, 150, 200, 250], num=10, cfg_scales=[1.0])
     s.check_flags()
     assert s.every == 50 and s.units()[0]["ckpt_every"] == 25    # next-token's grain: gcd(50, 250 // 10)
@@ -279,7 +281,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, argv, needle):
 
 
 def test_script_error_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "eval/compare.py", "--out", str(tmp_path), "--methods", "bogus"],
+    r = subprocess.run([sys.executable, "experiments/compare.py", "--out", str(tmp_path), "--methods", "bogus"],
                        cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]]
@@ -309,7 +311,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
     """With --jobs 2 the pool workers must not train on once the driver is gone: each stops at its next
     step with a checkpoint (a 'preempted' event) and starts none of the queued runs."""
     out = tmp_path / "s"
-    argv = [sys.executable, "eval/compare.py", "--out", str(out), "--methods", "next-token,mutor-2d-sparse",
+    argv = [sys.executable, "experiments/compare.py", "--out", str(out), "--methods", "next-token,mutor-2d-sparse",
             "--seeds", "0,1", "--steps", "5000", "--eval-steps", "5000", "--num", "20", "--jobs", "2",
             "--compute-matched", "", "--floor-draws", "1"]
     for kv in ("model.dim=32", "train.batch_size=8", "optim.warmup_steps=1", "train.log_every=1"):
@@ -346,7 +348,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
 def test_paired_differences_and_the_convergence_ratio_by_hand():
     """FID minus next-token's at the same step, paired by seed, with a t-interval; the convergence
     ratio: the first step a method's mean FID reaches next-token's final mean FID, over that step."""
-    from mutor2d.evaluation.study import convergence, paired_table
+    from mutor2d.evaluation.study_tables import convergence, paired_table
 
     def group(fids):
         return {"fid": {1.0: dict(enumerate(fids))}}

@@ -16,8 +16,12 @@ from mutor2d import config
 from mutor2d.config import make
 from mutor2d.data.tokens import CodeDataset, build_dataset, build_tokenizer, collate
 from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, tokenizer_kind
-from mutor2d.tokenizer.codes import CodesError, augment, augmentation_names, center_crop_arr, extract, open_store, scan_image_folder
-from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
+from mutor2d.tokenizer.codes import CodesError, open_store
+from mutor2d.tokenizer.extract import extract
+from mutor2d.tokenizer.image_folder import augment, augmentation_names, center_crop_arr, scan_image_folder
+from mutor2d.tokenizer.config import vq_config
+from mutor2d.tokenizer.vq import VQTokenizer
+from mutor2d.tokenizer.vq_model import VQModel
 from timeouts import limit
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -25,6 +25,8 @@ from conftest import demo_extra  # noqa: E402
 from test_training import ROOT, env, losses, losses_so_far, tiny, write_yaml  # noqa: E402
 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
+from mutor2d.checkpoint import inference  # noqa: E402
+from mutor2d.checkpoint.__main__ import main as checkpoint_main  # noqa: E402
 from mutor2d.engine import read_log, train  # noqa: E402
 from timeouts import limit  # noqa: E402
 
@@ -116,7 +118,7 @@ def close(a: dict, b: dict, rel: float) -> bool:
 
 def weights(run_dir, use_ema: bool = False) -> dict:
     """The GPT weights of a run's newest checkpoint (file or sharded folder)."""
-    return ckpt_lib.load_weights(run_dir, use_ema)[0]
+    return inference.load_weights(run_dir, use_ema)[0]
 
 
 def same_weights(a: dict, b: dict, rel: float) -> bool:
@@ -177,11 +179,11 @@ def test_sharded_checkpoint_resumes_exactly_and_loads_anywhere(two_process_runs,
     assert sorted(one) == [3] and math.isfinite(one[3])
     assert ckpt_lib.list_checkpoints(tmp_path / "one")[-1].suffix == ".pt"     # one process: unsharded
     out = tmp_path / "w.safetensors"
-    ckpt_lib.main(["export", str(straight), str(out)])             # python -m mutor2d.checkpoint export
+    checkpoint_main(["export", str(straight), str(out)])             # python -m mutor2d.checkpoint export
     from safetensors.torch import load_file
     exported, ema = load_file(str(out)), weights(straight, use_ema=True)
     assert sorted(exported) == sorted(ema) and all(torch.equal(exported[k], ema[k]) for k in ema)
-    assert ckpt_lib.read_meta(out)["has_ema"] and ckpt_lib.read_meta(straight)["step"] == 3
+    assert inference.read_meta(out)["has_ema"] and inference.read_meta(straight)["step"] == 3
 
 
 def test_a_sharded_checkpoint_of_the_old_layout_resumes_exactly_and_samples(two_process_runs):
@@ -195,7 +197,7 @@ def test_a_sharded_checkpoint_of_the_old_layout_resumes_exactly_and_samples(two_
     stored = [{k.split(".")[0] for k in safe_dcp.read_metadata(p).state_dict_metadata} for p in (old, new)]
     assert stored == [{"model", "optim", "ema"}, {"model", "optimizer", "ema"}]     # no objective state: sparse
     for use_ema in (False, True):
-        a, b = ckpt_lib.load_weights(old, use_ema)[0], ckpt_lib.load_weights(new, use_ema)[0]
+        a, b = inference.load_weights(old, use_ema)[0], inference.load_weights(new, use_ema)[0]
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
     assert losses(two_process_runs / "legacy") == {3: losses(straight)[3]}
 
@@ -280,13 +282,13 @@ def test_a_flipped_byte_in_a_sharded_checkpoint_is_caught(two_process_runs, tmp_
     src = ckpt_lib.checkpoint_path(two_process_runs / "sparse_fsdp", 3).with_suffix(".dcp")
     run = tmp_path / "run"
     shutil.copytree(src, ckpt_lib.checkpoint_path(run, 3).with_suffix(".dcp"))
-    ckpt_lib.load_weights(run)                                          # intact: loads
+    inference.load_weights(run)                                          # intact: loads
     shard = max((p for p in ckpt_lib.list_checkpoints(run)[-1].glob("*.distcp")), key=lambda p: p.stat().st_size)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(ckpt_lib.CheckpointError, match="do not match the checksum stored at save"):
-        ckpt_lib.load_weights(run)
+        inference.load_weights(run)
 
 
 @pytest.mark.parametrize("kind", HOSTILE_2P)
@@ -326,7 +328,7 @@ def test_a_crafted_sharded_checkpoint_runs_no_code_through_any_reader(two_proces
     from mutor2d import hub
     marker = tmp_path / "ran"
     crafted = crafted_run(two_process_runs / "sparse_fsdp", tmp_path / "run", kind, marker)
-    readers = {"export": lambda: ckpt_lib.main(["export", str(crafted), str(tmp_path / "w.safetensors")]),
+    readers = {"export": lambda: checkpoint_main(["export", str(crafted), str(tmp_path / "w.safetensors")]),
                "hub save": lambda: hub.main(["save", str(crafted), str(tmp_path / "hub")]),
                "sample.py": lambda: _sample_py().main(["--ckpt", str(crafted), "--classes", "1", "--per-class", "1",
                                                        "--device", "cpu", "--out", str(tmp_path / "s.png")]),

@@ -60,7 +60,7 @@ def two_process_runs(tmp_path_factory):
     import subprocess
 
     from test_lm import _write_tiny_model
-    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.offline_tokenizers import char_tokenizer
     out = tmp_path_factory.mktemp("fsdp_lm")
     _write_tiny_model(out / "base", char_tokenizer("0123456789+=;:sum "))
     r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, str(out)],
@@ -96,7 +96,8 @@ def test_sharded_online_accuracy_matches_ddp(two_process_runs, finetune, tmp_pat
     a one-process evaluation of the saved run folder on the same batches."""
     from mutor2d.evaluation import records
     from mutor2d.lm import accuracy, hf
-    from mutor2d.lm import data as lm_data
+    from mutor2d.lm import prompts as lm_prompts
+    from mutor2d.lm import records as lm_records
     runs = {s: two_process_runs / f"{finetune}_{s}" for s in ("ddp", "fsdp")}
 
     def outputs(run, step):
@@ -113,7 +114,7 @@ def test_sharded_online_accuracy_matches_ddp(two_process_runs, finetune, tmp_pat
     assert logged["fsdp"] == logged["ddp"] == [(step, acc) for step, _, acc, _ in recs["ddp"]]
     assert not list((runs["fsdp"] / "eval").glob("*.part*"))
     tok, model = hf.load_tokenizer(runs["fsdp"]), hf.load_for_inference(runs["fsdp"])
-    items = lm_data.eval_prompts(lm_data.load_located("jsonl", str(ROOT / "tests" / "data" / "lm_tiny.jsonl"))[:5], tok)
+    items = lm_prompts.eval_prompts(lm_records.load_located("jsonl", str(ROOT / "tests" / "data" / "lm_tiny.jsonl"))[:5], tok)
     for rank in (0, 1):                                   # the processes' batches, one after the other
         accuracy.predict(items, lambda b: hf.generate(model, tok, [it["prompt_ids"] for it in b], 4, [";"]),
                          tmp_path / "p.jsonl", "gsm8k", rank, 2, 2)

@@ -12,6 +12,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
+from mutor2d.checkpoint import locate
 from mutor2d.sampling import images as generation
 from mutor2d.sampling import npz as npz_files
 from mutor2d.sampling.images import SampleFileError
@@ -89,7 +90,7 @@ def test_pick_grid_refuses_another_grid_than_the_models():
 def test_training_grid_equals_sample_py_grid(run, tmp_path):
     """write_grid (what training calls) and sample.py give the same PNG bytes for the same model,
     settings and seed; write_grid leaves the model's mode and the global RNG alone."""
-    src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
+    src = generation.open_checkpoint(locate.resolve(run), device="cpu")
     assert (src.step, src.grid, src.ema) == (7, (8, 8), False)
     model = src.model.train()
     classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
@@ -108,7 +109,7 @@ def test_training_grid_equals_sample_py_grid(run, tmp_path):
 
 
 def test_npz_meta_is_built_in_one_place(run, tmp_path):
-    src = generation.open_checkpoint(checkpoint.resolve(run))
+    src = generation.open_checkpoint(locate.resolve(run))
     sample_cfg = dataclasses.replace(src.cfg.sample, cfg_scale=2.0)
     settings = generation.sampling_settings(sample_cfg)
     meta = npz_files.sample_meta(checkpoint="ck.pt", step=src.step, config=src.cfg.to_dict(), settings=settings,
@@ -229,7 +230,9 @@ def fake_run(cfg, model, grid, device, run_dir):
 
 
 def tiny_vq_tokenizer():
-    from mutor2d.tokenizer.vq import VQModel, VQTokenizer, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq import VQTokenizer
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     return VQTokenizer(VQModel(vq_config("tiny", **TINY_VQ)))
 
@@ -269,7 +272,7 @@ def test_sample_grid_hook_equals_sample_py(run, tmp_path):
     """The training hook's PNG (tokenizer moved to the run's device) is sample.py's PNG, byte for byte."""
     from mutor2d.engine.hooks import StepStatus
     from mutor2d.image.hooks import SampleGrids
-    src = generation.open_checkpoint(checkpoint.resolve(run), device="cpu")
+    src = generation.open_checkpoint(locate.resolve(run), device="cpu")
     classes = generation.grid_classes(src.cfg.sample, src.cfg.model.num_classes)
     SampleGrids(src.tokenizer, classes)(fake_run(src.cfg, src.model, src.grid, "cpu", tmp_path), StepStatus(7, True))
     sample_main()(["--ckpt", str(run), "--out", str(tmp_path / "cli.png"), "--device", "cpu"])
@@ -278,7 +281,7 @@ def test_sample_grid_hook_equals_sample_py(run, tmp_path):
 
 def test_is_complete_reads_only_the_meta(run, tmp_path, monkeypatch):
     """Rerunning a finished npz job reads its meta entry, never the images (~10 GB at 50K x 256 px)."""
-    src = generation.open_checkpoint(checkpoint.resolve(run))
+    src = generation.open_checkpoint(locate.resolve(run))
     settings = generation.sampling_settings(src.cfg.sample)
     labels = generation.balanced_labels(4, [0, 1])
 
@@ -300,7 +303,7 @@ def test_sample_py_without_the_codes_folder(tmp_path, capsys):
 
     from mutor2d.data.tokens import build_tokenizer
     from mutor2d.model.gpt import GPT
-    from mutor2d.tokenizer.codes import extract
+    from mutor2d.tokenizer.extract import extract
     from mutor2d.tokenizer.vq import VQTokenizer
     model = tiny_vq_tokenizer().model
     vq = tmp_path / "vq.pt"

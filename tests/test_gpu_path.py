@@ -9,6 +9,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
+from mutor2d.checkpoint import locate
 from mutor2d.sampling import images as generation
 from mutor2d.engine import speed
 
@@ -52,7 +53,8 @@ def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device)
     from mutor2d.engine.hooks import StepStatus
     from mutor2d.image.hooks import SampleGrids
     from mutor2d.model.gpt import GPT
-    from mutor2d.tokenizer.vq import VQModel, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     vq = VQModel(vq_config("tiny", codebook_size=17, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1,
                            z_channels=8, norm_groups=4, image_size=8, usage_window=0))
@@ -63,7 +65,7 @@ def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device)
                              "sample.classes=[1,4]"])
     checkpoint.save_atomic({"model": GPT(cfg.model).state_dict(), "ema": None, "objective": {}, "step": 5,
                             "config": cfg.to_dict(), "grid": [4, 4]}, checkpoint.checkpoint_path(tmp_path / "run", 5))
-    src = generation.open_checkpoint(checkpoint.resolve(tmp_path / "run"), device=device)
+    src = generation.open_checkpoint(locate.resolve(tmp_path / "run"), device=device)
     tokenizer = build_tokenizer(cfg.data)
     assert tokenizer.device.type == "cpu"
     run = SimpleNamespace(cfg=src.cfg, sample_model=src.model, sampling_model=lambda: src.model, grid=src.grid,

@@ -18,6 +18,7 @@ import pytest
 
 from mutor2d import config, io
 from mutor2d import checkpoint
+from mutor2d.checkpoint import locate
 from mutor2d.lm import data as lm_data
 from conftest import TINY_DIGITS, demo_extra
 
@@ -87,7 +88,7 @@ def test_hub_save_force_replaces_only_its_own_files_and_leaves_no_temp(run, tmp_
     (out / "config.json").write_text("{}")
     (out / "notes.txt").write_text("mine")
     hub.main(["save", str(run), str(out), "--force"])
-    assert (out / "notes.txt").read_text() == "mine" and checkpoint.is_hub_folder(out)
+    assert (out / "notes.txt").read_text() == "mine" and locate.is_hub_folder(out)
     assert sorted(p.name for p in out.iterdir()) == sorted([*hub.OWN_FILES, "notes.txt"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -111,7 +112,7 @@ def test_hub_save_on_a_full_disk_leaves_the_folder_as_it_was(run, saved, tmp_pat
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(hub.checkpoint, "save_safetensors", full)
+    monkeypatch.setattr(hub.export, "save_safetensors", full)
     with pytest.raises(SystemExit) as e:
         hub.main(["save", str(run), str(out)])
     assert e.value.code == checkpoint.WRITE_FAILED_EXIT and "no space left" in one_error_line(capsys)
@@ -190,7 +191,7 @@ def test_a_hub_folder_without_checksum_loads_with_one_warning(saved, tmp_path, c
     del cfg[io.WEIGHTS_SHA256_KEY]
     (old / "config.json").write_text(json.dumps(cfg))
     capsys.readouterr()
-    assert checkpoint.resolve(old) == checkpoint.resolve(old) == old / "model.safetensors"
+    assert locate.resolve(old) == locate.resolve(old) == old / "model.safetensors"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: ") and "no checksum" in err[0]
 

@@ -1,6 +1,6 @@
-"""--help of every entry point: the top-level scripts, eval/, bench/, tokenizers/ and the ``python -m``
-modules (found by their ``__main__`` guard or a package's ``__main__.py``, so a new one cannot be left
-out) build their parser with ``build_parser()``; every option, positional and subcommand has a help
+"""--help of every entry point: the top-level scripts, eval/, bench/, experiments/, tokenizers/ and the
+``python -m`` modules (found by their ``__main__`` guard or a package's ``__main__.py``, so a new one
+cannot be left out) build their parser with ``build_parser()``; every option, positional and subcommand has a help
 text, and every parser uses the shared formatter that shows each option's default
 (mutor2d.cli.HelpFormatter). In-process: the modules are imported, no script runs. And in a subprocess
 each entry point answers --help and a bad option before torch is imported."""
@@ -20,10 +20,10 @@ from mutor2d.cli import HelpFormatter
 from conftest import demo_extra
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "tokenizers") for p in folder.glob("*.py")
+SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "experiments", ROOT / "tokenizers") for p in folder.glob("*.py")
                  if "__main__" in p.read_text())
 MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
-                  if 'if __name__ == "__main__"' in p.read_text()}
+                  if 'if __name__ == "__main__"' in p.read_text() and p.name != "__main__.py"}
                  | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
 DELEGATES = {"app.py": "mutor2d.demo_cli"}         # scripts whose parser lives in a module
 ENTRIES = [p.relative_to(ROOT).as_posix() for p in SCRIPTS] + [f"-m {m}" for m in MODULES]
@@ -99,7 +99,11 @@ def test_every_script_option_has_help(path, monkeypatch):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_module_option_has_help(name):
-    assert undescribed(importlib.import_module(name).build_parser(), name) == []
+    """A package's parser is its ``__main__``'s (the command line of ``python -m PACKAGE``)."""
+    module = importlib.import_module(name)
+    if hasattr(module, "__path__"):
+        module = importlib.import_module(f"{name}.__main__")
+    assert undescribed(module.build_parser(), name) == []
 
 
 def test_the_formatter_shows_defaults_once():

@@ -1,5 +1,5 @@
 """mutor2d.hub: save_pretrained / from_pretrained folders (local only, no network), read by sample.py,
-train.init_from and checkpoint.resolve like a run folder; the model card shows the run's numbers."""
+train.init_from and locate.resolve like a run folder; the model card shows the run's numbers."""
 import importlib.util
 import json
 from pathlib import Path
@@ -9,6 +9,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
+from mutor2d.checkpoint import inference, locate
 from mutor2d.engine import train
 from conftest import demo_extra
 
@@ -49,19 +50,19 @@ def saved(run, tmp_path_factory):
 
 def test_saved_folder_layout_and_card(saved, run):
     cfg = json.loads((saved / "config.json").read_text())
-    assert cfg["format"] == "mutor2d" and cfg["grid"] == [8, 8] and cfg["step"] == checkpoint.read_meta(run)["step"]
+    assert cfg["format"] == "mutor2d" and cfg["grid"] == [8, 8] and cfg["step"] == inference.read_meta(run)["step"]
     assert cfg["tokenizer"] == {"data": "digits", "tokenizer": "pixel", "levels": 5}
     assert cfg["run_config"]["objective"]["name"] == "mutor-2d"
     card = (saved / "README.md").read_text()
     assert "library_name: mutor2d" in card and "43.21" in card and "](sample.png)" in card
     assert "python sample.py --ckpt THIS_FOLDER" in card and "d_max: 3" in card
     assert (saved / "sample.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # of its weights: test_resume_and_startup
-    assert checkpoint.resolve(saved) == saved / "model.safetensors"
+    assert locate.resolve(saved) == saved / "model.safetensors"
 
 
 def test_from_pretrained_gives_the_same_weights(saved, run):
     loaded = MutorModel.from_pretrained(str(saved))
-    model, _, meta = checkpoint.open_model(run)
+    model, _, meta = inference.open_model(run)
     assert loaded.meta["step"] == meta["step"] and loaded.cfg.objective.name == "mutor-2d"
     for (k, a), (k2, b) in zip(loaded.model.state_dict().items(), model.state_dict().items()):
         assert k == k2 and torch.equal(a, b), k

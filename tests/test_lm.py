@@ -18,7 +18,9 @@ from mutor2d import config as image_config  # noqa: E402
 from mutor2d.config import ConfigError, make  # noqa: E402
 from mutor2d.engine import StepBatches  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
-from mutor2d.lm.data import char_tokenizer, gsm8k_record, load_records, tokenize
+from mutor2d.lm.offline_tokenizers import char_tokenizer
+from mutor2d.lm.prompts import eval_prompts, tokenize
+from mutor2d.lm.records import gsm8k_record, load_located, load_records
 from mutor2d.lm.packing import collate
 from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
@@ -213,9 +215,9 @@ def test_save_load_round_trip(tmp_path, finetune):
     with torch.no_grad():
         torch.testing.assert_close(plain(x).logits, model.lm(x).logits)
         assert plain.generate(x, max_new_tokens=3, do_sample=False).shape == (1, 8)
-    fresh = MutorLM(tiny_llama())
-    hf.load_register_embedding(fresh, tmp_path / "out")
-    torch.testing.assert_close(fresh.register_embedding, model.register_embedding)
+    from safetensors.torch import load_file
+    saved = load_file(str(tmp_path / "out" / hf.REGISTER_FILE))["register_embedding"]
+    torch.testing.assert_close(saved, model.register_embedding)
 
 
 def _write_tiny_model(folder, tokenizer):
@@ -525,7 +527,7 @@ def test_online_accuracy_every_n_steps_is_the_evaluator_and_leaves_training_alon
         sorted((r["step"], r["metrics"]["accuracy"]) for r in recs)
     # the generation of eval/lm_accuracy.py (hf.generate on the saved step-2 folder) and its scoring
     tok = hf.load_tokenizer(out / "step_2")
-    items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
+    items = eval_prompts(load_located("jsonl", cfg["eval"]["path"])[:5], tok)
     texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
     online = [json.loads(line) for line in (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()]
     assert [r["output"] for r in online] == texts

@@ -241,7 +241,9 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
 from mutor2d.evaluation import records  # noqa: E402
-from mutor2d.lm import data, hf  # noqa: E402
+from mutor2d.lm import data, hf, offline_tokenizers  # noqa: E402
+from mutor2d.lm import prompts as lm_prompts  # noqa: E402
+from mutor2d.lm import records as lm_records  # noqa: E402
 
 CHARS = "0123456789+=#?:.$, \nQuestinAswrPblmSouxytabcdef<>/\\{}"
 CHAT = ("{% for m in messages %}<{{ m.role[0] }}>{{ m.content }}{{ eos_token }}{% endfor %}"
@@ -255,7 +257,7 @@ def offline(monkeypatch):
 
 
 def tiny_tokenizer(chat=True):
-    tok = data.char_tokenizer(CHARS)
+    tok = offline_tokenizers.char_tokenizer(CHARS)
     if chat:
         tok.chat_template = CHAT
     return tok
@@ -283,10 +285,10 @@ def format_lines(fmt):
 
 def test_line_formats_and_one_line_errors(tmp_path):
     for fmt in ("prompt-answer", "prompt-completion", "messages"):
-        recs = data.load_records("jsonl", _write_lines(tmp_path / f"{fmt}.jsonl", format_lines(fmt)))
+        recs = lm_records.load_records("jsonl", _write_lines(tmp_path / f"{fmt}.jsonl", format_lines(fmt)))
         assert len(recs) == len(SUMS) and ("messages" in recs[0]) == (fmt == "messages")
     conv = {"prompt": [{"role": "user", "content": "1+1?"}], "completion": [{"role": "assistant", "content": "2"}]}
-    [rec] = data.load_records("jsonl", _write_lines(tmp_path / "conv.jsonl", [conv]))
+    [rec] = lm_records.load_records("jsonl", _write_lines(tmp_path / "conv.jsonl", [conv]))
     assert rec["train_from"] == 1 and len(rec["messages"]) == 2
     bad = {"not json": "{", "no fields": {"question": "q"}, "role": {"messages": [{"role": "bot", "content": "x"}]},
            "number": {"prompt": "p", "answer": 3}, "gold": {"prompt": "p", "answer": "a", "gold": [1]}}
@@ -298,15 +300,15 @@ def test_line_formats_and_one_line_errors(tmp_path):
         path = tmp_path / "bad.jsonl"
         path.write_text(json.dumps({"prompt": "p", "answer": "a"}) + "\n\n"
                         + (line if isinstance(line, str) else json.dumps(line)) + "\n")
-        with pytest.raises(data.DataError, match=re.escape(f"bad.jsonl:3: {expect[name]}")) as e:
-            data.load_records("jsonl", path)
+        with pytest.raises(lm_records.DataError, match=re.escape(f"bad.jsonl:3: {expect[name]}")) as e:
+            lm_records.load_records("jsonl", path)
         assert "\n" not in str(e.value)
     gsm = _write_lines(tmp_path / "gsm.jsonl", [{"question": "q", "answer": "2"}])
-    with pytest.raises(data.DataError, match=r"gsm.jsonl:1: the GSM8K answer has no '#### N'"):
-        data.load_records("gsm8k", gsm)
-    chat = data.load_located("jsonl", tmp_path / "messages.jsonl")
-    with pytest.raises(data.DataError, match=r"messages.jsonl:1: chat lines need a tokenizer with a chat template"):
-        data.tokenize([r for _, r in chat], tiny_tokenizer(chat=False), 64, 64, where=[w for w, _ in chat])
+    with pytest.raises(lm_records.DataError, match=r"gsm.jsonl:1: the GSM8K answer has no '#### N'"):
+        lm_records.load_records("gsm8k", gsm)
+    chat = lm_records.load_located("jsonl", tmp_path / "messages.jsonl")
+    with pytest.raises(lm_records.DataError, match=r"messages.jsonl:1: chat lines need a tokenizer with a chat template"):
+        lm_prompts.tokenize([r for _, r in chat], tiny_tokenizer(chat=False), 64, 64, where=[w for w, _ in chat])
 
 
 def test_chat_loss_only_on_assistant_turns():
@@ -314,12 +316,12 @@ def test_chat_loss_only_on_assistant_turns():
     turns = [{"role": "system", "content": "sum"}, {"role": "user", "content": "1+1?"},
              {"role": "assistant", "content": "2"}, {"role": "user", "content": "2+3?"},
              {"role": "assistant", "content": "5"}]
-    examples = data.tokenize([{"messages": turns, "train_from": 0}], tok, 256, 256)
+    examples = lm_prompts.tokenize([{"messages": turns, "train_from": 0}], tok, 256, 256)
     assert [tok.decode(a) for _, a in examples] == ["2<eos>", "5<eos>"]         # no extra EOS added
     assert tok.decode(examples[1][0]).endswith("<u>2+3?<eos><a>")                 # the whole history
-    assert len(data.tokenize([{"messages": turns, "train_from": 3}], tok, 256, 256)) == 1
-    with pytest.raises(data.DataError, match="no assistant turn to train on"):
-        data.tokenize([{"messages": turns[:2], "train_from": 0}], tok, 256, 256)
+    assert len(lm_prompts.tokenize([{"messages": turns, "train_from": 3}], tok, 256, 256)) == 1
+    with pytest.raises(lm_records.DataError, match="no assistant turn to train on"):
+        lm_prompts.tokenize([{"messages": turns[:2], "train_from": 0}], tok, 256, 256)
 
 
 def test_converters_and_check_cli(tmp_path, capsys):
@@ -498,7 +500,7 @@ def test_generate_left_padded_batch_equals_one_by_one(base):
 def test_generate_with_stop_strings_a_narrow_character_tokenizer_cannot_map():
     """transformers cannot build its stop-string criteria for a character vocabulary without the
     letters it probes with: generation still runs, and the text is cut at the stop string."""
-    tok = data.char_tokenizer("0123456789+=\n")
+    tok = offline_tokenizers.char_tokenizer("0123456789+=\n")
     lm = tiny_lm(tok).eval()
     prompts = [tok("1+2=")["input_ids"], tok("3=")["input_ids"]]
     plain = hf.generate(lm, tok, prompts, 8)

@@ -16,8 +16,10 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.config import ConfigError  # noqa: E402
 from mutor2d.lm import drafter, hf  # noqa: E402
-from mutor2d.lm.data import char_tokenizer  # noqa: E402
 from mutor2d.lm.drafter import Registers  # noqa: E402
+from mutor2d.lm.offline_tokenizers import char_tokenizer  # noqa: E402
+from mutor2d.lm.prompts import eval_prompts  # noqa: E402
+from mutor2d.lm.records import load_located  # noqa: E402
 from mutor2d.lm.rows import Rows  # noqa: E402
 from mutor2d.lm.speculative import Decoding, generate_ids  # noqa: E402
 from mutor2d.sampling import speculation  # noqa: E402
@@ -321,7 +323,7 @@ def test_online_evaluation_decodes_with_the_runs_setting(tmp_path):
     assert len(recs) == 2 and all(r["sampling"]["decode"] == "registers" for r in recs)
     assert all(0 < r["sampling"]["decode_stats"]["forwards_per_token"] <= 1 for r in recs)
     tok = hf.load_tokenizer(out / "step_2")
-    items = lm_pkg.data.eval_prompts(lm_pkg.data.load_located("jsonl", cfg["eval"]["path"])[:5], tok)
+    items = eval_prompts(load_located("jsonl", cfg["eval"]["path"])[:5], tok)
     texts = hf.generate(hf.load_for_inference(out / "step_2"), tok, [it["prompt_ids"] for it in items], 4)
     lines = (out / "eval" / "predictions_lm_tiny_step2.jsonl").read_text().splitlines()
     online = [json.loads(line)["output"] for line in lines]

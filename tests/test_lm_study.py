@@ -1,4 +1,4 @@
-"""The CPU language study (eval/lm_study.py) and its synthetic task (mutor2d.lm.arith)."""
+"""The CPU language study (experiments/lm_study.py) and its synthetic task (mutor2d.lm.arith)."""
 import importlib.util
 import json
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from mutor2d.lm.accuracy import gsm8k_answer
 from mutor2d.lm.arith import arith_alphabet, arith_records
-from mutor2d.lm.data import gsm8k_record
+from mutor2d.lm.records import gsm8k_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,8 @@ def test_arith_problems_are_worked_out_in_gsm8k_format():
 
 
 def test_arith_converter_writes_lines_the_gsm8k_reader_takes(tmp_path):
-    from mutor2d.lm.data import load_records, main
+    from mutor2d.lm.data import main
+    from mutor2d.lm.records import load_records
     main(["arith", str(tmp_path / "a.jsonl"), "--count", "5", "--steps", "2", "--seed", "3"])
     assert [r["gold"] for r in load_records("gsm8k", tmp_path / "a.jsonl")] == \
         [gsm8k_answer(r["answer"]) for r in arith_records(5, [2], seed=3)]
@@ -43,7 +44,7 @@ def test_arith_converter_writes_lines_the_gsm8k_reader_takes(tmp_path):
 
 def load_study():
     pytest.importorskip("transformers", reason="the study trains Hugging Face models: pip install -e '.[lm]'")
-    spec = importlib.util.spec_from_file_location("lm_study", ROOT / "eval" / "lm_study.py")
+    spec = importlib.util.spec_from_file_location("lm_study", ROOT / "experiments" / "lm_study.py")
     study = importlib.util.module_from_spec(spec)
     sys.modules["lm_study"] = study                     # its dataclasses look their module up
     spec.loader.exec_module(study)

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from mutor2d.model.attention import NEVER, Visibility
 from mutor2d.config import make
 from mutor2d.model.gpt import ModelConfig
-from mutor2d.model.gpt import GPT, load_llamagen, model_shape
+from mutor2d.model.gpt import GPT, model_shape
+from mutor2d.model.llamagen import load_llamagen
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
 

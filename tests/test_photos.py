@@ -134,12 +134,12 @@ def test_fid_py_scores_against_photos_references_with_the_photos_classifier(tmp_
 
 
 def test_the_image_study_runs_on_the_photo_crops(tmp_path, small_classifier, monkeypatch):
-    """eval/compare.py with --config study_photos.yaml (tiny sizes): every run is sampled and scored
+    """experiments/compare.py with --config study_photos.yaml (tiny sizes): every run is sampled and scored
     with the photos classifier against photos:train, and its floor is real photos:test crops."""
     from mutor2d.evaluation import metrics
     settings, cache = small_classifier
     monkeypatch.setattr(metrics, "PhotosClassifierSettings", lambda data_seed: settings)
-    compare = entry("eval/compare.py")
+    compare = entry("experiments/compare.py")
     sets = ["data.tokenizer=pixel:16", "data.image_size=16", "data.num_train=64", "data.num_test=16",
             "data.path=null", "data.test_path=null", "train.batch_size=8", "optim.warmup_steps=1",
             "train.log_every=1", *SMALL_MODEL]

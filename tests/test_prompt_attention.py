@@ -142,7 +142,7 @@ def test_a_saved_bidirectional_run_generates_that_way_without_being_told(tmp_pat
     folder also loads in plain transformers (which prefills causally)."""
     import mutor2d.lm as lm_pkg
     from test_lm import _write_tiny_model
-    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.offline_tokenizers import char_tokenizer
     tok = char_tokenizer("0123456789+=;:sum ")
     _write_tiny_model(tmp_path / "base", tok)
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": "full", "prompt_attention": "bidirectional"},

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mutor2d import checkpoint, config, io, provenance
+from mutor2d.checkpoint import export, inference
 from mutor2d.engine import train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -126,10 +127,10 @@ def test_a_run_writes_its_provenance_and_its_checkpoints_carry_it(digits_run, tm
     assert session["data"]["sha256"] == io.file_sha256(session["data"]["path"])
     assert session["init"] == provenance.random_init(0) and session["device"] == "cpu"
     carried = {k: v for k, v in session.items() if k not in ("started", "start_step")}
-    assert checkpoint.read_meta(digits_run)["provenance"] == carried
+    assert inference.read_meta(digits_run)["provenance"] == carried
     assert checkpoint.load(checkpoint.latest_valid(digits_run))["provenance"] == carried
-    out = checkpoint.export_safetensors(digits_run, tmp_path / "w.safetensors")
-    assert checkpoint.read_meta(out)["provenance"] == carried                 # the export keeps it
+    out = export.export_safetensors(digits_run, tmp_path / "w.safetensors")
+    assert inference.read_meta(out)["provenance"] == carried                 # the export keeps it
 
 
 def test_a_resumed_run_appends_its_session_and_warns_when_versions_differ(digits_run, tmp_path, monkeypatch, capsys):
@@ -146,7 +147,7 @@ def test_a_resumed_run_appends_its_session_and_warns_when_versions_differ(digits
               if "first session" in line]                                    # after the progress bar's start
     assert warned == [f"warning: this session's versions differ from the run's first session "
                       f"({run / provenance.RUN_FILE})"]
-    assert checkpoint.read_meta(run)["provenance"]["versions"]["torch"] == "0.0.1"
+    assert inference.read_meta(run)["provenance"]["versions"]["torch"] == "0.0.1"
 
 
 def test_an_init_from_run_names_the_checkpoint_it_starts_from(digits_run, tmp_path):

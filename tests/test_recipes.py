@@ -24,7 +24,7 @@ from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
 from mutor2d.registers import RegisterSpec, make_layout
 from mutor2d.tokenizer import TOKENIZERS
-from mutor2d.tokenizer.codes import augment, center_crop_arr
+from mutor2d.tokenizer.image_folder import augment, center_crop_arr
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def train_tiny_llama(tmp_path, objective: dict, steps: int = 8) -> tuple[list[di
     """(log rows, whether the weights moved) of a full fine-tuning of a tiny Llama under ``objective``."""
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
-    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.offline_tokenizers import char_tokenizer
     from mutor2d.lm.tiny import write_tiny_llama
     base = write_tiny_llama(tmp_path / "llama", char_tokenizer("0123456789+=;:sum "), hidden=32, layers=2)
     cfg = {"task": "lm", "model": {"hf": str(base), "finetune": "full"},

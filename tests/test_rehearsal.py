@@ -1,4 +1,4 @@
-"""The rehearsal at CI size: bench/rehearse.py --quick --sharding fsdp runs the user's commands
+"""The rehearsal at CI size: experiments/rehearse.py --quick --sharding fsdp runs the user's commands
 (extract_codes.py, train.py with the shipped GPT-B MuToR-2D config at reduced width sharded with FSDP2,
 a SIGTERM and --resume auto, sample.py --npz, eval/fid.py, eval/leaderboard.py) over 2 CPU processes;
 each stage's output is checked here again, from the files it left. (The DDP path over 2 processes is
@@ -16,7 +16,7 @@ from mutor2d.tokenizer.codes import open_store
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import rehearse  # noqa: E402
 
 QUICK = rehearse.SIZES["quick"]
@@ -27,7 +27,7 @@ def rehearsal(tmp_path_factory):
     """(summary dict, workdir) of one quick rehearsal."""
     work = tmp_path_factory.mktemp("rehearsal") / "w"
     out = work.parent / "summary.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench/rehearse.py"), "--quick", "--sharding", "fsdp",
+    r = subprocess.run([sys.executable, str(ROOT / "experiments/rehearse.py"), "--quick", "--sharding", "fsdp",
                         "--workdir", str(work), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=limit(900))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     timings = [line for line in r.stdout.splitlines() if line.startswith("[rehearse] ") and " s  " in line]
@@ -51,7 +51,7 @@ def test_sigterm_checkpoints_and_exits_75(rehearsal):
     stop = summary["stages"]["train+stop"]
     codes = stop["process_rc"]                                       # both training processes
     assert sorted(codes) == ["0", "1"] and 75 in codes.values()
-    assert set(codes.values()) <= {75, *rehearse.LAUNCHER_KILLED}   # see bench/rehearse.py LAUNCHER_KILLED
+    assert set(codes.values()) <= {75, *rehearse.LAUNCHER_KILLED}   # see experiments/rehearse.py LAUNCHER_KILLED
     assert QUICK.stop_at <= stop["step"] < QUICK.max_steps
     assert "stopped by signal" in (work / "logs/train.log").read_text()
     assert rehearse.checkpoint_of(work / "run", stop["step"], "fsdp").is_dir()       # sharded

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint import export, inference
 from mutor2d.config import ConfigError
 from mutor2d.engine import Diverged, read_log, train
 from mutor2d.image.run import TrainModule
@@ -52,7 +53,7 @@ def test_a_pickle_payload_never_runs_through_any_checkpoint_loader(tmp_path):
     with pytest.raises(ckpt_lib.CheckpointError, match="refused: it is not a plain weights file") as e:
         ckpt_lib.load(bad)
     assert "\n" not in str(e.value) and str(bad) in str(e.value)
-    for call in (lambda: ckpt_lib.load_model(bad), lambda: ckpt_lib.read_meta(tmp_path / "run"),
+    for call in (lambda: inference.load_model(bad), lambda: inference.read_meta(tmp_path / "run"),
                  lambda: train(tiny(), tmp_path / "r1", resume=str(bad)),
                  lambda: train(tiny(), tmp_path / "run", resume="auto"),
                  lambda: train(tiny(f"train.init_from={bad}"), tmp_path / "r2")):
@@ -75,12 +76,12 @@ def test_legacy_numpy_rng_state_loads_but_object_arrays_do_not(tmp_path):
 
 def test_safetensors_export_samples_like_the_checkpoint(tmp_path):
     train(tiny("train.max_steps=1", "train.ema=true", "train.sample_every=100"), tmp_path / "r")
-    out = ckpt_lib.export_safetensors(tmp_path / "r", tmp_path / "w.safetensors")
-    a, cfg_a, step_a = ckpt_lib.load_model(tmp_path / "r")
-    b, cfg_b, step_b = ckpt_lib.load_model(out)
+    out = export.export_safetensors(tmp_path / "r", tmp_path / "w.safetensors")
+    a, cfg_a, step_a = inference.load_model(tmp_path / "r")
+    b, cfg_b, step_b = inference.load_model(out)
     assert (cfg_a, step_a) == (cfg_b, step_b)
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
-    assert ckpt_lib.read_meta(out)["grid"] == [8, 8]
+    assert inference.read_meta(out)["grid"] == [8, 8]
 
 
 def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes_exactly(tmp_path):

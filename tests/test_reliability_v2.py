@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d import io
 from mutor2d.sampling import images as generation
 from mutor2d.config import ConfigError
@@ -152,7 +153,7 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
         ckpt_lib.load(bad)
     code, line = exit_line(script("sample"), ["--ckpt", str(bad), "--device", "cpu", "--out", str(tmp_path / "g.png")])
     assert line.startswith("error: ") and str(bad) in line and "checksum" in line
-    code, line = exit_line(ckpt_lib.main, ["export", str(bad), str(tmp_path / "w.safetensors")])
+    code, line = exit_line(checkpoint_main, ["export", str(bad), str(tmp_path / "w.safetensors")])
     assert line.startswith("error: ") and "checksum" in line and not (tmp_path / "w.safetensors").exists()
     with pytest.raises(ConfigError, match="train.init_from=.*checksum"):
         train(tiny(f"train.init_from={bad}", "train.max_steps=1", *QUIET), tmp_path / "fresh")
@@ -164,7 +165,8 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
 
 
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
-    from mutor2d.tokenizer.vq import VQError, load_vq
+    from mutor2d.tokenizer.config import VQError
+    from mutor2d.tokenizer.vq import load_vq
     from mutor2d.vq.config import load_config
     from mutor2d.vq.run import train as train_vq
     train_vq(load_config("vq_digits", ["model.preset=tiny", "data.eval_images=4", "train.batch_size=4",
@@ -339,7 +341,7 @@ def test_a_malformed_safetensors_file_is_one_line_everywhere(tmp_path, capsys):
     bad.write_bytes((8).to_bytes(8, "little") + b'{"a": 1}' + b"x")
     expected = f"{str(bad)!r} is not a readable safetensors file"
     for main, argv in ((script("sample"), ["--ckpt", str(bad), "--device", "cpu"]),
-                       (ckpt_lib.main, ["export", str(bad), str(tmp_path / "o.safetensors")])):
+                       (checkpoint_main, ["export", str(bad), str(tmp_path / "o.safetensors")])):
         code, line = exit_line(main, argv)
         assert line.startswith("error: ") and expected in line and "\n" not in line
     with pytest.raises(ConfigError, match=f"train.init_from=.*{expected}"):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint import inference
 from mutor2d.engine import Diverged, read_log, train
 
 from conftest import demo_extra
@@ -281,7 +282,7 @@ def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tm
     (run / "samples" / "step_00000002.png").write_bytes(b"a grid of older weights")
     out = tmp_path / "hub"
     hub.MutorModel.from_checkpoint(run).save_pretrained(out)
-    model, cfg, meta = ckpt_lib.open_model(out / "model.safetensors")
+    model, cfg, meta = inference.open_model(out / "model.safetensors")
     expected = generation.write_grid(model, build_tokenizer(cfg.data), tuple(meta["grid"]), cfg.sample,
                                      generation.grid_classes(cfg.sample, cfg.model.num_classes), tmp_path / "x.png",
                                      objective=cfg.objective)

@@ -14,6 +14,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
+from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.tokenizer import PixelTokenizer
 from mutor2d.model.gpt import GPT
@@ -320,7 +321,7 @@ def test_sample_py_writes_beside_the_checkpoint_it_samples(digits_run, tmp_path,
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    checkpoint.main(["export", str(digits_run), str(tmp_path / "model.safetensors")])
+    checkpoint_main(["export", str(digits_run), str(tmp_path / "model.safetensors")])
     checkpoint.save_atomic(checkpoint.load(checkpoint.checkpoint_path(digits_run, 3)), tmp_path / "ck.pt")
     run = sample_main()
     run(["--ckpt", str(tmp_path / "model.safetensors"), "--classes", "1,2", "--per-class", "1", "--seed", "4"])

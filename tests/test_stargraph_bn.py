@@ -6,7 +6,8 @@ import re
 import pytest
 
 from mutor2d.lm import accuracy
-from mutor2d.lm.data import DataError, main as data_main, stargraph_records
+from mutor2d.lm.data import main as data_main, stargraph_records
+from mutor2d.lm.records import DataError
 
 pytest.importorskip("transformers")
 

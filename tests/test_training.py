@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from mutor2d import checkpoint as ckpt_lib
+from mutor2d.checkpoint import inference
 from mutor2d import config as C
 from mutor2d.config import ConfigError
 from mutor2d.image.config import ImageRunConfig
@@ -160,7 +161,7 @@ def test_each_objective_trains_and_checkpoints(tmp_path, overrides):
     assert saved["step"] == 3 and saved["grid"] == [8, 8] and len(saved["rng"]) == 1
     assert saved["config"]["model"]["vocab_size"] == 5 and saved["config"]["model"]["num_classes"] == 10
     assert bool(saved["objective"]) == (cfg.objective.name == "multihead")
-    model, cfg2, step = ckpt_lib.load_model(tmp_path, use_ema=False)
+    model, cfg2, step = inference.load_model(tmp_path, use_ema=False)
     assert step == 3 and cfg2.objective == cfg.objective
     raw = {k: v for k, v in saved["model"].items()}
     assert all(torch.equal(v, raw[k]) for k, v in model.state_dict().items())
@@ -220,7 +221,7 @@ def test_a_checkpoint_of_the_old_layout_resumes_exactly_and_samples(tmp_path):
     path = legacy_checkpoints.rewritten(tiny(*RESUMED), ckpt_lib.checkpoint_path(straight, 3), old)
     assert set(torch.load(path, weights_only=True)) == {"model", "ema", "objective", "optimizer", "step", "rng",
                                                         "config", "grid", "health", "sha256"}
-    model, _, step = ckpt_lib.load_model(path)
+    model, _, step = inference.load_model(path)
     ema = ckpt_lib.load(ckpt_lib.checkpoint_path(straight, 3))["ema"]
     assert step == 3 and all(torch.equal(v, ema[k]) for k, v in model.state_dict().items())
     train(tiny(*RESUMED), old, resume="auto")

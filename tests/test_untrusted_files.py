@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_training import tiny  # noqa: E402
 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
+from mutor2d.checkpoint import inference  # noqa: E402
 from mutor2d import io  # noqa: E402
 from mutor2d.engine import train  # noqa: E402
 
@@ -60,11 +61,11 @@ def test_a_checkpoint_never_names_a_module_to_import(tmp_path, monkeypatch):
     config = json.loads(json.dumps(saved["config"]))
     config["objective"]["name"] = "evil_plugin"
     torch.save(io.with_checksum({**saved, "config": config}), path)
-    objective = ckpt_lib.open_model(path)[1].objective
+    objective = inference.open_model(path)[1].objective
     with pytest.raises(ValueError, match="objective.name='evil_plugin' is not a variant this process knows"):
         objective.register_spec()
     torch.save(io.with_checksum({**saved, "config": {**config, "plugins": "evil_plugin"}}), path)
     with pytest.raises(ValueError) as e:
-        ckpt_lib.open_model(path)
+        inference.open_model(path)
     assert "\n" not in str(e.value) and "'plugins'" in str(e.value)
     assert not (tmp_path / "ran").exists() and "evil_plugin" not in sys.modules

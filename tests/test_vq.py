@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from mutor2d.config import ConfigError
 from mutor2d.tokenizer.lpips import LPIPS, load_lpips
-from mutor2d.tokenizer.vq import PRESETS, VQConfig, VQError, VQModel, VQTokenizer, config_from_state_dict, load_vq, load_vq_state, vq_config
+from mutor2d.tokenizer.config import PRESETS, VQConfig, VQError, vq_config
+from mutor2d.tokenizer.vq import VQTokenizer, config_from_state_dict, load_vq, load_vq_state
+from mutor2d.tokenizer.vq_model import VQModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 

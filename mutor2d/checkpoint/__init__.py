@@ -17,24 +17,21 @@ Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` fo
 resume point. Written and restored by their parts (mutor2d.checkpoint.state.TrainState).
 A failed write (disk full, I/O error) raises CheckpointWriteError (an OSError; train.py exits 74,
 EX_IOERR) and leaves the earlier checkpoints as they were.
-For sharing, ``python -m mutor2d.checkpoint export CKPT OUT.safetensors`` writes the weights (EMA
-when present) with the config and grid as safetensors metadata; ``load_model`` reads both kinds, and
-hub folders (``mutor2d.hub``: save_pretrained / from_pretrained) whose weights are such an export.
+The package's other modules, one job each: locate (a path, run folder or hub folder -> the file to
+read; where outputs go), inference (a checkpoint's weights and meta, the model for sampling), export
+(weights as safetensors for sharing) and ``python -m mutor2d.checkpoint export`` (__main__); state,
+resume, sharded and safe_dcp for training.
 """
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 
-from .. import config as config_lib
 from .. import io
 from . import sharded as sharded_checkpoint
-from ..cli import HelpFormatter
 
 _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
@@ -155,182 +152,3 @@ def is_readable(path: str | os.PathLike) -> bool:
 def latest_valid(run_dir: str | os.PathLike) -> Path | None:
     """Newest readable checkpoint of ``run_dir``; None if there is none."""
     return next((p for p in reversed(list_checkpoints(run_dir)) if is_readable(p)), None)
-
-
-HUB_WEIGHTS = "model.safetensors"      # the weights of a hub folder (mutor2d.hub)
-
-
-def is_hub_folder(path: str | os.PathLike) -> bool:
-    """A folder written by ``mutor2d.hub`` (save_pretrained): config.json with format mutor2d, and its weights."""
-    p = Path(path)
-    if not (p / "config.json").is_file() or not (p / HUB_WEIGHTS).is_file():
-        return False
-    try:
-        return json.loads((p / "config.json").read_text()).get("format") == "mutor2d"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file, a run folder (its newest readable checkpoint), or a hub folder written by
-    ``mutor2d.hub`` (``save_pretrained``: its model.safetensors, an export)."""
-    p = Path(path)
-    if sharded_checkpoint.is_sharded_checkpoint(p):
-        return p
-    if is_hub_folder(p):
-        return io.verified_weights(p / HUB_WEIGHTS, p / "config.json")
-    if p.is_dir():
-        found = latest_valid(p)
-        if found is None:
-            raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")
-        return found
-    if not p.is_file():
-        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist{rotation_hint(p)}")
-    return p
-
-
-def rotation_hint(p: Path) -> str:
-    """What to say of a missing step checkpoint whose run folder holds others: rotation removed it
-    (train.keep_ckpts), and which remain."""
-    folder = p.parent
-    if folder.name != "checkpoints" or not folder.is_dir():
-        return ""
-    kept = sorted(q.name for q in folder.iterdir() if q.name.startswith("step_") and q.suffix in (".pt", ".dcp"))
-    if not kept:
-        return ""
-    shown = ", ".join(kept[-3:]) + (f" and {len(kept) - 3} older" if len(kept) > 3 else "")
-    return (f" (a run keeps only its newest train.keep_ckpts checkpoints, and train.keep_every's multiples; "
-            f"{str(folder)!r} holds {shown})")
-
-
-def output_dir(path: str | os.PathLike, what: str = "samples") -> Path:
-    """Where outputs made from checkpoint ``path`` (a resolved file or sharded folder) go by default:
-    RUN/<what>/ for a checkpoint of a run folder (RUN/checkpoints/...), else <dir>/<stem>_<what>/
-    beside it (an export, a hub folder's weights, a copied .pt), never the current folder."""
-    p = Path(path)
-    if p.parent.name == "checkpoints":
-        return p.parent.parent / what
-    return p.parent / f"{p.stem}_{what}"
-
-
-def read_meta(path: str | os.PathLike) -> dict:
-    """{"step", "grid", "has_ema", "config", "provenance"} of a checkpoint or safetensors export, without reading weights."""
-    path = resolve(path)
-    if path.suffix == ".safetensors":
-        meta = io.read_safetensors(path, "checkpoint", tensors=False)[1]
-        return {"step": int(meta.get("step", 0)), "grid": json.loads(meta.get("grid", "null")),
-                "has_ema": meta.get("weights") == "ema", "config": json.loads(meta.get("config", "{}")),
-                "provenance": json.loads(meta.get("provenance", "null"))}
-    return _meta_of(load(path, mmap=True))
-
-
-def _meta_of(ckpt: dict) -> dict:
-    has_ema = ckpt["has_ema"] if "has_ema" in ckpt else ckpt.get("ema") is not None
-    return {"step": int(ckpt["step"]), "grid": ckpt.get("grid"), "has_ema": has_ema,
-            "config": ckpt["config"], "provenance": ckpt.get("provenance")}
-
-
-def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict]:
-    """(GPT state dict, meta) of a mutor2d checkpoint or safetensors export."""
-    path = resolve(path)
-    if path.suffix == ".safetensors":
-        return io.read_safetensors(path, "checkpoint")[0], read_meta(path)
-    if sharded_checkpoint.is_sharded_checkpoint(path):
-        weights, ckpt = sharded_checkpoint.read_weights(path, use_ema)
-        return weights, _meta_of(ckpt)
-    ckpt = load(path)
-    meta = _meta_of(ckpt)
-    return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta
-
-
-REGISTER_KEY = "register_embedding"      # the GPT's learned register token, in runs that trained registers
-
-
-def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
-    """The GPT of a checkpoint (or export) for inference, read once -> (model in eval mode, ImageRunConfig,
-    meta as in ``read_meta``). ``use_ema`` takes the EMA weights when the checkpoint has them. An
-    objective from a plugin this process has not imported is kept as stored (config.UnknownVariant):
-    plain decoding never uses it, register drafts say in one line that they need it."""
-    state, meta = load_weights(path, use_ema)
-    task = meta["config"].get("task", "image")
-    if task != "image":                    # a tokenizer or language-model run's checkpoint
-        raise CheckpointError(f"checkpoint {str(path)!r} is a {task} run's (task: {task}); expected an image "
-                              f"model's (train.py with an image config)")
-    cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
-    known = not isinstance(cfg.objective, config_lib.UnknownVariant)
-    model = cfg.model.build(register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
-    io.check_shapes(model.state_dict(), state, repr(str(path)))
-    io.check_finite(state, f"checkpoint {str(path)!r}")
-    model.load_state_dict(state, strict=True)
-    return model.to(device).eval(), cfg, meta
-
-
-def load_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
-    """(model in eval mode, ImageRunConfig, step) of a checkpoint or export; see ``open_model``."""
-    model, cfg, meta = open_model(path, use_ema, device)
-    return model, cfg, meta["step"]
-
-
-def export_safetensors(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> Path:
-    """Write a checkpoint's weights (EMA when present and ``use_ema``) as safetensors, config in the metadata."""
-    return save_safetensors(*export_parts(path, out, use_ema), out)
-
-
-def export_parts(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> tuple[dict, dict, str]:
-    """(weights, meta, "ema" or "model") that ``export_safetensors`` writes to ``out``; refused in one
-    line: an output path that is a folder, a checkpoint of another kind of run than an image GPT's."""
-    if Path(out).is_dir():
-        raise CheckpointError(f"{str(out)!r} is a folder; expected the path of the .safetensors file to write")
-    check_image_run(path, read_meta(path)["config"])
-    state, meta = load_weights(path, use_ema)
-    return state, meta, "ema" if use_ema and meta["has_ema"] else "model"
-
-
-def check_image_run(path: str | os.PathLike, config) -> None:
-    """CheckpointError unless ``config`` (a checkpoint's stored config) is an image GPT's: a
-    language-model run keeps its model as Hugging Face files in its run folder, a VQ run is a tokenizer."""
-    task = config_lib.task_of(config) if isinstance(config, dict) else config_lib.DEFAULT_TASK
-    if task == "lm":
-        p = Path(path)
-        run = p.parent.parent if p.parent.name == "checkpoints" else p if p.is_dir() else p.parent
-        raise CheckpointError(f"{str(path)!r} is a language-model run; its model is already saved as "
-                              f"{run}/model.safetensors (or {run}/adapter_model.safetensors under LoRA): share "
-                              f"that folder")
-    if task != config_lib.DEFAULT_TASK:
-        raise CheckpointError(f"{str(path)!r} is a run of task {task!r}, not an image GPT: nothing to export")
-
-
-def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLike) -> Path:
-    """``state`` as a safetensors file whose metadata ``read_meta`` reads back: step, grid, config, provenance of
-    ``meta`` (as ``read_meta`` gives them) and which weights they are (``weights``: "ema" or "model").
-    Written atomically: a failed write (an OSError) leaves no partial file."""
-    from safetensors.torch import save
-    info = {"step": str(meta["step"]), "grid": json.dumps(meta["grid"]), "config": json.dumps(meta["config"]),
-            "provenance": json.dumps(meta.get("provenance")), "weights": weights, "format": "mutor2d"}
-    data = save({k: v.detach().contiguous().cpu() for k, v in state.items()}, metadata=info)
-    return io.write_atomic(out, lambda f: f.write(data))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m mutor2d.checkpoint", formatter_class=HelpFormatter,
-                                 description="Export a checkpoint's weights as safetensors for sharing.")
-    sub = ap.add_subparsers(dest="cmd", required=True, help="what to do (export: one safetensors file)")
-    ex = sub.add_parser("export", help="CKPT (file or run folder) -> OUT.safetensors", formatter_class=HelpFormatter,
-                        description="Write a checkpoint's weights (EMA when it has them), config, step and grid as "
-                                    "one safetensors file.")
-    ex.add_argument("ckpt", help="checkpoint file, sharded checkpoint folder or run folder (its newest checkpoint)")
-    ex.add_argument("out", help="the .safetensors file to write")
-    ex.add_argument("--no-ema", action="store_true", help="export the raw weights even when EMA exists")
-    return ap
-
-
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    try:
-        parts = export_parts(args.ckpt, args.out, use_ema=not args.no_ema)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}") from None
-    with io.exit_on_write_error(args.out):
-        out = save_safetensors(*parts, args.out)
-    print(f"wrote {out}")
-

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import checkpoint as ckpt_lib
+from .locate import resolve
 from .. import io
 from ..io import warn
 from ..config import ConfigError
@@ -50,7 +51,7 @@ def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | N
         return None, None
     if resume != "auto":
         try:
-            path = ckpt_lib.resolve(resume)
+            path = resolve(resume)
             return path, ckpt_lib.load(path)
         except (FileNotFoundError, ckpt_lib.CheckpointError) as e:
             raise ConfigError(f"--resume {resume}: {e}") from None

@@ -5,7 +5,10 @@
   metrics   FID / IS / precision-recall / KID of samples against a reference
   records   evaluation records (JSON) and the leaderboard table and plot over them
   online    the digits metric during training, and its floor (real held-out images)
-  study     the digits study: train, sample, score and summarise a set of methods and seeds
+  study     the image study: train, sample, score and summarise a set of methods and seeds
+  study_runs    one run of a study (train, select a step on validation, sample, score), the floor, the pool
+  study_tables  a study's records grouped over seeds: the table, paired differences, convergence
+  study_plots   a study's figures (FID against step, metrics against the data fraction)
   extrapolation  NLL by position past the trained length: curves, taller image grids, tables
   stargraph solve rates and teacher-forced accuracy on the path-star graph task
   options   metric and feature names, the cache folder, MetricsError (no torch: command lines parse with them)

@@ -130,10 +130,10 @@ def image_curve(model, model_cfg, trained: tuple[int, int], codes: Tensor, label
 def open_image_run(run: str, split: str = "test"):
     """(model in eval mode, ImageRunConfig, trained grid (H, W), codes (n, H, W), labels (n,)) of an image
     run folder or checkpoint (EMA weights when kept) and its data's ``split``."""
-    from .. import checkpoint
+    from ..checkpoint import inference, locate
     from ..data.tokens import build_dataset, collate
     try:
-        model, cfg, meta = checkpoint.open_model(checkpoint.resolve(run))
+        model, cfg, meta = inference.open_model(locate.resolve(run))
     except FileNotFoundError as e:
         raise ExtrapolationError(f"--run {run}: {e}") from None
     ds = build_dataset(cfg.data, split)

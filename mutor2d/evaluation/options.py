@@ -1,6 +1,6 @@
 """The evaluators' names and defaults that command lines need before importing torch: the metrics,
 the feature extractors, the cache folder, the seed of the digits split, and :class:`MetricsError`.
-Light (no torch): eval/fid.py and eval/compare.py parse and check their flags with them; sources,
+Light (no torch): eval/fid.py and experiments/compare.py parse and check their flags with them; sources,
 digits and metrics take them from here.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The settings of a digits study (eval/compare.py's flags): the methods, run labels, each run's config
-and the checks of a :class:`Study`. Light (no torch): eval/compare.py checks its flags with
+"""The settings of a digits study (experiments/compare.py's flags): the methods, run labels, each run's config
+and the checks of a :class:`Study`. Light (no torch): experiments/compare.py checks its flags with
 ``Study.check_flags`` before importing torch; mutor2d.evaluation.study runs a study.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def run_config(method: str, seed: int, steps: int, ckpt_every: int, overrides: l
 
 @dataclass
 class Study:
-    """The settings of a study (eval/compare.py's flags; see its --help)."""
+    """The settings of a study (experiments/compare.py's flags; see its --help)."""
     out: Path
     methods: list[str]
     seeds: list[int]

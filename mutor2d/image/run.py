@@ -98,12 +98,12 @@ class ImageRun:
 def init_fingerprint(source: str | None, seed: int) -> dict:
     """train.init_from's fingerprint (of the checkpoint it resolves to: a run folder's newest), else
     the random initialisation of ``seed``."""
-    from .. import checkpoint as ckpt_lib
     from .. import provenance
+    from ..checkpoint import locate
     if not source:
         return provenance.random_init(seed)
     try:
-        return provenance.fingerprint(ckpt_lib.resolve(source))
+        return provenance.fingerprint(locate.resolve(source))
     except (FileNotFoundError, ValueError):
         return provenance.fingerprint(source)
 
@@ -146,13 +146,13 @@ def build_networks(cfg: ImageRunConfig, saved: dict | None) -> tuple[GPT, nn.Mod
 def init_weights(model: GPT, source: str) -> None:
     """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
     GPT checkpoint; optimizer, step and data order start fresh."""
-    from .. import checkpoint as ckpt_lib
+    from ..checkpoint import inference, locate
     from ..checkpoint import sharded as sharded_checkpoint
-    from ..model.gpt import load_llamagen
+    from ..model.llamagen import load_llamagen
     try:
-        path = ckpt_lib.resolve(source)
+        path = locate.resolve(source)
         if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):
-            obj = ckpt_lib.load_weights(path, use_ema=False)[0]
+            obj = inference.load_weights(path, use_ema=False)[0]
         else:
             obj = path                                   # load_llamagen reads it with weights_only
         load_llamagen(model, obj)

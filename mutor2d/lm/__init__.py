@@ -1,8 +1,10 @@
 """Fine-tuning of Hugging Face causal LMs with any objective of mutor2d.objectives (NTP, MuToR-1D,
 the multi-head baseline, plugins) (optional extra ``lm``: transformers, peft).
 
-Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), data (jsonl / chat / GSM8K / MATH /
-star graph -> LMBatch), accuracy (answer extraction and exact-match scoring, pure Python),
+Modules: config (``task: lm`` YAML -> LMRunConfig, built on mutor2d.config), records (jsonl / chat / GSM8K /
+MATH lines -> records), prompts (records -> prompt and answer token ids), offline_tokenizers (character- and
+word-level tokenizers without a download), data (``python -m mutor2d.lm.data``: converters, star graphs as
+text, ``check``), accuracy (answer extraction and exact-match scoring, pure Python),
 packing (a batch in the canonical frame the objectives read, and its physical sequence), model
 (MutorLM: the transformers model, register embedding and extra heads; FramedLM: the objectives'
 model interface on one batch; no loss code), hf (load / LoRA / save / generate), speculative (exact

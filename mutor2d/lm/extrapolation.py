@@ -60,7 +60,8 @@ LONGEST: dict[tuple, int] = {}      # (data settings, vocabulary) -> longest ans
 
 def longest_answer(d, tokenizer) -> int:
     """The longest answer in tokens of the training file of data section ``d``, as training cut it."""
-    from .data import load_records, tokenize
+    from .prompts import tokenize
+    from .records import load_records
     settings = (d.name, d.path, d.max_prompt_len, d.max_answer_len, d.add_eos)
     key = (*settings, Path(d.path).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
     if key not in LONGEST:
@@ -115,7 +116,7 @@ def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
 def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
     """(NLL per answer position of the run's saved model on ``records``, the trained chain)."""
     from . import hf
-    from .data import tokenize
+    from .prompts import tokenize
     from .model import position_limit
     run = Path(run)
     cfg = run_config(run)

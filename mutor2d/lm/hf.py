@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .. import io
 from ..model.attention import NEVER, Visibility
@@ -225,13 +225,6 @@ def saved_prompt_attention(folder: str | Path) -> str:
     if found not in ("causal", "bidirectional"):
         raise LMModelError(f"{path}: prompt_attention={found!r}, expected 'causal' or 'bidirectional'")
     return found
-
-
-def load_register_embedding(model: MutorLM, folder: str | Path) -> None:
-    """Copy a saved register embedding into ``model`` (to continue training)."""
-    saved = load_file(str(Path(folder) / REGISTER_FILE))["register_embedding"]
-    with torch.no_grad():
-        model.register_embedding.copy_(saved)
 
 
 def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool = True,

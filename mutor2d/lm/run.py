@@ -28,7 +28,8 @@ from ..engine.runlog import eval_text
 from ..objectives import ObjectiveConfig
 from . import accuracy
 from .config import LMRunConfig
-from .data import eval_prompts, load_located, tokenize
+from .prompts import eval_prompts, tokenize
+from .records import load_located
 from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
 from .model import MutorLM, frame_batch, position_limit
 from .packing import LMBatch, collate

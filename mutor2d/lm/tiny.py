@@ -25,7 +25,7 @@ def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layer
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from .arith import arith_alphabet
-    from .data import char_tokenizer
+    from .offline_tokenizers import char_tokenizer
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check_args(args)
     from .arith import arith_alphabet
-    from .data import char_tokenizer
+    from .offline_tokenizers import char_tokenizer
     write = write_tiny_gpt2 if args.arch == "gpt2" else write_tiny_llama
     folder = write(args.out, char_tokenizer(args.chars or arith_alphabet()), args.hidden, args.layers, args.heads,
                    args.seed, args.max_positions)

@@ -1,7 +1,9 @@
 """The network: a LlamaGen-style decoder and what it is built from, one module each.
 
   config        the ``model`` section (ModelConfig, the LlamaGen size presets); no torch
-  gpt           the decoder (GPT) and LlamaGen weight loading
+  gpt           the decoder (GPT)
+  cache         the decode cache's steps: what a cached step writes and reads
+  llamagen      LlamaGen checkpoints into a GPT (strict key and shape checks)
   attention     attention backends over a token-visibility rule (key rank <= query limit)
   conditioning  the prefix kinds a sample is conditioned on (class labels, prompts, plugins)
   embedders     the class-label embedding (with its null class for CFG)

@@ -1,28 +1,27 @@
 """LlamaGen-style decoder.
 
 Pre-norm RMSNorm, SwiGLU FFN, no biases, untied embeddings, 2D (or 1D) RoPE driven by explicit
-position ids. Parameter names follow LlamaGen's gpt.py so its checkpoints load with strict checks.
+position ids. Parameter names follow LlamaGen's gpt.py so its checkpoints load with strict checks
+(mutor2d.model.llamagen).
 
 What the model knows of MuToR: it can append ``num_extra`` copies of one learned embedding (the
 register token) after the regular tokens, and it attends with a given ``Visibility`` rule and given
 position ids. Nothing else. The same holds for cached decoding (``GPT.decode``): extra tokens read
-the cache under their visibility rule and are never written to it.
+the cache under their visibility rule and are never written to it (mutor2d.model.cache).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import NEVER, Visibility, causal_rule, get_backend, open_prefix
+from .attention import Visibility, causal_rule, get_backend, open_prefix
+from .cache import CacheStep, extra_step
 from .conditioning import conditioning
 from .config import ModelConfig, Shape, model_shape
-from ..io import read_torch_file
 
 def _frozen_trace() -> bool:
     """True while torch.compile traces with inductor's weight freezing on (and grad off): the
@@ -129,31 +128,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     xf = x.float()
     swapped = _SwapPairs.apply(xf) if xf.requires_grad else _swap(xf)   # no autograd: skip its overhead
     return torch.addcmul(xf * cos, swapped, sin).type_as(x)
-
-
-@dataclass
-class CacheStep:
-    """One cached decode step. ``start``: cache index of the first new regular token (int, or
-    (B,) long per row); ``num_regular``: R new regular tokens, written to the cache; ``end``: how
-    many cache entries the step reads (start + R, the largest over rows); ``vis``: the rule over
-    the keys [cache[:end], keys of the extra tokens], or None (no extra tokens, one int start:
-    causal attention of the new tokens)."""
-    start: int | Tensor
-    num_regular: int
-    end: int
-    vis: Visibility | None = None
-
-    def write(self, cache: Tensor, new: Tensor) -> Tensor:
-        """Write ``new[:, :, :R]`` (B, heads, L, head_dim) into ``cache`` at ``start``; return
-        the keys (or values) the step reads: [cache[:end], new[:, :, R:]]."""
-        B, R = new.shape[0], self.num_regular
-        if isinstance(self.start, int):
-            cache[:B, :, self.start:self.start + R] = new[:, :, :R]
-        else:
-            idx = (self.start[:, None] + torch.arange(R, device=new.device))[:, None, :, None]
-            cache[:B].scatter_(2, idx.expand(-1, new.shape[1], -1, new.shape[3]), new[:, :, :R])
-        read = cache[:B, :, :self.end]
-        return read if new.shape[2] == R else torch.cat([read, new[:, :, R:]], dim=2)
 
 
 class Attention(nn.Module):
@@ -378,67 +352,12 @@ class GPT(nn.Module):
         if E == 0 and isinstance(cache_start, int) and not opens:
             step = CacheStep(cache_start, R, cache_start + R)
         else:
-            step = self._extra_step(h.shape[0], R, cache_start, extra_limit, h.device)
+            step = extra_step(h.shape[0], R, cache_start, extra_limit, h.device)
             if opens:                         # the prefill: the prefix sits at cache indices 0..P-1
                 step.vis = open_prefix(step.vis, P)
             if E:
                 positions = torch.cat([positions, extra_positions], dim=1)
         return self.logits(self._trunk(h, positions, None, step))
 
-    @staticmethod
-    def _extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, device) -> CacheStep:
-        """The CacheStep of a decode with per-row starts and/or extra tokens."""
-        start = torch.as_tensor(start, dtype=torch.long, device=device).expand(B).contiguous()
-        end = int(start.max()) + R
-        limit = torch.zeros(B, 0, dtype=torch.long, device=device) if extra_limit is None else extra_limit
-        E = limit.shape[1]
-        regular = start[:, None] + torch.arange(R, device=device)                   # (B, R)
-        key_rank = torch.cat([torch.arange(end, device=device).expand(B, end),
-                              torch.full((B, E), NEVER, device=device)], dim=1)
-        own = torch.cat([regular, (end + torch.arange(E, device=device)).expand(B, E)], dim=1)
-        vis = Visibility(key_rank, torch.cat([regular, limit], dim=1), R, own_key=own)
-        return CacheStep(start, R, end, vis)
-
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-# ------------------------------------------------------------------ LlamaGen interop
-
-def llamagen_state_dict(obj) -> dict:
-    """The GPT weights of a LlamaGen checkpoint: under "model", "ema", "module" or bare."""
-    for key in ("model", "ema", "module", "state_dict"):
-        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
-            return obj[key]
-    if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return obj
-    raise ValueError("checkpoint holds no GPT weights (expected a state dict, or one under 'model'/'ema')")
-
-
-def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
-    """Load a LlamaGen c2i GPT checkpoint, or a mutor2d one (path or loaded object), into ``model``
-    with strict key checking. The register embedding, if the model has one, keeps its init (a
-    checkpoint's own is taken when it has one; it is dropped for a model without registers).
-    Logits match LlamaGen's only with ``cls_rope='zeros'`` (their class-token rotation)."""
-    if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):   # LlamaGen stores its argparse args
-        obj = read_torch_file(obj, "GPT checkpoint", allow=[argparse.Namespace])
-    if use_ema and isinstance(obj, dict) and "ema" in obj:
-        obj = obj["ema"]
-    sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
-    sd = {k: v for k, v in sd.items() if k != "freqs_cis" and ".kv_cache." not in k and k != "causal_mask"}
-    own = model.state_dict()
-    if not model.has_register_token:    # a MuToR checkpoint into a model without registers
-        sd.pop("register_embedding", None)
-    expected = set(own) - {"register_embedding"}
-    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected - {"register_embedding"})
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}"
-                         f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-                         f"{'…' if len(unexpected) > 8 else ''}")
-    bad = [k for k in sd if sd[k].shape != own[k].shape]
-    if bad:
-        raise ValueError("checkpoint shapes differ: " + ", ".join(
-            f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:4]))
-    if model.has_register_token:
-        sd.setdefault("register_embedding", own["register_embedding"])
-    model.load_state_dict(sd, strict=True)

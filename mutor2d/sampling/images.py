@@ -274,9 +274,9 @@ def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str
     """Load a checkpoint for sampling: one metadata read, one weights read. Its conditioning kind must
     have a set of prefixes to pick from (``choices``: class labels do, prompts do not). The model's
     grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
-    from .. import checkpoint
+    from ..checkpoint import inference
     from ..data.tokens import build_tokenizer
-    model, cfg, meta = checkpoint.open_model(path, use_ema=use_ema, device=device)   # one read
+    model, cfg, meta = inference.open_model(path, use_ema=use_ema, device=device)   # one read
     step = meta["step"]
     try:
         model.conditioning.choices(cfg.model)

@@ -9,10 +9,11 @@ tokenizer: a module with its class and a builder decorated ``@register_tokenizer
 by mutor2d (below) or by MUTOR2D_PLUGINS (mutor2d.plugins).
 
 Modules: base (protocol, registry), config (the settings without torch: VQConfig, presets, pixel
-levels), pixel (PixelTokenizer), vq (LlamaGen-layout VQ model and VQTokenizer), codes (pre-tokenised
-image stores), lpips (perceptual loss). The names below are imported on first use (torch), with the
-built-in kinds, which register themselves. Weight files are read with mutor2d.io.read_torch_file
-(weights_only=True: never runs code from a file).
+levels), pixel (PixelTokenizer), vq_model (the LlamaGen-layout VQ network), vq (VQ checkpoints and
+VQTokenizer), codes (pre-tokenised image stores), image_folder (an ImageFolder tree, augmented
+views), extract (images -> a store), lpips (perceptual loss). The names below are
+imported on first use (torch), with the built-in kinds, which register themselves. Weight files are
+read with mutor2d.io.read_torch_file (weights_only=True: never runs code from a file).
 """
 from __future__ import annotations
 

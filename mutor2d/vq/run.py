@@ -28,8 +28,8 @@ from ..data.tokens import digits_images, digits_rgb
 from ..engine.hooks import due
 from ..engine.kinds import register_run_kind
 from ..objectives import ObjectiveResult
-from ..tokenizer.codes import center_crop_arr, scan_image_folder
-from ..tokenizer.vq import VQModel
+from ..tokenizer.image_folder import center_crop_arr, scan_image_folder
+from ..tokenizer.vq_model import VQModel
 from .config import VQDataConfig, VQLossConfig, VQRunConfig
 
 # ----------------------------------------------------------------------------- data

@@ -2,12 +2,12 @@
 sampled and scored through the library (mutor2d.evaluation.study holds the logic; this is its
 command line).
 
-    python eval/compare.py --out runs/study_digits [--methods next-token,mutor-2d-D4,...]
+    python experiments/compare.py --out runs/study_digits [--methods next-token,mutor-2d-D4,...]
         [--seeds 0,1,2] [--steps 600] [--eval-steps 300,600] [--num 1000] [--cfg 1.0,2.0]
         [--jobs 2] [--compute-matched mutor-2d-D4] [--plot docs/digits_fid_vs_step.png]
-    python eval/compare.py --config study2_digits.yaml --val-every 150 --fractions 0.25,0.5 \
+    python experiments/compare.py --config study2_digits.yaml --val-every 150 --fractions 0.25,0.5 \
         --cm-ratio R ...                              # the second protocol (docs/RESULTS.md)
-    python eval/compare.py --quick --out /tmp/q      # CI: the whole pipeline, tiny sizes
+    python experiments/compare.py --quick --out /tmp/q      # CI: the whole pipeline, tiny sizes
 
 For each method and seed: train ``--config`` (default configs/study_digits.yaml) with the method's
 objective (RUN = OUT/METHOD/seedS), then at each eval step: class-balanced samples at each CFG scale

@@ -1,12 +1,12 @@
 """CPU-scale language study: next-token vs MuToR-1D (vs the multi-head baseline) on a synthetic task.
 
-    python eval/lm_study.py --out runs/lm_study [--seeds 0 1 2] [--plot docs/lm_study.png]
-    python eval/lm_study.py --task stargraph --out runs/lm_stargraph [--plot docs/lm_stargraph.png]
-    python eval/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
-    python eval/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
-    python eval/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
-    python eval/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
-    python eval/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
+    python experiments/lm_study.py --out runs/lm_study [--seeds 0 1 2] [--plot docs/lm_study.png]
+    python experiments/lm_study.py --task stargraph --out runs/lm_stargraph [--plot docs/lm_stargraph.png]
+    python experiments/lm_study.py [--task stargraph] --quick --out /tmp/lm_study_quick   # seconds (CI)
+    python experiments/lm_study.py --task arith_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_pretrained
+    python experiments/lm_study.py --task stargraph_pretrained --seeds 0 1 2 3 4 5 6 7 --out runs/lm_stargraph_pretrained
+    python experiments/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
+    python experiments/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
 
 Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
 
@@ -112,7 +112,7 @@ def arith_records(size: Size, count: int, seed: int) -> list[dict]:
 
 def arith_tokenizer(size: Size):
     from mutor2d.lm.arith import arith_alphabet
-    from mutor2d.lm.data import char_tokenizer
+    from mutor2d.lm.offline_tokenizers import char_tokenizer
     return char_tokenizer(arith_alphabet())
 
 
@@ -174,7 +174,7 @@ def stargraph_corpus(size: Size, count: int, seed: int) -> list[dict]:
 
 def stargraph_tokenizer(size: Size):
     """One word per node id (0..num_nodes-1) and per delimiter (edge end |, query /, answer =)."""
-    from mutor2d.lm.data import word_tokenizer
+    from mutor2d.lm.offline_tokenizers import word_tokenizer
     return word_tokenizer([str(v) for v in range(size.shape[2])] + ["|", "/", "="])
 
 
@@ -274,7 +274,7 @@ TASKS["arith_budget"] = dataclasses.replace(
 
 def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
     """Training and held-out test splits (jsonl lines); no test line shares its key with a training line."""
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     out.mkdir(parents=True, exist_ok=True)
     train = task.records(size, size.train, 0)
     seen = {task.key(r) for r in train}
@@ -295,7 +295,7 @@ def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, 
     """The shared base's pretraining (its config; writes OUT/data/pretrain.jsonl, the task's corpus
     with the lines whose key is in ``exclude`` dropped, and OUT/pretrain_init, a random Llama of seed
     1000) and its cache key (:func:`base_key`)."""
-    from mutor2d.lm.data import write_jsonl
+    from mutor2d.lm.records import write_jsonl
     corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "data" / "pretrain.jsonl")
@@ -500,7 +500,7 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
 
 def ci95(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
-    from mutor2d.evaluation.study import t95
+    from mutor2d.evaluation.study_tables import t95
     return t95(values)
 
 

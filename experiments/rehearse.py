@@ -1,7 +1,7 @@
 """Rehearse the path users run at scale, end to end, with the commands they type (subprocesses).
 
-    python bench/rehearse.py --quick [--workdir DIR]     # CI size (tests/test_rehearsal.py), ~2 min
-    python bench/rehearse.py --full  [--workdir DIR]     # by hand: the real VQ-16 and GPT-B shapes
+    python experiments/rehearse.py --quick [--workdir DIR]     # CI size (tests/test_rehearsal.py), ~2 min
+    python experiments/rehearse.py --full  [--workdir DIR]     # by hand: the real VQ-16 and GPT-B shapes
 
 Stages (one timing line each, then a JSON summary on the last line of stdout):
   images    an ImageFolder of 256 px JPEGs: random square crops of scikit-learn's sample photos
@@ -164,7 +164,8 @@ def make_vq(path: Path, ch: int) -> dict:
     """A VQ-16-layout tokenizer (LlamaGen's module names) with random weights, saved as LlamaGen
     ships vq_ds16_c2i.pt: {"model": state dict}. The loader infers the architecture from the weights."""
     import torch
-    from mutor2d.tokenizer.vq import VQModel, vq_config
+    from mutor2d.tokenizer.config import vq_config
+    from mutor2d.tokenizer.vq_model import VQModel
     torch.manual_seed(0)
     model = VQModel(vq_config("vq16", ch=ch))
     torch.save({"model": model.state_dict()}, path)
@@ -187,7 +188,7 @@ def check_codes(codes: Path, num_images: int, augs: int) -> dict:
 def write_reference(images: Path, out: Path) -> dict:
     """ADM-style reference batch from the ImageFolder: arr_0 uint8 (n, 256, 256, 3), ADM centre crops."""
     from PIL import Image
-    from mutor2d.tokenizer.codes import center_crop_arr, scan_image_folder
+    from mutor2d.tokenizer.image_folder import center_crop_arr, scan_image_folder
     files, _, _ = scan_image_folder(images)
     arr = []
     for f in files:

@@ -1,0 +1,163 @@
+"""The image study's records summarised (mutor2d.evaluation.study): grouped per (label, step) over
+seeds, the markdown table (mean ± sd), FID paired by seed against next-token with its 95% t-interval,
+and the step at which a method first reaches next-token's final FID."""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from . import records
+from .plan import COMPUTE_MATCHED, METHODS, label_parts
+from .study_runs import read_curve
+
+VAL_BEST = "val-best"       # the step of a run picked by validation NLL (a table row, not a number)
+
+
+def collect(out: Path) -> list[dict]:
+    """The study's records; each run's record at a label's validation-selected step (RUN/val_nll.json)
+    also carries ``study["val_best"] = True``."""
+    runs = sorted(p for p in out.glob("*/*") if (p / "eval").is_dir())
+    recs = []
+    for run in runs:
+        selected = read_curve(run)["selected"]
+        for r in records.read_records([run])[0]:
+            if "study" in r:
+                r["study"]["val_best"] = selected.get(r["study"]["method"]) == r["step"]
+                recs.append(r)
+    if (out / "floor" / "eval").is_dir():
+        recs += [r for r in records.read_records([out / "floor"])[0] if "study" in r]
+    return recs
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None, int]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return float("nan"), None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    m, sd, n = mean_sd(values)
+    if n == 0:
+        return "–"
+    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
+    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "fid": {cfg: {seed: FID}}, "nll", "nll_val",
+    "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
+    runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
+    step of each seed (its records also count at their own step)."""
+    groups: dict = {}
+    for r in recs:
+        run = r["study"]          # the run's study settings: label, seed, cfg scale, timing
+        keys = [(run["method"], None if r.get("step") is None else int(r["step"]))]
+        if run.get("val_best"):
+            keys.append((run["method"], VAL_BEST))
+        for key in keys:
+            group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
+                                            "cfg": {}, "fid": {}, "steps": {}, "skips": {}, "commits": set()})
+            group["seeds"].add(run.get("seed"))
+            group["commits"].add(records.commit_text(r))
+            if r.get("step") is not None:
+                group["skips"][run.get("seed")] = records.skips_text(records.run_folder(r), r["step"])
+            group["steps"][run.get("seed")] = r.get("step")
+            if run.get("train_steps"):
+                group["s_per_step"][run["seed"]] = run["train_seconds"] / run["train_steps"]
+            for name in ("nll_test", "nll_val"):
+                if name in r["metrics"]:
+                    group["nll" if name == "nll_test" else name][run["seed"]] = r["metrics"][name]
+            if "fid" in r["metrics"]:
+                group["fid"].setdefault(run.get("cfg_scale"), {})[run.get("seed")] = r["metrics"]["fid"]
+            by_metric = group["cfg"].setdefault(run.get("cfg_scale"), {})
+            for k, v in r["metrics"].items():
+                by_metric.setdefault(k, []).append(v)
+    return groups
+
+
+def method_order(name: str) -> tuple:
+    """Table order: full-data labels by METHODS (the compute-matched runs last), then the data-fraction
+    labels by method and falling fraction."""
+    method, frac = label_parts(name)
+    names = list(METHODS) + [COMPUTE_MATCHED]
+    return (frac < 1, names.index(method) if method in names else len(names), -frac, name)
+
+
+def row_order(key: tuple) -> tuple:
+    """(label order, fixed steps before the validation-selected row, step)."""
+    return (method_order(key[0]), key[1] == VAL_BEST, 0 if key[1] == VAL_BEST else key[1])
+
+
+def table(groups: dict, cfg_scales: list[float]) -> str:
+    """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
+    validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one;
+    the updates each seed's run skipped up to the step (the blow-up guard: mutor2d/engine/health.py); the
+    runs' commits (records.commit_text) last."""
+    guided_scales = [s for s in cfg_scales if s != 1.0]
+    val = any(g["nll_val"] for g in groups.values())
+    head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
+        [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
+        ["test NLL (nats/token)", "train s/step", "skipped updates per seed", "commit"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for key in sorted((k for k in groups if k[1] is not None), key=row_order):
+        g = groups[key]
+        step = f"{VAL_BEST} ({fmt(list(g['steps'].values()), 0)})" if key[1] == VAL_BEST else str(key[1])
+        row = [key[0], step, str(len(g["seeds"]))]
+        row += [fmt(g["cfg"].get(s, {}).get("fid", [])) for s in cfg_scales]
+        row += [fmt(g["cfg"].get(s, {}).get("accuracy", []), 3) for s in cfg_scales]
+        row += [fmt(g["cfg"].get(1.0, {}).get("is", []))]
+        row += [fmt(list(g["nll_val"].values()), 4)] if val else []
+        row += [fmt(list(g["nll"].values()), 4), fmt(list(g["s_per_step"].values()), 3)]
+        row += [", ".join(g["skips"][seed] for seed in sorted(g["skips"], key=str)) or "–", ", ".join(sorted(g["commits"]))]
+        lines.append("| " + " | ".join(row) + " |")
+    for key in sorted(k for k in groups if k[1] is None):
+        g = groups[key]
+        c = g["cfg"].get(None, {})
+        row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(guided_scales) + \
+            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(guided_scales) + [fmt(c.get("is", []))] + \
+            (["–"] if val else []) + ["–", "–", "–", "–"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def t95(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
+    from scipy.stats import t
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, float("nan")
+    return m, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired_table(groups: dict, cfg: float, reference: str = "next-token") -> str:
+    """Markdown: per label and step, FID at ``cfg`` minus ``reference``'s at the same step, paired by
+    seed (the same data order), with its 95% t-interval and wins (lower FID) / losses over seeds."""
+    lines = [f"| method | step | seeds | FID minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
+    for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
+        ref = groups.get((reference, key[1]), {}).get("fid", {}).get(cfg, {})
+        mine = groups[key]["fid"].get(cfg, {})
+        diffs = [mine[seed] - ref[seed] for seed in sorted(mine, key=str) if seed in ref]
+        if not diffs:
+            continue
+        m, h = t95(diffs)
+        lines.append(f"| {key[0]} | {key[1]} | {len(diffs)} | {m:+.2f} [{m - h:+.2f}, {m + h:+.2f}] | "
+                     f"{sum(d < 0 for d in diffs)} / {sum(d > 0 for d in diffs)} |")
+    return "\n".join(lines)
+
+
+def convergence(groups: dict, cfg: float, method: str, reference: str = "next-token") -> dict | None:
+    """The first scored step at which ``method``'s mean FID (at ``cfg``) is at most ``reference``'s
+    final one (its mean at its last scored step), and that step over the reference's final step
+    (the paper's "MuToR-2D at 100K beats next-token at 200K" is a ratio of 0.5); None without both."""
+    def curve(label):
+        return sorted((k[1], statistics.fmean(g["fid"][cfg].values())) for k, g in groups.items()
+                      if k[0] == label and isinstance(k[1], int) and g["fid"].get(cfg))
+    ref, mine = curve(reference), curve(method)
+    if not ref or not mine:
+        return None
+    final_step, final_fid = ref[-1]
+    first = next((step for step, fid in mine if fid <= final_fid), None)
+    return {"method": method, "reference": reference, "cfg": cfg, "reference_final_step": final_step,
+            "reference_final_fid": final_fid, "first_step": first,
+            "ratio": None if first is None else first / final_step}

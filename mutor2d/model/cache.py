@@ -1,0 +1,50 @@
+"""The decode cache's steps: which cache entries a cached decode step (GPT.decode) writes and reads,
+and the visibility rule of its extra (register) tokens, which read the cache but are never written
+to it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .attention import NEVER, Visibility
+
+
+@dataclass
+class CacheStep:
+    """One cached decode step. ``start``: cache index of the first new regular token (int, or
+    (B,) long per row); ``num_regular``: R new regular tokens, written to the cache; ``end``: how
+    many cache entries the step reads (start + R, the largest over rows); ``vis``: the rule over
+    the keys [cache[:end], keys of the extra tokens], or None (no extra tokens, one int start:
+    causal attention of the new tokens)."""
+    start: int | Tensor
+    num_regular: int
+    end: int
+    vis: Visibility | None = None
+
+    def write(self, cache: Tensor, new: Tensor) -> Tensor:
+        """Write ``new[:, :, :R]`` (B, heads, L, head_dim) into ``cache`` at ``start``; return
+        the keys (or values) the step reads: [cache[:end], new[:, :, R:]]."""
+        B, R = new.shape[0], self.num_regular
+        if isinstance(self.start, int):
+            cache[:B, :, self.start:self.start + R] = new[:, :, :R]
+        else:
+            idx = (self.start[:, None] + torch.arange(R, device=new.device))[:, None, :, None]
+            cache[:B].scatter_(2, idx.expand(-1, new.shape[1], -1, new.shape[3]), new[:, :, :R])
+        read = cache[:B, :, :self.end]
+        return read if new.shape[2] == R else torch.cat([read, new[:, :, R:]], dim=2)
+
+
+def extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, device) -> CacheStep:
+    """The CacheStep of a decode with per-row starts and/or extra tokens."""
+    start = torch.as_tensor(start, dtype=torch.long, device=device).expand(B).contiguous()
+    end = int(start.max()) + R
+    limit = torch.zeros(B, 0, dtype=torch.long, device=device) if extra_limit is None else extra_limit
+    E = limit.shape[1]
+    regular = start[:, None] + torch.arange(R, device=device)                   # (B, R)
+    key_rank = torch.cat([torch.arange(end, device=device).expand(B, end),
+                          torch.full((B, E), NEVER, device=device)], dim=1)
+    own = torch.cat([regular, (end + torch.arange(E, device=device)).expand(B, E)], dim=1)
+    vis = Visibility(key_rank, torch.cat([regular, limit], dim=1), R, own_key=own)
+    return CacheStep(start, R, end, vis)
