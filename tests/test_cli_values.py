@@ -218,7 +218,8 @@ def test_sample_grid_on_a_full_disk_is_exit_74_and_no_file(run, sample, tmp_path
 
 
 def test_sample_npz_on_a_full_disk_is_exit_74_and_no_file(run, sample, tmp_path, capsys, monkeypatch):
-    disk_full(monkeypatch, generation)
+    from mutor2d.sampling import npz as npz_files
+    disk_full(monkeypatch, npz_files)
     out = tmp_path / "s.npz"
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt", str(run), "--device", "cpu", "--npz", str(out), "--num", "10"])
