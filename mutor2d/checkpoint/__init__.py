@@ -35,6 +35,8 @@ from .. import config as config_lib
 from .. import io
 from . import sharded as sharded_checkpoint
 from ..cli import HelpFormatter
+from ..registry import build
+from ..run_configs import DEFAULT_TASK, task_of
 
 _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
 
@@ -254,7 +256,7 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     state, meta = load_weights(path, use_ema)
     cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
     known = not isinstance(cfg.objective, config_lib.UnknownVariant)
-    model = cfg.model.build(register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
+    model = build(cfg.model, register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
     io.check_shapes(model.state_dict(), state, repr(str(path)))
     io.check_finite(state, f"checkpoint {str(path)!r}")
     model.load_state_dict(state, strict=True)
@@ -285,14 +287,14 @@ def export_parts(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool 
 def check_image_run(path: str | os.PathLike, config) -> None:
     """CheckpointError unless ``config`` (a checkpoint's stored config) is an image GPT's: a
     language-model run keeps its model as Hugging Face files in its run folder, a VQ run is a tokenizer."""
-    task = config_lib.task_of(config) if isinstance(config, dict) else config_lib.DEFAULT_TASK
+    task = task_of(config) if isinstance(config, dict) else DEFAULT_TASK
     if task == "lm":
         p = Path(path)
         run = p.parent.parent if p.parent.name == "checkpoints" else p if p.is_dir() else p.parent
         raise CheckpointError(f"{str(path)!r} is a language-model run; its model is already saved as "
                               f"{run}/model.safetensors (or {run}/adapter_model.safetensors under LoRA): share "
                               f"that folder")
-    if task != config_lib.DEFAULT_TASK:
+    if task != DEFAULT_TASK:
         raise CheckpointError(f"{str(path)!r} is a run of task {task!r}, not an image GPT: nothing to export")
 
 
