@@ -216,7 +216,7 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
 def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
     model, cfg, _ = ckpt_lib.load_model(out / "mutor-2d-sparse" / "seed0")
-    ds = cfg.data.build(split)
+    ds = build_dataset(cfg.data, split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid
     pos = regular_position_ids((H, W), 1).expand(len(ds), -1, -1)

@@ -231,9 +231,8 @@ def _tiny_run(tmp_path, finetune, steps, lr):
     _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": finetune,
                                    "lora_targets": ["q_proj", "v_proj"]},
-           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "optim": {"lr": lr},
-           "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "padding_side": "left",
-                     "tracker": "none"}}                    # padding_side here: upgraded into data
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl"), "padding_side": "left"},
+           "optim": {"lr": lr}, "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "tracker": "none"}}
     out = lm_pkg.train(cfg, tmp_path / "run")
     assert (out / "register_embedding.safetensors").is_file() and (out / "config.yaml").is_file()
     return out, [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]

@@ -286,3 +286,24 @@ def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tm
                                      generation.grid_classes(cfg.sample, cfg.model.num_classes), tmp_path / "x.png",
                                      objective=cfg.objective)
     assert (out / "sample.png").read_bytes() == expected.read_bytes()
+
+
+def test_a_sharded_checkpoint_of_the_key_scheme_before_is_refused_in_one_line(tmp_path):
+    """A folder written before mutor2d.checkpoint.state's key scheme (the optimizer's entries under
+    "optim", the TrainModule's under "model") is not read: one line names what changed."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from mutor2d.checkpoint import sharded
+    old = tmp_path / "step_00000002.dcp"
+    with warnings.catch_warnings():              # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"model.w": torch.zeros(2)}, "optim": {"state": {"model.w": {"step": torch.ones(())}}}},
+                 checkpoint_id=str(old))
+    for read in (sharded.metadata, sharded.stored_parts):
+        with pytest.raises(ckpt_lib.CheckpointError) as e:
+            read(old)
+        assert "\n" not in str(e.value) and str(e.value).endswith(
+            "was written by an older version (entries model.model.*, optim.*; now model.*, objective.*, "
+            "optimizer.*): this version does not read it")

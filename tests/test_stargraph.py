@@ -6,6 +6,7 @@ from mutor2d.data import stargraph
 from mutor2d import config as config_lib
 from mutor2d.config import ConfigError, make
 from mutor2d.data.stargraph import ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, make_graphs, shortcut_answer
+from mutor2d.registry import build
 
 
 def test_graph_structure():
@@ -35,10 +36,10 @@ def test_graphs_drawn_in_chunks_equal_one_draw(monkeypatch):
 
 def test_split_disjoint_and_seeded():
     cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=12, num_train=300, num_test=100)
-    train, test = cfg.build("train"), cfg.build("test")
+    train, test = build(cfg, "train"), build(cfg, "test")
     seen = {tuple(p.tolist()) for p in train.prompts}
     assert not any(tuple(p.tolist()) in seen for p in test.prompts)
-    assert torch.equal(cfg.build("train").prompts, train.prompts)
+    assert torch.equal(build(cfg, "train").prompts, train.prompts)
     assert train.grid == (1, 5) and train.vocab_size == 12 + NUM_SPECIAL
     item = train[0]
     assert item["body"].shape == (5,) and item["prefix"].shape == (3 * 8 + 4,)
@@ -85,7 +86,7 @@ def test_reverse_answer_is_the_flipped_path():
     assert torch.equal(rev.answers[:, rev.first_step_index], fwd.answers[:, 1])
     cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=20, num_train=50, num_test=20,
                      reverse_answer=True)
-    test = cfg.build("test")
+    test = build(cfg, "test")
     assert (test.answers[:, 0] == test.prompts[:, -2]).all()           # starts at the goal
 
 
