@@ -3,7 +3,7 @@
 A config names its kind with ``task:`` (image when left out, lm, vq, or a plugin's) and has one section
 per part. A kind's root (:class:`ConfigRoot`, ``@register_run_config`` in ``mutor2d/TASK/config.py``)
 lists its sections; each section's dataclass lives in the torch-free ``config`` module of its package
-and registers itself with its builder (mutor2d.builders): ``@register_section("model", build=...)``,
+and registers itself with its builder (mutor2d.registry): ``@register_section("model", build=...)``,
 or ``@register_variant("objective", "mutor-2d", build=...)`` for a variant of a *tagged* section
 (``name`` picks it). Here: the registries, building (``from_dict``, ``load``) and writing (``to_dict``,
 ``dump``) a config, ``--set`` overrides. The first lookup imports every ``SECTION_HOMES`` config module
@@ -51,10 +51,10 @@ def register_section(section: str, build: str | Callable | None = None):
     return lambda cls: builds(section, build)(registered(PLAIN, section)(cls))
 
 
-def register_variant(section: str, name: str, build: str | Callable | None = None):
+def register_variant(section: str, name: str, build: str | Callable | None = None, **parts: str | Callable):
     """Class decorator: make a dataclass the ``section`` variant picked by ``name: NAME``, built by
-    ``build`` (without: as its parent class)."""
-    return lambda cls: builds(f"{section}.{name}", build)(registered(VARIANTS[section], name, "name")(cls))
+    ``build`` (without: as its parent class); ``parts``: builders of its other parts (mutor2d.registry)."""
+    return lambda cls: builds(f"{section}.{name}", build, **parts)(registered(VARIANTS[section], name, "name")(cls))
 
 
 _PARTS_IMPORTED = False

@@ -25,13 +25,14 @@ def registered(registry: dict, key: str, attr: str | None = None):
 BUILDERS: dict[str, str | Callable] = {}   # name -> "module:function", or a function (a plugin's may be either)
 
 
-def builds(name: str, build: str | Callable | None):
-    """Class decorator: make ``build`` the builder of the class (and its subclasses) under ``name``;
-    nothing without ``build``."""
+def builds(name: str, build: str | Callable | None, **parts: str | Callable):
+    """Class decorator: make ``build`` the builder of the class (and its subclasses) under ``name``, and
+    each of ``parts`` the builder of that part under NAME.PART (a dataset's ``tokenizer``)."""
     def add(cls):
         if build is not None:
             BUILDERS[name] = build
             cls.builds = name
+        BUILDERS.update({f"{name}.{part}": target for part, target in parts.items()})
         return cls
     return add
 

@@ -169,7 +169,7 @@ def test_train_and_evaluate_tiny_run(tmp_path):
     scores its checkpoint and writes a record the leaderboard lists with a solve_rate column."""
     cfg = tmp_path / "sg.yaml"
     cfg.write_text(
-        "model: {preset: custom, n_layer: 1, n_head: 2, dim: 32, prefix: prompt, rope: 1d, token_dropout: 0,\n"
+        "model: {preset: custom, n_layer: 1, n_head: 2, dim: 32, conditioning: prompt, rope: 1d, token_dropout: 0,\n"
         "        resid_dropout: 0, ffn_dropout: 0, class_dropout: 0, attention: sdpa}\n"
         "data: {name: stargraph, degree: 2, path_len: 5, num_nodes: 20, num_train: 256, num_test: 40}\n"
         "objective: {name: mutor-1d, d_min: 2, d_max: 4, reg_weight: 0.5}\n"

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from .. import tokenizer as tokenizer_lib
 from ..io import warn
-from ..registry import build
+from ..registry import BUILDERS, build, builder
 from ..tokenizer import Tokenizer
 from ..tokenizer.codes import open_store
 from .config import CodesDataConfig, DataConfig, DigitsDataConfig, PhotosDataConfig
@@ -186,8 +186,12 @@ def photos_dataset(cfg: PhotosDataConfig, split: str) -> CodeDataset | TokenGrid
 
 
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:
-    """The tokenizer that turns this data's tokens into images (``decode``): the one ``data.tokenizer``
-    names (at ``data.image_size`` where the data has one); codes are checked to be its."""
+    """The tokenizer that turns this data's tokens into images (``decode``): its variant's ``tokenizer``
+    builder when it registered one, else the one ``data.tokenizer`` names (at ``data.image_size`` where
+    the data has one); codes are checked to be its."""
+    own = f"{getattr(cfg, 'builds', '')}.tokenizer"
+    if own in BUILDERS:
+        return builder(own)(cfg)
     if not hasattr(cfg, "tokenizer"):
         raise ValueError(f"data.name={cfg.name!r} has no image tokenizer (no data.tokenizer)")
     tok = tokenizer_lib.build_tokenizer(cfg.tokenizer, data=cfg, image_size=getattr(cfg, "image_size", None))
