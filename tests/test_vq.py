@@ -335,13 +335,13 @@ def test_vq_config_errors():
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
     with pytest.raises(ConfigError, match="objective.rec_loss"):
-        load_config("vq_digits", ["train.rec_loss=l3"])
+        load_config("vq_digits", ["objective.rec_loss=l3"])
     with pytest.raises(ConfigError, match="data.path"):
         load_config("vq_digits", ["data.name=folder"])
     with pytest.raises(ConfigError, match="model.preset: expected a vq preset"):
         load_config("vq_digits", ["model.preset=huge"])
     with pytest.raises(ConfigError, match="optim.lr"):
-        load_config("vq_digits", ["train.lr=.nan"])
+        load_config("vq_digits", ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match="data.crop_range"):
         load_config("vq_digits", ["data.crop_range=0.5"])
     assert isinstance(load_config("vq_digits").model, VQConfig)
