@@ -18,14 +18,13 @@ import importlib
 import os
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import yaml
 
-from .registry import builds, registered
 from .checks import ConfigError, check_type, fail
 from .config_files import parse_override, read_mapping
+from .registry import builds, registered
 from .run_configs import run_config_class, task_of
 
 SECTION_HOMES = {"model": "model", "data": "data", "objective": "objectives", "optim": "engine",
