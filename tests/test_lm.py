@@ -272,7 +272,7 @@ def test_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'objective.d_mix'"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}, "objective": {"d_mix": 2}})
     with pytest.raises(ConfigError, match="data.padding_side: expected one of .*got 'middle'"):
-        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["data.padding_side=middle"])
     with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match=r"^objective 'mutor-2d': 2D offsets need a 2D grid, got a 1 x N line "
@@ -566,7 +566,7 @@ def test_online_accuracy_under_two_processes(tmp_path):
 
 
 def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
-    from mutor2d.config import CONFIG_DIR
+    from mutor2d.config_files import CONFIG_DIR
     names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if lm_pkg.is_lm_config(p.name))
     assert len(names) >= 17
     for name in names:
