@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .. import registry
 from ..config import ConfigError, fail
 from ..engine.kinds import register_run_kind
-from .. import registry
 from ..objectives.config import ObjectiveConfig
 from . import accuracy
 from .config import LMOptimConfig, LMRunConfig
