@@ -44,6 +44,7 @@ from mutor2d import config, io           # the command line parses and checks be
 from mutor2d.checkpoint import locate
 from mutor2d.checks import physical_memory
 from mutor2d.cli import HelpFormatter, check_choice
+from mutor2d.config_files import parse_override
 from mutor2d.plugins import load_plugins
 from mutor2d.sample_values import PER_CLASS_LIMIT, SampleFileError, parse_classes
 
@@ -181,7 +182,7 @@ def check_args(args) -> None:
     for item in args.overrides:
         if not item.startswith("sample."):
             raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
-        config.parse_override(item)
+        parse_override(item)
 
 
 def sample_section(args, src: Loaded):

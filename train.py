@@ -25,6 +25,7 @@ from mutor2d.checkpoint import inference, locate
 from mutor2d import config as config_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.config import ConfigError
+from mutor2d.config_files import parse_override, read_mapping
 from mutor2d.plugins import load_plugins
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> Path:
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.config:
-        data = config_lib.read_mapping(args.config)
+        data = read_mapping(args.config)
         cfg = load_config(copy.deepcopy(data), overrides)
         saved = saved_config(args.resume, args.out or cfg.train.out_dir or default_run_dir(args.config))
         if saved is not None:                  # resuming: the run's own config, plus what --set says
@@ -92,7 +93,7 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
     from mutor2d.engine.config import flat
     if os.environ.get("RANK", "0") != "0":
         return
-    old, given = flat(saved), {".".join(k): v for k, v in map(config_lib.parse_override, overrides)}
+    old, given = flat(saved), {".".join(k): v for k, v in map(parse_override, overrides)}
     for key, value in given.items():
         if key in old and old[key] != value:
             print(f"note: {key} changed on resume: {old[key]!r} -> {value!r}", flush=True)
@@ -104,7 +105,7 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
 
 def load_config(data: dict, overrides: list[str]):
     """The run config of a YAML mapping or a checkpoint's stored config, of the kind its ``task`` names
-    (image when left out; lm, vq or a plugin's: mutor2d.config.run_config_class)."""
+    (image when left out; lm, vq or a plugin's: mutor2d.run_configs.run_config_class)."""
     return config_lib.load(data, overrides)
 
 

@@ -83,7 +83,8 @@ def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False
     """Model (with a register token), optimizer with materialised state, and one batch."""
     import torch
 
-    from mutor2d.model.gpt import GPT, ModelConfig
+    from mutor2d.model.config import ModelConfig
+    from mutor2d.model.gpt import GPT
     from mutor2d.objectives import Batch
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
@@ -114,11 +115,11 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     import torch
 
     from mutor2d.objectives import RegisterObjective
-    from mutor2d.objectives.base import TargetRule
+    from mutor2d.objectives.base import TargetRule, target_rule
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
-    target = cfg.target_rule() if case != "ntp" else TargetRule()
+    target = target_rule(cfg) if case != "ntp" else TargetRule()
     objective = mask_objective() if backend == "sdpa-mask" else RegisterObjective
     loss_fn = objective(cfg.register_spec(), 0.5, None, target)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
@@ -290,7 +291,7 @@ def main(argv=None) -> None:
     args = parse(argv)
     import torch
 
-    from mutor2d.model.gpt import ModelConfig, model_shape
+    from mutor2d.model.config import ModelConfig, model_shape
     args.device = common.device_name(args.device)
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2

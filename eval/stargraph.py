@@ -72,6 +72,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
 
+    from mutor2d.data.stargraph import stargraph_dataset
     from mutor2d.evaluation.stargraph import solve_rates, teacher_forced_accuracy
     load_plugins()
     path = locate.resolve(args.ckpt)
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
     if cfg.data.name != "stargraph":
         raise ValueError(f"--ckpt {args.ckpt}: trained on data.name={cfg.data.name!r}, not stargraph")
     offsets = probe_offsets(args.offsets, cfg.data.path_len)
-    test = cfg.data.build("test")
+    test = stargraph_dataset(cfg.data, "test")
     if args.num:
         test.prompts, test.answers = test.prompts[: args.num], test.answers[: args.num]
     torch.manual_seed(0)

@@ -17,6 +17,7 @@ from mutor2d.model.attention import BACKENDS, Visibility
 from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.registry import build
 from mutor2d.sampling import generate
 from timeouts import limit
 
@@ -218,7 +219,7 @@ def test_cuda_bf16_training_step_and_kv_decoding():
     from mutor2d.registers import regular_position_ids
     model = _cuda_model()
     _set_backend(model, "auto")
-    obj = make("objective", name="mutor-2d", placement="sparse", num_registers=80).build(model)
+    obj = build(make("objective", name="mutor-2d", placement="sparse", num_registers=80), model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     batch = Batch(torch.randint(0, 64, (4, 256), device="cuda"), torch.arange(4, device="cuda"), (16, 16))
     losses = []

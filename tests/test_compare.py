@@ -218,7 +218,7 @@ def test_quick_table_plot_and_leaderboard(quick, capsys):
 def test_heldout_nll_is_the_next_token_cross_entropy(quick, split):
     out, _ = quick
     model, cfg, _ = inference.load_model(out / "mutor-2d-sparse" / "seed0")
-    ds = cfg.data.build(split)
+    ds = build_dataset(cfg.data, split)
     b = collate([ds[i] for i in range(len(ds))])
     H, W = ds.grid
     pos = regular_position_ids((H, W), 1).expand(len(ds), -1, -1)
@@ -253,7 +253,7 @@ def test_mean_sd_and_fmt():
 def test_eval_steps_need_not_divide_the_run_only_lie_on_its_checkpoint_grid(tmp_path):
     """50,100,...,250 of a 250-step run: checkpoints every 50 steps (100 does not divide 250)."""
     s = plan.Study(out=tmp_path, methods=["next-token"], seeds=[0], steps=250,
-                    eval_steps=[50, 100, 150, 200, 250], num=10, cfg_scales=[1.0])
+                   eval_steps=[50, 100, 150, 200, 250], num=10, cfg_scales=[1.0])
     s.check_flags()
     assert s.every == 50 and s.units()[0]["ckpt_every"] == 25    # next-token's grain: gcd(50, 250 // 10)
 

@@ -17,6 +17,7 @@ from mutor2d.model.gpt import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -57,7 +58,7 @@ def _steps(model, objective, n: int) -> tuple[list[float], list[int]]:
 def test_compiled_blocks_one_graph_no_breaks(case):
     cfg = CASES[case]
     eager = _model(cfg.name != "ntp")
-    eager_losses, tokens = _steps(eager, cfg.build(eager), 4)
+    eager_losses, tokens = _steps(eager, build(cfg, eager), 4)
     if case.endswith("dense"):
         assert len({reg for _, reg in tokens}) > 1, "valid registers should vary (else the test proves nothing)"
         assert len({tok for tok, _ in tokens}) == 1, "dense R is fixed: every step has the same shapes"
@@ -66,7 +67,7 @@ def test_compiled_blocks_one_graph_no_breaks(case):
     model = _model(cfg.name != "ntp")
     for block in model.layers:                 # as engine.setup does with train.compile
         block.compile(backend="aot_eager")     # dynamo's counts do not depend on the backend
-    losses, _ = _steps(model, cfg.build(model), 4)
+    losses, _ = _steps(model, build(cfg, model), 4)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert losses == pytest.approx(eager_losses, rel=1e-5)

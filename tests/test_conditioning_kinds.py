@@ -37,7 +37,9 @@ def style_kind():
     """A "style" conditioning kind and a "styled-digits" dataset (digit d drawn in style d % 3), registered
     as a plugin module would; unregistered after, so other test modules see the shipped parts only."""
     from mutor2d.config import VARIANTS, register_variant
-    from mutor2d.data.tokens import DigitsDataConfig, TokenGrids
+    from mutor2d.registry import BUILDERS
+    from mutor2d.data.config import DigitsDataConfig
+    from mutor2d.data.tokens import TokenGrids, digits_dataset
     from mutor2d.model.conditioning import CONDITIONING, Conditioning, register_conditioning
 
     @register_conditioning
@@ -66,17 +68,20 @@ def style_kind():
         def row_label(self, cfg, pick):
             return f"style {pick}"
 
-    @register_variant("data", "styled-digits")
+    def styled_digits(cfg, split):
+        d = digits_dataset(cfg, split)
+        return TokenGrids(d.codes.view(len(d), *d.grid), STYLES[d.labels % len(STYLES)], d.vocab_size,
+                          d.num_classes)
+
+    @register_variant("data", "styled-digits", build=styled_digits)
     @dataclass
     class StyledDigits(DigitsDataConfig):
-        def build(self, split):
-            d = super().build(split)
-            return TokenGrids(d.codes.view(len(d), *d.grid), STYLES[d.labels % len(STYLES)], d.vocab_size,
-                              d.num_classes)
+        pass
 
     yield Style
     CONDITIONING.pop("style")
     VARIANTS["data"].pop("styled-digits")
+    BUILDERS.pop("data.styled-digits")
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,16 @@
-"""Configs: YAML -> checked dataclasses, tagged data/objective sections, --set overrides, legacy
-checkpoint dicts, and one-line errors naming the key."""
+"""Configs: YAML -> checked dataclasses, tagged data/objective sections, --set overrides, and one-line
+errors naming the key (a key of an older version's config: its new name)."""
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import yaml
 
 from mutor2d import config as C
+from mutor2d.config_files import CONFIG_DIR
 from mutor2d.objectives import ObjectiveConfig
 from mutor2d.sampling.config import check_sampling
 
-CONFIGS = sorted(p.stem for p in C.CONFIG_DIR.glob("*.yaml")      # image runs; LM and VQ ones (task:) load in
+CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")      # image runs; LM and VQ ones (task:) load in
                  if "task" not in (yaml.safe_load(p.read_text()) or {}))   # test_lm.py and test_vq.py
 
 
@@ -113,47 +113,26 @@ def test_variant_fields_of_shipped_configs():
     assert (star.data.degree, star.data.path_len, star.data.num_nodes) == (2, 5, 50)
 
 
-# The objective and data sections every checkpoint stored before they were tagged (flat: every
-# variant's fields at once), as in a digits_mutor2d run of that time.
-LEGACY_OBJECTIVE = {"name": "mutor-2d", "reg_weight": 0.5, "d_min": 1, "d_max": 4, "d_max_2d": 3,
-                    "placement": "sparse", "num_registers": 12, "per_register_offsets": False,
-                    "edge": "geometric", "multihead_layout": "2d", "num_heads": 0}
-LEGACY_DATA = {"name": "digits", "path": None, "test_path": None, "tokenizer": "pixel", "levels": 17,
-               "num_workers": 0, "degree": 2, "path_len": 5, "num_nodes": 50, "num_train": 200000,
-               "num_test": 2000, "data_seed": 1234, "reverse_answer": False}
+OLD_CONFIGS = [   # configs (or checkpoints' stored configs) written by older versions -> what the error names
+    ({"kind": "image"}, "unknown config section 'kind' (written by an older version: now 'task'; "),
+    ({"model": {"prefix": "class"}}, "unknown config key 'model.prefix' (written by an older version: now "
+                                     "'model.conditioning'; "),
+    ({"objective": {"name": "mutor-2d", "d_max_2d": 3}}, "unknown config key 'objective.d_max_2d' for "
+     "objective.name=mutor-2d (written by an older version: now 'objective.d_max'; "),
+    ({"objective": {"name": "multihead", "multihead_layout": "1d"}}, "now 'objective.layout'"),
+    ({"task": "lm", "train": {"save_every": 5}}, "unknown config key 'train.save_every' (written by an older "
+                                                 "version: now 'train.ckpt_every'; "),
+    ({"task": "lm", "train": {"padding_side": "left"}}, "now 'data.padding_side'"),
+    ({"task": "vq", "train": {"lr": 1e-3}}, "unknown config key 'train.lr' (written by an older version: now "
+                                            "'optim.lr'; "),
+]
 
 
-def test_legacy_checkpoint_dicts_are_upgraded():
-    cfg = C.from_dict({"objective": dict(LEGACY_OBJECTIVE), "data": dict(LEGACY_DATA)})
-    assert cfg.objective == C.make("objective", name="mutor-2d", reg_weight=0.5, d_max=3, placement="sparse", num_registers=12)
-    assert cfg.data == C.make("data", name="digits")
-    head2d = C.from_dict({"objective": {**LEGACY_OBJECTIVE, "name": "multihead", "num_heads": 2}}).objective
-    assert head2d == C.make("objective", name="multihead", layout="2d", d_min=1, d_max=3, num_heads=2)
-    head1d = {**LEGACY_OBJECTIVE, "name": "multihead", "multihead_layout": "1d", "d_min": 2}
-    assert C.from_dict({"objective": head1d}).objective == C.make("objective", name="multihead", layout="1d", d_min=2, d_max=4)
-    assert C.from_dict({"objective": {**LEGACY_OBJECTIVE, "name": "ntp"}}).objective == C.make("objective", name="ntp")
-    one_d = C.from_dict({"objective": {**LEGACY_OBJECTIVE, "name": "mutor-1d", "d_min": 2}}).objective
-    assert one_d == C.make("objective", name="mutor-1d", d_min=2, d_max=4, placement="sparse", num_registers=12)
-    star = C.from_dict({"data": {**LEGACY_DATA, "name": "stargraph", "num_nodes": 20}}).data
-    assert star == C.make("data", name="stargraph", num_nodes=20)
-    codes = C.from_dict({"data": {**LEGACY_DATA, "name": "codes", "path": "c", "tokenizer": "vq.pt"}}).data
-    assert codes == C.make("data", name="codes", path="c", tokenizer="vq.pt")
-
-
-def test_legacy_values_are_still_checked():
-    with pytest.raises(C.ConfigError, match="objective.d_max: need 2 <= D"):
-        C.from_dict({"objective": {**LEGACY_OBJECTIVE, "d_max_2d": 1}})
-
-
-def test_baseline_run_config_upgrades_if_present():
-    """The stored config of a run made before the tagged sections (left by the renovation's
-    baseline run when it exists on this machine)."""
-    path = Path("/tmp/baseline/run/config.yaml")
-    if not path.exists():
-        pytest.skip("no baseline run here")
-    cfg = C.from_dict(yaml.safe_load(path.read_text()))
-    assert cfg.objective == C.make("objective", name="mutor-2d", reg_weight=0.5, d_max=4)
-    assert C.from_dict(yaml.safe_load(C.dump(cfg))) == cfg
+@pytest.mark.parametrize("data,named", OLD_CONFIGS)
+def test_a_config_of_an_older_version_is_refused_in_one_line_naming_what_changed(data, named):
+    with pytest.raises(C.ConfigError) as e:
+        C.from_dict(data)
+    assert named in str(e.value) and "\n" not in str(e.value)
 
 
 def test_section_factories():

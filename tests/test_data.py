@@ -48,7 +48,7 @@ def vq_path(tmp_path_factory):
         model.quant_conv.weight.mul_(20)  # spread encodings over many codes
     path = tmp_path_factory.mktemp("vq") / "vq.pt"
     torch.save({"model": model.state_dict(), "ema": None,
-                "config": {"kind": "vq", "model": model.config.to_dict()}}, path)
+                "config": {"task": "vq", "model": model.config.to_dict()}}, path)
     return path
 
 

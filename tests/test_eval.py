@@ -161,7 +161,7 @@ def test_inception_offline_whole_path_with_adm_reference(standin_inception, tmp_
     np.savez(ref, arr_0=images, mu=mu + shift, sigma=sigma)
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    objective = {"name": "mutor-2d", "reg_weight": 0.5, "d_max_2d": 4, "placement": "sparse", "num_registers": 80}
+    objective = {"name": "mutor-2d", "reg_weight": 0.5, "d_max": 4, "placement": "sparse", "num_registers": 80}
     meta = {"checkpoint": str(run / "checkpoints" / "step_00000100.pt"), "step": 100,
             "config": {"objective": objective}, "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
             "seed": 7, "per_class": 1}
@@ -247,7 +247,7 @@ def fake_record(method, step, fid, reference, objective):
 
 def test_leaderboard_on_two_fake_records(tmp_path):
     ref = "/data/VIRTUAL_imagenet256_labeled.npz"
-    mutor = {"name": "mutor-2d", "reg_weight": 0.5, "d_max_2d": 4, "placement": "sparse", "num_registers": 80}
+    mutor = {"name": "mutor-2d", "reg_weight": 0.5, "d_max": 4, "placement": "sparse", "num_registers": 80}
     R.write_record(fake_record("mutor-2d", 100000, 6.5, ref, mutor), tmp_path / "a" / "eval")
     R.write_record(fake_record("ntp", 100000, 7.9, ref, {"name": "ntp"}), tmp_path / "b" / "eval" / "r.json")
     board = load_script("leaderboard")
@@ -286,12 +286,6 @@ def test_the_leaderboard_counts_each_runs_skipped_updates_up_to_the_records_step
     ({"name": "mutor-1d", "d_min": 2, "d_max": 4, "edge": "raster", "per_register_offsets": True},
      "a=0.5, d=2..4, dense, raster, per-register offsets"),
     ({"name": "multihead", "layout": "1d", "d_max": 4, "num_heads": 2}, "a=0.5, heads=2, 1d d=2..4"),
-    # records of older versions: one flat section, D as d_max_2d, the multi-head layout as multihead_layout
-    ({"name": "mutor-2d", "reg_weight": 0.3, "d_min": 1, "d_max": 4, "d_max_2d": 5, "placement": "dense",
-      "num_registers": 80, "per_register_offsets": False, "edge": "geometric", "multihead_layout": "2d",
-      "num_heads": 0}, "a=0.3, D=5, dense"),
-    ({"name": "multihead", "reg_weight": 0.5, "d_max": 4, "d_max_2d": 3, "multihead_layout": "2d"},
-     "a=0.5, heads=all, 2d D=3"),
     ({"name": "not-loaded", "smoothing": 0.1}, "smoothing=0.1"),           # a plugin's objective, not imported
 ])
 def test_objective_description_comes_from_its_config(objective, text):

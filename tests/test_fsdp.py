@@ -69,17 +69,6 @@ def worker(out: Path) -> None:
         train(tiny(*[o for o in over if not o.startswith("@")]), out / name, resume=resume)
     for kind in HOSTILE_2P:
         resume_past_crafted(out, kind)
-    legacy_run(out)
-
-
-def legacy_run(out: Path) -> None:
-    """Every process: sparse_fsdp's step-2 state written as sharded checkpoints were before the key
-    scheme of mutor2d.checkpoint.state (tests/legacy_checkpoints.py) into ``out/legacy``, then continued."""
-    import legacy_checkpoints
-    cfg = tiny(*OBJECTIVES["sparse"], *COMMON, "train.sharding=fsdp")
-    legacy_checkpoints.rewritten(cfg, ckpt_lib.checkpoint_path(out / "sparse_fsdp", 2).with_suffix(".dcp"),
-                                 out / "legacy")
-    train(cfg, out / "legacy", resume="auto")
 
 
 HOSTILE_2P = ("nested", "bytes_entry")       # crafted checkpoints resumed past on 2 processes
@@ -184,22 +173,6 @@ def test_sharded_checkpoint_resumes_exactly_and_loads_anywhere(two_process_runs,
     exported, ema = load_file(str(out)), weights(straight, use_ema=True)
     assert sorted(exported) == sorted(ema) and all(torch.equal(exported[k], ema[k]) for k in ema)
     assert inference.read_meta(out)["has_ema"] and inference.read_meta(straight)["step"] == 3
-
-
-def test_a_sharded_checkpoint_of_the_old_layout_resumes_exactly_and_samples(two_process_runs):
-    """A folder as sharded checkpoints were written before the key scheme (the TrainModule's state
-    under "model", the optimizer's under "optim"), made on 2 FSDP processes from sparse_fsdp's restored
-    step-2 state: its weights and EMA read as the run's (export, sampling) and step 3 from it is
-    bit-exact."""
-    from mutor2d.checkpoint import safe_dcp
-    straight = two_process_runs / "sparse_fsdp"
-    old, new = (ckpt_lib.checkpoint_path(d, 2).with_suffix(".dcp") for d in (two_process_runs / "legacy", straight))
-    stored = [{k.split(".")[0] for k in safe_dcp.read_metadata(p).state_dict_metadata} for p in (old, new)]
-    assert stored == [{"model", "optim", "ema"}, {"model", "optimizer", "ema"}]     # no objective state: sparse
-    for use_ema in (False, True):
-        a, b = inference.load_weights(old, use_ema)[0], inference.load_weights(new, use_ema)[0]
-        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
-    assert losses(two_process_runs / "legacy") == {3: losses(straight)[3]}
 
 
 def test_cut_sharded_checkpoints_are_skipped(two_process_runs, tmp_path):

@@ -308,7 +308,7 @@ def test_sample_py_without_the_codes_folder(tmp_path, capsys):
     model = tiny_vq_tokenizer().model
     vq = tmp_path / "vq.pt"
     torch.save({"model": model.state_dict(), "ema": None,
-                "config": {"kind": "vq", "model": model.config.to_dict()}}, vq)
+                "config": {"task": "vq", "model": model.config.to_dict()}}, vq)
     tok = VQTokenizer.from_checkpoint(vq)                                   # with its file's sha256, as extract_codes
     rng = np.random.default_rng(0)
     for c in ("a", "b"):

@@ -59,7 +59,7 @@ def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device)
     vq = VQModel(vq_config("tiny", codebook_size=17, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_res_blocks=1,
                            z_channels=8, norm_groups=4, image_size=8, usage_window=0))
     vq_path = tmp_path / "vq.pt"
-    torch.save({"model": vq.state_dict(), "ema": None, "config": {"kind": "vq", "model": vq.config.to_dict()}}, vq_path)
+    torch.save({"model": vq.state_dict(), "ema": None, "config": {"task": "vq", "model": vq.config.to_dict()}}, vq_path)
     cfg = config.load(None, ["data.name=digits", f"data.tokenizer={vq_path}", "model.preset=tiny",
                              "model.vocab_size=17", "model.num_classes=10", "sample.per_class=2",
                              "sample.classes=[1,4]"])

@@ -1,7 +1,8 @@
 """The package's architecture as a test: every import of every module of mutor2d (function-level ones
-too) goes to the same or a lower layer, no module-level imports make a circle (a function-level import
-runs after both modules loaded: a torch-free config's ``build`` imports its implementation, which
-imports the config), and the engine imports no run kind.
+too) goes to the same or a lower layer, no module-level imports make a circle, a package's torch-free
+``config`` imports nothing that imports it back (its implementation imports it; the registry names the
+builders as "module:function" strings, each checked here like an import), and the engine imports no
+run kind.
 
 Layers, lowest first (a top-level module or package of mutor2d each):"""
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mutor2d"
 LAYERS = [
     {"checks", "cli", "io", "peaks", "plugins", "preempt", "provenance"},  # what every part shares
-    {"config"},                                    # the registries and config building
+    {"config", "config_files", "registry", "run_configs"},  # the registries, config files and building
     {"checkpoint"},                                # files: written atomically, read without running code
     {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ
     {"registers", "register_spec", "mask_figure"}, # the register rules (no torch), their layout: pure tensor code; its picture
@@ -141,3 +142,52 @@ def test_the_walker_sees_a_function_level_import(tmp_path):
     assert "mutor2d.preempt" in imports(path, lazy=False)    # module level
     assert "mutor2d.checkpoint" in imports(path)             # inside exit_code()
     assert "mutor2d.checkpoint" not in imports(path, lazy=False)
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for d in graph[todo.pop()] - seen:
+            seen.add(d)
+            todo.append(d)
+    return seen
+
+
+STILL_TANGLED = {"mutor2d.sampling.config"}    # its decode variants still import their decoders
+
+
+def test_a_config_imports_nothing_that_imports_it_back(graph):
+    """A package's ``config`` module, function-level imports included: whatever it imports never leads
+    back to it (its implementation imports it, not the other way)."""
+    configs = sorted(m for m in graph if m.endswith(".config") and m.count(".") == 2)
+    assert len(configs) >= 8
+    back = sorted(f"{c} -> {d}" for c in configs if c not in STILL_TANGLED for d in graph[c] if c in reach(graph, d))
+    assert back == []
+
+
+def defines(module: str, name: str) -> bool:
+    """Whether mutor2d module ``module`` defines ``name`` at its top level (a function or a class)."""
+    tree = ast.parse((PACKAGE.parent / module.replace(".", "/")).with_suffix(".py").read_text())
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name for n in tree.body)
+
+
+def test_builders_are_named_in_their_section_s_package_or_above_and_no_config_imports_them(graph):
+    """Each registered "module:function" builder: defined in an existing module of the package that
+    holds its section's config (SECTION_HOMES), or of a higher layer, and imported by no config module;
+    the registry imports only config modules by name (SECTION_HOMES)."""
+    from mutor2d import config
+    from mutor2d.registry import BUILDERS
+    config.import_parts()
+    import mutor2d.lm.config  # noqa: F401  (the language-model kind's own builders)
+    rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    configs = {m for m in graph if m.endswith(".config")}
+    assert {f"mutor2d.{home}.config" for home in config.SECTION_HOMES.values()} <= configs
+    assert len(BUILDERS) >= 10
+    for name, target in BUILDERS.items():
+        module, function = target.split(":")
+        section = max((s for s in config.SECTION_HOMES if name == s or name.startswith(f"{s}.")), key=len)
+        home = f"mutor2d.{config.SECTION_HOMES[section]}"
+        assert module in graph and defines(module, function), target
+        assert rank[unit_of(module)] >= rank[unit_of(home)], f"{name}: {target} is below {home}"
+        assert not [c for c in configs if module in graph[c]], f"a config imports {module}"

@@ -233,9 +233,8 @@ def _tiny_run(tmp_path, finetune, steps, lr):
     _write_tiny_model(tmp_path / "base", char_tokenizer("0123456789+=;:sum "))
     cfg = {"task": "lm", "model": {"hf": str(tmp_path / "base"), "finetune": finetune,
                                    "lora_targets": ["q_proj", "v_proj"]},
-           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl")}, "optim": {"lr": lr},
-           "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "padding_side": "left",
-                     "tracker": "none"}}                    # padding_side here: upgraded into data
+           "data": {"path": str(Path(__file__).parent / "data" / "lm_tiny.jsonl"), "padding_side": "left"},
+           "optim": {"lr": lr}, "train": {"batch_size": 8, "max_steps": steps, "log_every": 1, "tracker": "none"}}
     out = lm_pkg.train(cfg, tmp_path / "run")
     assert (out / "register_embedding.safetensors").is_file() and (out / "config.yaml").is_file()
     return out, [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -275,7 +274,7 @@ def test_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'objective.d_mix'"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}, "objective": {"d_mix": 2}})
     with pytest.raises(ConfigError, match="data.padding_side: expected one of .*got 'middle'"):
-        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["train.padding_side=middle"])
+        load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["data.padding_side=middle"])
     with pytest.raises(ConfigError, match="optim.lr: expected a finite number, got nan"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match=r"^objective 'mutor-2d': 2D offsets need a 2D grid, got a 1 x N line "
@@ -573,7 +572,7 @@ def test_online_accuracy_under_two_processes(tmp_path):
 
 
 def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
-    from mutor2d.config import CONFIG_DIR
+    from mutor2d.config_files import CONFIG_DIR
     names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if lm_pkg.is_lm_config(p.name))
     assert len(names) >= 17
     for name in names:

@@ -421,7 +421,7 @@ def test_model_objects_base_reference_and_merge(tmp_path, base, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(base, tmp_path / "models" / "tiny")
     _write_lines(tmp_path / "d.jsonl", format_lines("prompt-answer"))
-    run = lm_pkg.train(_cfg("models/tiny", "d.jsonl"), "run_rel", ["train.save_every=1"])   # relative stays relative
+    run = lm_pkg.train(_cfg("models/tiny", "d.jsonl"), "run_rel", ["train.ckpt_every=1"])   # relative stays relative
     assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/tiny"
     step = _script("lm_accuracy").main(["--ckpt", "run_rel/step_1", "--data", "d.jsonl", "--max-new-tokens", "2"])
     assert step["predictions"] == "run_rel/eval/predictions_d_step1.jsonl"
@@ -457,7 +457,7 @@ def test_a_flipped_byte_in_a_run_folders_weights_is_refused_by_every_reader(tmp_
     there is one line too."""
     import shutil
     path = _write_lines(tmp_path / "sums.jsonl", format_lines("prompt-answer"))
-    run = lm_pkg.train(_cfg(base, path, finetune), tmp_path / "run", ["train.save_every=1"])
+    run = lm_pkg.train(_cfg(base, path, finetune), tmp_path / "run", ["train.ckpt_every=1"])
     for folder in (run, run / "step_1"):
         record = json.loads((folder / hf.CHECKSUMS_FILE).read_text())["sha256"]
         weights = "model.safetensors" if finetune == "full" else "adapter_model.safetensors"

@@ -14,6 +14,7 @@ from mutor2d.model.gpt import GPT, model_shape
 from mutor2d.model.llamagen import load_llamagen
 from mutor2d.objectives import Batch
 from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
+from mutor2d.registry import build
 
 V, C = 24, 5
 
@@ -268,7 +269,7 @@ def test_tiny_model_overfits(objective):
     cfg = ModelConfig(preset="tiny", vocab_size=8, num_classes=4, token_dropout=0, resid_dropout=0,
                       ffn_dropout=0, class_dropout=0)
     model = GPT(cfg, register_token=objective.uses_registers())
-    loss_fn = objective.build(model)
+    loss_fn = build(objective, model)
     batch = Batch(torch.randint(0, 8, (4, 16)), torch.arange(4), (4, 4))
     opt = torch.optim.AdamW(list(model.parameters()) + list(loss_fn.parameters()), lr=3e-3)
     gen = torch.Generator().manual_seed(0)

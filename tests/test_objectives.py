@@ -8,6 +8,7 @@ from mutor2d import config as C
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch, MultiHead, ObjectiveResult, RegisterObjective, masked_ce
 from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -43,19 +44,19 @@ def test_registry_and_registers_flag():
     for name, cls in [("ntp", RegisterObjective), ("mutor-1d", RegisterObjective),
                       ("mutor-2d", RegisterObjective), ("multihead", MultiHead)]:
         cfg = C.make("objective", name=name)
-        assert type(cfg.build(model)) is cls
+        assert type(build(cfg, model)) is cls
         assert cfg.uses_registers() == (name in ("mutor-1d", "mutor-2d"))
 
 
 def test_result_declares_loss_logs_counts_tokens():
     model, batch = tiny(), grid_batch()
-    out = C.make("objective", name="mutor-2d", d_max=3).build(model)(model, batch, gen())
+    out = build(C.make("objective", name="mutor-2d", d_max=3), model)(model, batch, gen())
     assert isinstance(out, ObjectiveResult)
     assert set(out.logs) == {"loss_ntp", "loss_reg"} and set(out.counts) == {"ntp", "reg"}
     lay = make_layout(3, (4, 4), 1, RegisterSpec("mutor-2d", d_max=3), gen())
     assert int(out.counts["ntp"]) == 3 * 16 and int(out.counts["reg"]) == int(lay.reg_valid.sum())
     assert int(out.tokens) == 3 * (lay.num_regular + lay.num_registers)
-    ntp = C.make("objective", name="ntp").build(model)(model, batch, gen())
+    ntp = build(C.make("objective", name="ntp"), model)(model, batch, gen())
     assert set(ntp.logs) == {"loss_ntp"} and ntp.loss is ntp.logs["loss_ntp"] and int(ntp.tokens) == 3 * 16
 
 
@@ -71,8 +72,8 @@ def test_registers_never_change_the_next_token_loss(name, kw, make_batch, prefix
     model, batch = tiny(prefix, rope), make_batch()
     cfg = C.make("objective", name=name, reg_weight=0.3, **kw)
     with torch.no_grad():
-        out = cfg.build(model)(model, batch, gen())
-        plain = C.make("objective", name="ntp").build(model)(model, batch, gen())
+        out = build(cfg, model)(model, batch, gen())
+        plain = build(C.make("objective", name="ntp"), model)(model, batch, gen())
     torch.testing.assert_close(out.logs["loss_ntp"], plain.loss, rtol=1e-5, atol=1e-6)
     assert torch.equal(out.counts["ntp"], plain.counts["ntp"])
     assert torch.equal(out.loss, 0.7 * out.logs["loss_ntp"] + 0.3 * out.logs["loss_reg"])
@@ -80,7 +81,7 @@ def test_registers_never_change_the_next_token_loss(name, kw, make_batch, prefix
 
 def test_padded_lines_count_only_real_targets():
     model, batch = tiny("prompt", "1d"), line_batch()
-    out = C.make("objective", name="ntp").build(model)(model, batch)
+    out = build(C.make("objective", name="ntp"), model)(model, batch)
     assert int(out.counts["ntp"]) == 10 + 7 + 3
 
 
@@ -88,7 +89,7 @@ def test_next_token_loss_by_hand():
     """NTP = mean CE of the logits after the class token and x_0..x_{N-2} against x_0..x_{N-1}."""
     model, batch = tiny(register=False), grid_batch(B=2, grid=(2, 3))
     with torch.no_grad():
-        out = C.make("objective", name="ntp").build(model)(model, batch)
+        out = build(C.make("objective", name="ntp"), model)(model, batch)
         lay = make_layout(2, (2, 3), 1, RegisterSpec("ntp"))
         h = model.hidden(model.embed(batch.body[:, :5], batch.prefix, 0), lay.position_ids, None)
         ref = F.cross_entropy(model.logits(h).reshape(-1, V), batch.body.reshape(-1))
@@ -97,7 +98,7 @@ def test_next_token_loss_by_hand():
 
 def test_same_generator_same_layout_draws_and_loss():
     model, batch = tiny(), grid_batch()
-    obj = C.make("objective", name="mutor-2d", d_max=4, per_register_offsets=True).build(model)
+    obj = build(C.make("objective", name="mutor-2d", d_max=4, per_register_offsets=True), model)
     a, b = obj(model, batch, gen(5)), obj(model, batch, gen(5))
     assert torch.equal(a.loss, b.loss)
     g = gen(5)
@@ -112,12 +113,12 @@ def test_multihead_owns_blocks_and_logs_loss_heads(layout, grid, heads):
     model = tiny(prefix, rope, register=False)
     batch = grid_batch(grid=grid) if layout == "2d" else line_batch()
     cfg = C.make("objective", name="multihead", layout=layout, d_min=2, d_max=2 if layout == "2d" else 4)
-    obj = cfg.build(model)
+    obj = build(cfg, model)
     assert len(obj.blocks()) == heads and all(b in list(obj.heads) for b in obj.blocks())
     out = obj(model, batch)
     assert set(out.logs) == {"loss_ntp", "loss_heads"}
     with torch.no_grad():
-        plain = C.make("objective", name="ntp").build(model)(model, batch)
+        plain = build(C.make("objective", name="ntp"), model)(model, batch)
     torch.testing.assert_close(out.logs["loss_ntp"], plain.loss, rtol=1e-5, atol=1e-6)
     assert torch.equal(out.loss, 0.5 * out.logs["loss_ntp"] + 0.5 * out.logs["loss_heads"])
     out.loss.backward()
@@ -126,9 +127,9 @@ def test_multihead_owns_blocks_and_logs_loss_heads(layout, grid, heads):
 
 def test_multihead_num_heads_keeps_the_first_offsets():
     model = tiny(register=False)
-    obj = C.make("objective", name="multihead", d_max=3, num_heads=2).build(model)
+    obj = build(C.make("objective", name="multihead", d_max=3, num_heads=2), model)
     assert obj.offsets.tolist() == [[0, 1], [0, 2]] and len(obj.blocks()) == 2
-    assert C.make("objective", name="ntp").build(model).blocks() == []
+    assert build(C.make("objective", name="ntp"), model).blocks() == []
 
 
 def test_masked_ce_empty_is_zero():

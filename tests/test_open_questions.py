@@ -11,7 +11,8 @@ from mutor2d import config as C
 from mutor2d.config import ConfigError, make
 from mutor2d.engine import read_log, train
 from mutor2d.objectives import Batch, RegisterObjective
-from mutor2d.objectives.base import WeightSchedule
+from mutor2d.objectives.config import WeightSchedule
+from mutor2d.registry import build
 from test_lm import framed, ragged_batch, tiny_llama
 from test_training import tiny
 
@@ -23,7 +24,7 @@ GRID = (4, 4)
 def image_model():
     """A tiny GPT with a register embedding (weights from seed 0)."""
     torch.manual_seed(0)
-    return tiny().model.build(register_token=True).eval()
+    return build(tiny().model, register_token=True).eval()
 
 
 def image_batch(B=3):
@@ -68,10 +69,10 @@ def test_schedule_errors_are_one_line(fields, key):
 def test_constant_schedule_is_the_plain_objective():
     """Default: no schedule, no step hook; the loss is the one of RegisterObjective(spec, a)."""
     cfg = objective()
-    assert cfg.weight_schedule() is None and cfg.build(None).schedule is None
+    assert cfg.weight_schedule() is None and build(cfg, None).schedule is None
     model, batch = image_model(), image_batch()
     plain = RegisterObjective(cfg.register_spec(), 0.5)
-    assert torch.equal(loss_of(cfg.build(model), model, batch).loss, loss_of(plain, model, batch).loss)
+    assert torch.equal(loss_of(build(cfg, model), model, batch).loss, loss_of(plain, model, batch).loss)
 
 
 @pytest.mark.parametrize("kind", ["image", "text"])
@@ -83,7 +84,7 @@ def test_scheduled_weight_mixes_the_two_losses(kind):
     else:
         lm = MutorLM(tiny_llama()).eval()
         model, batch, _ = framed(lm, ragged_batch(), cfg.register_spec(), "left")
-    obj = cfg.build(model)
+    obj = build(cfg, model)
     for step, a in ((0, 0.1), (2, 0.3), (9, 0.5)):
         obj.set_step(step, 10)
         res = loss_of(obj, model, batch)

@@ -12,6 +12,7 @@ import yaml
 pytest.importorskip("skimage", reason="the photo crops need scikit-image's bundled photographs: pip install -e .")
 
 from mutor2d.data.photos import CLASSES, crop_params, photo_crops  # noqa: E402
+from mutor2d.registry import build  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def test_each_photos_config_trains_on_a_16x16_grid(tmp_path, arm):
     assert cfg["data"]["name"] == "photos" and cfg["objective"]["name"] == {"ntp": "ntp", "mutor1d": "mutor-1d"}.get(
         arm, "mutor-2d")
     from mutor2d.config import load
-    data = load(Path(run) / "config.yaml").data.build("train")
+    data = build(load(Path(run) / "config.yaml").data, "train")
     assert data.grid == (16, 16) and data.num_classes == 10
     log = [r for r in read_log(run) if "loss" in r]
     assert log[-1]["step"] == 3 and all(np.isfinite(r["loss"]) for r in log)

@@ -6,6 +6,7 @@ import torch
 from mutor2d import config as C
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch
+from mutor2d.registry import build
 from mutor2d.sampling import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,7 +23,7 @@ def tiny_model(objective: str, **obj):
                        "objective": {"name": objective, **obj}})
     model = GPT(cfg.model, register_token=objective != "ntp")
     torch.nn.init.normal_(model.output.weight, 0, 0.2)       # not the zero init: logits must vary
-    return model, cfg.objective.build(model)
+    return model, build(cfg.objective, model)
 
 
 def batch(B=4):

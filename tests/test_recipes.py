@@ -17,12 +17,13 @@ import torch
 import yaml
 from PIL import Image
 
-from mutor2d import config
+from mutor2d import config, run_configs
 from mutor2d.model.attention import BACKENDS
 from mutor2d.engine import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
 from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.registry import BUILDERS
 from mutor2d.tokenizer import TOKENIZERS
 from mutor2d.tokenizer.image_folder import augment, center_crop_arr
 from timeouts import limit
@@ -65,8 +66,8 @@ def recipe_plugins(tmp_path, monkeypatch, registries: list[dict]):
     registered first: a registry saved before a lazy import would be restored without it."""
     from mutor2d.engine.kinds import run_kind
     config.import_parts()
-    for task in config.known_tasks():
-        config.run_config_class(task), run_kind(task)
+    for task in run_configs.known_tasks():
+        run_configs.run_config_class(task), run_kind(task)
     saved = [dict(r) for r in registries]
     folder = tmp_path / "plugins"
     folder.mkdir()
@@ -91,7 +92,7 @@ def recipe_plugins(tmp_path, monkeypatch, registries: list[dict]):
 def plugin(tmp_path, monkeypatch):
     """plugin(heading): that recipe as a plugin module (recipe_plugins)."""
     yield from recipe_plugins(tmp_path, monkeypatch, [config.VARIANTS["objective"], config.VARIANTS["data"],
-                                                      BACKENDS, TOKENIZERS])
+                                                      BUILDERS, BACKENDS, TOKENIZERS])
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
+from mutor2d.registry import build
 from mutor2d.sampling import images as generation
 from mutor2d.sampling import npz as npz_files
 from timeouts import limit
@@ -119,7 +120,7 @@ def test_decoding_mode_recipe_rules_are_one_line_errors(imported, monkeypatch):
     from mutor2d.sampling import decode_modes, generate
     assert "greedy-twice" in decode_modes()
     cfg = config.from_dict({**TINY_RUN, "model": {"preset": "tiny", "num_classes": 10, "vocab_size": 5}})
-    model = cfg.model.build()
+    model = build(cfg.model)
     labels = torch.tensor([1, 2])
     want = generate(model, labels, (2, 3), temperature=0)
     assert torch.equal(generate(model, labels, (2, 3), temperature=0, decode="greedy-twice", repeats=3), want)
@@ -140,7 +141,7 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
                              "model.conditioning=text-vectors", "objective.name=mutor-2d", "objective.d_max=4",
                              "sample.per_class=2", "sample.temperature=0"])
     torch.manual_seed(0)
-    model = cfg.model.build(register_token=True)
+    model = build(cfg.model, register_token=True)
     assert "text_proj.weight" in model.state_dict() and "cls_embedding.embedding_table.weight" not in model.state_dict()
     with torch.no_grad():
         for p in model.parameters():
@@ -180,8 +181,8 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
 
 
 def test_checkpoint_written_before_sample_decode_samples_the_same(tmp_path):
-    """A checkpoint whose stored config has no ``sample.decode`` (and says ``model.prefix``, the name
-    before ``model.conditioning``) loads with plain decoding and samples byte-identically."""
+    """A checkpoint whose stored config has no ``sample.decode`` loads with plain decoding and samples
+    byte-identically."""
     from mutor2d.engine import train
     run = tmp_path / "run"
     cfg = config.from_dict({**TINY_RUN, "sample": {"classes": [0, 7], "per_class": 1},
@@ -190,7 +191,6 @@ def test_checkpoint_written_before_sample_decode_samples_the_same(tmp_path):
     ckpt = checkpoint.load(checkpoint.latest_valid(run))
     old = json.loads(json.dumps(ckpt["config"]))
     del old["sample"]["decode"]
-    old["model"]["prefix"] = old["model"].pop("conditioning")
     checkpoint.save_atomic({**ckpt, "config": old}, tmp_path / "old.pt")
     loaded = generation.open_checkpoint(tmp_path / "old.pt")
     assert loaded.cfg.sample.decode.name == "plain" and loaded.cfg.model.conditioning == "class"

@@ -19,8 +19,9 @@ from mutor2d.config import ConfigError, make
 from mutor2d.engine import read_log, train
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives import Batch
-from mutor2d.objectives.base import TargetRule
+from mutor2d.objectives.base import TargetRule, target_rule
 from mutor2d.registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
+from mutor2d.registry import build
 from test_lm import ragged_batch, tiny_llama
 from test_lm_objective import drawn_registers, head_terms, ntp_terms, pooled, register_terms, samples
 from test_training import tiny as tiny_run
@@ -150,7 +151,7 @@ def todays_loss(cfg, obj, model, batch, generator):
 def check_bit_identical(cfg, obj, model, batch, modules):
     """The built objective ``obj`` of ``cfg`` against today's code: same loss, logs, gradients (of
     ``modules``' parameters), random draws."""
-    assert cfg.reg_target == "token" and cfg.target_rule() == TargetRule()
+    assert cfg.reg_target == "token" and target_rule(cfg) == TargetRule()
     before = torch.get_rng_state()
     g_new, g_old = torch.Generator().manual_seed(SEED), torch.Generator().manual_seed(SEED)
     got = obj(model, batch, g_new)
@@ -166,7 +167,7 @@ def check_bit_identical(cfg, obj, model, batch, modules):
 def test_token_default_is_todays_loss_on_the_gpt(case):
     fields, model_fn, batch_fn = IMAGE[case]
     cfg, model = make("objective", **fields, reg_weight=A), model_fn()
-    obj = cfg.build(model)
+    obj = build(cfg, model)
     check_bit_identical(cfg, obj, model, batch_fn(), [model, *([obj] if list(obj.parameters()) else [])])
 
 
@@ -298,7 +299,7 @@ def test_self_distill_equals_the_reference_on_the_gpt(case, mix):
     fields, model_fn, batch_fn = IMAGE[case]
     model, batch = model_fn(), batch_fn()
     cfg = make("objective", **fields, reg_weight=A, reg_target="self_distill", reg_distill_mix=mix)
-    obj = cfg.build(model)
+    obj = build(cfg, model)
     got = obj(model, batch, torch.Generator().manual_seed(SEED))
     aux = "heads" if cfg.name == "multihead" else "reg"
     if cfg.name == "multihead":
@@ -323,7 +324,7 @@ def test_self_distill_keeps_the_draws_and_the_next_token_term():
     for target in ("token", "self_distill"):
         g = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
-            results.append(make("objective", **fields, reg_target=target).build(model)(model, batch, g))
+            results.append(build(make("objective", **fields, reg_target=target), model)(model, batch, g))
         states.append(g.get_state())
     assert torch.equal(*states) and torch.equal(results[0].logs["loss_ntp"], results[1].logs["loss_ntp"])
     assert torch.equal(results[0].counts["reg"], results[1].counts["reg"])
@@ -440,8 +441,8 @@ def test_multihead_schedule_mixes_the_two_losses():
     cfg = make("objective", name="multihead", d_max=3, reg_weight=0.1, reg_weight_schedule="linear",
                reg_weight_final=0.5, reg_weight_steps=4)
     model, batch = gpt(), grid_batch()
-    obj = cfg.build(model)
-    assert make("objective", name="multihead").build(model).schedule is None
+    obj = build(cfg, model)
+    assert build(make("objective", name="multihead"), model).schedule is None
     for step, a in ((0, 0.1), (2, 0.3), (9, 0.5)):
         obj.set_step(step, 10)
         with torch.no_grad():

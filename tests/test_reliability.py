@@ -201,7 +201,7 @@ def test_resume_is_exact_with_a_vq_tokenizer(tmp_path):
 
     from test_vq import small_model
     vq, model = tmp_path / "vq.pt", small_model(seed=2)          # an 8 px VQ: 4x4 codes of digits
-    torch.save({"model": model.state_dict(), "config": {"kind": "vq", "model": asdict(model.config)}}, vq)
+    torch.save({"model": model.state_dict(), "config": {"task": "vq", "model": asdict(model.config)}}, vq)
     over = [f"data.tokenizer={vq}", "train.ckpt_every=2", "train.sample_every=100", "train.max_steps=4"]
     train(tiny(*over), tmp_path / "a")
     train(tiny(*over[:-1], "train.max_steps=2"), tmp_path / "b")

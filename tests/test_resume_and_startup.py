@@ -316,3 +316,24 @@ def test_the_summary_of_a_run_without_loss_evaluation_or_checkpoint(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"step": 1, "lr": 0.1, "skipped_blowup": 1}\n')
     line = summary(tmp_path, 1, 1, 125.4, None)
     assert line == f"done: steps 1-1 in 2 min 5 s; no loss logged; run folder {tmp_path.absolute()}"
+
+
+def test_a_sharded_checkpoint_of_the_key_scheme_before_is_refused_in_one_line(tmp_path):
+    """A folder written before mutor2d.checkpoint.state's key scheme (the optimizer's entries under
+    "optim", the TrainModule's under "model") is not read: one line names what changed."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from mutor2d.checkpoint import sharded
+    old = tmp_path / "step_00000002.dcp"
+    with warnings.catch_warnings():              # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"model.w": torch.zeros(2)}, "optim": {"state": {"model.w": {"step": torch.ones(())}}}},
+                 checkpoint_id=str(old))
+    for read in (sharded.metadata, sharded.stored_parts):
+        with pytest.raises(ckpt_lib.CheckpointError) as e:
+            read(old)
+        assert "\n" not in str(e.value) and str(e.value).endswith(
+            "was written by an older version (entries model.model.*, optim.*; now model.*, objective.*, "
+            "optimizer.*): this version does not read it")

@@ -22,7 +22,7 @@ PLUGIN = "mutor-2d-plugin"
 def plugin_run(tmp_path_factory):
     """A 2-step digits run trained with PLUGIN (MuToR-2D under a plugin's name, registered as a plugin
     module would), and a grid sampled from it while the plugin is known; the plugin is then forgotten."""
-    from mutor2d.objectives.register_objective import MuToR2DConfig
+    from mutor2d.objectives.config import MuToR2DConfig
 
     @config.register_variant("objective", PLUGIN)
     @dataclass

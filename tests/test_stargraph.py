@@ -6,6 +6,7 @@ from mutor2d.data import stargraph
 from mutor2d import config as config_lib
 from mutor2d.config import ConfigError, make
 from mutor2d.data.stargraph import ANSWER, EDGE, NUM_SPECIAL, QUERY, StarGraphShape, make_graphs
+from mutor2d.registry import build
 
 
 def shortcut_answer(prompt: torch.Tensor, shape: StarGraphShape, first_step: int) -> torch.Tensor:
@@ -51,10 +52,10 @@ def test_graphs_drawn_in_chunks_equal_one_draw(monkeypatch):
 
 def test_split_disjoint_and_seeded():
     cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=12, num_train=300, num_test=100)
-    train, test = cfg.build("train"), cfg.build("test")
+    train, test = build(cfg, "train"), build(cfg, "test")
     seen = {tuple(p.tolist()) for p in train.prompts}
     assert not any(tuple(p.tolist()) in seen for p in test.prompts)
-    assert torch.equal(cfg.build("train").prompts, train.prompts)
+    assert torch.equal(build(cfg, "train").prompts, train.prompts)
     assert train.grid == (1, 5) and train.vocab_size == 12 + NUM_SPECIAL
     item = train[0]
     assert item["body"].shape == (5,) and item["prefix"].shape == (3 * 8 + 4,)
@@ -101,7 +102,7 @@ def test_reverse_answer_is_the_flipped_path():
     assert torch.equal(rev.answers[:, rev.first_step_index], fwd.answers[:, 1])
     cfg = make("data", name="stargraph", degree=2, path_len=5, num_nodes=20, num_train=50, num_test=20,
                      reverse_answer=True)
-    test = cfg.build("test")
+    test = build(cfg, "test")
     assert (test.answers[:, 0] == test.prompts[:, -2]).all()           # starts at the goal
 
 
@@ -184,7 +185,7 @@ def test_train_and_evaluate_tiny_run(tmp_path):
     scores its checkpoint and writes a record the leaderboard lists with a solve_rate column."""
     cfg = tmp_path / "sg.yaml"
     cfg.write_text(
-        "model: {preset: custom, n_layer: 1, n_head: 2, dim: 32, prefix: prompt, rope: 1d, token_dropout: 0,\n"
+        "model: {preset: custom, n_layer: 1, n_head: 2, dim: 32, conditioning: prompt, rope: 1d, token_dropout: 0,\n"
         "        resid_dropout: 0, ffn_dropout: 0, class_dropout: 0, attention: sdpa}\n"
         "data: {name: stargraph, degree: 2, path_len: 5, num_nodes: 20, num_train: 256, num_test: 40}\n"
         "objective: {name: mutor-1d, d_min: 2, d_max: 4, reg_weight: 0.5}\n"

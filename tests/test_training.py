@@ -22,6 +22,7 @@ from mutor2d.config import ConfigError
 from mutor2d.image.config import ImageRunConfig
 from mutor2d.engine import StepBatches, param_groups, read_log, train
 from mutor2d.image.run import TrainModule
+from mutor2d.registry import build
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_weight_decay_groups_follow_llamagen():
     from mutor2d.model.gpt import GPT
     cfg = tiny("model.vocab_size=5", "model.num_classes=10")
     model = GPT(cfg.model, register_token=True)
-    groups = param_groups(TrainModule(model, cfg.objective.build(model), (8, 8)), 0.05)
+    groups = param_groups(TrainModule(model, build(cfg.objective, model), (8, 8)), 0.05)
     decay, no_decay = ({id(p) for p in g["params"]} for g in groups)
     assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
     assert id(model.tok_embeddings.weight) in decay and id(model.layers[0].attention.wqkv.weight) in decay
@@ -209,23 +210,6 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
         train(tiny(*over), straight)
     with pytest.raises(ConfigError, match=r"objective.num_registers=11 differs from the checkpoint's 12"):
         train(tiny(*over[:1], "objective.num_registers=11", *over[2:]), straight, resume="auto")
-
-
-def test_a_checkpoint_of_the_old_layout_resumes_exactly_and_samples(tmp_path):
-    """A .pt file as the trainer wrote it before the key scheme of mutor2d.checkpoint.state
-    (tests/legacy_checkpoints.py), made from a run's restored step-3 state: it samples (its EMA
-    weights are the run's) and steps 4..6 from it equal the straight run's. Sharded: test_fsdp.py."""
-    import legacy_checkpoints
-    straight, old = tmp_path / "a", tmp_path / "b"
-    train(tiny(*RESUMED), straight)
-    path = legacy_checkpoints.rewritten(tiny(*RESUMED), ckpt_lib.checkpoint_path(straight, 3), old)
-    assert set(torch.load(path, weights_only=True)) == {"model", "ema", "objective", "optimizer", "step", "rng",
-                                                        "config", "grid", "health", "sha256"}
-    model, _, step = inference.load_model(path)
-    ema = ckpt_lib.load(ckpt_lib.checkpoint_path(straight, 3))["ema"]
-    assert step == 3 and all(torch.equal(v, ema[k]) for k, v in model.state_dict().items())
-    train(tiny(*RESUMED), old, resume="auto")
-    assert losses(old) == {s: v for s, v in losses(straight).items() if s > 3}
 
 
 def test_init_from_starts_a_mutor_run_from_next_token_weights(tmp_path):

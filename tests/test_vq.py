@@ -237,7 +237,7 @@ def test_payload_checkpoints_are_refused_and_never_run(tmp_path):
     # in a run folder: the payload (newest) is skipped with a warning, the older valid file is used
     run = tmp_path / "run" / "checkpoints"
     run.mkdir(parents=True)
-    torch.save({"model": m.state_dict(), "config": {"kind": "vq", "model": m.config.to_dict()}},
+    torch.save({"model": m.state_dict(), "config": {"task": "vq", "model": m.config.to_dict()}},
                run / "step_00000001.pt")
     os.replace(path, run / "step_00000002.pt")
     with pytest.warns(UserWarning, match="step_00000002.pt.*refused"):
@@ -310,9 +310,9 @@ def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
     from mutor2d.vq.run import train
     out = tmp_path / "run"
     sets = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=3", "train.log_every=1",
-            "train.ckpt_every=2", "train.eval_every=0", "train.lr=1e-3", f"train.out_dir={out}"]  # train.lr: old key
+            "train.ckpt_every=2", "train.eval_every=0", "optim.lr=1e-3", f"train.out_dir={out}"]
     cfg = load_config("vq_digits", sets)
-    assert cfg.optim.lr == 1e-3 and cfg.objective.rec_loss == "l2"          # upgraded into optim / objective
+    assert cfg.optim.lr == 1e-3 and cfg.objective.rec_loss == "l2"
     metrics = train(cfg)
     assert set(metrics) >= {"l1", "mse", "psnr", "usage", "perplexity"} and 0 < metrics["usage"] <= 1
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000003.pt"]
@@ -337,13 +337,13 @@ def test_vq_config_errors():
     with pytest.raises(ConfigError, match="model.channels"):
         load_config("vq_digits", ["model.channels=3"])
     with pytest.raises(ConfigError, match="objective.rec_loss"):
-        load_config("vq_digits", ["train.rec_loss=l3"])
+        load_config("vq_digits", ["objective.rec_loss=l3"])
     with pytest.raises(ConfigError, match="data.path"):
         load_config("vq_digits", ["data.name=folder"])
     with pytest.raises(ConfigError, match="model.preset: expected a vq preset"):
         load_config("vq_digits", ["model.preset=huge"])
     with pytest.raises(ConfigError, match="optim.lr"):
-        load_config("vq_digits", ["train.lr=.nan"])
+        load_config("vq_digits", ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match="data.crop_range"):
         load_config("vq_digits", ["data.crop_range=0.5"])
     assert isinstance(load_config("vq_digits").model, VQConfig)

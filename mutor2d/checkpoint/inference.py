@@ -8,6 +8,8 @@ import os
 
 from .. import config as config_lib
 from .. import io
+from ..registry import build
+from ..run_configs import DEFAULT_TASK, task_of
 from . import CheckpointError, load
 from . import sharded as sharded_checkpoint
 from .locate import resolve
@@ -52,13 +54,13 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     objective from a plugin this process has not imported is kept as stored (config.UnknownVariant):
     plain decoding never uses it, register drafts say in one line that they need it."""
     state, meta = load_weights(path, use_ema)
-    task = meta["config"].get("task", "image")
-    if task != "image":                    # a tokenizer or language-model run's checkpoint
+    task = task_of(meta["config"])
+    if task != DEFAULT_TASK:                    # a tokenizer or language-model run's checkpoint
         raise CheckpointError(f"checkpoint {str(path)!r} is a {task} run's (task: {task}); expected an image "
                               f"model's (train.py with an image config)")
     cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
     known = not isinstance(cfg.objective, config_lib.UnknownVariant)
-    model = cfg.model.build(register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
+    model = build(cfg.model, register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)
     io.check_shapes(model.state_dict(), state, repr(str(path)))
     io.check_finite(state, f"checkpoint {str(path)!r}")
     model.load_state_dict(state, strict=True)

@@ -14,9 +14,8 @@ Rules:
   * Verified like every checkpoint: meta.pt holds the SHA-256 of each file DCP wrote
     (``files_sha256``), checked before the tensors are read; a mismatch is "unreadable" (named and set
     aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
-  * Folders written before that scheme (the TrainModule's state under "model": ``model.model.*``,
-    ``model.objective.*``; the optimizer's under "optim") are read under today's names
-    (``legacy_names``), so they resume, sample and export as before.
+  * A folder written before that scheme (the TrainModule's state under "model": ``model.model.*``,
+    ``model.objective.*``; the optimizer's under "optim") is refused in one line naming the change.
   * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; DCP's ``.metadata``
     (a pickle) is read and checked by mutor2d.checkpoint.safe_dcp before anything else is, and DCP loads through
     safe_dcp's reader and planner. The checksums guard against corruption, not against a stranger, who
@@ -24,7 +23,6 @@ Rules:
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import warnings
@@ -34,7 +32,6 @@ from .. import io
 
 SUFFIX = ".dcp"
 META = "meta.pt"
-LEGACY = {"model.model.": "model.", "model.objective.": "objective.", "optim.": "optimizer."}   # old -> new
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
@@ -107,24 +104,14 @@ def verify(path: Path, meta: dict | None = None):
 
 
 def metadata(path: Path):
-    """The checked DCP metadata of the checkpoint (mutor2d.checkpoint.safe_dcp), its entries under
-    today's names (``legacy_names``)."""
+    """The checked DCP metadata of the checkpoint (mutor2d.checkpoint.safe_dcp); one written under the
+    key scheme before mutor2d.checkpoint.state's (``optim.*`` entries) is an UnsafeFileError."""
     from . import safe_dcp
-    return legacy_names(safe_dcp.read_metadata(path))
-
-
-def legacy_names(checked):
-    """DCP metadata with the entries of a folder written before the key scheme of
-    mutor2d.checkpoint.state (it has ``optim.*`` entries) renamed by :data:`LEGACY`; others as they are."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-    if not any(k.startswith("optim.") for k in checked.state_dict_metadata):
-        return checked
-
-    def new(fqn: str) -> str:
-        return next((n + fqn[len(o):] for o, n in LEGACY.items() if fqn.startswith(o)), fqn)
-    return dataclasses.replace(
-        checked, state_dict_metadata={new(k): v for k, v in checked.state_dict_metadata.items()},
-        storage_data={MetadataIndex(new(i.fqn), i.offset, i.index): v for i, v in checked.storage_data.items()})
+    checked = safe_dcp.read_metadata(path)
+    if any(k.startswith("optim.") for k in checked.state_dict_metadata):
+        raise io.UnsafeFileError(f"checkpoint {str(path)!r} was written by an older version (entries model.model.*, "
+                                 f"optim.*; now model.*, objective.*, optimizer.*): this version does not read it")
+    return checked
 
 
 def stored_parts(path: str | os.PathLike) -> set[str]:

@@ -20,9 +20,9 @@ Not stored, because each is a pure function of what is: the learning-rate schedu
 config: mutor2d.engine.optim rebuilds it), the data order (of ``train.seed`` and the step:
 mutor2d.engine.data_order), hence no loader state either.
 
-Older checkpoints: ``.pt`` files had this layout already (``ema`` None without EMA); sharded folders
-written before it kept the TrainModule's state under ``model`` (``model.model.*``, ``model.objective.*``)
-and the optimizer's under ``optim``: mutor2d.checkpoint.sharded reads them under today's names.
+Older checkpoints: ``.pt`` files had this layout already (``ema`` None without EMA); a sharded folder
+written before it (the TrainModule's state under ``model``, the optimizer's under ``optim``) is refused
+in one line by mutor2d.checkpoint.sharded.
 """
 from __future__ import annotations
 

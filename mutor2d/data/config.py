@@ -1,26 +1,16 @@
-"""The ``data`` section: every dataset's config variant (``data.name``), its fields and rules. No
-torch here (a config is checked before torch is imported): ``build`` and ``build_tokenizer`` import
-the dataset's module (tokens: digits and code stores; stargraph) and the tokenizers. Adding a
-dataset: one DataConfig subclass here (or in a plugin) with ``@register_variant("data", NAME)``."""
+"""The ``data`` section: every dataset's config variant (``data.name``), its fields and rules, and
+the name of the builder of its splits (mutor2d.data.tokens: digits, code stores, photos;
+mutor2d.data.stargraph). No torch here: a config is checked before torch is imported. Adding a
+dataset: one DataConfig subclass here (or in a plugin) with ``@register_variant("data", NAME,
+build="module:function")``."""
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..checks import ConfigError, at_least, at_most, check_seed, check_workers, fail
 from ..config import Variant, register_variant
-from ..io import warn
 from ..tokenizer.config import LEVELS_LIMIT
-
-if TYPE_CHECKING:
-    from torch.utils.data import Dataset
-
-    from ..tokenizer import Tokenizer
-    from .stargraph import StarGraphs
-    from .tokens import CodeDataset, TokenGrids
 
 
 def digits_fingerprint(tokenizer: str = "pixel") -> dict:
@@ -36,15 +26,10 @@ def digits_fingerprint(tokenizer: str = "pixel") -> dict:
 
 
 class DataConfig(Variant):
-    """A ``data`` variant: its fields, ``build(split)`` (a Dataset of that split: "train", "val" or
-    "test") and ``build_tokenizer()`` (what turns its tokens into images). Adding a dataset: one such
-    class with ``@register_variant("data", NAME)``."""
+    """A ``data`` variant: its fields and rules. Its builder takes (config, split) and returns the
+    Dataset of that split ("train", "val" or "test"); a ``tokenizer`` field names what turns its
+    tokens into images (mutor2d.data.tokens.build_tokenizer)."""
     num_workers: int
-    legacy_keys = frozenset({"path", "test_path", "tokenizer", "levels", "num_workers", "degree", "path_len",
-                             "num_nodes", "num_train", "num_test", "data_seed", "reverse_answer"})
-
-    def build(self, split: str) -> Dataset:
-        raise NotImplementedError
 
     def fingerprint(self) -> dict:
         """The training data's fingerprint (mutor2d.provenance): of the file or folder at ``path``, else
@@ -55,12 +40,8 @@ class DataConfig(Variant):
         fields = {k: v for k, v in self.__dict__.items() if k != "num_workers"}
         return provenance.named(self.name, provenance.text_sha256(json.dumps(fields, sort_keys=True, default=str)))
 
-    def build_tokenizer(self) -> Tokenizer:
-        """The tokenizer that turns this data's tokens into images."""
-        raise ValueError(f"data.name={self.name!r} has no image tokenizer")
 
-
-@register_variant("data", "digits")
+@register_variant("data", "digits", build="mutor2d.data.tokens:digits_dataset")
 @dataclass
 class DigitsDataConfig(DataConfig):
     """scikit-learn's bundled 8x8 digits (10 classes), split 80/20 by ``data_seed``; the 80% may give
@@ -88,20 +69,8 @@ class DigitsDataConfig(DataConfig):
     def fingerprint(self) -> dict:
         return digits_fingerprint(self.tokenizer)
 
-    def build(self, split: str) -> TokenGrids:
-        import torch
-        from .tokens import TokenGrids, digits_images, digits_num_classes, digits_rgb
-        tok = self.build_tokenizer()
-        images, labels = digits_images(split, self.data_seed, self.val_fraction, self.train_fraction)
-        codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
-        return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
 
-    def build_tokenizer(self) -> Tokenizer:
-        from .. import tokenizer as tokenizer_lib
-        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
-
-
-@register_variant("data", "codes")
+@register_variant("data", "codes", build="mutor2d.data.tokens:codes_dataset")
 @dataclass
 class CodesDataConfig(DataConfig):
     """Pre-extracted token grids: folders written by tokenizers/extract_codes.py, one per split. The
@@ -119,39 +88,8 @@ class CodesDataConfig(DataConfig):
             fail("data.test_path", "a folder or null", self.test_path)
         check_workers("data.num_workers", self.num_workers)
 
-    def build(self, split: str) -> "CodeDataset":
-        if split == "val":
-            raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
-        path = self.path if split == "train" else self.test_path
-        if path is None:
-            key = "data.path" if split == "train" else "data.test_path"
-            raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
-                             f"for the {split} split")
-        from .tokens import CodeDataset
-        return CodeDataset(path, random_aug=split == "train")
 
-    def build_tokenizer(self) -> Tokenizer:
-        from .. import tokenizer as tokenizer_lib
-        tok = tokenizer_lib.build_tokenizer(self.tokenizer, data=self)
-        if self.path is not None and not (Path(self.path) / "header.json").exists():
-            warn(f"no codes folder at data.path={self.path!r} here: cannot check that data.tokenizer="
-                 f"{self.tokenizer!r} made those codes (decoding does not need them)", once=True)
-        elif self.path is not None:
-            self._check_made_by(tok)
-        return tok
-
-    def _check_made_by(self, tok: Tokenizer) -> None:
-        from ..tokenizer.codes import open_store
-        header = open_store(self.path, require_complete=False, check_values=False).header
-        if header["codebook_size"] != tok.vocab_size:
-            raise ValueError(f"data.tokenizer={self.tokenizer!r} has {tok.vocab_size} codes but the codes at "
-                             f"{self.path!r} come from a codebook of {header['codebook_size']}")
-        if header.get("tokenizer_sha256") != tok.sha256:
-            warnings.warn(f"data.tokenizer={self.tokenizer!r} is not the tokenizer that made the codes at "
-                          f"{self.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
-
-
-@register_variant("data", "photos")
+@register_variant("data", "photos", build="mutor2d.data.tokens:photos_dataset")
 @dataclass
 class PhotosDataConfig(DataConfig):
     """Random crops of ten photographs that ship in installed packages (mutor2d.data.photos), the
@@ -196,33 +134,12 @@ class PhotosDataConfig(DataConfig):
                                                   tok and tok["sha256"]], sort_keys=True))
         return {**found, "sha256": both, "settings": settings, "tokenizer": tok or self.tokenizer}
 
-    def build(self, split: str) -> "CodeDataset | TokenGrids":
-        if split not in ("train", "test"):
-            raise ValueError(f"split {split!r}: data.name='photos' has 'train' and 'test'")
-        path = self.path if split == "train" else self.test_path
-        if path:
-            from .tokens import CodeDataset
-            return CodeDataset(path, random_aug=split == "train")
-        import torch
-        from .photos import CLASSES, photo_crops
-        from .tokens import TokenGrids
-        tok = self.build_tokenizer()
-        images, labels = photo_crops(split, self.num_train if split == "train" else self.num_test,
-                                     tok.image_size, self.data_seed)
-        x = torch.from_numpy(images).permute(0, 3, 1, 2)
-        codes = torch.cat([tok.encode(b.float() / 255.0).cpu() for b in x.split(256)])
-        return TokenGrids(codes, torch.from_numpy(labels), tok.vocab_size, len(CLASSES))
-
-    def build_tokenizer(self) -> Tokenizer:
-        from .. import tokenizer as tokenizer_lib
-        return tokenizer_lib.build_tokenizer(self.tokenizer, data=self, image_size=self.image_size)
-
 
 STARGRAPH_NODES_LIMIT = 10_000         # node ids: 8192 graphs x 10,000 draws is a 655 MB array
 STARGRAPH_GRAPHS_LIMIT = 10_000_000    # graphs of a split (or of ``lm.data stargraph --count``)
 
 
-@register_variant("data", "stargraph")
+@register_variant("data", "stargraph", build="mutor2d.data.stargraph:stargraph_dataset")
 @dataclass
 class StarGraphDataConfig(DataConfig):
     """Path-star graphs (a 1D task): ``degree`` arms of ``path_len`` nodes out of ``num_nodes``;
@@ -249,16 +166,3 @@ class StarGraphDataConfig(DataConfig):
             at_most(key, count, STARGRAPH_GRAPHS_LIMIT, "graphs held in memory")
         check_seed("data.data_seed", self.data_seed)
         check_workers("data.num_workers", self.num_workers)
-
-    def build(self, split: str) -> StarGraphs:
-        from .stargraph import StarGraphs, StarGraphShape
-        shape = StarGraphShape(self.degree, self.path_len, self.num_nodes)
-        if split == "train":
-            return StarGraphs(shape, self.num_train, self.data_seed, reverse=self.reverse_answer)
-        if split == "test":
-            train = StarGraphs(shape, self.num_train, self.data_seed)
-            return StarGraphs(shape, self.num_test, self.data_seed + 1, exclude=train, reverse=self.reverse_answer)
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
-
-    def build_tokenizer(self):
-        raise ValueError("data.name='stargraph' has no image tokenizer (its tokens are graph nodes)")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .config import StarGraphDataConfig  # noqa: F401 (its config, importable from here)
+from .config import StarGraphDataConfig
 
 QUERY, ANSWER, EDGE = 0, 1, 2      # special tokens; node v is token v + NUM_SPECIAL
 NUM_SPECIAL = 3
@@ -110,3 +110,15 @@ class StarGraphs(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"body": self.answers[i], "prefix": self.prompts[i]}
+
+
+
+def stargraph_dataset(cfg: StarGraphDataConfig, split: str) -> StarGraphs:
+    """The graphs of ``split``: train from ``data_seed``; test from data_seed + 1, no train prompt repeated."""
+    shape = StarGraphShape(cfg.degree, cfg.path_len, cfg.num_nodes)
+    if split == "train":
+        return StarGraphs(shape, cfg.num_train, cfg.data_seed, reverse=cfg.reverse_answer)
+    if split == "test":
+        train = StarGraphs(shape, cfg.num_train, cfg.data_seed)
+        return StarGraphs(shape, cfg.num_test, cfg.data_seed + 1, exclude=train, reverse=cfg.reverse_answer)
+    raise ValueError(f"split {split!r}: expected 'train' or 'test'")

@@ -3,8 +3,8 @@
 Every dataset yields dicts ``{"body": LongTensor (N,), "prefix": LongTensor}`` (class label, or a
 prompt) and exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`` stacks them.
 
-``data.name`` picks a :class:`DataConfig` variant: its fields, and how it builds a split and the
-tokenizer that turns its tokens into images:
+``data.name`` picks a :class:`DataConfig` variant (mutor2d.data.config), whose builder here makes a
+split; ``build_tokenizer`` makes the tokenizer that turns its tokens into images:
   digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download).
           ``data.val_fraction`` holds out a validation split ("val") of the training set and
           ``data.train_fraction`` trains on a nested share of the rest (``digits_indices``).
@@ -14,13 +14,14 @@ tokenizer that turns its tokens into images:
   codes   a folder written by tokenizers/extract_codes.py (``data.path``; ``data.test_path`` for the
           test split): one random augmentation per sample, drawn from torch's RNG (seeded per
           DataLoader worker).
+  photos  random crops of ten installed photographs (mutor2d.data.photos), or their codes folders.
   stargraph  the 1D path-star task (mutor2d.data.stargraph).
-Adding a dataset: one DataConfig subclass registered with ``@register_variant("data", NAME)``.
 """
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .. import tokenizer as tokenizer_lib
+from ..io import warn
+from ..registry import BUILDERS, build, builder
 from ..tokenizer import Tokenizer
 from ..tokenizer.codes import open_store
-from .config import CodesDataConfig, DataConfig, DigitsDataConfig  # noqa: F401 (its configs, importable from here)
+from .config import CodesDataConfig, DataConfig, DigitsDataConfig, PhotosDataConfig
+from .photos import CLASSES, photo_crops
 
 DIGITS_MAX = 16.0  # load_digits grey levels are 0..16
 
@@ -145,17 +150,80 @@ class CodeDataset(Dataset):
         return {"body": body, "prefix": torch.tensor(int(self._labels[row]))}
 
 
+def digits_dataset(cfg: DigitsDataConfig, split: str) -> TokenGrids:
+    """The digits of ``split``, tokenised by ``data.tokenizer``."""
+    tok = build_tokenizer(cfg)
+    images, labels = digits_images(split, cfg.data_seed, cfg.val_fraction, cfg.train_fraction)
+    codes = torch.cat([tok.encode(digits_rgb(x, tok.image_size)).cpu() for x in images.split(256)])
+    return TokenGrids(codes, labels, tok.vocab_size, digits_num_classes())
+
+
+def codes_dataset(cfg: CodesDataConfig, split: str) -> CodeDataset:
+    """The codes folder of ``split``: ``data.path`` (train) or ``data.test_path`` (test)."""
+    if split == "val":
+        raise ValueError("split 'val': data.name='codes' has no validation split (data.path, data.test_path)")
+    path = cfg.path if split == "train" else cfg.test_path
+    if path is None:
+        key = "data.path" if split == "train" else "data.test_path"
+        raise ValueError(f"data.name='codes' needs {key} (a folder from tokenizers/extract_codes.py) "
+                         f"for the {split} split")
+    return CodeDataset(path, random_aug=split == "train")
+
+
+def photos_dataset(cfg: PhotosDataConfig, split: str) -> CodeDataset | TokenGrids:
+    """The codes folder of ``split`` when the config names one, else its crops tokenised in memory."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split {split!r}: data.name='photos' has 'train' and 'test'")
+    path = cfg.path if split == "train" else cfg.test_path
+    if path:
+        return CodeDataset(path, random_aug=split == "train")
+    tok = build_tokenizer(cfg)
+    images, labels = photo_crops(split, cfg.num_train if split == "train" else cfg.num_test,
+                                 tok.image_size, cfg.data_seed)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2)
+    codes = torch.cat([tok.encode(b.float() / 255.0).cpu() for b in x.split(256)])
+    return TokenGrids(codes, torch.from_numpy(labels), tok.vocab_size, len(CLASSES))
+
+
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:
-    """The tokenizer that turns this data's tokens into images (``decode``)."""
-    return cfg.build_tokenizer()
+    """The tokenizer that turns this data's tokens into images (``decode``): its variant's ``tokenizer``
+    builder when it registered one, else the one ``data.tokenizer`` names (at ``data.image_size`` where
+    the data has one); codes are checked to be its."""
+    own = f"{getattr(cfg, 'builds', '')}.tokenizer"
+    if own in BUILDERS:
+        return builder(own)(cfg)
+    if not hasattr(cfg, "tokenizer"):
+        raise ValueError(f"data.name={cfg.name!r} has no image tokenizer (no data.tokenizer)")
+    tok = tokenizer_lib.build_tokenizer(cfg.tokenizer, data=cfg, image_size=getattr(cfg, "image_size", None))
+    if isinstance(cfg, CodesDataConfig):
+        check_made_by(cfg, tok)
+    return tok
+
+
+def check_made_by(cfg: CodesDataConfig, tok: Tokenizer) -> None:
+    """The codes at ``data.path`` come from ``tok``: the same codebook size (else ValueError), the same
+    sha256 (else a warning); without the folder here (sampling elsewhere), a warning."""
+    if cfg.path is None:
+        return
+    if not (Path(cfg.path) / "header.json").exists():
+        warn(f"no codes folder at data.path={cfg.path!r} here: cannot check that data.tokenizer="
+             f"{cfg.tokenizer!r} made those codes (decoding does not need them)", once=True)
+        return
+    header = open_store(cfg.path, require_complete=False, check_values=False).header
+    if header["codebook_size"] != tok.vocab_size:
+        raise ValueError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} codes but the codes at "
+                         f"{cfg.path!r} come from a codebook of {header['codebook_size']}")
+    if header.get("tokenizer_sha256") != tok.sha256:
+        warnings.warn(f"data.tokenizer={cfg.tokenizer!r} is not the tokenizer that made the codes at "
+                      f"{cfg.path!r} (that was {header.get('tokenizer')!r}); decoded images may be wrong")
 
 
 def build_dataset(cfg: DataConfig, split: str = "train") -> Dataset:
-    """Split ``split`` ("train", "val" or "test") of the data ``cfg`` describes; a kind without a
-    validation split refuses "val"."""
+    """Split ``split`` ("train", "val" or "test") of the data ``cfg`` describes, by its builder; a kind
+    without a validation split refuses "val"."""
     if split not in ("train", "val", "test"):
         raise ValueError(f"split {split!r}: expected 'train', 'val' or 'test'")
-    return cfg.build(split)
+    return build(cfg, split)
 
 
 def collate(items: list[dict]) -> dict:

@@ -2,7 +2,7 @@
 
 A kind supplies its parts (mutor2d.engine.setup.RunKind) and registers them with
 ``@register_run_kind(TASK)``; the config of a run with that task is its package's config root
-(mutor2d.config.register_run_config). A kind of mutor2d is the package ``mutor2d.TASK`` whose ``run``
+(mutor2d.run_configs.register_run_config). A kind of mutor2d is the package ``mutor2d.TASK`` whose ``run``
 module registers its parts; a plugin's registers itself when MUTOR2D_PLUGINS imports it. The engine
 imports no kind: it finds the parts of ``cfg.task`` here.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 
 from ..checks import ConfigError
-from ..config import known_tasks, registered
+from ..registry import registered
+from ..run_configs import known_tasks
 
 RUN_KINDS: dict[str, type] = {}
 

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from ..checks import BUILD_BYTES_PER_PARAM, TRAIN_BYTES_PER_PARAM, check_model_fits
 from ..config import ConfigError
 from ..io import warn
+from ..registry import build
 from ..checkpoint.resume import find_resume, remove_stale_temps
 from ..checkpoint.state import OptimizerPart, TrainState, module_parts, state_options
 from .data_order import StepBatches
@@ -233,7 +234,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
     if sharded:                                # before the optimizer: it holds the sharded parameters
         sharding.shard_train_module(module, kind.blocks(module), cfg.train, acc.device)
-    optimizer = cfg.optim.build(module, acc.device.type)
+    optimizer = build(cfg.optim, module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     if sharded:                                # the accelerator keeps process group, device and logging
         optimizer = acc.prepare_optimizer(optimizer)

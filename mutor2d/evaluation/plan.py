@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config as config_lib
+from ..config_files import parse_override
 from .options import DEFAULT_CACHE
 
 BASE_CONFIG = "study_digits.yaml"
@@ -115,7 +116,7 @@ class Study:
             raise StudyError(f"--cm-ratio {self.cm_ratio}: expected >= 1 (a method step costs at least a "
                              "next-token step)")
         for item in self.overrides:
-            config_lib.parse_override(item)
+            parse_override(item)
 
     def check(self) -> None:
         """One-line errors for bad settings, before any training: ``check_flags``, then those that need

@@ -186,16 +186,10 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
 
 def objective_config(objective: dict):
     """The checked objective config of a record's settings (a dict), or None when no registered
-    objective reads them (e.g. a plugin's objective whose module is not in MUTOR2D_PLUGINS). Records
-    of older versions (flat sections, ``d_max_2d``) are upgraded as old checkpoints are."""
+    objective reads them (e.g. a plugin's objective whose module is not in MUTOR2D_PLUGINS)."""
     try:
         return config.make("objective", **objective)
     except config.ConfigError:
-        pass
-    try:
-        cls = config.variant_class("objective", objective.get("name"))
-        return config.make("objective", name=cls.name, **cls.from_legacy(objective))
-    except (config.ConfigError, KeyError):
         return None
 
 

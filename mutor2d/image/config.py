@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import ConfigError, at_least, at_most
-from ..config import ConfigRoot, make, register_run_config, register_section
+from ..config import ConfigRoot, make, register_section
+from ..run_configs import register_run_config
 from ..engine.config import TrainConfig
 
 EVAL_PER_CLASS_LIMIT = 10_000      # train.eval_per_class: samples per class of one online evaluation

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import ConfigError
+from ..data.tokens import build_tokenizer
 from ..engine.hooks import StepStatus, due
 from ..engine.runlog import JsonLog, eval_text
 from ..engine.rng import preserved_rng
@@ -101,7 +102,7 @@ def image_hooks(run: RunState, log: JsonLog) -> list:
         return []
     try:
         with preserved_rng(run.device):        # a VQ's init draws numbers: keep the training streams
-            tokenizer = cfg.data.build_tokenizer()
+            tokenizer = build_tokenizer(cfg.data)
     except (ValueError, OSError) as e:
         raise ConfigError(f"sample grids need the tokenizer: {e}") from None
     hooks = [SampleGrids(tokenizer, grid_classes(cfg.sample, count))]

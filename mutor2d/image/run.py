@@ -21,7 +21,8 @@ from ..data.tokens import build_dataset, collate
 from ..engine.kinds import register_run_kind
 from ..model.config import model_shape
 from ..model.gpt import GPT
-from ..objectives import Batch
+from ..objectives.base import Batch
+from ..registry import build
 from .config import ImageRunConfig
 from .hooks import image_hooks, image_rates
 
@@ -130,8 +131,8 @@ def resolve_config(cfg: ImageRunConfig, dataset) -> ImageRunConfig:
 def build_networks(cfg: ImageRunConfig, saved: dict | None) -> tuple[GPT, nn.Module]:
     """The GPT and its objective, initialised from train.seed, then from the checkpoint or init_from."""
     torch.manual_seed(cfg.train.seed)
-    model = cfg.model.build(register_token=cfg.objective.uses_registers())
-    objective = cfg.objective.build(model)
+    model = GPT(cfg.model, register_token=cfg.objective.uses_registers())
+    objective = build(cfg.objective, model)
     if saved is not None and "model" in saved:     # a sharded checkpoint loads after sharding (build_run)
         model.load_state_dict(saved["model"], strict=True)
         objective.load_state_dict(saved["objective"], strict=True)

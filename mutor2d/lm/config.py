@@ -18,8 +18,6 @@ optimiser section. Only the LM-specific sections live here:
   needs ``eval.path``;
 * eval: online accuracy while training (greedy generation on an evaluation file, scored like
   eval/lm_accuracy.py) every ``train.eval_every`` steps and after the last step.
-Configs written before the one engine (``train.save_every``, ``train.padding_side``,
-``train.group_by_length``) are upgraded on read.
 """
 from __future__ import annotations
 
@@ -28,7 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..checks import ConfigError, at_least, at_most, check_workers, fail
-from ..config import ConfigRoot, build_tagged, read_mapping, register_run_config, variant_class
+from ..config import ConfigRoot, build_tagged, variant_class
+from ..config_files import read_mapping
+from ..registry import builds
+from ..run_configs import register_run_config
 from ..engine.config import OptimConfig, TrainConfig
 from ..objectives.config import ObjectiveConfig
 from ..sampling.config import decode_modes
@@ -114,6 +115,7 @@ class LMEvalConfig:
             fail("eval.stop", "non-empty stop strings", self.stop)
 
 
+@builds("optim.lm", "mutor2d.lm.run:build_optimizer")
 @dataclass
 class LMOptimConfig(OptimConfig):
     """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` for the register
@@ -127,17 +129,6 @@ class LMOptimConfig(OptimConfig):
         super().check()
         if self.register_lr is not None and self.register_lr <= 0:
             fail("optim.register_lr", "> 0 or null", self.register_lr)
-
-    def build(self, module, device_type: str):
-        """AdamW over the trainable parameters; the register embedding gets ``register_lr`` (if set)
-        and no weight decay."""
-        import torch
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        reg = [p for n, p in named if n.endswith("register_embedding")]
-        groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]
-        if reg:
-            groups.append({"params": reg, "weight_decay": 0.0, "lr": self.register_lr or self.lr})
-        return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
 
 
 def lm_train_config(**fields) -> TrainConfig:
@@ -169,13 +160,6 @@ class LMRunConfig(ConfigRoot):
         """The objective gets the line defaults of its variant and must train on a line."""
         return _objective(value) if section == "objective" else super().build(section, value)
 
-    @classmethod
-    def upgrade(cls, data: dict) -> dict:
-        return upgrade(data)
-
-
-MOVED_TO_DATA = ("padding_side", "group_by_length")     # train.* keys of configs before the one engine
-
 
 def _objective(data: Any) -> ObjectiveConfig:
     """The objective variant of ``data`` (default mutor-1d) with its line defaults, checked to train on
@@ -186,23 +170,6 @@ def _objective(data: Any) -> ObjectiveConfig:
     section = build_tagged("objective", data)
     section.check_line()
     return section
-
-
-def upgrade(data: dict) -> dict:
-    """Configs before the one engine: ``train.save_every`` -> ``train.ckpt_every``, and the batch
-    layout keys ``train.padding_side`` / ``train.group_by_length`` -> ``data``."""
-    train = data.get("train")
-    if not isinstance(train, dict):
-        return data
-    train, moved = dict(train), {k: train[k] for k in MOVED_TO_DATA if k in train}
-    for k in moved:
-        del train[k]
-    if "save_every" in train:
-        train.setdefault("ckpt_every", train.pop("save_every"))
-    data = {**data, "train": train}
-    if moved:
-        data["data"] = {**(data.get("data") or {}), **moved}     # an old-style --set wins
-    return data
 
 
 def is_lm_config(name: str | os.PathLike) -> bool:

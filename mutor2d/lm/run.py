@@ -22,12 +22,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .. import registry
 from ..config import ConfigError, fail
 from ..engine.kinds import register_run_kind
 from ..engine.runlog import eval_text
-from ..objectives import ObjectiveConfig
+from ..objectives.config import ObjectiveConfig
 from . import accuracy
-from .config import LMRunConfig
+from .config import LMOptimConfig, LMRunConfig
 from .prompts import eval_prompts, tokenize
 from .records import load_located
 from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
@@ -51,6 +52,17 @@ class Examples(Dataset):
         return self.pairs[i]
 
 
+def build_optimizer(cfg: LMOptimConfig, module: nn.Module, device_type: str) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; the register embedding gets ``optim.register_lr`` (if set)
+    and no weight decay."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    reg = [p for n, p in named if n.endswith("register_embedding")]
+    groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]
+    if reg:
+        groups.append({"params": reg, "weight_decay": 0.0, "lr": cfg.register_lr or cfg.lr})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+
 class LMTrainModule(nn.Module):
     """MutorLM and its objective as one module: (padded LMBatch, layout generator) -> ObjectiveResult.
     The objective sees the batch in the canonical frame and the model as a FramedLM on it
@@ -58,7 +70,7 @@ class LMTrainModule(nn.Module):
 
     def __init__(self, model: MutorLM, objective_cfg: ObjectiveConfig, padding_side: str):
         super().__init__()
-        self.model, self.objective = model, objective_cfg.build(model)
+        self.model, self.objective = model, registry.build(objective_cfg, model)
         self.spec, self.padding_side = objective_cfg.register_spec(), padding_side
 
     def forward(self, batch: LMBatch, generator=None):

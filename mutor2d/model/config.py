@@ -1,6 +1,6 @@
 """The ``model`` section: the GPT's size, conditioning kind, RoPE, dropouts and attention backend, and
-its size presets. No torch here (a config is checked before torch is imported): ``build`` imports the
-GPT (mutor2d.model.gpt); conditioning kinds are torch-free to import (mutor2d.model.conditioning)."""
+its size presets, built by mutor2d.model.gpt.GPT. No torch here (a config is checked before torch is
+imported); conditioning kinds are torch-free to import (mutor2d.model.conditioning)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +38,7 @@ PRESETS = {  # model.preset -> (n_layer, n_head, dim); B..3B are LlamaGen's GPT 
 PARAMS_LIMIT = 30 * 10 ** 9     # model parameters: ten times the 3B preset (120 GB of float32 weights)
 
 
-@register_section("model")
+@register_section("model", build="mutor2d.model.gpt:GPT")
 @dataclass
 class ModelConfig:
     """LlamaGen-style decoder. ``preset`` fills n_layer/n_head/dim unless they are set explicitly."""
@@ -62,20 +62,9 @@ class ModelConfig:
     attention: str = "auto"          # "auto" (flex on CUDA, else sdpa) or a backend of mutor2d.model.attention.BACKENDS
     prompt_attention: str = "causal"  # "bidirectional": prefix tokens see the whole prefix (attention.open_prefix)
 
-    @classmethod
-    def upgrade(cls, data: dict) -> dict:
-        """Configs written before the rename held the conditioning kind as ``prefix``."""
-        if "prefix" in data and "conditioning" not in data:
-            data["conditioning"] = data.pop("prefix")
-        return data
-
     def kind(self):
         """The conditioning kind (mutor2d.model.conditioning.CONDITIONING)."""
         return conditioning(self.conditioning)
-
-    def build(self, register_token: bool = False):
-        from .gpt import GPT
-        return GPT(self, register_token=register_token)
 
     def check(self) -> None:
         if self.conditioning not in CONDITIONING:

@@ -1,5 +1,5 @@
 """What every objective shares: the model interface it calls, the batch it reads, the result it
-returns, its config base, the masked loss."""
+returns, what its auxiliary term learns, the masked loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.attention import Visibility
-from .config import AuxTermConfig, ObjectiveConfig, WeightSchedule  # noqa: F401 (importable here)
 
 
 class TokenModel(Protocol):
@@ -136,6 +135,11 @@ class TargetRule:
         teacher = regular.detach().gather(1, slots[..., None].expand(-1, -1, regular.shape[-1]))
         ce, kl, n = self_distill(model, h, teacher, targets, valid)
         return ((1 - self.mix) * ce + self.mix * kl, n), {"ce": ce, "kl": kl}
+
+
+def target_rule(cfg) -> TargetRule:
+    """The TargetRule of an objective config with an auxiliary term (``reg_target``, ``reg_distill_mix``)."""
+    return TargetRule(cfg.reg_target, cfg.reg_distill_mix)
 
 
 def self_distill(model: TokenModel, h: Tensor, teacher: Tensor, targets: Tensor,

@@ -1,6 +1,6 @@
 """The ``objective`` section: every objective's config variant (``objective.name``), its fields and
-rules. No torch here (a config is checked before torch is imported): a variant's ``build`` imports its
-loss module (register_objective, multihead), which imports its config from here."""
+rules, and the name of the builder of its loss (register_objective, multihead: they import their
+config from here). No torch here: a config is checked before torch is imported."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,18 +14,13 @@ from ..register_spec import MAX_D_1D, MAX_D_2D, LayoutError, RegisterSpec
 
 
 class ObjectiveConfig(Variant):
-    """An ``objective`` variant: its fields and rules, and the loss module it builds. Adding one: a
-    subclass with ``@register_variant("objective", NAME)`` here (or in a plugin) whose ``build``
-    imports its loss module.
+    """An ``objective`` variant: its fields and rules. Adding one: a subclass with
+    ``@register_variant("objective", NAME, build="module:function")`` here (or in a plugin); the
+    builder takes (config, model) and returns the loss module: ``forward(model, Batch, generator) ->
+    ObjectiveResult`` and ``blocks()`` (transformer blocks it owns, compiled like the model's); it may
+    hold parameters.
 
     Loss = (1 - reg_weight) * CE_ntp + reg_weight * CE_aux, each a mean over its own valid targets."""
-    legacy_keys = frozenset({"reg_weight", "d_min", "d_max", "d_max_2d", "placement", "num_registers",
-                             "per_register_offsets", "edge", "multihead_layout", "num_heads"})
-
-    def build(self, model):
-        """The loss module: ``forward(model, Batch, generator) -> ObjectiveResult`` and ``blocks()``
-        (transformer blocks it owns, compiled like the model's); it may hold parameters."""
-        raise NotImplementedError
 
     def register_spec(self) -> RegisterSpec:
         """The register rules of this objective (offsets, anchors, grid fit, draft length)."""
@@ -91,11 +86,6 @@ class AuxTermConfig(ObjectiveConfig):
         if self.reg_weight_schedule == "constant":
             return None
         return WeightSchedule(self.reg_weight_schedule, self.reg_weight, self.reg_weight_final, self.reg_weight_steps)
-
-    def target_rule(self):
-        """The rule of what the term learns (base.TargetRule, torch)."""
-        from .base import TargetRule
-        return TargetRule(self.reg_target, self.reg_distill_mix)
 
     def describe_aux_term(self) -> list[str]:
         """e.g. ["a=0.5"], ["a=0.5->0.0 linear", "self_distill"] or ["a=0.5", "self_distill mix=0.5"]."""
@@ -175,14 +165,13 @@ def check_offset_distribution(dist, count: int, offsets: str) -> None:
                           f"non-negative weights, not all 0 (one per candidate offset of {offsets})")
 
 
-@register_variant("objective", "ntp")
+@register_variant("objective", "ntp", build="mutor2d.objectives.register_objective:build_ntp")
 @dataclass
 class NTPConfig(ObjectiveConfig):
     """Plain next-token prediction: no other field."""
 
-    def build(self, model):
-        from .register_objective import RegisterObjective
-        return RegisterObjective(self.register_spec(), 0.0)
+
+REGISTERS = "mutor2d.objectives.register_objective:build_registers"   # mutor-1d's and mutor-2d's builder
 
 
 @dataclass
@@ -215,10 +204,6 @@ class RegisterConfig(AuxTermConfig):
     def uses_registers(self) -> bool:
         return True
 
-    def build(self, model):
-        from .register_objective import RegisterObjective
-        return RegisterObjective(self.register_spec(), self.reg_weight, self.weight_schedule(), self.target_rule())
-
     def offsets_text(self) -> str:
         """The offsets in a few characters, e.g. "D=4" or "d=1..4"."""
         raise NotImplementedError
@@ -235,7 +220,7 @@ class RegisterConfig(AuxTermConfig):
         return ", ".join(parts)
 
 
-@register_variant("objective", "mutor-1d")
+@register_variant("objective", "mutor-1d", build=REGISTERS)
 @dataclass
 class MuToR1DConfig(RegisterConfig):
     """Registers predicting the token d = d_min..d_max (inclusive) ahead on the raster line:
@@ -247,7 +232,7 @@ class MuToR1DConfig(RegisterConfig):
         return f"d={self.d_min}..{self.d_max}"
 
 
-@register_variant("objective", "mutor-2d")
+@register_variant("objective", "mutor-2d", build=REGISTERS)
 @dataclass
 class MuToR2DConfig(RegisterConfig):
     """Registers predicting a token at a 2D offset (dr, dc) in {0..D-1}^2 minus (0, 0), D = d_max,
@@ -257,13 +242,7 @@ class MuToR2DConfig(RegisterConfig):
     def offsets_text(self) -> str:
         return f"D={self.d_max}"
 
-    @classmethod
-    def from_legacy(cls, flat: dict) -> dict:
-        """Old configs held D as ``d_max_2d`` beside the 1D ``d_min``/``d_max``."""
-        return {**super().from_legacy(flat), "d_max": flat["d_max_2d"]}
-
-
-@register_variant("objective", "multihead")
+@register_variant("objective", "multihead", build="mutor2d.objectives.multihead:MultiHead")
 @dataclass
 class MultiHeadConfig(AuxTermConfig):
     """Multi-token prediction with extra heads (one transformer layer each) instead of registers;
@@ -291,10 +270,6 @@ class MultiHeadConfig(AuxTermConfig):
             raise ConfigError(f"objective.num_heads: expected 0 (all) .. {count} "
                               f"(the offsets of objective.d_max={self.d_max}), got {self.num_heads}")
 
-    def build(self, model):
-        from .multihead import MultiHead
-        return MultiHead(self, model)
-
     def num_head_layers(self) -> int:
         return len(self.register_spec().offset_pairs()[: self.num_heads or None])
 
@@ -310,10 +285,3 @@ class MultiHeadConfig(AuxTermConfig):
         offsets = f"D={self.d_max}" if self.layout == "2d" else f"d={spec.d_min}..{self.d_max}"
         parts = self.describe_aux_term() + [f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
         return ", ".join(parts + ([self.edge] if self.edge != "geometric" else []))
-
-    @classmethod
-    def from_legacy(cls, flat: dict) -> dict:
-        """Old configs named the layout ``multihead_layout`` and held the 2D D as ``d_max_2d``."""
-        layout = flat["multihead_layout"]
-        d_max = flat["d_max_2d"] if layout == "2d" else flat["d_max"]
-        return {**super().from_legacy(flat), "layout": layout, "d_max": d_max}

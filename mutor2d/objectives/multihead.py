@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 
 from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
-from .base import Batch, ObjectiveResult, TokenModel, mix, token_ce
-from .config import MultiHeadConfig  # noqa: F401 (its config, importable from here)
+from .base import Batch, ObjectiveResult, TokenModel, mix, target_rule, token_ce
+from .config import MultiHeadConfig
 
 
 class MultiHead(nn.Module):
@@ -30,7 +30,7 @@ class MultiHead(nn.Module):
         spec = cfg.register_spec()
         offsets = spec.offsets()[: cfg.num_heads or None]
         self.kind, self.edge, self.reg_weight = spec.kind, spec.edge, cfg.reg_weight
-        self.schedule, self.target = cfg.weight_schedule(), cfg.target_rule()
+        self.schedule, self.target = cfg.weight_schedule(), target_rule(cfg)
         self.register_buffer("offsets", offsets, persistent=False)
         self.heads = model.head_layers(len(offsets))
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 
 from ..registers import Layout, RegisterSpec, make_layout
-from .base import Batch, ObjectiveResult, TargetRule, TokenModel, WeightSchedule, mix, token_ce
-from .config import MuToR1DConfig, MuToR2DConfig, NTPConfig, RegisterConfig  # noqa: F401 (importable here)
+from .base import Batch, ObjectiveResult, TargetRule, TokenModel, mix, target_rule, token_ce
+from .config import NTPConfig, RegisterConfig, WeightSchedule
 
 
 class RegisterObjective(nn.Module):
@@ -54,3 +54,13 @@ class RegisterObjective(nn.Module):
                       if R else (None, None))
         tokens = torch.full((), batch.body.shape[0] * (T + R), device=batch.body.device)
         return mix(ntp, reg, self.reg_weight, tokens, parts=parts)
+
+
+def build_ntp(cfg: NTPConfig, model: TokenModel) -> RegisterObjective:
+    """Plain next-token prediction: no registers."""
+    return RegisterObjective(cfg.register_spec(), 0.0)
+
+
+def build_registers(cfg: RegisterConfig, model: TokenModel) -> RegisterObjective:
+    """MuToR-1D / MuToR-2D: the registers of ``cfg.register_spec()``, a and its schedule, their target rule."""
+    return RegisterObjective(cfg.register_spec(), cfg.reg_weight, cfg.weight_schedule(), target_rule(cfg))

@@ -145,7 +145,7 @@ def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQMod
     if config is None:
         stored = ckpt.get("config")
         if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and \
-                "vq" in (stored.get("task"), stored.get("kind")):          # "kind": before the one engine
+                stored.get("task") == "vq":
             config = vq_config("vq16", **stored["model"])
         else:
             config = config_from_state_dict(state).validate()

@@ -2,17 +2,16 @@
 
 Sections: model (``preset``, mutor2d.tokenizer.vq.PRESETS, plus any VQConfig field to override),
 data (digits or an image folder), objective (the loss weights), optim and train (the engine's, with
-VQ defaults). Configs written before the one engine (a flat ``train`` section holding the optimizer and
-loss keys, ``kind: vq``) are upgraded on read.
+VQ defaults).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..checks import ConfigError, check_workers, fail
-from ..config import ConfigRoot, build_section, register_run_config
+from ..config import ConfigRoot, build_section
+from ..run_configs import register_run_config
 from ..engine.config import OptimConfig, TrainConfig
 from ..tokenizer.config import CROP_RANGE, PRESETS, VQConfig, VQError
 
@@ -61,10 +60,6 @@ class VQLossConfig:
                 fail(f"objective.{key}", ">= 0", getattr(self, key))
 
 
-LOSS_KEYS = {f.name for f in dataclasses.fields(VQLossConfig)}
-OPTIM_KEYS = {"lr", "betas", "weight_decay", "grad_clip"}
-
-
 def vq_optim(**fields) -> OptimConfig:
     return OptimConfig(**{"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.05, **fields})
 
@@ -89,10 +84,6 @@ class VQRunConfig(ConfigRoot):
         """``model``: a preset with VQConfig fields over it; the rest as every kind's."""
         return vq_model(value) if section == "model" else super().build(section, value)
 
-    @classmethod
-    def upgrade(cls, data: dict) -> dict:
-        return upgrade(data)
-
     def check(self) -> "VQRunConfig":
         """Every section but the model, which ``vq_model`` validated when it was built."""
         for s in self.sections[1:]:
@@ -102,20 +93,6 @@ class VQRunConfig(ConfigRoot):
     def to_dict(self) -> dict:
         """The model fully resolved (every VQConfig field: the preset it started from is irrelevant)."""
         return {**super().to_dict(), "model": self.model.to_dict()}
-
-
-def upgrade(data: dict) -> dict:
-    """Before the one engine a VQ config had ``kind: vq`` and one flat ``train`` section holding the
-    optimizer (lr, betas, weight_decay, grad_clip) and loss keys: move them to optim and objective."""
-    data = {k: v for k, v in data.items() if k != "kind"}
-    train = data.get("train")
-    if isinstance(train, dict) and (set(train) & (OPTIM_KEYS | LOSS_KEYS)):
-        for section, keys in (("optim", OPTIM_KEYS), ("objective", LOSS_KEYS)):
-            moved = {k: train[k] for k in keys if k in train}
-            if moved:
-                data[section] = {**(data.get(section) or {}), **moved}     # an old-style --set wins
-        data["train"] = {k: v for k, v in train.items() if k not in OPTIM_KEYS | LOSS_KEYS}
-    return data
 
 
 def load_config(source=None, overrides: list[str] | None = None) -> VQRunConfig:

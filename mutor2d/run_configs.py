@@ -1,0 +1,46 @@
+"""Run kinds by ``task:``: the registry of config roots (``@register_run_config``) and finding the
+root of a config's task (a kind of mutor2d is the package ``mutor2d.TASK``; a plugin's registers itself)."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from .checks import ConfigError
+from .registry import registered
+
+RUN_CONFIGS: dict[str, type] = {}                             # task -> config root
+DEFAULT_TASK = "image"                                       # a config without ``task:``
+
+
+def register_run_config(task: str):
+    """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``."""
+    return registered(RUN_CONFIGS, task, "task")
+
+
+def task_of(data: dict) -> str:
+    """The run kind a config mapping names: ``task``, else the default."""
+    return data.get("task", DEFAULT_TASK)
+
+
+def run_config_class(task: Any) -> type:
+    """The config root of ``task``; a kind of mutor2d is the package ``mutor2d.TASK`` (its ``config``
+    module registers it: ``known_tasks``), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
+    from .plugins import load_plugins
+    load_plugins()
+    if isinstance(task, str) and task not in RUN_CONFIGS and task in known_tasks():
+        importlib.import_module(f"{__package__}.{task}.config")
+    if not isinstance(task, str) or task not in RUN_CONFIGS:
+        raise ConfigError(f"task: expected a run kind, one of {known_tasks()}, got {task!r}")
+    return RUN_CONFIGS[task]
+
+
+def known_tasks() -> list[str]:
+    """Every task this install knows: the registered ones and the run-kind packages of mutor2d, those
+    with a ``config`` module (the root) and a ``run`` module (the engine's parts; other packages'
+    ``config`` modules hold sections)."""
+    import pkgutil
+    here = Path(__file__).parent
+    found = {m.name for m in pkgutil.iter_modules([str(here)])
+             if m.ispkg and all((here / m.name / f"{part}.py").exists() for part in ("config", "run"))}
+    return sorted(found | set(RUN_CONFIGS))
