@@ -1,6 +1,6 @@
 """Config of a VQ tokenizer training run: a YAML file with top-level ``task: vq``.
 
-Sections: model (``preset``, mutor2d.tokenizer.vq.PRESETS, plus any VQConfig field to override),
+Sections: model (``preset``, mutor2d.tokenizer.config.PRESETS, plus any VQConfig field to override),
 data (digits or an image folder), objective (the loss weights), optim and train (the engine's, with
 VQ defaults).
 """
