@@ -143,14 +143,14 @@ def fid_table(run_dir: Path | None) -> str:
 def has_card_image(cfg) -> bool:
     """Whether the card shows a sample grid: its conditioning kind has a fixed set of prefixes to pick
     rows from (class labels do; prompts do not, and their folder ships no picture)."""
-    return cfg.model.kind().num_choices(cfg.model) is not None
+    return cfg.model.conditioning_kind().num_choices(cfg.model) is not None
 
 
 def model_card(cfg, meta: dict, run_dir: Path | None) -> str:
     """The README.md of a saved folder (YAML front matter for the hub, then the card)."""
     objective = cfg.objective.name
     run_yaml = yaml.safe_dump(meta["config"], sort_keys=False)
-    kind = cfg.model.kind()
+    kind = cfg.model.conditioning_kind()
     conditioned = "class-conditional" if kind.per_class else f"{kind.name}-conditioned"
     image = f"![samples]({CARD_IMAGE})" if has_card_image(cfg) else \
         f"(no sample grid: model.conditioning={kind.name!r} has no fixed set of prefixes to sample)"

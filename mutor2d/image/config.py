@@ -54,7 +54,7 @@ class ImageRunConfig(ConfigRoot):
     def check(self) -> "ImageRunConfig":
         """Every section's rules, then the rules across sections."""
         super().check()
-        kind = self.model.kind()
+        kind = self.model.conditioning_kind()
         if self.train.eval_every and (self.data.name != "digits" or not kind.per_class):
             raise ConfigError(f"train.eval_every: the online evaluation needs data.name=digits with class "
                               f"labels, got data.name={self.data.name!r}, model.conditioning={kind.name!r}")
@@ -69,7 +69,7 @@ class ImageRunConfig(ConfigRoot):
         self.model.check_grid(grid)
         self.objective.check_grid(grid, prefix_len)
         self.sample.decode.fit(self.objective, grid)
-        kind = self.model.kind()
+        kind = self.model.conditioning_kind()
         count = num_classes if kind.per_class else kind.num_choices(self.model)
         what = "a class of the data" if kind.per_class else f"a choice of model.conditioning={kind.name!r}"
         if count is not None:

@@ -93,7 +93,7 @@ def image_hooks(run: RunState, log: JsonLog) -> list:
     if the data's tokenizer cannot be built."""
     from ..sampling.images import grid_classes
     cfg = run.cfg
-    kind = cfg.model.kind()
+    kind = cfg.model.conditioning_kind()
     count = kind.num_choices(cfg.model)
     if count is None:
         if run.main:

@@ -114,7 +114,7 @@ def resolve_config(cfg: ImageRunConfig, dataset) -> ImageRunConfig:
     m, defaults = cfg.model, config_lib.make("model")
     updates = {}
     fields = [("vocab_size", int(dataset.vocab_size))]
-    if m.kind().per_class:                                    # num_classes only matters for class labels
+    if m.conditioning_kind().per_class:                                    # num_classes only matters for class labels
         fields.append(("num_classes", int(dataset.num_classes)))
     for name, have in fields:
         value = getattr(m, name)

@@ -62,7 +62,7 @@ class ModelConfig:
     attention: str = "auto"          # "auto" (flex on CUDA, else sdpa) or a backend of mutor2d.model.attention.BACKENDS
     prompt_attention: str = "causal"  # "bidirectional": prefix tokens see the whole prefix (attention.open_prefix)
 
-    def kind(self):
+    def conditioning_kind(self):
         """The conditioning kind (mutor2d.model.conditioning.CONDITIONING)."""
         return conditioning(self.conditioning)
 
