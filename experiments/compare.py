@@ -106,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def settings(args: argparse.Namespace) -> plan.Study:
     """The parsed flags as study settings (--quick: the CI sizes)."""
+    if not args.out.strip():
+        raise plan.StudyError("--out '': expected a study folder")
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v if k != "overrides" else v + args.overrides)

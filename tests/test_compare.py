@@ -270,6 +270,13 @@ def test_eval_steps_need_not_divide_the_run_only_lie_on_its_checkpoint_grid(tmp_
     (["--val-every", "250"], "--val-every 250: needs a validation split"),
     (["--steps", "10", "--eval-steps", "10", "--val-every", "3"], "--val-every 3: expected 0 (off) or a divisor"),
     (["--fractions", "0.5,1"], "--fractions 1: expected shares in (0, 1)"),
+    (["--steps", str(10 ** 12)], "--steps 1000000000000: expected 1..10000000"),
+    (["--seeds", ""], "--seeds '': expected comma-separated training seeds"),
+    (["--jobs", str(10 ** 12)], "--jobs 1000000000000: expected 1..256"),
+    (["--cfg", "nan"], "--cfg nan: expected comma-separated finite scales >= 0"),
+    (["--cfg", "1,inf"], "--cfg inf: expected comma-separated finite scales >= 0"),
+    (["--cm-max", "nan"], "--cm-max nan: expected a finite number"),
+    (["--cm-ratio", "inf"], "--cm-ratio inf: expected a finite number"),
     (["--fractions", "0.5", "--fraction-methods", "mutor-1d"], "--fraction-methods 'mutor-1d'"),
     (["--set", "data.val_fraction=1"], "data.val_fraction: expected a number in [0, 1)"),
 ])
@@ -363,3 +370,12 @@ def test_paired_differences_and_the_convergence_ratio_by_hand():
     found = convergence(groups, 1.0, "mutor-2d-D4")
     assert found["reference_final_fid"] == 8.0 and found["first_step"] == 100 and found["ratio"] == 0.5
     assert convergence(groups, 1.0, "mutor-1d")["first_step"] is None          # 9.0 at the end: never
+
+
+def test_an_out_that_is_empty_or_a_file_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for out, needle in (("", "--out '': expected a study folder"), (str(tmp_path / "f"), f"--out '{tmp_path / 'f'}'")):
+        with pytest.raises(ValueError) as e:                 # was: a study in the current folder; Errno 20
+            compare.main(["--out", out])
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "f").read_text() == "x"

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config as config_lib
+from ..checks import WORKERS_LIMIT
 from ..config_files import parse_override
 from .options import DEFAULT_CACHE
+
+STEPS_LIMIT = 10 ** 7    # training steps of a study's runs (10**12 trained for ever)
 
 BASE_CONFIG = "study_digits.yaml"
 # method -> its objective section (fields of an ObjectiveConfig variant), set on the base config
@@ -88,6 +91,20 @@ class Study:
 
     def check_flags(self) -> None:
         """One-line errors for settings that are bad without reading a config or data (no torch)."""
+        if self.out.is_file():
+            raise StudyError(f"--out {str(self.out)!r}: expected a study folder")
+        if not self.seeds:
+            raise StudyError("--seeds '': expected comma-separated training seeds")
+        if not 1 <= self.steps <= STEPS_LIMIT:
+            raise StudyError(f"--steps {self.steps}: expected 1..{STEPS_LIMIT}")
+        if not 1 <= self.jobs <= WORKERS_LIMIT:
+            raise StudyError(f"--jobs {self.jobs}: expected 1..{WORKERS_LIMIT}")
+        bad = [c for c in self.cfg_scales if not math.isfinite(c) or c < 0]
+        if bad or not self.cfg_scales:
+            raise StudyError(f"--cfg {bad[0] if bad else ''!r}: expected comma-separated finite scales >= 0")
+        for flag, value in (("--cm-max", self.cm_max), ("--cm-ratio", self.cm_ratio)):
+            if value is not None and not math.isfinite(value):
+                raise StudyError(f"--{flag[2:]} {value}: expected a finite number")
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise StudyError(f"--methods: {bad[0]!r} is not a method (expected some of {', '.join(METHODS)})")
@@ -103,8 +120,6 @@ class Study:
         bad = [m for m in self.fraction_methods if m not in self.methods]
         if self.fractions and (bad or not self.fraction_methods):
             raise StudyError(f"--fraction-methods {','.join(self.fraction_methods)!r}: expected some of --methods")
-        if self.jobs < 1:
-            raise StudyError(f"--jobs {self.jobs}: expected >= 1")
         cm = self.compute_matched
         if cm and cm not in self.methods:
             raise StudyError(f"--compute-matched {cm!r}: not among --methods")
