@@ -696,14 +696,29 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse's one-line error for a flag that would be taken as not given ('', 0) or run for ever,
+    or a folder flag naming a file; before anything is written."""
+    if not 0 <= args.skip_tolerance < 1:
+        ap.error(f"--skip-tolerance {args.skip_tolerance}: expected a share of the steps in [0, 1)")
+    if args.max_steps is not None and not 1 <= args.max_steps <= STEPS_LIMIT:
+        ap.error(f"--max-steps {args.max_steps}: expected 1..{STEPS_LIMIT}")
+    for flag, value, what in (("--out", args.out, "a study folder"), ("--bases", args.bases, "a folder of bases"),
+                              ("--plot", args.plot, "a .png path")):
+        if value is not None and (not value.strip() or (what != "a .png path" and Path(value).is_file())):
+            ap.error(f"{flag} {value!r}: expected {what}")
+
+
 def main(argv=None) -> str:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if not 0 <= args.skip_tolerance < 1:
-        ap.error(f"--skip-tolerance {args.skip_tolerance}: expected a share of the steps in [0, 1)")
+    check_args(ap, args)
     task = TASKS[args.task]
     size = task.quick if args.quick else task.size
-    if args.max_steps:
+    if args.max_steps is not None:
         size = dataclasses.replace(size, max_steps=args.max_steps)
     import torch
     torch.set_num_threads(1)                 # the study machine is shared; 2 threads ran slower here

@@ -303,3 +303,21 @@ def test_the_budget_bootstrap_pairs_arms_by_seed_and_item(tmp_path):
     assert boot[20]["flipped"]["diff"] == (0.0, 0.0, 0.0)
     table = study.bootstrap_table(boot, "next-token")
     assert table.splitlines()[2].startswith("| 10 | next-token | ") and len(table.splitlines()) == 2 + 6
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--max-steps", "0"], "--max-steps 0: expected 1..10000000"),                # was: taken as not given
+    (["--max-steps", str(10 ** 12)], "--max-steps 1000000000000: expected 1..10000000"),   # was: trained for ever
+    (["--out", ""], "--out '': expected a study folder"),                         # was: runs/lm_study in the cwd
+    (["--out", "FILE"], "expected a study folder"),                               # was: NotADirectoryError
+    (["--bases", "FILE"], "expected a folder of bases"),
+    (["--plot", ""], "--plot '': expected a .png path"),
+])
+def test_study_flags_that_would_be_ignored_or_run_for_ever_are_one_line(tmp_path, monkeypatch, capsys, flags, needle):
+    study = load_study()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        study.main(["--task", "arith", "--out", "study", *flags])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]                # nothing written
