@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from mutor2d.cli import HelpFormatter
+from mutor2d.config_files import parse_override
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -480,8 +481,31 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    """The flags; argparse's one-line error for a value that would be taken as not given ('', 0), run for
+    ever, or name a file where a folder goes (and a folder where a file goes), before anything is made."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    size = SIZES[args.size]
+    steps = size.max_steps if args.max_steps is None else args.max_steps
+    if not 1 <= steps <= STEPS_LIMIT:
+        ap.error(f"--max-steps {args.max_steps}: expected 1..{STEPS_LIMIT}")
+    if args.stop_at is not None and not 1 <= args.stop_at < steps:
+        ap.error(f"--stop-at {args.stop_at}: expected a step in 1..{steps - 1} (before --max-steps)")
+    for flag, value in (("--workdir", args.workdir), ("--reuse", args.reuse)):
+        if value is not None and (not value.strip() or Path(value).is_file()):
+            ap.error(f"{flag} {value!r}: expected a folder")
+    if args.json is not None and (not args.json.strip() or Path(args.json).is_dir()):
+        ap.error(f"--json {args.json!r}: expected the path of a .json file")
+    for item in args.overrides:
+        try:
+            parse_override(item)
+        except ValueError as e:
+            ap.error(str(e))
+    return args
 
 
 def main(argv=None) -> dict:

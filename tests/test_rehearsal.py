@@ -88,3 +88,21 @@ def test_fid_record_and_leaderboard(rehearsal):
     table = (work / "logs/board.log").read_text()
     assert "mutor-2d" in table and "ref_imagefolder256" in table
     assert summary["stages"]["board"]["rows"] == 1
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--workdir", "FILE"], "--workdir 'FILE': expected a folder"),             # was: NotADirectoryError
+    (["--max-steps", "0"], "--max-steps 0: expected 1..10000000"),              # was: taken as not given
+    (["--max-steps", str(10 ** 12)], "--max-steps 1000000000000: expected 1..10000000"),
+    (["--stop-at", "-1"], "--stop-at -1: expected a step in 1.."),              # was: a launch never stopped
+    (["--reuse", ""], "--reuse '': expected a folder"),                         # was: taken as not given
+    (["--json", "."], "--json '.': expected the path of a .json file"),          # was: IsADirectoryError at the end
+    (["--set", "foo"], "--set 'foo': expected section.key=value"),              # was: train.py's error, minutes in
+])
+def test_rehearsal_flags_are_checked_before_anything_is_made(tmp_path, monkeypatch, capsys, flags, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        rehearse.parse_args(["--quick", "--workdir", "w", *flags])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
