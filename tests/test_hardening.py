@@ -311,8 +311,8 @@ def test_app_exits_within_seconds_of_ctrl_c_or_sigterm_with_queued_requests(save
 
 def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
     """model.n_layer=100000 allocated until the kernel's OOM killer ended the run: the size fields' model
-    must fit this machine's memory (16 bytes a parameter on the CPU), image and VQ runs alike; the same
-    configs train on the real machine."""
+    must fit this machine's memory (16 bytes a parameter on the CPU), image and VQ runs alike; the shipped
+    configs (digits, LlamaGen-B, the VQ) pass the check on this machine."""
     from mutor2d import checks
     from mutor2d.engine import train
     from mutor2d.vq.config import load_config
@@ -326,9 +326,11 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     vq = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=1", "train.eval_every=0"]
     with pytest.raises(config.ConfigError, match=r"^model.ch=\d+, model.ch_mult=\[.*\], model.num_res_blocks=\d+: about"):
         train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq'}"]))
-    monkeypatch.undo()
-    assert (train(tiny(), tmp_path / "fits") / "log.jsonl").is_file()
-    train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq_fits'}"]))
+    monkeypatch.undo()                  # on this machine the shipped configs fit (and every training test
+    from mutor2d.engine.kinds import run_kind                            # passes the same check)
+    for name in ("digits_mutor2d.yaml", "llamagen_b_mutor2d.yaml", "vq_digits.yaml"):
+        cfg = config.load(name)
+        checks.check_model_fits(*run_kind(cfg.task)().size(cfg), checks.TRAIN_BYTES_PER_PARAM)
 
 
 def test_a_tokenizer_runs_checkpoint_given_where_an_image_model_is_expected_is_one_line(tmp_path, capsys):
