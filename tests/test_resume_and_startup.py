@@ -295,19 +295,19 @@ def test_a_run_prints_its_evaluations_and_ends_with_a_summary_naming_absolute_pa
     from mutor2d.engine import read_log, train
     from test_training import tiny
     monkeypatch.chdir(tmp_path)
-    train(tiny("train.max_steps=4", "train.eval_every=2", "train.eval_per_class=1", "train.ckpt_every=4"),
+    train(tiny("train.max_steps=4", "train.eval_every=4", "train.eval_per_class=1", "train.ckpt_every=4"),
           "runs/rel")
     lines = capsys.readouterr().out.splitlines()
     run = (tmp_path / "runs" / "rel").resolve()
     assert lines[0].endswith(f"run folder {run}")
     log = read_log(run)
     evals = [r for r in log if "eval_fid" in r]
-    assert [r["step"] for r in evals] == [2, 4]
-    assert f"step 2: evaluation fid {evals[0]['eval_fid']:.4g}, " in "\n".join(lines)
+    assert [r["step"] for r in evals] == [4]
+    assert f"step 4: evaluation fid {evals[0]['eval_fid']:.4g}, " in "\n".join(lines)
     end = lines[-1]
     loss = [r["loss"] for r in log if "loss" in r][-1]
     assert end.startswith("done: steps 1-4 in 0 min ") and f"last logged loss {loss:.4f}" in end
-    assert f"evaluation at step 4: fid {evals[1]['eval_fid']:.4g}" in end
+    assert f"evaluation at step 4: fid {evals[0]['eval_fid']:.4g}" in end
     assert f"newest checkpoint {run / 'checkpoints' / 'step_00000004.pt'}" in end and f"run folder {run}" in end
 
 
