@@ -319,7 +319,9 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
             print(f"{job.out} is already complete")
         return
     if job.out.exists() and not args.force:
-        raise SampleFileError(f"{job.out} holds other samples ({other_settings(job)}); pass --force to replace "
+        differ = job.differing_settings()
+        what = "not a sample file of this tool" if differ is None else f"made with other settings: {', '.join(differ)}"
+        raise SampleFileError(f"{job.out} holds other samples ({what}); pass --force to replace "
                               f"it, or write to another --npz")
     todo = job.missing()              # every process lists the same shards before any is written
     state.wait_for_everyone()
@@ -330,19 +332,6 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
         with io.exit_on_write_error(str(job.out)):
             job.assemble()
         print(f"wrote {job.out} ({args.num} samples, {len(classes)} classes, step {src.step})")
-
-
-def other_settings(job) -> str:
-    """What differs between an existing npz and the job that would replace it, in words."""
-    from mutor2d.sampling import npz as npz_files
-    try:
-        found = npz_files.read_npz_meta(job.out)
-    except Exception:
-        return "not a sample file of this tool"
-    found.pop("decode_stats", None)
-    keys = sorted(set(found) | set(job.meta))
-    same = [json.dumps(found.get(k), sort_keys=True) == json.dumps(job.meta.get(k), sort_keys=True) for k in keys]
-    return "made with other settings: " + ", ".join(k for k, eq in zip(keys, same) if not eq)
 
 
 def run(argv=None) -> None:

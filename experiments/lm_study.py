@@ -706,9 +706,10 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error(f"--skip-tolerance {args.skip_tolerance}: expected a share of the steps in [0, 1)")
     if args.max_steps is not None and not 1 <= args.max_steps <= STEPS_LIMIT:
         ap.error(f"--max-steps {args.max_steps}: expected 1..{STEPS_LIMIT}")
-    for flag, value, what in (("--out", args.out, "a study folder"), ("--bases", args.bases, "a folder of bases"),
-                              ("--plot", args.plot, "a .png path")):
-        if value is not None and (not value.strip() or (what != "a .png path" and Path(value).is_file())):
+    for flag, value, what, folder in (("--out", args.out, "a study folder", True),
+                                      ("--bases", args.bases, "a folder of bases", True),
+                                      ("--plot", args.plot, "a .png path", False)):
+        if value is not None and (not value.strip() or (folder and Path(value).is_file())):
             ap.error(f"{flag} {value!r}: expected {what}")
 
 

@@ -89,14 +89,19 @@ class NpzJob:
 
     def is_complete(self) -> bool:
         """True if ``out`` already holds this very job (same meta; only the meta entry is read)."""
+        return self.differing_settings() == []
+
+    def differing_settings(self) -> list[str] | None:
+        """The meta keys in which the file at ``out`` differs from this job ([]: this very job); None
+        when there is no readable sample file there."""
         if not self.out.is_file():
-            return False
+            return None
         try:
             found = read_npz_meta(self.out)
         except Exception:
-            return False
+            return None
         found.pop("decode_stats", None)             # measured while sampling: not a setting
-        return _canon(found) == _canon(self.meta)
+        return _meta_mismatch(found, self.meta)
 
     def _shard_done(self, k: int) -> bool:
         path = self.shard_path(k)
