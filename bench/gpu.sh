@@ -4,7 +4,7 @@
 #      attention backend, forward and backward; bf16 training step; KV decoding),
 #   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
 #      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
-#      measured bf16 matmul rate and the nominal peak),
+#      measured bf16 matmul rate and the nominal peak); one profiled step per case (its slowest kernels),
 #   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute), eager, then compiled,
 #   4. the sharded (FSDP2) path on the GPU: torchrun with one process (a one-rank mesh), bf16 mixed
 #      precision policy, sharded .dcp checkpoints, --resume auto from one (digits, tiny model).
@@ -35,12 +35,12 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep the log and th
 
 step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_compile.py \
     tests/test_registers.py tests/test_gpu_path.py -k cuda
-step train_step 100 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
-    --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS"
+step train_step 120 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
+    --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS" --profile 12
 # eager and compiled sampling apart: compiling the decode step took over 80 s on an H200 (2026-12-04),
 # so the eager numbers must not wait on it; the compiled run logs its recompiles
 step sample 130 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3 --compile off
-TORCH_LOGS=recompiles step sample_compiled 170 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 \
+TORCH_LOGS=recompiles step sample_compiled 150 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 \
     --images 32 --reps 3 --compile on
 FSDP_RUN="$OUT/fsdp_run"; rm -rf "$FSDP_RUN"
 FSDP="$PY -m torch.distributed.run --nproc_per_node 1 train.py --config digits_mutor2d.yaml --out $FSDP_RUN \

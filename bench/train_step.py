@@ -155,6 +155,28 @@ def step_flops(model: GPT, batch: int, T: int) -> float:
     return train_flops(model.shape, model.cfg.vocab_size, batch, T)
 
 
+def profile_steps(steps: dict, device: torch.device, top: int) -> dict:
+    """One profiled step per case: its total self time (device time on a GPU, else CPU), kernel
+    launches, and the ``top`` operators by self time, to see where a register step's extra time goes."""
+    from torch.profiler import ProfilerActivity, profile
+    gpu = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    out = {}
+    for name, step in steps.items():
+        with profile(activities=acts) as prof:
+            step()
+            common.sync(device)
+        kind = "CUDA" if gpu else "CPU"           # GPU: the kernels themselves, not the ops launching them
+        events = [e for e in prof.key_averages() if e.device_type.name == kind]
+        self_us = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
+        ranked = sorted(events, key=self_us, reverse=True)
+        out[name] = {"self_ms": sum(map(self_us, events)) / 1e3,
+                     "kernels": sum(e.count for e in events) if gpu else None,
+                     "top": [{"op": e.key[:80], "self_ms": self_us(e) / 1e3, "count": e.count}
+                             for e in ranked[:top]]}
+    return out
+
+
 def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], dict]:
     run, skipped = [], {}
     for b in wanted:
@@ -261,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     ap.add_argument("--self-distill", action="store_true",
                     help="also time the register cases under objective.reg_target=self_distill (ratios *_distill_*)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, profile one step per case and report its N slowest operators (0 = off)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     return ap
 
@@ -273,7 +297,7 @@ def parse(argv=None):
                           "threads", "reps")
     common.check_reps(ap, args)
     common.check_threads(ap, args)
-    common.check_at_least(ap, args, 0, "mfu_layers")
+    common.check_at_least(ap, args, 0, "mfu_layers", "profile")
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
         args.layers, args.mfu_layers = 1, min(args.mfu_layers, 2)
@@ -310,6 +334,7 @@ def main(argv=None) -> None:
     steps = {f"{b}/{c}": make_step(model, opt, batch, b, c, args, device) for b in backends for c in cases(args)}
     common.log(f"timing {len(steps)} cases x {args.reps} reps")
     times = common.time_round_robin(steps, args.reps, warmup=1, device=device)
+    profiles = profile_steps(steps, device, args.profile) if args.profile else None
     del model, opt, steps
 
     memory = {} if args.no_memory else measure_memory(args, backends, device)
@@ -369,7 +394,7 @@ def main(argv=None) -> None:
         "backends": backends, "skipped": skipped, "main_backend": main_backend,
         "time_s": {k: v["median_s"] for k, v in times.items()},
         "step_peak_mb": {b: {c: m["step_peak_bytes"] / 2 ** 20 for c, m in d.items()} for b, d in memory.items()},
-        "ratios": ratios, "mfu": mfu, "targets": targets,
+        "ratios": ratios, "mfu": mfu, "targets": targets, "profile": profiles,
     })
 
 

@@ -37,7 +37,7 @@ def finite_positive(x) -> bool:
 
 
 def test_train_step_quick_json():
-    out = run_bench("train_step.py", "--quick")
+    out = run_bench("train_step.py", "--quick", "--profile", "2")
     assert out["bench"] == "train_step"
     assert {"date", "nproc", "cpu", "torch"} <= set(out["machine"])
     s = out["settings"]
@@ -59,6 +59,10 @@ def test_train_step_quick_json():
     assert 0 < mfu["fraction_of_matmul"] < 2 and finite_positive(mfu["matmul_flops_per_s"])
     assert {"sparse_time_le_1.35", "dense_time_le_2.05", "sparse_mem_le_1.35", "mfu_ge_0.7"} <= set(out["targets"])
     assert all(isinstance(v, bool) for v in out["targets"].values())
+    for name, prof in out["profile"].items():           # one profiled step per case, slowest operators first
+        assert name in {f"{b}/{c}" for b in out["backends"] for c in ("ntp", "sparse", "dense")}
+        top = [op["self_ms"] for op in prof["top"]]
+        assert len(top) == 2 and top == sorted(top, reverse=True) and 0 < sum(top) <= prof["self_ms"]
 
 
 def test_sample_quick_json():
