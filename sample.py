@@ -339,7 +339,8 @@ def run(argv=None) -> None:
     args = parse_args(argv)
     check_args(args)
     path = locate.resolve(args.ckpt).resolve()
-    from mutor2d.sampling import compile_decoder, decode_modes
+    from mutor2d.sampling.decoding import compile_decoder
+    from mutor2d.sampling.config import decode_modes
     from mutor2d.sampling import images as generation
     check_choice(build_parser(), "--decode", args.decode, decode_modes())
     state, device = pick_device(args.device)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> Path:
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ConfigError(f"run folder {str(run_dir)!r} exists and is not a folder; expected a run folder "
                           f"(--out, train.out_dir)")
-    from mutor2d.engine import train                 # torch: after the config is checked
+    from mutor2d.engine.loop import train                 # torch: after the config is checked
     return train(cfg, run_dir, resume=args.resume)
 
 

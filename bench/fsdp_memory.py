@@ -86,7 +86,7 @@ def measure(args, sharding: str) -> list[dict]:
 
 def theory(args, params: float) -> dict:
     """Bytes per process from the parameter count (see module doc)."""
-    from mutor2d.model.gpt import Shape
+    from mutor2d.model.config import Shape
     s = Shape(args.layers, args.heads, args.dim)
     block = 4 * s.dim * s.dim + 3 * s.dim * s.ffn_dim + 2 * s.dim
     ddp, fsdp = 20 * params, 16 * params / args.processes + 12 * block

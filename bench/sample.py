@@ -1,10 +1,10 @@
 """Sampling benchmark: KV-cache decoding vs full recompute, with and without CFG, torch.compile
 on and off; and the GPT-B decode step against the machine's memory-bandwidth floor.
 
-* ``kv`` / ``kv_cfg``: ``mutor2d.sampling.generate`` (KV cache) for ``--images`` images of
+* ``kv`` / ``kv_cfg``: ``mutor2d.sampling.decoding.generate`` (KV cache) for ``--images`` images of
   H*W tokens, without and with classifier-free guidance (CFG doubles the decoded batch).
 * ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
-* ``*_compiled``: after ``mutor2d.sampling.compile_decoder`` (compile time reported apart).
+* ``*_compiled``: after ``mutor2d.sampling.decoding.compile_decoder`` (compile time reported apart).
 * ``speculative``: exact speculative decoding side by side with plain decoding on the same
   model, seed and labels: register drafts (``--drafts`` K, drafts after every verified input;
   ``--last`` K, after the last one only) and Jacobi (``--windows`` K); per row: median time,
@@ -49,7 +49,8 @@ TARGETS = {"kv_speedup_ge": 10.0, "cfg_cost_le": 2.1, "step_vs_floor_le": 2.0}
 def build(args, n_layer: int, device: torch.device, register: bool = False) -> GPT:
     import torch
 
-    from mutor2d.model.gpt import GPT, ModelConfig
+    from mutor2d.model.gpt import GPT
+    from mutor2d.model.config import ModelConfig
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
                       vocab_size=args.vocab, num_classes=1000)
@@ -64,7 +65,7 @@ def recompute(model: GPT, labels: torch.Tensor, grid: tuple[int, int], generator
     import torch
 
     from mutor2d.registers import regular_position_ids
-    from mutor2d.sampling import sample_logits
+    from mutor2d.sampling.rules import sample_logits
     B, N = labels.shape[0], grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(labels.device).expand(B, N, 2)
     out = torch.empty(B, N, dtype=torch.long, device=labels.device)
@@ -122,7 +123,7 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
     draft offsets), round-robin: one row per mode."""
     import torch
 
-    from mutor2d.sampling import generate
+    from mutor2d.sampling.decoding import generate
     from mutor2d.sampling.stats import DecodeStats
     modes = spec_modes(args)
     stats = {name: DecodeStats() for name in modes}
@@ -251,7 +252,7 @@ def main(argv=None) -> None:
     import torch
 
     from mutor2d.config import make
-    from mutor2d.sampling import compile_decoder, generate
+    from mutor2d.sampling.decoding import compile_decoder, generate
     args.device = common.device_name(args.device)
     if args.layers is None:
         args.layers = 12 if args.device.startswith("cuda") else 2

@@ -42,7 +42,8 @@ def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
     """Tokens per sequence the trunk processes: T regular inputs + the register slots (sparse: K = 80;
     dense D = 4: the grid's maximum, 240 on 16 x 16, fixed so compiled shapes never change; slots a
     drawn offset leaves empty are computed and masked)."""
-    from mutor2d.registers import RegisterSpec, make_layout
+    from mutor2d.register_spec import RegisterSpec
+    from mutor2d.registers import make_layout
     T = 1 + grid[0] * grid[1] - 1
     if objective == "ntp":
         return T
@@ -55,7 +56,8 @@ def row(preset: str, objective: str, args) -> dict:
     import torch
 
     from mutor2d.engine.speed import train_flops
-    from mutor2d.model.gpt import GPT, ModelConfig
+    from mutor2d.model.gpt import GPT
+    from mutor2d.model.config import ModelConfig
     with torch.device("meta"):
         model = GPT(ModelConfig(preset=preset, vocab_size=16384, num_classes=1000), register_token=True)
     s, params = model.shape, sum(p.numel() for p in model.parameters())

@@ -49,7 +49,7 @@ def mask_objective() -> type:
     import dataclasses
 
     from mutor2d.model.attention import Visibility
-    from mutor2d.objectives import RegisterObjective
+    from mutor2d.objectives.register_objective import RegisterObjective
     from mutor2d.registers import Layout
 
     class MaskLayout(Layout):
@@ -85,7 +85,7 @@ def build(args, n_layer: int, device: torch.device, compile_blocks: bool = False
 
     from mutor2d.model.config import ModelConfig
     from mutor2d.model.gpt import GPT
-    from mutor2d.objectives import Batch
+    from mutor2d.objectives.base import Batch
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=n_layer, n_head=args.heads, dim=args.dim,
                       vocab_size=args.vocab, num_classes=1000)
@@ -114,7 +114,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
     import torch
 
-    from mutor2d.objectives import RegisterObjective
+    from mutor2d.objectives.register_objective import RegisterObjective
     from mutor2d.objectives.base import TargetRule, target_rule
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
@@ -141,7 +141,8 @@ def register_slots(case: str, args, device) -> tuple[int, float]:
     """(R register slots processed, mean valid registers per sample) for the benchmark's draw."""
     import torch
 
-    from mutor2d.objectives import Batch, RegisterObjective
+    from mutor2d.objectives.base import Batch
+    from mutor2d.objectives.register_objective import RegisterObjective
     lay = RegisterObjective(objective_config(case, args).register_spec(), 0.5).layout(
         Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
               torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),

@@ -35,7 +35,7 @@ from . import config
 from .checkpoint import locate
 from .sampling import images as generation
 from .plugins import load_plugins
-from .sampling import decode_modes
+from .sampling.config import decode_modes
 from .sampling.auto import auto_decode, can_draft
 
 LOG = logging.getLogger("mutor2d.demo")

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     check_args(ap, args, kind)
     import torch
-    from .registers import LayoutError, RegisterSpec, make_layout
+    from .register_spec import LayoutError, RegisterSpec
+    from .registers import make_layout
     d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
     spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
                         args.per_register_offsets, args.edge, register_visibility=args.visibility)

@@ -37,13 +37,17 @@ def builds(name: str, build: str | Callable | None, **parts: str | Callable):
     return add
 
 
+def resolve(target: str | Callable) -> Callable:
+    """A "module:function" string's function, its module imported now (a function: itself)."""
+    if isinstance(target, str):
+        module, function = target.split(":")
+        return getattr(importlib.import_module(module), function)
+    return target
+
+
 def builder(name: str) -> Callable:
     """The builder registered as ``name``, its module imported now."""
-    found = BUILDERS[name]
-    if isinstance(found, str):
-        module, function = found.split(":")
-        return getattr(importlib.import_module(module), function)
-    return found
+    return resolve(BUILDERS[name])
 
 
 def build(section: Any, *args, **kwargs):

@@ -38,7 +38,7 @@ def tiny_digits_run(tmp_path_factory):
     """A 2-step digits MuToR-2D run, trained once for the session; read only (tests write their
     variants into their own tmp_path)."""
     from mutor2d import config
-    from mutor2d.engine import train
+    from mutor2d.engine.loop import train
     out = tmp_path_factory.mktemp("tiny_digits") / "run"
     train(config.load("digits_mutor2d.yaml", TINY_DIGITS), out)
     return out

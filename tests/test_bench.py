@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from mutor2d.model.attention import BACKENDS, Visibility
-from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import make_layout
 from mutor2d.registry import build
-from mutor2d.sampling import generate
+from mutor2d.sampling.decoding import generate
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +220,7 @@ def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):
 @cuda
 def test_cuda_bf16_training_step_and_kv_decoding():
     from mutor2d.config import make
-    from mutor2d.objectives import Batch
+    from mutor2d.objectives.base import Batch
     from mutor2d.registers import regular_position_ids
     model = _cuda_model()
     _set_backend(model, "auto")

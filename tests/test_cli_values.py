@@ -22,7 +22,7 @@ from mutor2d import checkpoint
 from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d.sampling import images as generation
 from mutor2d.checks import ConfigError
-from mutor2d.engine import train
+from mutor2d.engine.loop import train
 from mutor2d.lm import data as lm_data
 from mutor2d.tokenizer import codes
 from conftest import TINY_DIGITS  # noqa: E402

@@ -13,10 +13,11 @@ from torch._dynamo.utils import counters
 
 from mutor2d.model.attention import BACKENDS
 from mutor2d.config import make
-from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.objectives import Batch
-from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.objectives.base import Batch
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import make_layout
 from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -19,7 +19,7 @@ from test_generation import cli_error, sample_main  # noqa: E402
 
 from mutor2d import checkpoint, config  # noqa: E402
 from mutor2d.checks import ConfigError  # noqa: E402
-from mutor2d.engine import train  # noqa: E402
+from mutor2d.engine.loop import train  # noqa: E402
 from mutor2d.sampling import images as generation  # noqa: E402
 from mutor2d.sampling import npz as npz_files  # noqa: E402
 

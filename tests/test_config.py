@@ -7,7 +7,7 @@ import yaml
 
 from mutor2d import config as C
 from mutor2d.config_files import CONFIG_DIR
-from mutor2d.objectives import ObjectiveConfig
+from mutor2d.objectives.config import ObjectiveConfig
 from mutor2d.sampling.config import check_sampling
 
 CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")      # image runs; LM and VQ ones (task:) load in

@@ -15,7 +15,8 @@ from PIL import Image
 from mutor2d import config
 from mutor2d.config import make
 from mutor2d.data.tokens import CodeDataset, build_dataset, build_tokenizer, collate
-from mutor2d.tokenizer import TOKENIZERS, PixelTokenizer, parse_tokenizer, tokenizer_kind
+from mutor2d.tokenizer.base import TOKENIZERS, parse_tokenizer, tokenizer_kind
+from mutor2d.tokenizer.pixel import PixelTokenizer
 from mutor2d.tokenizer.codes import CodesError, open_store
 from mutor2d.tokenizer.extract import extract
 from mutor2d.tokenizer.image_folder import augment, augmentation_names, center_crop_arr, scan_image_folder

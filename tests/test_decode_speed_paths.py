@@ -5,10 +5,10 @@ cache per call, in a bounded number of graphs (no recompile per step or per cach
 import pytest
 import torch
 
-from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.registers import regular_position_ids
-from mutor2d.sampling import compile_decoder, generate
+from mutor2d.sampling.decoding import compile_decoder, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 

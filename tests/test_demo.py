@@ -31,7 +31,8 @@ from test_hub import tiny_run  # noqa: E402
 
 from mutor2d.sampling import images as generation  # noqa: E402
 from mutor2d import demo as demo_lib, demo_cli  # noqa: E402
-from mutor2d.sampling import SamplingRules, decoding_mode, run_decoder  # noqa: E402
+from mutor2d.sampling.rules import SamplingRules  # noqa: E402
+from mutor2d.sampling.decoding import decoding_mode, run_decoder  # noqa: E402
 from mutor2d.sampling.auto import CROSSOVER, auto_decode  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -346,7 +346,8 @@ def test_training_logs_online_eval_to_jsonl_and_tensorboard(classifier, cache, t
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from mutor2d import config as C
-    from mutor2d.engine import read_log, train
+    from mutor2d.engine.runlog import read_log
+    from mutor2d.engine.loop import train
 
     from mutor2d.evaluation import classifier as trained_here
     monkeypatch.setattr(trained_here, "DEFAULT_CACHE", cache)   # the classifier trained by the fixture

@@ -14,7 +14,8 @@ import yaml
 
 from mutor2d.evaluation.extrapolation import (Curve, ExtrapolationError, check_grid, grid_token_nll, image_curve,
                                               stacked_grids, summarise)
-from mutor2d.model import GPT, ModelConfig
+from mutor2d.model.gpt import GPT
+from mutor2d.model.config import ModelConfig
 from mutor2d.registers import regular_position_ids
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,8 @@ from test_training import ROOT, env, losses, losses_so_far, tiny, write_yaml  # 
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
 from mutor2d.checkpoint import inference  # noqa: E402
 from mutor2d.checkpoint.__main__ import main as checkpoint_main  # noqa: E402
-from mutor2d.engine import read_log, train  # noqa: E402
+from mutor2d.engine.runlog import read_log  # noqa: E402
+from mutor2d.engine.loop import train  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -238,7 +239,7 @@ if __name__ == "__main__":
 def test_llamagen_384_configs():
     """configs/llamagen_{xl,xxl,3b}_384_{ntp,mutor2d}.yaml: LlamaGen's 384-px recipe; XXL and 3B shard."""
     from mutor2d import config as C
-    from mutor2d.model.gpt import model_shape
+    from mutor2d.model.config import model_shape
     shapes = {"xl": (36, 20, 1280), "xxl": (48, 24, 1536), "3b": (24, 32, 3200)}
     for size, shape in shapes.items():
         for objective in ("ntp", "mutor2d"):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mutor2d.engine import read_log
+from mutor2d.engine.runlog import read_log
 from mutor2d.engine.health import Health
 
 from test_resume_and_startup import arith_data, tiny_llama

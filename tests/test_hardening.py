@@ -314,7 +314,7 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     must fit this machine's memory (16 bytes a parameter on the CPU), image and VQ runs alike; the shipped
     configs (digits, LlamaGen-B, the VQ) pass the check on this machine."""
     from mutor2d import checks
-    from mutor2d.engine import train
+    from mutor2d.engine.loop import train
     from mutor2d.vq.config import load_config
     from mutor2d.vq.run import train as train_vq
     from test_training import tiny
@@ -389,7 +389,9 @@ def test_a_read_only_or_full_run_folder_is_one_line_exit_74_and_keeps_the_last_c
     """OSError 30 from the run lock and 28 from log.jsonl were tracebacks: now one line naming the run
     folder and what it keeps, exit 74 through train.py's entry; a healthy run is untouched by the rule."""
     import errno as errno_lib
-    from mutor2d.engine import entry, read_log, runlog, train
+    from mutor2d.engine import entry, runlog
+    from mutor2d.engine.runlog import read_log
+    from mutor2d.engine.loop import train
     from mutor2d.engine.runlog import JsonLog
     from test_training import tiny
     real_mkdir = Path.mkdir

@@ -10,7 +10,7 @@ import torch
 from mutor2d import config
 from mutor2d import checkpoint
 from mutor2d.checkpoint import inference, locate
-from mutor2d.engine import train
+from mutor2d.engine.loop import train
 from conftest import demo_extra
 
 demo_extra("huggingface_hub")

@@ -16,8 +16,8 @@ import mutor2d.lm as lm_pkg  # noqa: E402
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d import config as image_config  # noqa: E402
 from mutor2d.config import ConfigError, make  # noqa: E402
-from mutor2d.engine import StepBatches  # noqa: E402
-from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
+from mutor2d.engine.data_order import StepBatches  # noqa: E402
+from mutor2d.lm.config import LMModelConfig, is_lm_config, load  # noqa: E402
 from mutor2d.lm.offline_tokenizers import char_tokenizer
 from mutor2d.lm.prompts import eval_prompts, tokenize
 from mutor2d.lm.records import gsm8k_record, load_located, load_records
@@ -25,8 +25,9 @@ from mutor2d.lm.packing import collate
 from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
-from mutor2d.objectives import RegisterObjective  # noqa: E402
-from mutor2d.registers import RegisterSpec, make_layout, offset_targets, regular_position_ids  # noqa: E402
+from mutor2d.objectives.register_objective import RegisterObjective  # noqa: E402
+from mutor2d.register_spec import RegisterSpec  # noqa: E402
+from mutor2d.registers import make_layout, offset_targets, regular_position_ids  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 VOCAB = 40
@@ -282,7 +283,7 @@ def test_one_line_errors(tmp_path):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=mutor-2d"])
     with pytest.raises(ConfigError, match=r"objective.name: expected one of \[.*'mutor-2d'.*\], got 'nope'"):
         load({"model": {"hf": "m"}, "data": {"path": "d"}}, ["objective.name=nope"])
-    assert lm_pkg.is_lm_config("sft_gsm8k_mutor.yaml") and not lm_pkg.is_lm_config("digits_ntp.yaml")
+    assert is_lm_config("sft_gsm8k_mutor.yaml") and not is_lm_config("digits_ntp.yaml")
     assert load("sft_gsm8k_ntp.yaml").objective.name == "ntp"
 
 
@@ -573,7 +574,7 @@ def test_online_accuracy_under_two_processes(tmp_path):
 
 def test_every_shipped_lm_config_loads_and_the_paper_settings_hold():
     from mutor2d.config_files import CONFIG_DIR
-    names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if lm_pkg.is_lm_config(p.name))
+    names = sorted(p.name for p in Path(CONFIG_DIR).glob("*.yaml") if is_lm_config(p.name))
     assert len(names) >= 17
     for name in names:
         cfg = load(name)

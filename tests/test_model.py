@@ -9,11 +9,13 @@ import torch.nn.functional as F
 
 from mutor2d.model.attention import NEVER, Visibility
 from mutor2d.config import make
-from mutor2d.model.gpt import ModelConfig
-from mutor2d.model.gpt import GPT, model_shape
+from mutor2d.model.config import ModelConfig
+from mutor2d.model.gpt import GPT
+from mutor2d.model.config import model_shape
 from mutor2d.model.llamagen import load_llamagen
-from mutor2d.objectives import Batch
-from mutor2d.registers import RegisterSpec, make_layout, regular_position_ids
+from mutor2d.objectives.base import Batch
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import make_layout, regular_position_ids
 from mutor2d.registry import build
 
 V, C = 24, 5

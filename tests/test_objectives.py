@@ -6,8 +6,11 @@ import torch.nn.functional as F
 
 from mutor2d import config as C
 from mutor2d.model.gpt import GPT
-from mutor2d.objectives import Batch, MultiHead, ObjectiveResult, RegisterObjective, masked_ce
-from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.objectives.base import Batch, ObjectiveResult, masked_ce
+from mutor2d.objectives.multihead import MultiHead
+from mutor2d.objectives.register_objective import RegisterObjective
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import make_layout
 from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

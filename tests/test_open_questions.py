@@ -9,8 +9,10 @@ import torch
 
 from mutor2d import config as C
 from mutor2d.config import ConfigError, make
-from mutor2d.engine import read_log, train
-from mutor2d.objectives import Batch, RegisterObjective
+from mutor2d.engine.runlog import read_log
+from mutor2d.engine.loop import train
+from mutor2d.objectives.base import Batch
+from mutor2d.objectives.register_objective import RegisterObjective
 from mutor2d.objectives.config import WeightSchedule
 from mutor2d.registry import build
 from test_lm import framed, ragged_batch, tiny_llama
@@ -101,7 +103,8 @@ def test_run_logs_the_current_weight(tmp_path):
 
 # ----------------------------------------------------------------------------- offset_distribution
 
-from mutor2d.registers import RegisterSpec, make_layout  # noqa: E402
+from mutor2d.register_spec import RegisterSpec  # noqa: E402
+from mutor2d.registers import make_layout  # noqa: E402
 
 
 def drawn_offsets(lay) -> list[tuple[int, int]]:

@@ -5,9 +5,9 @@ import torch
 
 from mutor2d import config as C
 from mutor2d.model.gpt import GPT
-from mutor2d.objectives import Batch
+from mutor2d.objectives.base import Batch
 from mutor2d.registry import build
-from mutor2d.sampling import generate
+from mutor2d.sampling.decoding import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

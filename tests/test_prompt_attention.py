@@ -176,7 +176,8 @@ def test_every_paper_config_prompts_bidirectionally():
 # ----------------------------------------------------------------------------- the image GPT
 
 def _prompt_gpt(rule: str):
-    from mutor2d.model.gpt import GPT, ModelConfig
+    from mutor2d.model.gpt import GPT
+    from mutor2d.model.config import ModelConfig
     torch.manual_seed(0)
     cfg = ModelConfig(preset="custom", n_layer=2, n_head=2, dim=32, vocab_size=24, conditioning="prompt", rope="1d",
                       token_dropout=0, resid_dropout=0, ffn_dropout=0, class_dropout=0, prompt_attention=rule)

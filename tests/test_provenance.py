@@ -10,7 +10,7 @@ import pytest
 
 from mutor2d import checkpoint, config, io, provenance
 from mutor2d.checkpoint import export, inference
-from mutor2d.engine import train
+from mutor2d.engine.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import TINY_DIGITS  # noqa: E402

@@ -19,12 +19,13 @@ from PIL import Image
 
 from mutor2d import config, run_configs
 from mutor2d.model.attention import BACKENDS
-from mutor2d.engine import read_log
+from mutor2d.engine.runlog import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
-from mutor2d.registers import RegisterSpec, make_layout
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import make_layout
 from mutor2d.registry import BUILDERS
-from mutor2d.tokenizer import TOKENIZERS
+from mutor2d.tokenizer.base import TOKENIZERS
 from mutor2d.tokenizer.image_folder import augment, center_crop_arr
 from timeouts import limit
 

@@ -117,7 +117,8 @@ def test_decoding_mode_recipe_trains_samples_scores_and_ranks(imported, tmp_path
 
 
 def test_decoding_mode_recipe_rules_are_one_line_errors(imported, monkeypatch):
-    from mutor2d.sampling import decode_modes, generate
+    from mutor2d.sampling.config import decode_modes
+    from mutor2d.sampling.decoding import generate
     assert "greedy-twice" in decode_modes()
     cfg = config.from_dict({**TINY_RUN, "model": {"preset": "tiny", "num_classes": 10, "vocab_size": 5}})
     model = build(cfg.model)
@@ -176,14 +177,14 @@ def test_conditioning_recipe_samples_grids_and_npz_files(imported, plugins, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == ["error: --classes '3': class 3 is out of range 0..2"]
     with pytest.raises(ValueError, match=r"^prefix: expected float vectors \(B, P, 6\), got torch.int64 \(2,\)$"):
-        from mutor2d.sampling import generate
+        from mutor2d.sampling.decoding import generate
         generate(model, torch.tensor([0, 1]), (8, 8))
 
 
 def test_checkpoint_written_before_sample_decode_samples_the_same(tmp_path):
     """A checkpoint whose stored config has no ``sample.decode`` loads with plain decoding and samples
     byte-identically."""
-    from mutor2d.engine import train
+    from mutor2d.engine.loop import train
     run = tmp_path / "run"
     cfg = config.from_dict({**TINY_RUN, "sample": {"classes": [0, 7], "per_class": 1},
                             "train": {**TINY_RUN["train"], "sample_every": 0, "max_steps": 2}})

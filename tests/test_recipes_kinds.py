@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from mutor2d import config
-from mutor2d.engine import read_log
+from mutor2d.engine.runlog import read_log
 from mutor2d.engine.kinds import RUN_KINDS
 from mutor2d.registry import BUILDERS
 from mutor2d.run_configs import RUN_CONFIGS

@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mutor2d import config as C
 from mutor2d.model.attention import NEVER
-from mutor2d.registers import Layout, LayoutError, RegisterSpec, dense_slots, make_layout, offset_targets, regular_position_ids
+from mutor2d.registers import Layout, dense_slots, make_layout, offset_targets, regular_position_ids
+from mutor2d.register_spec import LayoutError, RegisterSpec
 from mutor2d.register_spec import offset_pairs
 from timeouts import limit
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mutor2d.engine import read_log
+from mutor2d.engine.runlog import read_log
 from mutor2d.tokenizer.codes import open_store
 from timeouts import limit
 

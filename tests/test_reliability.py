@@ -15,7 +15,9 @@ import torch
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.checkpoint import export, inference
 from mutor2d.config import ConfigError
-from mutor2d.engine import Diverged, read_log, train
+from mutor2d.engine.entry import Diverged
+from mutor2d.engine.runlog import read_log
+from mutor2d.engine.loop import train
 from mutor2d.image.run import TrainModule
 from mutor2d.checkpoint.resume import rotate
 

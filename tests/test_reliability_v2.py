@@ -20,7 +20,9 @@ from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d import io
 from mutor2d.sampling import images as generation
 from mutor2d.config import ConfigError
-from mutor2d.engine import Diverged, read_log, train
+from mutor2d.engine.entry import Diverged
+from mutor2d.engine.runlog import read_log
+from mutor2d.engine.loop import train
 from mutor2d.image.run import TrainModule
 from mutor2d.engine.lock import LOCK_NAME, RunLocked, acquire, run_lock
 

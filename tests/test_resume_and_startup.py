@@ -12,7 +12,9 @@ import pytest
 
 from mutor2d import checkpoint as ckpt_lib
 from mutor2d.checkpoint import inference
-from mutor2d.engine import Diverged, read_log, train
+from mutor2d.engine.entry import Diverged
+from mutor2d.engine.runlog import read_log
+from mutor2d.engine.loop import train
 
 from conftest import demo_extra
 from test_training import ROOT, tiny
@@ -292,7 +294,8 @@ def test_the_hub_card_picture_is_sampled_from_the_weights_it_ships(image_run, tm
 def test_a_run_prints_its_evaluations_and_ends_with_a_summary_naming_absolute_paths(tmp_path, monkeypatch, capsys):
     """Started from another folder with a relative --out: the start-up line, each evaluation and the
     closing summary (steps, time, last loss, last evaluation, newest checkpoint, run folder) name it absolutely."""
-    from mutor2d.engine import read_log, train
+    from mutor2d.engine.runlog import read_log
+    from mutor2d.engine.loop import train
     from test_training import tiny
     monkeypatch.chdir(tmp_path)
     train(tiny("train.max_steps=4", "train.eval_every=4", "train.eval_per_class=1", "train.ckpt_every=4"),

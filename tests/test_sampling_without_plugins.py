@@ -12,7 +12,7 @@ from conftest import TINY_DIGITS  # noqa: E402
 from test_generation import cli_error, sample_main  # noqa: E402
 
 from mutor2d import config  # noqa: E402
-from mutor2d.engine import train  # noqa: E402
+from mutor2d.engine.loop import train  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 PLUGIN = "mutor-2d-plugin"

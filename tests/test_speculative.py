@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from mutor2d.config import ConfigError, make
-from mutor2d.model.gpt import ModelConfig
+from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import RegisterSpec, regular_position_ids
-from mutor2d.sampling import SamplingRules as Rules, generate
+from mutor2d.register_spec import RegisterSpec
+from mutor2d.registers import regular_position_ids
+from mutor2d.sampling.rules import SamplingRules as Rules
+from mutor2d.sampling.decoding import generate
 from mutor2d.sampling.plain import decode_plain
 from mutor2d.sampling import speculation
 from mutor2d.sampling.speculation import Drafts

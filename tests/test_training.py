@@ -20,7 +20,10 @@ from mutor2d.checkpoint import inference
 from mutor2d import config as C
 from mutor2d.config import ConfigError
 from mutor2d.image.config import ImageRunConfig
-from mutor2d.engine import StepBatches, param_groups, read_log, train
+from mutor2d.engine.data_order import StepBatches
+from mutor2d.engine.optim import param_groups
+from mutor2d.engine.runlog import read_log
+from mutor2d.engine.loop import train
 from mutor2d.image.run import TrainModule
 from mutor2d.registry import build
 from timeouts import limit
@@ -412,7 +415,8 @@ def test_an_input_error_of_a_launch_is_printed_by_the_main_process_first(monkeyp
     ECHO_DELAY_S first (a launcher stops it when the main one exits, so a shared error shows once) and
     prints it only if still running; other run-ending errors are printed at once by every process."""
     from mutor2d.config import ConfigError
-    from mutor2d.engine import entry, run_entry
+    from mutor2d.engine import entry
+    from mutor2d.engine.entry import run_entry
 
     def fail(error):
         def main():

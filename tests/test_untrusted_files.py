@@ -16,7 +16,7 @@ from test_training import tiny  # noqa: E402
 from mutor2d import checkpoint as ckpt_lib  # noqa: E402
 from mutor2d.checkpoint import inference  # noqa: E402
 from mutor2d import io  # noqa: E402
-from mutor2d.engine import train  # noqa: E402
+from mutor2d.engine.loop import train  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
     from accelerate import PartialState
 
     from mutor2d import io
-    from mutor2d.tokenizer import build_tokenizer
+    from mutor2d.tokenizer.base import build_tokenizer
     from mutor2d.tokenizer.extract import extract
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo when launched on CPUs
     tokenizer = build_tokenizer(args.tokenizer, image_size=args.image_size).to(state.device)

@@ -35,7 +35,7 @@ def main(argv=None) -> Path:
     args.config = args.config or args.config_file or (None if args.resume not in (None, "auto") else "vq_digits")
     run_dir = train_entry.execute(args)
     if os.environ.get("RANK", "0") == "0" and (Path(run_dir) / "log.jsonl").is_file():    # none: no step ran
-        from mutor2d.engine import read_log
+        from mutor2d.engine.runlog import read_log
         evals = [r["eval"] for r in read_log(run_dir) if "eval" in r]
         if evals:
             print("final eval: " + " ".join(f"{k}={v:.4g}" for k, v in evals[-1].items()))

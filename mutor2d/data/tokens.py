@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .. import tokenizer as tokenizer_lib
 from ..io import warn
 from ..registry import BUILDERS, build, builder
-from ..tokenizer import Tokenizer
+from ..tokenizer import base as tokenizer_base
+from ..tokenizer.base import Tokenizer
 from ..tokenizer.codes import open_store
 from .config import CodesDataConfig, DataConfig, DigitsDataConfig, PhotosDataConfig
 from .photos import CLASSES, photo_crops
@@ -194,7 +194,7 @@ def build_tokenizer(cfg: DataConfig) -> Tokenizer:
         return builder(own)(cfg)
     if not hasattr(cfg, "tokenizer"):
         raise ValueError(f"data.name={cfg.name!r} has no image tokenizer (no data.tokenizer)")
-    tok = tokenizer_lib.build_tokenizer(cfg.tokenizer, data=cfg, image_size=getattr(cfg, "image_size", None))
+    tok = tokenizer_base.build_tokenizer(cfg.tokenizer, data=cfg, image_size=getattr(cfg, "image_size", None))
     if isinstance(cfg, CodesDataConfig):
         check_made_by(cfg, tok)
     return tok

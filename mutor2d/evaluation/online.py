@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from ..sampling import images as generation
-from ..sampling import PlainDecode
+from ..sampling.config import PlainDecode
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .metrics import compute_metrics
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, MetricsError, open_images

@@ -38,7 +38,7 @@ SAMPLE_METRICS = ("fid", "is", "prc")
 def train_seconds(run_dir: Path) -> tuple[float, int]:
     """(seconds, steps) of pure training from RUN/log.jsonl (each record covers the steps since the
     previous one at its images_per_s; checkpoint and sampling time are left out)."""
-    from ..engine import read_log
+    from ..engine.runlog import read_log
     secs, prev = 0.0, 0
     B = config_lib.load(run_dir / "config.yaml").train.batch_size
     for rec in read_log(run_dir):
@@ -158,7 +158,7 @@ def run_unit(unit: dict) -> dict:
     run_dir = Path(unit["run_dir"])
     cfg = run_config(unit["method"], unit["seed"], unit["steps"], unit["ckpt_every"], unit["overrides"], unit["base"])
     if not ckpt_lib.checkpoint_path(run_dir, unit["steps"]).is_file():   # else finished earlier
-        from ..engine import train
+        from ..engine.loop import train
         train(cfg, run_dir, resume="auto")
     secs, steps = train_seconds(run_dir)
     study = {"method": unit["label"], "seed": unit["seed"], "train_seconds": secs, "train_steps": steps,

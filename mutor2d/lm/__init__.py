@@ -13,8 +13,8 @@ drafter (a run's register embedding and draft offsets; what ``--decode`` means f
 decoded row ends: EOS, stop strings, the length limit), extrapolation (NLL per answer
 position of a run on longer held-out answers, its trained limits marked), run (the engine's parts for LM runs: the
 same loop, resume, stop signals and guards as image runs).
-Importing this package needs only yaml (its config, with every section's config module, loads on
-first use of LMRunConfig / is_lm_config / load_config; torch with a run; transformers and peft on use).
+Importing this package needs nothing beyond Python (``config`` needs yaml; a run torch; transformers and
+peft on use).
 
     python -m mutor2d.lm.data gsm8k gsm8k_train.jsonl data/gsm8k_train.jsonl
     python train.py --config sft_gsm8k_mutor.yaml --set model.hf=/path/to/model   # or sft_gsm8k_ntp
@@ -25,30 +25,13 @@ first use of LMRunConfig / is_lm_config / load_config; torch with a run; transfo
 """
 from __future__ import annotations
 
-from ..config import ConfigError
-
-LAZY = {"LMRunConfig": "LMRunConfig", "is_lm_config": "is_lm_config", "load_config": "load"}
-# names of .config this package exports, imported on first use: .config imports the config system
-# and every section's config module, which accuracy and the command lines that import this package skip
-
-
-def __getattr__(name: str):
-    """``LMRunConfig``, ``is_lm_config`` and ``load_config`` (.config's ``load``), imported on first use."""
-    if name not in LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import config
-    return getattr(config, LAZY[name])
-
 
 def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, tokenizer=None):
     """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir`` with the engine
-    (mutor2d.engine.train; ``resume``: None, "auto" or a checkpoint / run folder), optionally on a
+    (mutor2d.engine.loop.train; ``resume``: None, "auto" or a checkpoint / run folder), optionally on a
     given transformers ``model`` / ``tokenizer`` object instead of loading ``model.hf``."""
-    from ..engine import train as engine_train
+    from ..engine.loop import train as engine_train
     from .config import load as load_config
     from .run import LMRun
     cfg = load_config(cfg, overrides)
     return engine_train(cfg, out_dir, resume=resume, kind=LMRun(model, tokenizer))
-
-
-__all__ = ["ConfigError", "LMRunConfig", "is_lm_config", "load_config", "train"]

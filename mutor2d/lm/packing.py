@@ -10,7 +10,7 @@ its position id is that of the regular input predicting its target under next-to
 
 Canonical frame (:func:`canonical`). Every prompt left-padded to P_max and every answer right-padded
 to the line width W (:func:`line_width`), so all answers start at column P_max and one prefix length
-is exact for every sample (answer lengths go in ``lengths``): a mutor2d.objectives.Batch on the grid
+is exact for every sample (answer lengths go in ``lengths``): a mutor2d.objectives.base.Batch on the grid
 1 x W, on which an objective draws its layout and takes its loss exactly as on an image. Canonical
 index of a real token = its real index + P_max - P_b.
 
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..model.attention import NEVER, Visibility
-from ..registers import RegisterSpec, num_anchors
+from ..register_spec import RegisterSpec, num_anchors
 
 
 @dataclass

@@ -9,16 +9,5 @@
   embedders     the class-label embedding (with its null class for CFG)
 
 The model knows nothing of registers beyond "extra tokens with given position ids and a given
-visibility rule" (mutor2d.registers builds those). ``GPT`` is imported on first use (torch).
+visibility rule" (mutor2d.registers builds those). Only ``config`` is free of torch.
 """
-from .config import ModelConfig
-
-__all__ = ["GPT", "ModelConfig"]
-
-
-def __getattr__(name: str):
-    """``GPT``, imported from mutor2d.model.gpt on first use."""
-    if name != "GPT":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .gpt import GPT
-    return GPT

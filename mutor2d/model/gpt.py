@@ -189,7 +189,7 @@ class GPT(nn.Module):
 
     prefix: what ``CONDITIONING[cfg.conditioning]`` takes (class labels (B,): one class token; prompt
     tokens (B, P)). ``register_token`` adds the one shared learnable embedding used for every
-    extra token. The objectives' model interface (mutor2d.objectives.TokenModel).
+    extra token. The objectives' model interface (mutor2d.objectives.base.TokenModel).
     """
     sparse_logits = False        # objectives mask every row's loss: no host sync, one compiled graph
 

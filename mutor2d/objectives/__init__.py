@@ -7,22 +7,6 @@ before torch is imported) names the builder of an nn.Module with ``forward(model
 follows (``register_spec()``) and whether the model needs its register embedding
 (``uses_registers()``). ``model`` is a ``TokenModel``: the image GPT, or a transformers causal LM on
 one batch of text (a grid of height 1), so every objective trains both. Adding one: its config in
-``config``, its loss and builder in a module here (mutor2d.registry.build calls it). The loss names
-below are imported on first use (torch).
+``config``, its loss and builder in a module here (mutor2d.registry.build calls it). ``base`` holds the
+batch, result and loss helpers every objective shares; ``register_objective`` the register losses.
 """
-from __future__ import annotations
-
-import importlib
-
-from .config import MultiHeadConfig, MuToR1DConfig, MuToR2DConfig, NTPConfig, ObjectiveConfig
-
-LOSSES = {"Batch": "base", "ObjectiveResult": "base", "TokenModel": "base", "masked_ce": "base", "mix": "base",
-          "token_ce": "base", "MultiHead": "multihead", "RegisterObjective": "register_objective"}
-__all__ = ["MultiHeadConfig", "MuToR1DConfig", "MuToR2DConfig", "NTPConfig", "ObjectiveConfig", *LOSSES]
-
-
-def __getattr__(name: str):
-    """The names of LOSSES, imported from their module on first use."""
-    if name not in LOSSES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{LOSSES[name]}"), name)

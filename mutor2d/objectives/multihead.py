@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..registers import RegisterSpec, first_anchor, make_layout, offset_targets, regular_position_ids
+from ..register_spec import RegisterSpec, first_anchor
+from ..registers import make_layout, offset_targets, regular_position_ids
 from .base import Batch, ObjectiveResult, TokenModel, mix, target_rule, token_ce
 from .config import MultiHeadConfig
 

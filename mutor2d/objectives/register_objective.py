@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..registers import Layout, RegisterSpec, make_layout
+from ..registers import Layout, make_layout
+from ..register_spec import RegisterSpec
 from .base import Batch, ObjectiveResult, TargetRule, TokenModel, mix, target_rule, token_ce
 from .config import NTPConfig, RegisterConfig, WeightSchedule
 

@@ -18,24 +18,6 @@ settings, and greedy decoding gives plain greedy's tokens. Every decoder counts 
 ``DecodeStats`` (``stats``). ``decode_modes(wing)`` lists the modes of the image or text decoder: the
 one registry of ``--decode``. A new mode is one dataclass registered with
 ``@register_variant("sample.decode", NAME)`` and its decoder with ``@register_decoder(NAME)``
-(docs/METHOD.md, "A decoding mode"). The settings import no torch; the names below are imported on
-first use (``decoding``: generate and its parts).
+(docs/METHOD.md, "A decoding mode"). The settings (``config``) import no torch; ``decoding`` holds
+generate and its parts.
 """
-from __future__ import annotations
-
-import importlib
-
-from .config import AutoDecode, DecodeConfig, JacobiDecode, PlainDecode, RegisterDecode, decode_modes
-
-EXPORTS = {**dict.fromkeys(["CPU_DECODE_INDUCTOR", "compile_decoder", "decoding_mode", "generate",
-                            "register_decoder", "run_decoder", "unwrap_model"], "decoding"),
-           **dict.fromkeys(["SamplingRules", "draw", "filter_logits", "guide", "sample_logits"], "rules"),
-           "DecodeStats": "stats", "decode_plain": "plain", "decode_jacobi": "speculative", "decode_registers": "speculative"}
-__all__ = ["AutoDecode", "DecodeConfig", "JacobiDecode", "PlainDecode", "RegisterDecode", "decode_modes", *EXPORTS]
-
-
-def __getattr__(name: str):
-    """The names of EXPORTS, imported from their module on first use (torch)."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)

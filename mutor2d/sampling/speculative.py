@@ -36,7 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..registers import RegisterSpec, first_anchor, offset_targets, regular_position_ids
+from ..register_spec import RegisterSpec, first_anchor
+from ..registers import offset_targets, regular_position_ids
 from . import speculation
 from .plain import Progress, with_null_prefix
 from .rules import SamplingRules

@@ -9,6 +9,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from ..registry import resolve
+
 
 class Tokenizer(Protocol):
     """Images <-> grids of token ids. Everything the training data, sampling and the codes path
@@ -43,7 +45,8 @@ class Tokenizer(Protocol):
 # the data config it is built for (None outside one, e.g. in tokenizers/extract_codes.py) and an
 # image size to encode at (None: its own; a kind that cannot change it raises ValueError).
 Builder = Callable[..., Tokenizer]
-TOKENIZERS: dict[str, Builder] = {}
+TOKENIZERS: dict[str, Builder | str] = {"pixel": "mutor2d.tokenizer.pixel:build_pixel",   # built in: imported
+                                        "vq": "mutor2d.tokenizer.vq:build_vq"}          # on first build
 DEFAULT_PATH_KIND = "vq"   # a bare path in data.tokenizer is a VQ checkpoint
 
 
@@ -75,7 +78,7 @@ def tokenizer_kind(spec: str) -> str:
 def build_tokenizer(spec: str, data=None, image_size: int | None = None) -> Tokenizer:
     """The tokenizer ``spec`` names (see :func:`parse_tokenizer`), for the data config ``data`` (or None)."""
     kind, arg = parse_tokenizer(spec)
-    return TOKENIZERS[kind](arg, data=data, image_size=image_size)
+    return resolve(TOKENIZERS[kind])(arg, data=data, image_size=image_size)
 
 
 def settings_sha256(kind: str, **settings) -> str:

@@ -27,7 +27,7 @@ from ..checks import ConfigError
 from ..data.tokens import digits_images, digits_rgb
 from ..engine.hooks import due
 from ..engine.kinds import register_run_kind
-from ..objectives import ObjectiveResult
+from ..objectives.base import ObjectiveResult
 from ..tokenizer.image_folder import center_crop_arr, scan_image_folder
 from ..tokenizer.vq_model import VQModel
 from .config import VQDataConfig, VQLossConfig, VQRunConfig
@@ -222,10 +222,10 @@ class ReconstructionEval:
 
 
 def train(cfg: VQRunConfig, run_dir=None, resume: str | None = None) -> dict:
-    """Train (``resume`` as mutor2d.engine.train's: None, "auto" or a checkpoint) -> the last
+    """Train (``resume`` as mutor2d.engine.loop.train's: None, "auto" or a checkpoint) -> the last
     reconstruction metrics. ``run_dir``: default ``train.out_dir``."""
-    from ..engine import read_log
-    from ..engine import train as engine_train
+    from ..engine.runlog import read_log
+    from ..engine.loop import train as engine_train
     out = engine_train(cfg, run_dir or cfg.train.out_dir, resume=resume)
     evals = [r["eval"] for r in read_log(out) if "eval" in r]
     return evals[-1] if evals else {}
