@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from mutor2d import config, io           # the command line parses and checks before torch is imported
 from mutor2d.checkpoint import locate
-from mutor2d.checks import physical_memory
+from mutor2d.checks import over_memory
 from mutor2d.cli import HelpFormatter, check_choice
 from mutor2d.config_files import parse_override
 from mutor2d.plugins import load_plugins
@@ -224,10 +224,8 @@ def pick_auto(args, src: Loaded, device) -> None:
 def check_memory(flag: str, value: int, images: int, side: int) -> None:
     """``images`` images of ``side`` x ``side`` RGB pixels, held in memory at once (a grid, an npz being
     assembled), must fit this machine's memory; else a one-line error naming the flag and both sizes."""
-    need, have = images * side * side * 3, physical_memory()
-    if have is not None and need > have:
-        raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels take {need / 2**20:,.1f} MiB, "
-                              f"more than this machine's {have / 2**20:,.1f} MiB of memory")
+    if short := over_memory(images * side * side * 3):
+        raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels, {short}")
 
 
 def decode_options(mode) -> dict:

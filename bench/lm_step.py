@@ -25,7 +25,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 import common             # the command line parses and checks before torch is imported
-from mutor2d.checks import physical_memory
+from mutor2d.checks import over_memory
 from mutor2d.cli import HelpFormatter
 
 if TYPE_CHECKING:
@@ -124,9 +124,8 @@ def parse(argv=None):
     common.check_reps(ap, args)
     common.check_at_most(ap, args, args.answer[1], "registers of the longest answer, --answer MAX", "sparse")
     logits = 3 * 4 * args.batch * (args.prompt[1] + 2 * args.answer[1]) * args.vocab   # fp32 logits, softmax, grad
-    if physical_memory() is not None and logits > physical_memory():
-        ap.error(f"--batch {args.batch}: its logits alone take about {logits / 2 ** 30:.3g} GiB; this machine has "
-                 f"{physical_memory() / 2 ** 30:.3g} GiB of memory")
+    if short := over_memory(logits):
+        ap.error(f"--batch {args.batch}: its logits alone, {short}")
     if args.quick:
         args.hidden, args.layers, args.vocab, args.prompt, args.answer, args.reps = 64, 2, 512, [8, 16], [10, 20], 1
     return args

@@ -45,11 +45,11 @@ MFU_TARGET = 0.70
 
 
 def mask_objective() -> type:
-    """RegisterObjective whose layouts' visibility has no fast path: SDPA gets the dense boolean mask."""
+    """TokenPrediction whose layouts' visibility has no fast path: SDPA gets the dense boolean mask."""
     import dataclasses
 
     from mutor2d.model.attention import Visibility
-    from mutor2d.objectives.register_objective import RegisterObjective
+    from mutor2d.objectives.token_prediction import TokenPrediction
     from mutor2d.registers import Layout
 
     class MaskLayout(Layout):
@@ -58,7 +58,7 @@ def mask_objective() -> type:
             vis = Layout.visibility.fget(self)
             return None if vis is None else Visibility(vis.key_rank, vis.query_limit)
 
-    class MaskObjective(RegisterObjective):
+    class MaskObjective(TokenPrediction):
         def layout(self, batch, prefix_len, generator):
             lay = super().layout(batch, prefix_len, generator)
             return MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
@@ -114,13 +114,13 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
     import torch
 
-    from mutor2d.objectives.register_objective import RegisterObjective
+    from mutor2d.objectives.token_prediction import TokenPrediction
     from mutor2d.objectives.base import TargetRule, target_rule
     for layer in model.layers:
         layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
     target = target_rule(cfg) if case != "ntp" else TargetRule()
-    objective = mask_objective() if backend == "sdpa-mask" else RegisterObjective
+    objective = mask_objective() if backend == "sdpa-mask" else TokenPrediction
     loss_fn = objective(cfg.register_spec(), 0.5, None, target)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
            else contextlib.nullcontext())
@@ -142,8 +142,8 @@ def register_slots(case: str, args, device) -> tuple[int, float]:
     import torch
 
     from mutor2d.objectives.base import Batch
-    from mutor2d.objectives.register_objective import RegisterObjective
-    lay = RegisterObjective(objective_config(case, args).register_spec(), 0.5).layout(
+    from mutor2d.objectives.token_prediction import TokenPrediction
+    lay = TokenPrediction(objective_config(case, args).register_spec(), 0.5).layout(
         Batch(torch.zeros(args.batch, args.grid[0] * args.grid[1], dtype=torch.long, device=device),
               torch.zeros(args.batch, dtype=torch.long, device=device), args.grid),
         1, torch.Generator(device=device).manual_seed(2))

@@ -57,13 +57,20 @@ TRAIN_BYTES_PER_PARAM = 16   # float32 weights, gradients and Adam's two moments
 BUILD_BYTES_PER_PARAM = 4    # float32 weights, built on the host before they move to an accelerator
 
 
+def over_memory(need: int) -> str | None:
+    """None when ``need`` bytes fit this machine's physical memory (or it is unknown); else the end of
+    a one-line error: "N GiB; this machine has M GiB of memory"."""
+    have = physical_memory()
+    if have is None or need <= have:
+        return None
+    return f"{need / 2 ** 30:.3g} GiB; this machine has {have / 2 ** 30:.3g} GiB of memory"
+
+
 def check_model_fits(params: int, sizes: str, bytes_per_param: int) -> None:
     """A model of ``params`` parameters (set by the config fields ``sizes`` names) that needs more than
     this machine's physical memory at ``bytes_per_param`` is refused in one line before it is built."""
-    need, have = params * bytes_per_param, physical_memory()
-    if have is not None and need > have:
-        raise ConfigError(f"{sizes}: about {params:.3g} parameters, {need / 2 ** 30:.3g} GiB at {bytes_per_param} "
-                          f"bytes each; this machine has {have / 2 ** 30:.3g} GiB of memory")
+    if short := over_memory(params * bytes_per_param):
+        raise ConfigError(f"{sizes}: about {params:.3g} parameters at {bytes_per_param} bytes each, {short}")
 
 
 def fraction(key: str, value: float) -> None:

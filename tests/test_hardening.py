@@ -320,7 +320,7 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     from test_training import tiny
     monkeypatch.setattr(checks, "physical_memory", lambda: 2 ** 16)            # a machine of 64 KiB
     with pytest.raises(config.ConfigError, match=r"^model.n_layer=\d+, model.dim=\d+, model.vocab_size=17: about "
-                       r".* parameters, .* GiB at 16 bytes each; this machine has 6.1e-05 GiB of memory$"):
+                       r".* parameters at 16 bytes each, .* GiB; this machine has 6.1e-05 GiB of memory$"):
         train(tiny("data.levels=17"), tmp_path / "image")
     assert not (tmp_path / "image" / "checkpoints").exists()
     vq = ["model.preset=tiny", "data.eval_images=16", "train.batch_size=4", "train.max_steps=1", "train.eval_every=0"]
@@ -423,3 +423,16 @@ def test_a_read_only_or_full_run_folder_is_one_line_exit_74_and_keeps_the_last_c
     monkeypatch.undo()
     train(tiny("train.max_steps=4", "train.ckpt_every=2"), run, resume="auto")      # space again: it continues
     assert [r["step"] for r in read_log(run) if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_a_language_model_runs_checkpoint_where_an_image_model_is_expected_names_its_model_folder(tmp_path):
+    """Export and inference share one task check: a language-model run's checkpoint points to its HF files."""
+    import torch
+
+    from mutor2d import checkpoint
+    from mutor2d.checkpoint.inference import open_model
+    run = tmp_path / "lm_run"
+    checkpoint.save_atomic({"model": {"w": torch.zeros(1)}, "config": {"task": "lm"}, "step": 1, "grid": None},
+                           checkpoint.checkpoint_path(run, 1))
+    with pytest.raises(checkpoint.CheckpointError, match=rf"is a language-model run; its model is saved as {run}/model"):
+        open_model(run)

@@ -25,7 +25,7 @@ from mutor2d.lm.packing import collate
 from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
-from mutor2d.objectives.register_objective import RegisterObjective  # noqa: E402
+from mutor2d.objectives.token_prediction import TokenPrediction  # noqa: E402
 from mutor2d.register_spec import RegisterSpec  # noqa: E402
 from mutor2d.registers import make_layout, offset_targets, regular_position_ids  # noqa: E402
 from timeouts import limit  # noqa: E402
@@ -80,7 +80,7 @@ def ragged_batch() -> LMBatch:
 
 
 def framed(model, batch, spec, side, seed=1):
-    """(the model on the batch's frame, the canonical batch, the layout RegisterObjective draws there)."""
+    """(the model on the batch's frame, the canonical batch, the layout TokenPrediction draws there)."""
     view, canon = frame_batch(model, batch, spec, side, "cpu")
     lay = make_layout(canon.body.shape[0], canon.grid, view.prefix_len(canon.prefix), spec,
                       torch.Generator().manual_seed(seed), canon.lengths)
@@ -113,7 +113,7 @@ def test_regular_logits_equal_plain_model(family):
             f = view.frame
             assert (lay.num_registers > 0) == spec.uses_registers
             with torch.no_grad():
-                res = RegisterObjective(spec, 0.5)(view, canon, torch.Generator().manual_seed(1))
+                res = TokenPrediction(spec, 0.5)(view, canon, torch.Generator().manual_seed(1))
                 losses.setdefault(spec, []).append(res.loss)
                 ours = model.logits(f.regular(run_layout(view, canon, lay)[:, :lay.num_regular], 0.0))
                 ids, pos = physical_inputs(view, canon)

@@ -8,7 +8,7 @@ from mutor2d import config as C
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch, ObjectiveResult, masked_ce
 from mutor2d.objectives.multihead import MultiHead
-from mutor2d.objectives.register_objective import RegisterObjective
+from mutor2d.objectives.token_prediction import TokenPrediction
 from mutor2d.register_spec import RegisterSpec
 from mutor2d.registers import make_layout
 from mutor2d.registry import build
@@ -44,8 +44,8 @@ def gen(seed=0):
 def test_registry_and_registers_flag():
     assert set(C.VARIANTS["objective"]) >= {"ntp", "mutor-1d", "mutor-2d", "multihead"}
     model = tiny()
-    for name, cls in [("ntp", RegisterObjective), ("mutor-1d", RegisterObjective),
-                      ("mutor-2d", RegisterObjective), ("multihead", MultiHead)]:
+    for name, cls in [("ntp", TokenPrediction), ("mutor-1d", TokenPrediction),
+                      ("mutor-2d", TokenPrediction), ("multihead", MultiHead)]:
         cfg = C.make("objective", name=name)
         assert type(build(cfg, model)) is cls
         assert cfg.uses_registers() == (name in ("mutor-1d", "mutor-2d"))

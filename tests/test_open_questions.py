@@ -12,7 +12,7 @@ from mutor2d.config import ConfigError, make
 from mutor2d.engine.runlog import read_log
 from mutor2d.engine.loop import train
 from mutor2d.objectives.base import Batch
-from mutor2d.objectives.register_objective import RegisterObjective
+from mutor2d.objectives.token_prediction import TokenPrediction
 from mutor2d.objectives.config import WeightSchedule
 from mutor2d.registry import build
 from test_lm import framed, ragged_batch, tiny_llama
@@ -69,11 +69,11 @@ def test_schedule_errors_are_one_line(fields, key):
 
 
 def test_constant_schedule_is_the_plain_objective():
-    """Default: no schedule, no step hook; the loss is the one of RegisterObjective(spec, a)."""
+    """Default: no schedule, no step hook; the loss is the one of TokenPrediction(spec, a)."""
     cfg = objective()
     assert cfg.weight_schedule() is None and build(cfg, None).schedule is None
     model, batch = image_model(), image_batch()
-    plain = RegisterObjective(cfg.register_spec(), 0.5)
+    plain = TokenPrediction(cfg.register_spec(), 0.5)
     assert torch.equal(loss_of(build(cfg, model), model, batch).loss, loss_of(plain, model, batch).loss)
 
 

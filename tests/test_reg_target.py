@@ -110,7 +110,7 @@ def todays_token_ce(model, h, targets, valid):
 
 
 def todays_register_loss(cfg, model, batch, generator):
-    """RegisterObjective.forward before reg_target: (loss, logs)."""
+    """TokenPrediction.forward before reg_target: (loss, logs)."""
     P = model.prefix_len(batch.prefix)
     lay = make_layout(batch.body.shape[0], batch.grid, P, cfg.register_spec(), generator, batch.lengths,
                       batch.body.device)

@@ -83,7 +83,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mutor2d.sampling import decoding
+from mutor2d.evaluation import stargraph as stargraph_eval
 from mutor2d.evaluation import records
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
@@ -119,16 +119,16 @@ def test_solve_rates_scores_exact_paths_and_first_step(monkeypatch):
 
         def fake(answers):
             return lambda model, prompts, grid, **kw: answers[[lookup[p.numpy().tobytes()] for p in prompts]]
-        monkeypatch.setattr(decoding, "generate", fake(ds.answers))
+        monkeypatch.setattr(stargraph_eval, "generate", fake(ds.answers))
         assert solve_rates(None, ds, batch_size=64) == {"solve_rate": 1.0, "first_step_acc": 1.0, "n": 300}
-        monkeypatch.setattr(decoding, "generate", fake(short))
+        monkeypatch.setattr(stargraph_eval, "generate", fake(short))
         r = solve_rates(None, ds, batch_size=64)
         truth = (short == ds.answers).all(1).float().mean().item()
         assert r["solve_rate"] == pytest.approx(truth) and r["first_step_acc"] == pytest.approx(truth)
         assert 0.35 < truth < 0.65
         wrong_last = short.clone()
         wrong_last[:, ds.first_step_index] = 0                           # first step always wrong
-        monkeypatch.setattr(decoding, "generate", fake(wrong_last))
+        monkeypatch.setattr(stargraph_eval, "generate", fake(wrong_last))
         assert solve_rates(None, ds, batch_size=64)["first_step_acc"] == 0.0
 
 

@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 
 from .. import io
-from ..run_configs import DEFAULT_TASK, task_of
 from . import CheckpointError
-from .inference import load_weights, read_meta
+from .inference import check_image_run, load_weights, read_meta
 
 
 def export_safetensors(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool = True) -> Path:
@@ -26,20 +25,6 @@ def export_parts(path: str | os.PathLike, out: str | os.PathLike, use_ema: bool 
     check_image_run(path, read_meta(path)["config"])
     state, meta = load_weights(path, use_ema)
     return state, meta, "ema" if use_ema and meta["has_ema"] else "model"
-
-
-def check_image_run(path: str | os.PathLike, config) -> None:
-    """CheckpointError unless ``config`` (a checkpoint's stored config) is an image GPT's: a
-    language-model run keeps its model as Hugging Face files in its run folder, a VQ run is a tokenizer."""
-    task = task_of(config) if isinstance(config, dict) else DEFAULT_TASK
-    if task == "lm":
-        p = Path(path)
-        run = p.parent.parent if p.parent.name == "checkpoints" else p if p.is_dir() else p.parent
-        raise CheckpointError(f"{str(path)!r} is a language-model run; its model is already saved as "
-                              f"{run}/model.safetensors (or {run}/adapter_model.safetensors under LoRA): share "
-                              f"that folder")
-    if task != DEFAULT_TASK:
-        raise CheckpointError(f"{str(path)!r} is a run of task {task!r}, not an image GPT: nothing to export")
 
 
 def save_safetensors(state: dict, meta: dict, weights: str, out: str | os.PathLike) -> Path:

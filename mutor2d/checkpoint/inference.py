@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from .. import config as config_lib
 from .. import io
@@ -45,6 +46,21 @@ def load_weights(path: str | os.PathLike, use_ema: bool = True) -> tuple[dict, d
     return (ckpt["ema"] if use_ema and meta["has_ema"] else ckpt["model"]), meta
 
 
+def check_image_run(path: str | os.PathLike, config) -> None:
+    """CheckpointError unless ``config`` (a checkpoint's stored config) is an image GPT's: a
+    language-model run keeps its model as Hugging Face files in its run folder, a VQ run is a tokenizer."""
+    task = task_of(config) if isinstance(config, dict) else DEFAULT_TASK
+    if task == "lm":
+        p = Path(path)
+        run = p.parent.parent if p.parent.name == "checkpoints" else p if p.is_dir() else p.parent
+        raise CheckpointError(f"{str(path)!r} is a language-model run; its model is saved as "
+                              f"{run}/model.safetensors (or {run}/adapter_model.safetensors under LoRA): use "
+                              f"that folder")
+    if task != DEFAULT_TASK:
+        raise CheckpointError(f"checkpoint {str(path)!r} is a {task} run's (task: {task}); expected an image "
+                              f"model's (train.py with an image config)")
+
+
 REGISTER_KEY = "register_embedding"      # the GPT's learned register token, in runs that trained registers
 
 
@@ -54,10 +70,7 @@ def open_model(path: str | os.PathLike, use_ema: bool = True, device="cpu"):
     objective from a plugin this process has not imported is kept as stored (config.UnknownVariant):
     plain decoding never uses it, register drafts say in one line that they need it."""
     state, meta = load_weights(path, use_ema)
-    task = task_of(meta["config"])
-    if task != DEFAULT_TASK:                    # a tokenizer or language-model run's checkpoint
-        raise CheckpointError(f"checkpoint {str(path)!r} is a {task} run's (task: {task}); expected an image "
-                              f"model's (train.py with an image config)")
+    check_image_run(path, meta["config"])
     cfg = config_lib.from_dict(meta["config"], lenient=("objective",))
     known = not isinstance(cfg.objective, config_lib.UnknownVariant)
     model = build(cfg.model, register_token=cfg.objective.uses_registers() if known else REGISTER_KEY in state)

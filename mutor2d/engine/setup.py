@@ -42,6 +42,7 @@ from .health import Health
 from .optim import build_scheduler
 from .rng import RunRng, rank_seed, seed_process
 from . import sharding
+from .. import provenance
 
 
 class RunKind(Protocol):
@@ -261,7 +262,6 @@ def record_provenance(run: RunState) -> dict:
     """This session's provenance (mutor2d.provenance: data and initial weights from the kind's
     ``sources``) appended to RUN/provenance.json; one warning line when its code, versions or data
     differ from the first session's. Main process only."""
-    from .. import provenance
     data, init = kind_sources(run.kind, run.cfg)
     prov = provenance.provenance(data, init, device=str(run.device), threads=torch.get_num_threads())
     changed = provenance.append_session(run.run_dir, prov, run.start)

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from ..registers import regular_position_ids
+from ..checkpoint import inference, locate
+from ..data.tokens import build_dataset, collate
 
 
 class ExtrapolationError(ValueError):
@@ -102,7 +105,6 @@ def grid_token_nll(model, codes: Tensor, labels: Tensor, batch_size: int = 256, 
     """codes (n, h, w), class labels (n,) -> (n, h, w) teacher-forced NLL of every body token (nats),
     regular pathway, position ids of an h x w grid (``registers.regular_position_ids``); ``wrap`` > 0:
     rows take row mod ``wrap`` (the control: the same context, no new positions)."""
-    from ..registers import regular_position_ids
     n, h, w = codes.shape
     pos = regular_position_ids((h, w), 1)
     if wrap:
@@ -130,8 +132,6 @@ def image_curve(model, model_cfg, trained: tuple[int, int], codes: Tensor, label
 def open_image_run(run: str, split: str = "test"):
     """(model in eval mode, ImageRunConfig, trained grid (H, W), codes (n, H, W), labels (n,)) of an image
     run folder or checkpoint (EMA weights when kept) and its data's ``split``."""
-    from ..checkpoint import inference, locate
-    from ..data.tokens import build_dataset, collate
     try:
         model, cfg, meta = inference.open_model(locate.resolve(run))
     except FileNotFoundError as e:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 
 from ..data.stargraph import StarGraphs
+from ..sampling.decoding import generate
+from ..register_spec import RegisterSpec
+from ..registers import make_layout
 
 
 @torch.no_grad()
 def solve_rates(model, dataset: StarGraphs, batch_size: int = 256, device="cpu") -> dict:
     """Greedy decoding of every test graph: exact-path solve rate and first-step accuracy
     (the node after the source, the one the shortcut can only guess)."""
-    from ..sampling.decoding import generate
     solved = first = 0
     for s in range(0, len(dataset), batch_size):
         prompts = dataset.prompts[s:s + batch_size].to(device)
@@ -31,8 +33,6 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
     register token) of registers at each offset d, by target position. This is the diagnostic
     that moves first when registers start to plan. Returns {"ntp": [acc per position],
     "reg": {d: [acc per target position, None where no register targets it]}}."""
-    from ..register_spec import RegisterSpec
-    from ..registers import make_layout
     N = dataset.shape.path_len
     P = dataset.shape.prompt_len
     ntp_hits, n = torch.zeros(N), 0

@@ -16,6 +16,8 @@ from ..engine.runlog import JsonLog, eval_text
 from ..engine.rng import preserved_rng
 from ..engine.setup import RunState
 from ..engine.speed import peak_flops, train_flops
+from ..sampling.images import tokenizer_to
+from ..sampling.images import grid_classes
 
 
 def image_rates(run: RunState, steps: int, applied: int, dt: float, sums: dict) -> dict:
@@ -35,7 +37,6 @@ def on_device(tokenizer, device: torch.device):
     """The tokenizer with its weights (if it has any) on the training device, so that sample grids and
     evaluations decode where the model samples, as sample.py does. The tokenizer is not part of the
     trained model: nothing of it reaches the optimizer, the EMA or a checkpoint."""
-    from ..sampling.images import tokenizer_to
     return tokenizer_to(tokenizer, device)
 
 
@@ -91,7 +92,6 @@ def image_hooks(run: RunState, log: JsonLog) -> list:
     """Sample grids for a conditioning kind with a fixed set of choices (and the online digits evaluation
     when train.eval_every); a kind without one gets neither, said in one line at start-up. ConfigError
     if the data's tokenizer cannot be built."""
-    from ..sampling.images import grid_classes
     cfg = run.cfg
     kind = cfg.model.conditioning_kind()
     count = kind.num_choices(cfg.model)

@@ -25,6 +25,12 @@ from ..objectives.base import Batch
 from ..registry import build
 from .config import ImageRunConfig
 from .hooks import image_hooks, image_rates
+from .. import provenance
+from ..checkpoint import locate
+from ..checkpoint import inference, locate
+from ..checkpoint import sharded as sharded_checkpoint
+from ..model.llamagen import load_llamagen
+from .. import checkpoint as ckpt_lib
 
 
 class TrainModule(nn.Module):
@@ -99,8 +105,6 @@ class ImageRun:
 def init_fingerprint(source: str | None, seed: int) -> dict:
     """train.init_from's fingerprint (of the checkpoint it resolves to: a run folder's newest), else
     the random initialisation of ``seed``."""
-    from .. import provenance
-    from ..checkpoint import locate
     if not source:
         return provenance.random_init(seed)
     try:
@@ -147,9 +151,6 @@ def build_networks(cfg: ImageRunConfig, saved: dict | None) -> tuple[GPT, nn.Mod
 def init_weights(model: GPT, source: str) -> None:
     """train.init_from: the weights of a mutor2d checkpoint, run folder, safetensors export or LlamaGen
     GPT checkpoint; optimizer, step and data order start fresh."""
-    from ..checkpoint import inference, locate
-    from ..checkpoint import sharded as sharded_checkpoint
-    from ..model.llamagen import load_llamagen
     try:
         path = locate.resolve(source)
         if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):
@@ -162,7 +163,6 @@ def init_weights(model: GPT, source: str) -> None:
 
 
 def _is_mutor2d(path: Path) -> bool:
-    from .. import checkpoint as ckpt_lib
     try:
         ckpt_lib.load(path, mmap=True)
         return True

@@ -24,6 +24,11 @@ from torch import Tensor
 from .. import config
 from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
 from ..model.attention import NEVER, Visibility, open_prefix
+from .prompts import tokenize
+from .records import load_records
+from .model import attention_mask
+from . import hf
+from .model import position_limit
 
 
 def run_config(run: Path):
@@ -60,8 +65,6 @@ LONGEST: dict[tuple, int] = {}      # (data settings, vocabulary) -> longest ans
 
 def longest_answer(d, tokenizer) -> int:
     """The longest answer in tokens of the training file of data section ``d``, as training cut it."""
-    from .prompts import tokenize
-    from .records import load_records
     settings = (d.name, d.path, d.max_prompt_len, d.max_answer_len, d.add_eos)
     key = (*settings, Path(d.path).stat().st_mtime_ns, tuple(sorted(tokenizer.get_vocab().items())))
     if key not in LONGEST:
@@ -94,7 +97,6 @@ def prompt_visibility(prompt_len: Tensor, length: Tensor, L: int, rule: str) -> 
 def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
                      batch_size: int = 64) -> list[Tensor]:
     """[(prompt ids, answer ids)] -> per example the (len(answer),) NLL of each answer token (nats)."""
-    from .model import attention_mask
     out = []
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
@@ -115,9 +117,6 @@ def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
 
 def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
     """(NLL per answer position of the run's saved model on ``records``, the trained chain)."""
-    from . import hf
-    from .prompts import tokenize
-    from .model import position_limit
     run = Path(run)
     cfg = run_config(run)
     tok = hf.load_tokenizer(run)

@@ -34,6 +34,7 @@ from .. import io
 from ..model.attention import NEVER, Visibility
 from ..sampling.config import decode_modes
 from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
+from .. import provenance
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
 CHECKSUMS_FILE = "mutor2d_checksums.json"     # {"sha256": {weight file: its SHA-256}}, written by save
@@ -205,7 +206,6 @@ def base_fingerprint(ref: str) -> dict:
     """model.hf's fingerprint (mutor2d.provenance): of a local folder, its top-level files but a run
     folder's records (RUN_RECORDS; its subfolders: checkpoints, eval, step_N, are not the model
     either); a hub name by name."""
-    from .. import provenance
     folder = Path(ref)
     if not folder.is_dir():
         return provenance.named(str(ref))

@@ -36,6 +36,12 @@ from .model import MutorLM, frame_batch, position_limit
 from .packing import LMBatch, collate
 from ..sampling.stats import DecodeStats
 from .drafter import model_decoding, record_fields
+from ..engine.hooks import due
+from .hf import ADAPTER_CONFIG, INFERENCE_FILE
+from .. import provenance
+from .hf import base_fingerprint
+from ..engine.sharding import is_sharded
+from ..engine.rng import preserved_rng
 
 
 class Examples(Dataset):
@@ -148,7 +154,6 @@ class LMRun:
     def snapshot(self, run, status) -> None:
         """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
         eval/lm_accuracy.py --ckpt RUN/step_N); the last step's goes into the run folder (``finish``)."""
-        from ..engine.hooks import due
         if status.last or status.stopping or not status.healthy or not due(run.cfg.train.ckpt_every, status, at_end=False):
             return
         self.save_folder(run, run.run_dir / f"step_{status.done}")
@@ -167,21 +172,17 @@ class LMRun:
     def finished(self, run_dir) -> bool:
         """The saved model is in the run folder: its config (or adapter config) and the inference record,
         which hf.save writes last."""
-        from .hf import ADAPTER_CONFIG, INFERENCE_FILE
         run_dir = Path(run_dir)
         model = (run_dir / "config.json").is_file() or (run_dir / ADAPTER_CONFIG).is_file()
         return model and (run_dir / INFERENCE_FILE).is_file()
 
     def sources(self, cfg: LMRunConfig) -> tuple[dict, dict]:
         """(the data file's fingerprint, the base model's: mutor2d.lm.hf.base_fingerprint)."""
-        from .. import provenance
-        from .hf import base_fingerprint
         return provenance.fingerprint(cfg.data.path) or provenance.named(cfg.data.name), base_fingerprint(cfg.model.hf)
 
     def save_folder(self, run, folder) -> None:
         """Collective: the model in the transformers layout into ``folder`` (main process); a sharded
         model's full state is gathered first."""
-        from ..engine.sharding import is_sharded
         state = None
         if is_sharded(run.module):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -215,9 +216,6 @@ class OnlineAccuracy:
         self.items, self.kind, self.tokenizer, self.log = items, kind, tokenizer, log
 
     def __call__(self, run, status) -> None:
-        from ..engine.hooks import due
-        from ..engine.rng import preserved_rng
-        from ..engine.sharding import is_sharded
         if status.stopping or not due(run.cfg.train.eval_every, status):
             return
         e, acc, sharded = run.cfg.eval, run.acc, is_sharded(run.module)

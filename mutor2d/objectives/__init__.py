@@ -8,5 +8,5 @@ follows (``register_spec()``) and whether the model needs its register embedding
 (``uses_registers()``). ``model`` is a ``TokenModel``: the image GPT, or a transformers causal LM on
 one batch of text (a grid of height 1), so every objective trains both. Adding one: its config in
 ``config``, its loss and builder in a module here (mutor2d.registry.build calls it). ``base`` holds the
-batch, result and loss helpers every objective shares; ``register_objective`` the register losses.
+batch, result and loss helpers every objective shares; ``token_prediction`` next-token prediction with or without registers (NTP, MuToR-1D and -2D).
 """

@@ -1,5 +1,5 @@
 """The ``objective`` section: every objective's config variant (``objective.name``), its fields and
-rules, and the name of the builder of its loss (register_objective, multihead: they import their
+rules, and the name of the builder of its loss (token_prediction, multihead: they import their
 config from here). No torch here: a config is checked before torch is imported."""
 from __future__ import annotations
 
@@ -165,13 +165,13 @@ def check_offset_distribution(dist, count: int, offsets: str) -> None:
                           f"non-negative weights, not all 0 (one per candidate offset of {offsets})")
 
 
-@register_variant("objective", "ntp", build="mutor2d.objectives.register_objective:build_ntp")
+@register_variant("objective", "ntp", build="mutor2d.objectives.token_prediction:build_ntp")
 @dataclass
 class NTPConfig(ObjectiveConfig):
     """Plain next-token prediction: no other field."""
 
 
-REGISTERS = "mutor2d.objectives.register_objective:build_registers"   # mutor-1d's and mutor-2d's builder
+REGISTERS = "mutor2d.objectives.token_prediction:build_registers"   # mutor-1d's and mutor-2d's builder
 
 
 @dataclass

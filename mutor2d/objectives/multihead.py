@@ -23,7 +23,7 @@ from .config import MultiHeadConfig
 class MultiHead(nn.Module):
     """The heads' loss on any TokenModel: its ``head_layers`` (the GPT's fresh blocks, owned here; a
     transformers LM's own copies of its last layer, None here) and ``hidden_with_heads``.
-    ``reg_weight`` is a of the current update (``set_step``, as RegisterObjective's); ``target``: what
+    ``reg_weight`` is a of the current update (``set_step``, as TokenPrediction's); ``target``: what
     each head learns (base.TargetRule; the teacher of target x_j is regular slot P - 1 + j)."""
 
     def __init__(self, cfg: MultiHeadConfig, model: TokenModel):

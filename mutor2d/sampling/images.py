@@ -29,6 +29,9 @@ from .decoding import decoding_mode, run_decoder, unwrap_model
 from .plain import Progress
 from .rules import SamplingRules
 from .stats import DecodeStats
+from ..cli import grid_arg
+from ..checkpoint import inference
+from ..data.tokens import build_tokenizer
 
 Sampler = Callable[[Tensor, int], np.ndarray]  # (prefixes (n, ...), seed) -> uint8 images (n, h, w, 3)
 SETTINGS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -88,7 +91,6 @@ def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
     """'HxW' -> (H, W), both >= 1 (the registers module's parser; a one-line ValueError here)."""
     import argparse
 
-    from ..cli import grid_arg
     try:
         H, W = grid_arg(text)
     except argparse.ArgumentTypeError as e:
@@ -274,8 +276,6 @@ def open_checkpoint(path: Path, *, use_ema: bool = True, device="cpu", grid: str
     """Load a checkpoint for sampling: one metadata read, one weights read. Its conditioning kind must
     have a set of prefixes to pick from (``choices``: class labels do, prompts do not). The model's
     grid is the one the checkpoint records, else its tokenizer's; ``grid`` is --grid."""
-    from ..checkpoint import inference
-    from ..data.tokens import build_tokenizer
     model, cfg, meta = inference.open_model(path, use_ema=use_ema, device=device)   # one read
     step = meta["step"]
     try:

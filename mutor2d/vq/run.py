@@ -31,6 +31,11 @@ from ..objectives.base import ObjectiveResult
 from ..tokenizer.image_folder import center_crop_arr, scan_image_folder
 from ..tokenizer.vq_model import VQModel
 from .config import VQDataConfig, VQLossConfig, VQRunConfig
+from ..engine.runlog import read_log
+from ..engine.loop import train as engine_train
+from ..tokenizer.lpips import load_lpips
+from .. import provenance
+from ..data.config import digits_fingerprint
 
 # ----------------------------------------------------------------------------- data
 
@@ -167,7 +172,6 @@ class VQRun:
         return train_set, cfg
 
     def build_networks(self, cfg: VQRunConfig, saved: dict | None, dataset):
-        from ..tokenizer.lpips import load_lpips
         torch.manual_seed(cfg.train.seed)
         model = VQModel(cfg.model)
         if saved is not None and "model" in saved:   # a sharded checkpoint loads after sharding
@@ -201,8 +205,6 @@ class VQRun:
 
     def sources(self, cfg: VQRunConfig) -> tuple[dict, dict]:
         """(the digits' or the image folder's fingerprint, the seed's random init)."""
-        from .. import provenance
-        from ..data.config import digits_fingerprint
         data = digits_fingerprint() if cfg.data.name == "digits" else provenance.fingerprint(cfg.data.path)
         return data, provenance.random_init(cfg.train.seed)
 
@@ -224,8 +226,6 @@ class ReconstructionEval:
 def train(cfg: VQRunConfig, run_dir=None, resume: str | None = None) -> dict:
     """Train (``resume`` as mutor2d.engine.loop.train's: None, "auto" or a checkpoint) -> the last
     reconstruction metrics. ``run_dir``: default ``train.out_dir``."""
-    from ..engine.runlog import read_log
-    from ..engine.loop import train as engine_train
     out = engine_train(cfg, run_dir or cfg.train.out_dir, resume=resume)
     evals = [r["eval"] for r in read_log(out) if "eval" in r]
     return evals[-1] if evals else {}

@@ -19,7 +19,7 @@ from .base import Batch, ObjectiveResult, TargetRule, TokenModel, mix, target_ru
 from .config import NTPConfig, RegisterConfig, WeightSchedule
 
 
-class RegisterObjective(nn.Module):
+class TokenPrediction(nn.Module):
     """NTP (a spec without registers) or MuToR with registers (mutor-1d, mutor-2d), on any
     TokenModel (images and text). ``reg_weight`` is a of the current update: ``schedule.at`` of the
     step the engine last passed to ``set_step`` (``schedule`` None: constant). ``target``: what each
@@ -57,11 +57,11 @@ class RegisterObjective(nn.Module):
         return mix(ntp, reg, self.reg_weight, tokens, parts=parts)
 
 
-def build_ntp(cfg: NTPConfig, model: TokenModel) -> RegisterObjective:
+def build_ntp(cfg: NTPConfig, model: TokenModel) -> TokenPrediction:
     """Plain next-token prediction: no registers."""
-    return RegisterObjective(cfg.register_spec(), 0.0)
+    return TokenPrediction(cfg.register_spec(), 0.0)
 
 
-def build_registers(cfg: RegisterConfig, model: TokenModel) -> RegisterObjective:
+def build_registers(cfg: RegisterConfig, model: TokenModel) -> TokenPrediction:
     """MuToR-1D / MuToR-2D: the registers of ``cfg.register_spec()``, a and its schedule, their target rule."""
-    return RegisterObjective(cfg.register_spec(), cfg.reg_weight, cfg.weight_schedule(), target_rule(cfg))
+    return TokenPrediction(cfg.register_spec(), cfg.reg_weight, cfg.weight_schedule(), target_rule(cfg))
