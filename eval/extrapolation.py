@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.engine.entry import run_entry
 
 
 def labelled_run(text: str) -> tuple[str, str]:
@@ -128,8 +129,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as e:   # ExtrapolationError, DataError, LMModelError, config errors
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_entry(main)

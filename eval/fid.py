@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation import records
 from mutor2d.evaluation.options import DEFAULT_CACHE, DIGITS_DATA_SEED, EMBEDDED, FEATURES, METRICS, MetricsError
 from mutor2d.io import exit_on_write_error, read_safetensors
@@ -130,8 +130,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_entry(main)

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from mutor2d.cli import HelpFormatter
+from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation import records
 from mutor2d.io import warn
 from mutor2d.plugins import load_plugins
@@ -45,8 +46,4 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_entry(main)

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.engine.entry import run_entry
 from mutor2d.lm import accuracy
 from mutor2d.sampling.config import decode_modes
 
@@ -180,8 +181,4 @@ def main(argv=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as e:   # DataError, LMModelError, bad prediction files
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_entry(main)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from mutor2d import io
 from mutor2d.checkpoint import inference, locate          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter
+from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation import records
 from mutor2d.plugins import load_plugins
 
@@ -99,8 +99,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as e:   # ConfigError, bad checkpoints, bad flags
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_entry(main)

@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
+from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation import plan
 from mutor2d.evaluation.options import DEFAULT_CACHE
 from mutor2d.plugins import load_plugins
-from mutor2d.preempt import PREEMPTED_EXIT, Preempted
 
 # --quick: the first protocol's config with the second's parts switched on (validation split, EMA,
 # selection, a data fraction) at CI sizes
@@ -142,11 +141,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:   # MetricsError, RecordError, StudyError, ConfigError, torch-fidelity's checks
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except Preempted as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        raise SystemExit(PREEMPTED_EXIT) from None
+    run_entry(main)

@@ -14,10 +14,11 @@ ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before pr
 def exit_code(error: BaseException) -> int | None:
     """The exit code of an entry script for an error that ends a run with one line on stderr (None:
     not one of them): 75 stopped by a signal after a checkpoint, 1 diverged, 74 a checkpoint could not
-    be written, 2 bad config or input (ConfigError, CheckpointError, a locked run folder, ...)."""
+    be written, 2 bad config or input (ConfigError, CheckpointError, a locked run folder, a file that
+    cannot be read or written, ...)."""
     from ..checkpoint import WRITE_FAILED_EXIT, CheckpointWriteError
     for kind, code in ((Preempted, PREEMPTED_EXIT), (Diverged, 1), (CheckpointWriteError, WRITE_FAILED_EXIT),
-                       ((ValueError, FileNotFoundError), 2)):
+                       ((ValueError, OSError), 2)):
         if isinstance(error, kind):
             return code
     return None
