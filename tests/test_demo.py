@@ -106,6 +106,8 @@ def test_auto_picks_the_measured_fastest(run, tmp_path, capsys):
     for device, rows in shipped["devices"].items():
         assert shipped["measured"][device]["command"].startswith("python bench/sample.py")
         assert all(auto_decode(r["images"], device, False) in ("plain", "jacobi") for r in rows)
+        assert all(auto_decode(r["images"], device, True) == min(r["time_s"], key=r["time_s"].get) for r in rows)
+    assert "gpu" in shipped["measured"]["cuda"]["machine"]                 # measured on a GPU, not assumed
     spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
     sample_py = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sample_py)
