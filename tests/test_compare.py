@@ -358,7 +358,9 @@ def test_paired_differences_and_the_convergence_ratio_by_hand():
     from mutor2d.evaluation.study_tables import convergence, paired_table
 
     def group(fids):
-        return {"fid": {1.0: dict(enumerate(fids))}}
+        acc = [1 / f for f in fids]                                    # higher accuracy where FID is lower
+        return {"fid": {1.0: dict(enumerate(fids))}, "by_seed": {1.0: {"fid": dict(enumerate(fids)),
+                                                                          "accuracy": dict(enumerate(acc))}}}
     groups = {("next-token", 100): group([10.0, 12.0, 11.0]), ("next-token", 200): group([8.0, 9.0, 7.0]),
               ("mutor-2d-D4", 100): group([8.5, 7.5, 8.0]), ("mutor-2d-D4", 200): group([6.0, 7.0, 6.5]),
               ("mutor-1d", 100): group([11.0, 13.0, 12.0]), ("mutor-1d", 200): group([9.0, 10.0, 8.0])}
@@ -367,6 +369,12 @@ def test_paired_differences_and_the_convergence_ratio_by_hand():
     d = [8.5 - 10, 7.5 - 12, 8.0 - 11]                                 # mean -3.0, sd 1.5
     half = 4.302653 * statistics.stdev(d) / 3 ** 0.5
     assert f"| mutor-2d-D4 | 100 | 3 | -3.00 [{-3 - half:+.2f}, {-3 + half:+.2f}] | 3 / 0 |" in rows
+    acc = paired_table(groups, 1.0, metric="accuracy").splitlines()           # a win: higher accuracy
+    assert "class accuracy minus next-token" in acc[0]
+    da = statistics.fmean([1 / 8.5 - 1 / 10, 1 / 7.5 - 1 / 12, 1 / 8.0 - 1 / 11])
+    assert next(r for r in acc if r.startswith("| mutor-2d-D4 | 100 |")).startswith(f"| mutor-2d-D4 | 100 | 3 | {da:+.3f} [")
+    assert next(r for r in acc if r.startswith("| mutor-2d-D4 | 100 |")).endswith("| 3 / 0 |")
+    assert paired_table(groups, 1.0, metric="nll_test").splitlines()[2:] == []    # no NLL recorded: no rows
     found = convergence(groups, 1.0, "mutor-2d-D4")
     assert found["reference_final_fid"] == 8.0 and found["first_step"] == 100 and found["ratio"] == 0.5
     assert convergence(groups, 1.0, "mutor-1d")["first_step"] is None          # 9.0 at the end: never

@@ -151,6 +151,7 @@ def test_the_image_study_runs_on_the_photo_crops(tmp_path, small_classifier, mon
     assert len(recs) == 2 and {r["reference"] for r in recs} == {"photos:train"}
     assert all(r["evaluator"]["feature_extractor"] == "mutor2d-photos" and "accuracy" in r["metrics"] for r in recs)
     table = (tmp_path / "s" / "table.md").read_text()
-    assert "Paired by seed, cfg 1:" in table and "| mutor-2d-sparse80 | 2 | 1 |" in table
+    assert "Paired by seed, FID, cfg 1:" in table and "| mutor-2d-sparse80 | 2 | 1 |" in table
+    assert "Paired by seed, class accuracy, cfg 1:" in table and "Paired by seed, test NLL, cfg 1:" in table
     floor = [json.loads(p.read_text()) for p in (tmp_path / "s" / "floor" / "eval").glob("*.json")]
     assert floor and floor[0]["metrics"]["fid"] < min(r["metrics"]["fid"] for r in recs)

@@ -26,7 +26,7 @@ from . import records
 from .plan import Study
 from .study_plots import fraction_plot, plot
 from .study_runs import data_reference, floor_records, run_all
-from .study_tables import collect, convergence, paired_table, summarise, table
+from .study_tables import PAIRED, collect, convergence, paired_table, summarise, table
 
 
 def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:
@@ -69,7 +69,8 @@ def run_study(study: Study) -> dict:
     groups = summarise(recs, study.cfg_scales)
     md = table(groups, study.cfg_scales)
     for cfg in study.cfg_scales:
-        md += f"\n\nPaired by seed, cfg {cfg:g}:\n\n" + paired_table(groups, cfg)
+        for metric, (name, _, _) in PAIRED.items():
+            md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + paired_table(groups, cfg, metric=metric)
     summary["convergence"] = [c for cfg in study.cfg_scales for m in study.methods if m != "next-token"
                               for c in [convergence(groups, cfg, m)] if c]
     for c in summary["convergence"]:

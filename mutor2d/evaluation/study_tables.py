@@ -1,6 +1,6 @@
 """The image study's records summarised (mutor2d.evaluation.study): grouped per (label, step) over
-seeds, the markdown table (mean ± sd), FID paired by seed against next-token with its 95% t-interval,
-and the step at which a method first reaches next-token's final FID."""
+seeds, the markdown table (mean ± sd), any metric (FID, class accuracy, test NLL) paired by seed
+against next-token with its 95% t-interval, and the step at which a method first reaches next-token's final FID."""
 from __future__ import annotations
 
 import math
@@ -45,7 +45,8 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
-    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "fid": {cfg: {seed: FID}}, "nll", "nll_val",
+    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "by_seed": {cfg: {metric: {seed:
+    value}}}, "fid": {cfg: {seed: FID}}, "nll", "nll_val",
     "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
     runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
@@ -57,7 +58,7 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             keys.append((run["method"], VAL_BEST))
         for key in keys:
             group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
-                                            "cfg": {}, "fid": {}, "steps": {}, "skips": {}, "commits": set()})
+                                            "cfg": {}, "by_seed": {}, "fid": {}, "steps": {}, "skips": {}, "commits": set()})
             group["seeds"].add(run.get("seed"))
             group["commits"].add(records.commit_text(r))
             if r.get("step") is not None:
@@ -71,8 +72,10 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             if "fid" in r["metrics"]:
                 group["fid"].setdefault(run.get("cfg_scale"), {})[run.get("seed")] = r["metrics"]["fid"]
             by_metric = group["cfg"].setdefault(run.get("cfg_scale"), {})
+            by_seed = group["by_seed"].setdefault(run.get("cfg_scale"), {})
             for k, v in r["metrics"].items():
                 by_metric.setdefault(k, []).append(v)
+                by_seed.setdefault(k, {})[run.get("seed")] = v
     return groups
 
 
@@ -130,19 +133,24 @@ def t95(values: list[float]) -> tuple[float, float]:
     return m, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def paired_table(groups: dict, cfg: float, reference: str = "next-token") -> str:
-    """Markdown: per label and step, FID at ``cfg`` minus ``reference``'s at the same step, paired by
-    seed (the same data order), with its 95% t-interval and wins (lower FID) / losses over seeds."""
-    lines = [f"| method | step | seeds | FID minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
+PAIRED = {"fid": ("FID", 2, -1), "accuracy": ("class accuracy", 3, 1), "nll_test": ("test NLL", 4, -1)}  # name, digits, better sign
+
+
+def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric: str = "fid") -> str:
+    """Markdown: per label and step, ``metric`` (a key of PAIRED) at ``cfg`` minus ``reference``'s at the
+    same step, paired by seed (the same data order), with its 95% t-interval and wins / losses over seeds
+    (a win: lower FID or NLL, higher accuracy)."""
+    name, digits, better = PAIRED[metric]
+    lines = [f"| method | step | seeds | {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
-        ref = groups.get((reference, key[1]), {}).get("fid", {}).get(cfg, {})
-        mine = groups[key]["fid"].get(cfg, {})
+        ref = groups.get((reference, key[1]), {}).get("by_seed", {}).get(cfg, {}).get(metric, {})
+        mine = groups[key]["by_seed"].get(cfg, {}).get(metric, {})
         diffs = [mine[seed] - ref[seed] for seed in sorted(mine, key=str) if seed in ref]
         if not diffs:
             continue
         m, h = t95(diffs)
-        lines.append(f"| {key[0]} | {key[1]} | {len(diffs)} | {m:+.2f} [{m - h:+.2f}, {m + h:+.2f}] | "
-                     f"{sum(d < 0 for d in diffs)} / {sum(d > 0 for d in diffs)} |")
+        lines.append(f"| {key[0]} | {key[1]} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, {m + h:+.{digits}f}] | "
+                     f"{sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
     return "\n".join(lines)
 
 
