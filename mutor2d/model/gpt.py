@@ -192,6 +192,7 @@ class GPT(nn.Module):
     extra token. The objectives' model interface (mutor2d.objectives.base.TokenModel).
     """
     sparse_logits = False        # objectives mask every row's loss: no host sync, one compiled graph
+    decode_step = None           # runs ``decode`` when set: its compiled self (sampling.decoding.compile_decoder)
 
     def __init__(self, cfg: ModelConfig, register_token: bool = False):
         super().__init__()
@@ -335,6 +336,14 @@ class GPT(nn.Module):
     def decode(self, tokens: Tensor | None, positions: Tensor, cache_start: int | Tensor,
                prefix: Tensor | None = None, extra_positions: Tensor | None = None,
                extra_limit: Tensor | None = None) -> Tensor:
+        """Cached step -> logits (B, R + E, vocab) of the new tokens: ``eager_decode``, or ``decode_step``
+        when set (every argument passed by position: one call signature for a compiled step)."""
+        step = self.decode_step or self.eager_decode
+        return step(tokens, positions, cache_start, prefix, extra_positions, extra_limit)
+
+    def eager_decode(self, tokens: Tensor | None, positions: Tensor, cache_start: int | Tensor,
+                     prefix: Tensor | None = None, extra_positions: Tensor | None = None,
+                     extra_limit: Tensor | None = None) -> Tensor:
         """Cached step -> logits (B, R + E, vocab) of the new tokens.
 
         Regular part: (prefix and) ``tokens``, R tokens with ``positions`` (B, R, 2); their keys

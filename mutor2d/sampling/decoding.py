@@ -3,7 +3,6 @@
 ``compile_decoder`` (torch.compile of a decode step); the modes and rules: mutor2d.sampling."""
 from __future__ import annotations
 
-import functools
 import types
 from collections.abc import Callable
 
@@ -121,8 +120,8 @@ CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gem
 
 
 def compile_decoder(model, inductor: dict | None = None) -> None:
-    """Compile ``model.decode`` with torch.compile (dynamic shapes: the cache position changes
-    every step). Sampling results are unchanged up to float rounding.
+    """Make ``model.decode`` run its step compiled with torch.compile (``model.decode_step``; dynamic
+    shapes: the cache position changes every step). Sampling results are unchanged up to float rounding.
 
     ``inductor``: torch._inductor.config settings in force whenever the compiled function runs
     (and so whenever it compiles); default ``CPU_DECODE_INDUCTOR`` for a model on the CPU, none
@@ -137,7 +136,7 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
     on it and recompile until its recompile limit, then fall back to eager."""
     model = unwrap_model(model)
     layers = [layer.attention for layer in model.layers]
-    eager_decode = type(model).decode.__get__(model)     # the eager method, even if compiled before
+    eager_decode = model.eager_decode
     if inductor is None:
         inductor = CPU_DECODE_INDUCTOR if model.output.weight.device.type == "cpu" else {}
     settings = dict(inductor)
@@ -155,11 +154,10 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
     def fresh(x):
         return x.clone(memory_format=torch.contiguous_format) if isinstance(x, Tensor) else x
 
-    @functools.wraps(eager_decode)
-    def decode(*args, **kwargs):
-        inputs = ([a.cache for a in layers], tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()})
+    def decode(*args):
+        inputs = ([a.cache for a in layers], tuple(map(fresh, args)), {})
         if not settings:
             return compiled(*inputs)
         with inductor_config.patch(settings):
             return compiled(*inputs)
-    model.decode = decode
+    model.decode_step = decode
