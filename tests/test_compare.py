@@ -355,7 +355,7 @@ def test_killing_the_driver_stops_its_workers_after_a_checkpoint(tmp_path):
 def test_paired_differences_and_the_convergence_ratio_by_hand():
     """FID minus next-token's at the same step, paired by seed, with a t-interval; the convergence
     ratio: the first step a method's mean FID reaches next-token's final mean FID, over that step."""
-    from mutor2d.evaluation.study_tables import convergence, paired_table
+    from mutor2d.evaluation.study_tables import convergence, late_table, paired_table
 
     def group(fids):
         acc = [1 / f for f in fids]                                    # higher accuracy where FID is lower
@@ -375,6 +375,13 @@ def test_paired_differences_and_the_convergence_ratio_by_hand():
     assert next(r for r in acc if r.startswith("| mutor-2d-D4 | 100 |")).startswith(f"| mutor-2d-D4 | 100 | 3 | {da:+.3f} [")
     assert next(r for r in acc if r.startswith("| mutor-2d-D4 | 100 |")).endswith("| 3 / 0 |")
     assert paired_table(groups, 1.0, metric="nll_test").splitlines()[2:] == []    # no NLL recorded: no rows
+    late = late_table(groups, 1.0, last=2).splitlines()                   # per seed: the mean over steps 100 and 200
+    d2 = [(8.5 - 10 + 6.0 - 8.0) / 2, (7.5 - 12 + 7.0 - 9.0) / 2, (8.0 - 11 + 6.5 - 7.0) / 2]
+    half2 = 4.302653 * statistics.stdev(d2) / 3 ** 0.5
+    assert f"| mutor-2d-D4 | 100, 200 | 3 | -2.25 [{-2.25 - half2:+.2f}, {-2.25 + half2:+.2f}] | 3 / 0 |" in late
+    last = [r.split(" | ")[3] for r in late_table(groups, 1.0, last=1).splitlines()[2:]]
+    at_200 = [r.split(" | ")[3] for r in paired_table(groups, 1.0).splitlines()[2:] if " | 200 | " in r]
+    assert sorted(last) == sorted(at_200)                                   # the last step alone: the paired table's
     found = convergence(groups, 1.0, "mutor-2d-D4")
     assert found["reference_final_fid"] == 8.0 and found["first_step"] == 100 and found["ratio"] == 0.5
     assert convergence(groups, 1.0, "mutor-1d")["first_step"] is None          # 9.0 at the end: never

@@ -153,5 +153,6 @@ def test_the_image_study_runs_on_the_photo_crops(tmp_path, small_classifier, mon
     table = (tmp_path / "s" / "table.md").read_text()
     assert "Paired by seed, FID, cfg 1:" in table and "| mutor-2d-sparse80 | 2 | 1 |" in table
     assert "Paired by seed, class accuracy, cfg 1:" in table and "Paired by seed, test NLL, cfg 1:" in table
+    assert "Paired by seed, FID averaged over the last 3 steps scored, cfg 1:" in table
     floor = [json.loads(p.read_text()) for p in (tmp_path / "s" / "floor" / "eval").glob("*.json")]
     assert floor and floor[0]["metrics"]["fid"] < min(r["metrics"]["fid"] for r in recs)

@@ -26,7 +26,9 @@ from . import records
 from .plan import Study
 from .study_plots import fraction_plot, plot
 from .study_runs import data_reference, floor_records, run_all
-from .study_tables import PAIRED, collect, convergence, paired_table, summarise, table
+from .study_tables import PAIRED, collect, convergence, late_table, paired_table, summarise, table
+
+LATE_STEPS = 3      # the report's late average: each run's last three scored steps
 
 
 def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:
@@ -71,6 +73,8 @@ def run_study(study: Study) -> dict:
     for cfg in study.cfg_scales:
         for metric, (name, _, _) in PAIRED.items():
             md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + paired_table(groups, cfg, metric=metric)
+            md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, cfg {cfg:g}:\n\n"
+                   + late_table(groups, cfg, LATE_STEPS, metric=metric))
     summary["convergence"] = [c for cfg in study.cfg_scales for m in study.methods if m != "next-token"
                               for c in [convergence(groups, cfg, m)] if c]
     for c in summary["convergence"]:

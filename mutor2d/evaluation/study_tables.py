@@ -154,6 +154,29 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
     return "\n".join(lines)
 
 
+def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
+    """Markdown: ``metric`` averaged per seed over the last ``last`` steps that a label and ``reference``
+    both scored, minus ``reference``'s average over the same steps, paired by seed, with its 95%
+    t-interval and wins / losses: a steadier reading than one checkpoint where scores swing between
+    neighbouring checkpoints."""
+    name, digits, better = PAIRED[metric]
+    lines = [f"| method | steps | seeds | mean {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
+    for label in sorted({k[0] for k in groups if isinstance(k[1], int)} - {reference}, key=method_order):
+        def per_step(lab):
+            return {k[1]: groups[k]["by_seed"].get(cfg, {}).get(metric, {}) for k in groups
+                    if k[0] == lab and isinstance(k[1], int)}
+        mine, ref = per_step(label), per_step(reference)
+        steps = sorted(set(mine) & set(ref))[-last:]
+        seeds = set.intersection(*[set(mine[s]) & set(ref[s]) for s in steps]) if steps else set()
+        if not seeds:
+            continue
+        diffs = [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in sorted(seeds, key=str)]
+        m, h = t95(diffs)
+        lines.append(f"| {label} | {', '.join(map(str, steps))} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, "
+                     f"{m + h:+.{digits}f}] | {sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
+    return "\n".join(lines)
+
+
 def convergence(groups: dict, cfg: float, method: str, reference: str = "next-token") -> dict | None:
     """The first scored step at which ``method``'s mean FID (at ``cfg``) is at most ``reference``'s
     final one (its mean at its last scored step), and that step over the reference's final step
