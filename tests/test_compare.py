@@ -359,8 +359,7 @@ def test_paired_differences_and_the_convergence_ratio_by_hand():
 
     def group(fids):
         acc = [1 / f for f in fids]                                    # higher accuracy where FID is lower
-        return {"fid": {1.0: dict(enumerate(fids))}, "by_seed": {1.0: {"fid": dict(enumerate(fids)),
-                                                                          "accuracy": dict(enumerate(acc))}}}
+        return {"by_seed": {1.0: {"fid": dict(enumerate(fids)), "accuracy": dict(enumerate(acc))}}}
     groups = {("next-token", 100): group([10.0, 12.0, 11.0]), ("next-token", 200): group([8.0, 9.0, 7.0]),
               ("mutor-2d-D4", 100): group([8.5, 7.5, 8.0]), ("mutor-2d-D4", 200): group([6.0, 7.0, 6.5]),
               ("mutor-1d", 100): group([11.0, 13.0, 12.0]), ("mutor-1d", 200): group([9.0, 10.0, 8.0])}

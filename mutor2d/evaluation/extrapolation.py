@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from ..registers import regular_position_ids
+
 from ..checkpoint import inference, locate
 from ..data.tokens import build_dataset, collate
+from ..registers import regular_position_ids
 
 
 class ExtrapolationError(ValueError):

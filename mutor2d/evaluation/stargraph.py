@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..data.stargraph import StarGraphs
-from ..sampling.decoding import generate
 from ..register_spec import RegisterSpec
 from ..registers import make_layout
+from ..sampling.decoding import generate
 
 
 @torch.no_grad()

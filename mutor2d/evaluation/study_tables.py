@@ -46,7 +46,7 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
     """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "by_seed": {cfg: {metric: {seed:
-    value}}}, "fid": {cfg: {seed: FID}}, "nll", "nll_val",
+    value}}}, "nll", "nll_val",
     "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
     runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
     step of each seed (its records also count at their own step)."""
@@ -58,7 +58,7 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             keys.append((run["method"], VAL_BEST))
         for key in keys:
             group = groups.setdefault(key, {"seeds": set(), "nll": {}, "nll_val": {}, "s_per_step": {},
-                                            "cfg": {}, "by_seed": {}, "fid": {}, "steps": {}, "skips": {}, "commits": set()})
+                                            "cfg": {}, "by_seed": {}, "steps": {}, "skips": {}, "commits": set()})
             group["seeds"].add(run.get("seed"))
             group["commits"].add(records.commit_text(r))
             if r.get("step") is not None:
@@ -69,8 +69,6 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
             for name in ("nll_test", "nll_val"):
                 if name in r["metrics"]:
                     group["nll" if name == "nll_test" else name][run["seed"]] = r["metrics"][name]
-            if "fid" in r["metrics"]:
-                group["fid"].setdefault(run.get("cfg_scale"), {})[run.get("seed")] = r["metrics"]["fid"]
             by_metric = group["cfg"].setdefault(run.get("cfg_scale"), {})
             by_seed = group["by_seed"].setdefault(run.get("cfg_scale"), {})
             for k, v in r["metrics"].items():
@@ -136,11 +134,19 @@ def t95(values: list[float]) -> tuple[float, float]:
 PAIRED = {"fid": ("FID", 2, -1), "accuracy": ("class accuracy", 3, 1), "nll_test": ("test NLL", 4, -1)}  # name, digits, better sign
 
 
+def paired_row(label: str, steps: str, diffs: list[float], metric: str) -> str:
+    """One markdown row of per-seed differences: their mean, 95% t-interval and wins / losses."""
+    _, digits, better = PAIRED[metric]
+    m, h = t95(diffs)
+    return (f"| {label} | {steps} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, {m + h:+.{digits}f}] | "
+            f"{sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
+
+
 def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric: str = "fid") -> str:
     """Markdown: per label and step, ``metric`` (a key of PAIRED) at ``cfg`` minus ``reference``'s at the
     same step, paired by seed (the same data order), with its 95% t-interval and wins / losses over seeds
     (a win: lower FID or NLL, higher accuracy)."""
-    name, digits, better = PAIRED[metric]
+    name = PAIRED[metric][0]
     lines = [f"| method | step | seeds | {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
         ref = groups.get((reference, key[1]), {}).get("by_seed", {}).get(cfg, {}).get(metric, {})
@@ -148,9 +154,7 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
         diffs = [mine[seed] - ref[seed] for seed in sorted(mine, key=str) if seed in ref]
         if not diffs:
             continue
-        m, h = t95(diffs)
-        lines.append(f"| {key[0]} | {key[1]} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, {m + h:+.{digits}f}] | "
-                     f"{sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
+        lines.append(paired_row(key[0], str(key[1]), diffs, metric))
     return "\n".join(lines)
 
 
@@ -159,7 +163,7 @@ def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-t
     both scored, minus ``reference``'s average over the same steps, paired by seed, with its 95%
     t-interval and wins / losses: a steadier reading than one checkpoint where scores swing between
     neighbouring checkpoints."""
-    name, digits, better = PAIRED[metric]
+    name = PAIRED[metric][0]
     lines = [f"| method | steps | seeds | mean {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for label in sorted({k[0] for k in groups if isinstance(k[1], int)} - {reference}, key=method_order):
         def per_step(lab):
@@ -171,9 +175,7 @@ def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-t
         if not seeds:
             continue
         diffs = [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in sorted(seeds, key=str)]
-        m, h = t95(diffs)
-        lines.append(f"| {label} | {', '.join(map(str, steps))} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, "
-                     f"{m + h:+.{digits}f}] | {sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
+        lines.append(paired_row(label, ", ".join(map(str, steps)), diffs, metric))
     return "\n".join(lines)
 
 
@@ -182,8 +184,9 @@ def convergence(groups: dict, cfg: float, method: str, reference: str = "next-to
     final one (its mean at its last scored step), and that step over the reference's final step
     (the paper's "MuToR-2D at 100K beats next-token at 200K" is a ratio of 0.5); None without both."""
     def curve(label):
-        return sorted((k[1], statistics.fmean(g["fid"][cfg].values())) for k, g in groups.items()
-                      if k[0] == label and isinstance(k[1], int) and g["fid"].get(cfg))
+        return sorted((k[1], statistics.fmean(fids.values())) for k, g in groups.items()
+                      if k[0] == label and isinstance(k[1], int)
+                      for fids in [g["by_seed"].get(cfg, {}).get("fid")] if fids)
     ref, mine = curve(reference), curve(method)
     if not ref or not mine:
         return None
