@@ -129,8 +129,7 @@ def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQMod
     state = _weights_of(ckpt, path, use_ema)
     if config is None:
         stored = ckpt.get("config")
-        if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and \
-                stored.get("task") == "vq":
+        if isinstance(stored, dict) and stored.get("task") == "vq" and isinstance(stored.get("model"), dict):
             config = vq_config("vq16", **stored["model"])
         else:
             config = config_from_state_dict(state).validate()
