@@ -116,16 +116,14 @@ def export(out: Path, split: str, count: int, size: int, seed: int) -> Path:
     chunk = 4096
     for start in range(0, count, chunk):
         params = crop_params(split, start, min(chunk, count - start), seed)
-        todo = [k for k in range(len(params))
-                if not (root / CLASSES[int(params[k, 0])] / f"{start + k:06d}.png").is_file()]
+        paths = [root / CLASSES[int(label)] / f"{start + k:06d}.png" for k, label in enumerate(params[:, 0])]
+        todo = [k for k, path in enumerate(paths) if not path.is_file()]
         if not todo:
             continue
-        images = render(params[todo], size)
-        for k, img in zip(todo, images):
-            path = root / CLASSES[int(params[k, 0])] / f"{start + k:06d}.png"
-            tmp = path.with_suffix(".tmp.png")
+        for k, img in zip(todo, render(params[todo], size)):
+            tmp = paths[k].with_suffix(".tmp.png")
             Image.fromarray(img).save(tmp)
-            tmp.replace(path)
+            tmp.replace(paths[k])
     return root
 
 

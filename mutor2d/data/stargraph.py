@@ -100,7 +100,6 @@ class StarGraphs(Dataset):
         if reverse:
             answers = np.ascontiguousarray(answers[:, ::-1])
         self.prompts, self.answers = torch.from_numpy(prompts), torch.from_numpy(answers)
-        self.reverse = reverse
         self.first_step_index = shape.path_len - 2 if reverse else 1
         self.grid = (1, shape.path_len)
         self.vocab_size = shape.vocab_size
@@ -110,7 +109,6 @@ class StarGraphs(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"body": self.answers[i], "prefix": self.prompts[i]}
-
 
 
 def stargraph_dataset(cfg: StarGraphDataConfig, split: str) -> StarGraphs:

@@ -3,17 +3,12 @@
 Every dataset yields dicts ``{"body": LongTensor (N,), "prefix": LongTensor}`` (class label, or a
 prompt) and exposes ``grid`` (H, W), ``vocab_size``, ``num_classes``. ``collate`` stacks them.
 
-``data.name`` picks a :class:`DataConfig` variant (mutor2d.data.config), whose builder here makes a
-split; ``build_tokenizer`` makes the tokenizer that turns its tokens into images:
-  digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download).
-          ``data.val_fraction`` holds out a validation split ("val") of the training set and
-          ``data.train_fraction`` trains on a nested share of the rest (``digits_indices``).
-          ``data.tokenizer: pixel`` quantises grey levels (grid 8x8); a VQ checkpoint path (e.g. one
-          made by tokenizers/train_vq.py on digits) tokenises the digits upsampled to the VQ's
-          image size instead.
-  codes   a folder written by tokenizers/extract_codes.py (``data.path``; ``data.test_path`` for the
-          test split): one random augmentation per sample, drawn from torch's RNG (seeded per
-          DataLoader worker).
+``data.name`` picks a :class:`DataConfig` variant (mutor2d.data.config: its fields and rules), whose
+builder here makes a split; ``build_tokenizer`` makes the tokenizer that turns its tokens into images:
+  digits  scikit-learn's bundled ``load_digits`` (1797 real 8x8 grey images, no download), split by
+          ``digits_indices``; pixel grey levels (grid 8x8), or a VQ checkpoint at its image size.
+  codes   a folder written by tokenizers/extract_codes.py: one random augmentation per sample, drawn
+          from torch's RNG (seeded per DataLoader worker).
   photos  random crops of ten installed photographs (mutor2d.data.photos), or their codes folders.
   stargraph  the 1D path-star task (mutor2d.data.stargraph).
 """
@@ -110,10 +105,10 @@ class TokenGrids(Dataset):
 
 def digits_rgb(images: Tensor, size: int) -> Tensor:
     """Grey digits (B, 8, 8) in [0, 1] -> (B, 3, size, size) in [0, 1] (bilinear upsampling)."""
-    if images.shape[-2:] == (size, size):
-        return images[:, None].float().clamp(0, 1).expand(-1, 3, -1, -1).contiguous()
-    up = F.interpolate(images[:, None].float(), size=(size, size), mode="bilinear", align_corners=False)
-    return up.clamp(0, 1).expand(-1, 3, -1, -1).contiguous()
+    x = images[:, None].float()
+    if x.shape[-2:] != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.clamp(0, 1).expand(-1, 3, -1, -1).contiguous()
 
 
 class CodeDataset(Dataset):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from ..checks import ConfigError
 from ..data.tokens import build_tokenizer
 from ..engine.hooks import StepStatus, due
@@ -16,8 +14,7 @@ from ..engine.runlog import JsonLog, eval_text
 from ..engine.rng import preserved_rng
 from ..engine.setup import RunState
 from ..engine.speed import peak_flops, train_flops
-from ..sampling.images import tokenizer_to
-from ..sampling.images import grid_classes
+from ..sampling.images import grid_classes, tokenizer_to
 
 
 def image_rates(run: RunState, steps: int, applied: int, dt: float, sums: dict) -> dict:
@@ -31,13 +28,6 @@ def image_rates(run: RunState, steps: int, applied: int, dt: float, sums: dict) 
         flops = train_flops(run.model.shape, run.cfg.model.vocab_size, seqs, sums["seq_tokens"] / seqs)
         rec["mfu"] = flops / dt / (peak * world)
     return rec
-
-
-def on_device(tokenizer, device: torch.device):
-    """The tokenizer with its weights (if it has any) on the training device, so that sample grids and
-    evaluations decode where the model samples, as sample.py does. The tokenizer is not part of the
-    trained model: nothing of it reaches the optimizer, the EMA or a checkpoint."""
-    return tokenizer_to(tokenizer, device)
 
 
 @dataclass
@@ -55,7 +45,7 @@ class SampleGrids:
             from ..sampling.images import write_grid
             path = run.run_dir / "samples" / f"step_{status.done:08d}.png"
             with preserved_rng(run.device):
-                write_grid(model, on_device(self.tokenizer, run.device), run.grid, run.cfg.sample,
+                write_grid(model, tokenizer_to(self.tokenizer, run.device), run.grid, run.cfg.sample,
                            self.classes, path, objective=run.cfg.objective)
         run.acc.wait_for_everyone()
 
@@ -77,7 +67,7 @@ class OnlineEval:
             from ..evaluation.records import write_record
             with preserved_rng(run.device):
                 res = online.online_digits_eval(model, run.cfg.data, t.eval_per_class, run.cfg.sample,
-                                                on_device(self.tokenizer, run.device), run.cfg.sample.seed,
+                                                tokenizer_to(self.tokenizer, run.device), run.cfg.sample.seed,
                                                 grid=run.grid)
             rec = {"step": status.done, **{f"eval_{k}": v for k, v in res.items()}}
             self.log.write(rec)
@@ -91,7 +81,8 @@ class OnlineEval:
 def image_hooks(run: RunState, log: JsonLog) -> list:
     """Sample grids for a conditioning kind with a fixed set of choices (and the online digits evaluation
     when train.eval_every); a kind without one gets neither, said in one line at start-up. ConfigError
-    if the data's tokenizer cannot be built."""
+    if the data's tokenizer cannot be built. The hooks decode on the training device, where the model
+    samples (as sample.py does); the tokenizer reaches no optimizer, EMA or checkpoint."""
     cfg = run.cfg
     kind = cfg.model.conditioning_kind()
     count = kind.num_choices(cfg.model)
@@ -109,4 +100,3 @@ def image_hooks(run: RunState, log: JsonLog) -> list:
     if cfg.train.eval_every:
         hooks.append(OnlineEval(tokenizer, log))
     return hooks
-

@@ -15,22 +15,21 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
+from .. import provenance
+from ..checkpoint import inference, locate
+from ..checkpoint import sharded as sharded_checkpoint
 from ..checks import ConfigError
 from ..data.tokens import build_dataset, collate
 from ..engine.kinds import register_run_kind
 from ..model.config import model_shape
 from ..model.gpt import GPT
+from ..model.llamagen import load_llamagen
 from ..objectives.base import Batch
 from ..registry import build
 from .config import ImageRunConfig
 from .hooks import image_hooks, image_rates
-from .. import provenance
-from ..checkpoint import locate
-from ..checkpoint import inference, locate
-from ..checkpoint import sharded as sharded_checkpoint
-from ..model.llamagen import load_llamagen
-from .. import checkpoint as ckpt_lib
 
 
 class TrainModule(nn.Module):
@@ -54,6 +53,8 @@ class TrainModule(nn.Module):
 class ImageRun:
     """The parts of an image run for the engine (see mutor2d.engine.setup.RunKind)."""
     collate = staticmethod(collate)
+    hooks = staticmethod(image_hooks)           # (run, log) -> the sample grids and online evaluation
+    rates = staticmethod(image_rates)           # images/s, tokens/s, MFU
 
     def prepare_data(self, cfg: ImageRunConfig):
         """(train dataset, cfg with the data's vocabulary and classes, checked against its grid)."""
@@ -80,12 +81,6 @@ class ImageRun:
     def trainable_state(self, state: dict) -> dict:
         """What a checkpoint keeps of the model's full state dict: all of it."""
         return state
-
-    def hooks(self, run, log) -> list:
-        return image_hooks(run, log)
-
-    def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
-        return image_rates(run, steps, applied, dt, sums)
 
     def plain_copy(self, model: GPT) -> GPT:
         """A new GPT of ``model``'s architecture (FSDP shards are gathered into it for sampling)."""

@@ -50,7 +50,7 @@ def _plan(source: Path, files: list[str], classes: list[str], tokenizer, names: 
     }
 
 
-def _prepare(out: Path, plan: dict, files: list[str], labels: list[int]) -> None:
+def _prepare(out: Path, plan: dict, files: list[str]) -> None:
     """Create the store for ``plan``, or check that an existing one was made with the same plan."""
     if (out / "header.json").is_file():
         old = json.loads((out / "header.json").read_text())
@@ -128,10 +128,6 @@ class _Images(torch.utils.data.Dataset):
             return row, None, f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def _collate(items):
-    return items
-
-
 def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, *,
             num_crops: int = 1, flip: bool = True, crop_range: float = 1.1, shard_size: int = 1024,
             batch_size: int = 64, num_workers: int = 0, max_shards: int | None = None,
@@ -150,19 +146,19 @@ def extract(folder: str | os.PathLike, out: str | os.PathLike, tokenizer, *,
     names = augmentation_names(num_crops, flip)
     plan = _plan(folder, files, classes, tokenizer, names, crop_range, shard_size)
     if state.is_main_process:
-        _prepare(out, plan, files, labels)
+        _prepare(out, plan, files)
         for where in (out, out / "shards"):  # temp files of writes killed in an earlier run
             remove_stale_temps(where)
     state.wait_for_everyone()
     if not state.is_main_process:
-        _prepare(out, plan, files, labels)  # checks only: the main process created it
+        _prepare(out, plan, files)  # checks only: the main process created it
     h, w = plan["grid"]
     store = CodeStore(out, open_array(out / "codes.npy", np.uint16, (len(files), plan["num_augs"], h, w), "r+"),
                       open_array(out / "labels.npy", np.int64, (len(files),), "r+"), plan)
     batches = _my_batches(out, plan, state, max_shards, batch_size, log)
     loader = torch.utils.data.DataLoader(
         _Images(folder, files, plan["image_size"], names, crop_range),
-        batch_sampler=[rows for _, _, rows in batches], num_workers=num_workers, collate_fn=_collate)
+        batch_sampler=[rows for _, _, rows in batches], num_workers=num_workers, collate_fn=list)
     bar = tqdm(total=sum(len(r) for _, _, r in batches), desc=f"extract[{state.process_index}]",
                unit="img", disable=not progress, position=state.process_index)
     skipped: list[str] = []

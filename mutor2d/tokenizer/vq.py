@@ -28,7 +28,7 @@ from .vq_model import VQModel
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def _short(keys: list[str], limit: int = 6) -> str:
+def _short(keys: list[str], limit: int) -> str:
     shown = ", ".join(keys[:limit])
     return f"[{shown}{f', ... (+{len(keys) - limit} more)' if len(keys) > limit else ''}]"
 
@@ -40,14 +40,10 @@ def load_vq_state(model: VQModel, state: dict, source: str = "state dict") -> No
     unexpected = sorted(set(state) - set(own))
     shapes = sorted(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
                     for k in set(own) & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {_short(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys {_short(unexpected)}")
-        if shapes:
-            parts.append(f"shape mismatches (checkpoint vs model) {_short(shapes, 3)}")
+    problems = (("missing keys", missing, 6), ("unexpected keys", unexpected, 6),
+                ("shape mismatches (checkpoint vs model)", shapes, 3))
+    parts = [f"{what} {_short(keys, limit)}" for what, keys, limit in problems if keys]
+    if parts:
         raise VQError(f"{source} does not match the VQ model: " + "; ".join(parts))
     model.load_state_dict(state, strict=True)
 
@@ -65,15 +61,12 @@ def config_from_state_dict(state: dict, image_size: int = 256) -> VQConfig:
     except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise VQError(f"not a LlamaGen-layout VQ state dict (cannot read {e})") from None
     used = state.get("quantize.codebook_used")
+    # LlamaGen uses 32 groups; smaller models of ours store their config, this is only a fallback.
+    norm_groups = 32 if ch % 32 == 0 else ch
     return VQConfig(codebook_size=emb.shape[0], codebook_embed_dim=emb.shape[1], ch=ch, ch_mult=ch_mult,
                     num_res_blocks=nres, z_channels=z_channels, in_channels=in_channels,
-                    usage_window=0 if used is None else used.numel(), norm_groups=_norm_groups(ch),
+                    usage_window=0 if used is None else used.numel(), norm_groups=norm_groups,
                     image_size=image_size)
-
-
-def _norm_groups(ch: int) -> int:
-    # LlamaGen uses 32 groups; smaller models of ours store their config, this is only a fallback.
-    return 32 if ch % 32 == 0 else ch
 
 
 def _weights_of(ckpt, path: Path, use_ema: bool) -> dict:
@@ -102,10 +95,14 @@ def _read(path: Path):
         raise VQError(str(e)) from None
 
 
-def newest_vq_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict] | None:
-    """(file, loaded dict) of the newest checkpoint of a run folder that loads safely, or None.
-    Unreadable or unsafe files are skipped with a warning naming them."""
-    for p in reversed(list_checkpoints(run_dir)):
+def read_vq_checkpoint(path: str | os.PathLike) -> tuple[Path, dict]:
+    """A checkpoint file, or a train_vq.py run folder (its newest checkpoint that loads safely; unreadable
+    or unsafe ones are skipped with a warning naming them) -> (file, loaded dict). Loading never runs
+    code from the file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path, _read(path)
+    for p in reversed(list_checkpoints(path)):
         try:
             ckpt = _read(p)
         except VQError as e:
@@ -114,19 +111,7 @@ def newest_vq_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict] | None
         if isinstance(ckpt, dict):
             return p, ckpt
         warnings.warn(f"skipped VQ checkpoint {str(p)!r}: not a dict")
-    return None
-
-
-def read_vq_checkpoint(path: str | os.PathLike) -> tuple[Path, dict]:
-    """A checkpoint file, or a train_vq.py run folder (its newest safely readable checkpoint)
-    -> (file, loaded dict). Loading never runs code from the file."""
-    path = Path(path)
-    if path.is_dir():
-        found = newest_vq_checkpoint(path)
-        if found is None:
-            raise VQError(f"no readable VQ checkpoint under {str(path)!r} (expected RUN/checkpoints/step_*.pt)")
-        return found
-    return path, _read(path)
+    raise VQError(f"no readable VQ checkpoint under {str(path)!r} (expected RUN/checkpoints/step_*.pt)")
 
 
 def load_vq(path: str | os.PathLike, config: VQConfig | None = None, use_ema: bool = True,
@@ -144,8 +129,7 @@ def _build_vq(path: Path, ckpt, config: VQConfig | None, use_ema: bool) -> VQMod
     state = _weights_of(ckpt, path, use_ema)
     if config is None:
         stored = ckpt.get("config")
-        if isinstance(stored, dict) and isinstance(stored.get("model"), dict) and \
-                stored.get("task") == "vq":
+        if isinstance(stored, dict) and stored.get("task") == "vq" and isinstance(stored.get("model"), dict):
             config = vq_config("vq16", **stored["model"])
         else:
             config = config_from_state_dict(state).validate()

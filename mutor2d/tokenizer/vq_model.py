@@ -90,6 +90,31 @@ class Upsample(nn.Module):
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
+class Level(nn.Module):
+    """One resolution of ``conv_blocks``: ``n`` ResnetBlocks (``res``, cin -> cout), each followed by an
+    AttnBlock (``attn``) when ``attn``, then the ``downsample`` (encoder) or ``upsample`` (decoder) if any."""
+
+    def __init__(self, cin: int, cout: int, n: int, attn: bool, groups: int, dropout: float):
+        super().__init__()
+        self.res, self.attn = nn.ModuleList(), nn.ModuleList()
+        for _ in range(n):             # interleaved, as LlamaGen builds them: a seed gives its weights
+            self.res.append(ResnetBlock(cin, cout, groups, dropout))
+            cin = cout
+            if attn:
+                self.attn.append(AttnBlock(cout, groups))
+
+    def forward(self, h: Tensor) -> Tensor:
+        for i, res in enumerate(self.res):
+            h = res(h)
+            if len(self.attn):
+                h = self.attn[i](h)
+        if hasattr(self, "downsample"):
+            h = self.downsample(h)
+        if hasattr(self, "upsample"):
+            h = self.upsample(h)
+        return h
+
+
 class Encoder(nn.Module):
     """(B, in_channels, S, S) -> (B, z_channels, S/f, S/f)."""
 
@@ -97,35 +122,21 @@ class Encoder(nn.Module):
         super().__init__()
         ch, mult, g, p = cfg.ch, cfg.ch_mult, cfg.norm_groups, cfg.dropout_p
         self.conv_in = nn.Conv2d(cfg.in_channels, ch, 3, padding=1)
-        self.conv_blocks = nn.ModuleList()
+        self.conv_blocks = nn.Sequential()
         cin = ch
         for level, m in enumerate(mult):
             last = level == len(mult) - 1
-            block = nn.Module()
-            block.res, block.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(cfg.num_res_blocks):
-                block.res.append(ResnetBlock(cin, ch * m, g, p))
-                cin = ch * m
-                if last:
-                    block.attn.append(AttnBlock(cin, g))
+            block = Level(cin, ch * m, cfg.num_res_blocks, last, g, p)
+            cin = ch * m
             if not last:
                 block.downsample = Downsample(cin)
             self.conv_blocks.append(block)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p)])
+        self.mid = nn.Sequential(ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p))
         self.norm_out = group_norm(cin, g)
         self.conv_out = nn.Conv2d(cin, cfg.z_channels, 3, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv_in(x)
-        for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
-            if hasattr(block, "downsample"):
-                h = block.downsample(h)
-        for m in self.mid:
-            h = m(h)
+        h = self.mid(self.conv_blocks(self.conv_in(x)))
         return self.conv_out(swish(self.norm_out(h)))
 
 
@@ -137,16 +148,11 @@ class Decoder(nn.Module):
         ch, mult, g, p = cfg.ch, cfg.ch_mult, cfg.norm_groups, cfg.dropout_p
         cin = ch * mult[-1]
         self.conv_in = nn.Conv2d(cfg.z_channels, cin, 3, padding=1)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p)])
-        self.conv_blocks = nn.ModuleList()
+        self.mid = nn.Sequential(ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p))
+        self.conv_blocks = nn.Sequential()
         for level in reversed(range(len(mult))):
-            block = nn.Module()
-            block.res, block.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(cfg.num_res_blocks + 1):
-                block.res.append(ResnetBlock(cin, ch * mult[level], g, p))
-                cin = ch * mult[level]
-                if level == len(mult) - 1:
-                    block.attn.append(AttnBlock(cin, g))
+            block = Level(cin, ch * mult[level], cfg.num_res_blocks + 1, level == len(mult) - 1, g, p)
+            cin = ch * mult[level]
             if level != 0:
                 block.upsample = Upsample(cin)
             self.conv_blocks.append(block)
@@ -154,16 +160,7 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(cin, cfg.in_channels, 3, padding=1)
 
     def forward(self, z: Tensor) -> Tensor:
-        h = self.conv_in(z)
-        for m in self.mid:
-            h = m(h)
-        for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
-            if hasattr(block, "upsample"):
-                h = block.upsample(h)
+        h = self.conv_blocks(self.mid(self.conv_in(z)))
         return self.conv_out(swish(self.norm_out(h)))
 
 

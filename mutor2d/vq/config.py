@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..checks import ConfigError, check_workers, fail
+from ..checks import ConfigError, at_least, check_workers, fail
 from ..config import ConfigRoot, build_section
 from ..run_configs import register_run_config
 from ..engine.config import OptimConfig, TrainConfig
@@ -39,8 +39,7 @@ class VQDataConfig:
         if not CROP_RANGE[0] <= self.crop_range <= CROP_RANGE[1]:
             fail("data.crop_range", f"a number in [{CROP_RANGE[0]:g}, {CROP_RANGE[1]:g}]", self.crop_range)
         for key in ("eval_images", "data_seed"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"data.{key}: expected >= 0, got {getattr(self, key)}")
+            at_least(f"data.{key}", getattr(self, key), 0)
         check_workers("data.num_workers", self.num_workers)
 
 
@@ -56,8 +55,7 @@ class VQLossConfig:
 
     def check(self) -> None:
         for key in ("rec_weight", "codebook_weight", "perceptual_weight"):
-            if getattr(self, key) < 0:
-                fail(f"objective.{key}", ">= 0", getattr(self, key))
+            at_least(f"objective.{key}", getattr(self, key), 0)
 
 
 def vq_optim(**fields) -> OptimConfig:
@@ -89,10 +87,6 @@ class VQRunConfig(ConfigRoot):
         for s in self.sections[1:]:
             getattr(self, s).check()
         return self
-
-    def to_dict(self) -> dict:
-        """The model fully resolved (every VQConfig field: the preset it started from is irrelevant)."""
-        return {**super().to_dict(), "model": self.model.to_dict()}
 
 
 def load_config(source=None, overrides: list[str] | None = None) -> VQRunConfig:

@@ -5,11 +5,10 @@ Loss = rec_weight * rec(x, x_hat) + codebook_weight * (codebook + commitment)
        + perceptual_weight * LPIPS(x, x_hat)          (only when perceptual weight files are given)
 rec is L2 (mean squared error) or L1 on images in [-1, 1]; codebook / commitment are the VQ's
 (mutor2d.tokenizer.vq). No adversarial loss. The run goes through mutor2d.engine like every other
-kind: exact resume, stop signals (exit 75), the non-finite and blow-up guards, verified checkpoints
-with safe rotation, a run lock, log.jsonl and a progress bar. Checkpoints hold the VQ under "model"
-and the config with ``task: vq`` and the resolved architecture, so load_vq rebuilds it. Every
-``train.eval_every`` steps (and at the end) per-pixel L1 / MSE / PSNR on [0, 1] images of a held-out
-set and the fraction of the codebook they use go to log.jsonl as ``{"step", "eval": {...}}``.
+kind. Checkpoints hold the VQ under "model" and the config with ``task: vq`` and the resolved
+architecture, so load_vq rebuilds it. Every ``train.eval_every`` steps (and at the end) per-pixel
+L1 / MSE / PSNR on [0, 1] images of a held-out set and the fraction of the codebook they use go to
+log.jsonl as ``{"step", "eval": {...}}``.
 """
 from __future__ import annotations
 
@@ -23,19 +22,20 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .. import provenance
 from ..checks import ConfigError
+from ..data.config import digits_fingerprint
 from ..data.tokens import digits_images, digits_rgb
 from ..engine.hooks import due
 from ..engine.kinds import register_run_kind
+from ..engine.loop import train as engine_train
+from ..engine.runlog import read_log
 from ..objectives.base import ObjectiveResult
 from ..tokenizer.image_folder import center_crop_arr, scan_image_folder
+from ..tokenizer.lpips import load_lpips
 from ..tokenizer.vq_model import VQModel
 from .config import VQDataConfig, VQLossConfig, VQRunConfig
-from ..engine.runlog import read_log
-from ..engine.loop import train as engine_train
-from ..tokenizer.lpips import load_lpips
-from .. import provenance
-from ..data.config import digits_fingerprint
+
 
 # ----------------------------------------------------------------------------- data
 
