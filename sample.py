@@ -171,14 +171,12 @@ def check_args(args) -> None:
     if args.classes is not None and not args.classes.strip():
         raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
                               "the default classes)")
-    for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT)):
+    for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT),
+                              ("--draft", args.draft, None), ("--window", args.window, None)):
         if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
-        if value is not None and value > high:
+        if value is not None and high is not None and value > high:
             raise SampleFileError(f"{flag} {value}: expected at most {high}")
-    for flag, value in (("--draft", args.draft), ("--window", args.window)):
-        if value is not None and value < 1:
-            raise SampleFileError(f"{flag} {value}: expected >= 1")
     for item in args.overrides:
         if not item.startswith("sample."):
             raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
