@@ -171,14 +171,12 @@ def check_args(args) -> None:
     if args.classes is not None and not args.classes.strip():
         raise SampleFileError("--classes '': expected comma-separated class indices (leave the flag out for "
                               "the default classes)")
-    for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT)):
+    for flag, value, high in (("--per-class", args.per_class, PER_CLASS_LIMIT), ("--num", args.num, NUM_LIMIT),
+                              ("--draft", args.draft, None), ("--window", args.window, None)):
         if value is not None and value < 1:
             raise SampleFileError(f"{flag} {value}: expected >= 1")
-        if value is not None and value > high:
+        if value is not None and high is not None and value > high:
             raise SampleFileError(f"{flag} {value}: expected at most {high}")
-    for flag, value in (("--draft", args.draft), ("--window", args.window)):
-        if value is not None and value < 1:
-            raise SampleFileError(f"{flag} {value}: expected >= 1")
     for item in args.overrides:
         if not item.startswith("sample."):
             raise SampleFileError(f"--set {item}: sample.py sets fields of the sample section (sample.KEY=VALUE)")
@@ -250,14 +248,10 @@ def settings_hash(settings: dict) -> str:
 
 def output_name(src: Loaded, s, seed: int, ema: bool, suffix: str, classes: list[int], count: str,
                 batch_size: int) -> str:
-    """The default file name of sample.py's output: the training step first, then what makes it differ
-    from the training grid RUN/samples/step_XXXXXXXX.png (never that name): CFG scale, seed and
-    decoding mode; temperature / top-k / top-p when they are on, ``raw`` for --no-ema; the classes
-    (``class_part``) and ``count`` (``x8`` per class, ``n1000`` samples); last the ``settings_hash`` of
-    every setting that shapes the output (the sample section as used, seed, classes, count, batch size,
-    grid, weights, file kind), so outputs of different settings never share a name, e.g.
-    step_00001000_cfg2_seed0_plain_cls1-7-9_x8_HASH.png,
-    step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
+    """The default output name (the module doc's pattern, never a training grid's): step, CFG scale, seed,
+    decoding mode, temperature / top-k / top-p when on, ``raw`` for --no-ema, ``class_part``, ``count``
+    (``x8`` per class, ``n1000`` samples), then the ``settings_hash`` of everything that shapes the output,
+    e.g. step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
     parts = [f"step_{src.step:08d}", f"cfg{s.cfg_scale:g}", f"seed{seed}", s.decode.name]
     parts += [f"{k}{v:g}" for k, v, off in (("t", s.temperature, 1), ("k", s.top_k, 0), ("p", s.top_p, 1)) if v != off]
     parts += [] if ema else ["raw"]

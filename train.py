@@ -16,7 +16,6 @@ checkpoint (continue with --resume auto).
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 from pathlib import Path
 
@@ -46,10 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def run(args: argparse.Namespace) -> Path:
     """Load and check the run's config (a bad one fails before torch is imported), then train."""
     from mutor2d.engine import default_run_dir
@@ -58,13 +53,13 @@ def run(args: argparse.Namespace) -> Path:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.config:
         data = read_mapping(args.config)
-        cfg = load_config(copy.deepcopy(data), overrides)
+        cfg = config_lib.load(data, overrides)             # the mapping is not modified
         saved = saved_config(args.resume, args.out or cfg.train.out_dir or default_run_dir(args.config))
         if saved is not None:                  # resuming: the run's own config, plus what --set says
             report_resume_changes(data, saved, overrides)
-            cfg = load_config(saved, overrides)
+            cfg = config_lib.load(saved, overrides)
     elif args.resume and args.resume != "auto":
-        cfg = load_config(inference.read_meta(args.resume)["config"], overrides)
+        cfg = config_lib.load(inference.read_meta(args.resume)["config"], overrides)
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
     if args.out == "":
@@ -103,14 +98,8 @@ def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) ->
               f"not used (--set them to change them)", flush=True)
 
 
-def load_config(data: dict, overrides: list[str]):
-    """The run config of a YAML mapping or a checkpoint's stored config, of the kind its ``task`` names
-    (image when left out; lm, vq or a plugin's: mutor2d.run_configs.run_config_class)."""
-    return config_lib.load(data, overrides)
-
-
 def main(argv=None) -> Path:
-    return execute(parse_args(argv))
+    return execute(build_parser().parse_args(argv))
 
 
 def execute(args: argparse.Namespace) -> Path:

@@ -235,8 +235,11 @@ def device_name(text: str | None) -> str:
 
 
 def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--dim, --heads, --layers, --vocab of a GPT benchmark, by the config's own check (a model over
-    model.PARAMS_LIMIT, a head size RoPE cannot rotate): argparse's one-line error, before torch is imported."""
+    """--dim, --heads, --layers, --vocab of a GPT benchmark (--dim a multiple of --heads, then the config's
+    own check: a model over model.PARAMS_LIMIT, a head size RoPE cannot rotate): argparse's one-line error,
+    before torch is imported."""
+    if args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     from mutor2d.checks import ConfigError
     from mutor2d.model.config import ModelConfig
     try:

@@ -23,8 +23,12 @@ import argparse
 from pathlib import Path
 
 import common             # the command line parses and checks before torch is imported
+import mutor2d.lm as lm_pkg
 from mutor2d.cli import HelpFormatter
-from mutor2d.lm.tiny import DEFAULT_POSITIONS
+from mutor2d.lm import prompts as lm_prompts
+from mutor2d.lm.arith import arith_records
+from mutor2d.lm.records import load_located, write_jsonl
+from mutor2d.lm.tiny import DEFAULT_POSITIONS, write_tiny_llama
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,10 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fine_tuned(args) -> Path:
     """The MuToR-1D run folder (trained here unless --work already holds it)."""
-    import mutor2d.lm as lm_pkg
-    from mutor2d.lm.arith import arith_records
-    from mutor2d.lm.records import write_jsonl
-    from mutor2d.lm.tiny import write_tiny_llama
     work = Path(args.work)
     run = work / f"run_{args.hidden}x{args.layers}_{args.steps}"
     if (run / "register_embedding.safetensors").is_file():
@@ -158,12 +158,10 @@ def main(argv=None) -> None:
     import torch
     common.setup(args.threads, args.clock, torch.device("cpu"))
     from mutor2d.lm import drafter, hf
-    from mutor2d.lm import prompts as lm_prompts
-    from mutor2d.lm import records as lm_records
     from mutor2d.sampling.stats import DecodeStats
     run = fine_tuned(args)
     lm, tok = hf.load_for_inference(run), hf.load_tokenizer(run)
-    test = lm_records.load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
+    test = load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
     prompts = [it["prompt_ids"] for it in lm_prompts.eval_prompts(test, tok)]
     d_max = drafter.run_objective(run).d_max
     counter = ForwardCounter(lm)
@@ -222,8 +220,6 @@ def main(argv=None) -> None:
 
 def _test_file(work: Path) -> Path:
     """200 held-out problems (seed 1), written once."""
-    from mutor2d.lm.arith import arith_records
-    from mutor2d.lm.records import write_jsonl
     path = work / "test.jsonl"
     if not path.is_file():
         write_jsonl(arith_records(200, [2], 1), path)

@@ -241,8 +241,6 @@ def parse(argv=None):
     args.compile = args.compile or ("off" if args.quick else "on")
     if args.crossover and not args.ckpt:
         ap.error("--crossover needs --ckpt (a trained checkpoint: acceptance decides the crossover)")
-    if args.dim % args.heads:
-        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     common.check_gpt_size(ap, args)
     return args
 

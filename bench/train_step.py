@@ -306,8 +306,6 @@ def parse(argv=None):
     for b in args.backends.split(","):
         if b not in ("sdpa", "flex", "sdpa-mask"):
             ap.error(f"--backends: unknown backend {b!r}; expected sdpa, flex or sdpa-mask")
-    if args.dim % args.heads:
-        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     common.check_gpt_size(ap, args)
     return args
 

@@ -74,11 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--score needs --kind gsm8k|math|path")
     if args.ckpt and not args.data:
         ap.error("--ckpt needs --data FILE.jsonl")
-    if args.draft is not None and args.draft < 1:
-        ap.error(f"--draft {args.draft}: expected >= 1")
-    for flag in ("limit", "max_new_tokens", "batch_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "limit" else 1):
-            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected >= {0 if flag == 'limit' else 1}")
+    for flag, low in (("draft", 1), ("limit", 0), ("max_new_tokens", 1), ("batch_size", 1)):
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            ap.error(f"--{flag.replace('_', '-')} {value}: expected >= {low}")
     check_paths(args)
     return args
 

@@ -99,10 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def settings(args: argparse.Namespace) -> plan.Study:
     """The parsed flags as study settings (--quick: the CI sizes)."""
     if not args.out.strip():
@@ -125,7 +121,7 @@ def settings(args: argparse.Namespace) -> plan.Study:
 def main(argv=None) -> dict:
     """Run the study of the flags (checked before torch is imported) and print its table."""
     load_plugins()
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     study = settings(args)
     study.check_flags()
     from mutor2d.evaluation.study import run_study

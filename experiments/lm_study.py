@@ -8,61 +8,47 @@
     python experiments/lm_study.py --task arith_settings --seeds 0 1 2 3 4 5 6 7 --out runs/lm_settings
     python experiments/lm_study.py --task arith_budget --seeds 0 1 2 3 4 5 6 7 --out runs/lm_budget
 
-Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task):
+Tasks (a task is data + tokenizer + scorer + methods; the study is the same for every task; the
+protocols and results: docs/RESULTS.md):
 
 * ``arith`` (default): multi-step arithmetic word problems in GSM8K's format (mutor2d.lm.arith),
-  character tokenizer, GSM8K exact match of the final number; next-token, MuToR-1D d_max 2 and 4,
+  character tokenizer, exact match of the final number; next-token, MuToR-1D d_max 2 and 4,
   multi-head d_max 4 (a = 0.3).
-* ``stargraph``: path-star graphs (mutor2d.data.stargraph via mutor2d.lm.data.stargraph_records), one
-  word per node id / delimiter (word tokenizer), exact match of the whole answer path (kind
-  ``path``); next-token and MuToR-1D with the authors' star-graph setting d = 2..4, a = 0.5.
-  Degree 2, path length 5, 20 node labels, Llama init std 0.08 (at 50 labels and 5,000 graphs
-  next-token memorised the training graphs; at init 0.02 the image path's runs stayed on the plateau).
-
-* ``arith_pretrained``: the arithmetic task fine-tuned from **one shared pretrained base**: a small
-  Llama first trained once with next-token prediction on a synthetic corpus of other problems
-  (1 to 4 steps, other seeds, none equal to a fine-tuning or test question) and bare sums; then
-  every arm fine-tunes that base with the same seed's data order: next-token, MuToR-1D (the
-  paper's d_max 4, a 0.3; and d_max 2, a 0.3), multi-head d_max 4, each with causal and with
-  bidirectional prompt attention. The table adds 95% confidence intervals and paired differences
-  against next-token (same seed, same prompt attention), and the cost of each arm.
-* ``arith_pretrained_4step``: the same with a harder fine-tuning task the base has not seen: it is
-  pretrained on problems of 1 to 3 steps, fine-tuned and tested on 4-step ones (the 2-step version
-  sits at the ceiling: every arm solves 98-100 %).
-* ``stargraph_pretrained``: the star graph (degree 2, path length 5, 20 labels) fine-tuned from one
-  shared base pretrained with next-token prediction on other graph tasks over fresh graphs (random
-  walks from a node, "EDGES / v =", and paths read from the leaf side, "EDGES / g / s ="; no graph
-  with the edges of a fine-tuning or test graph, never the task's "/ s g =" query); arms: next-token,
-  MuToR-1D d = 2..4 and multi-head d = 2..4 (a = 0.5), causal and bidirectional prompts, paired by
-  seed as above. A held-out test graph here shares no edge set with a training graph, whatever the query.
-* ``arith_settings``: the open questions as settings (docs/METHOD.md), on ``arith_pretrained_4step``'s
-  protocol (one base pretrained on 1-3-step problems; fine-tuned and tested on 4-step ones; causal
-  prompts): next-token, MuToR-1D with the paper's rule (d_max 4, a 0.3) and that rule with one
-  setting changed per arm; every arm is paired with the paper's rule. The online evaluation decodes
-  with ``auto`` (register drafts where the rule gives them; the same tokens), so the table adds
-  forwards per generated token.
-* ``arith_budget``: does the gap close with budget? ``arith_pretrained_4step``'s base and data,
-  causal prompts; next-token, MuToR-1D with the paper's rule and that rule with a linear 0.3 -> 0
-  fade; 1,200 steps, each run scored at steps 300, 600, 900 and 1,200 on 1,000 held-out problems.
-  The table adds, per step, each arm's accuracy and its paired difference to next-token with 95%
-  intervals from a bootstrap over seeds *and* test items (the test set's sampling error is in
-  them), and the plot draws those bands.
+* ``stargraph``: path-star graphs (degree 2, path length 5, 20 node labels; one word per node id /
+  delimiter), exact match of the whole answer path; next-token and MuToR-1D with the authors' setting
+  d = 2..4, a = 0.5. Llama init std 0.08 (at 50 labels and 5,000 graphs next-token memorised the
+  training graphs; at init 0.02 the image path's runs stayed on the plateau).
+* ``arith_pretrained``: ``arith`` fine-tuned from **one shared base**, pretrained once with next-token
+  prediction on other problems (1 to 4 steps, none equal to a fine-tuning or test question) and bare
+  sums; every arm under causal and bidirectional prompt attention, paired by seed with next-token.
+  The table adds 95% confidence intervals, paired differences and the cost of each arm.
+* ``arith_pretrained_4step``: the same, pretrained on 1-3-step problems, fine-tuned and tested on
+  4-step ones (the 2-step version sits at the ceiling: every arm solves 98-100 %).
+* ``stargraph_pretrained``: ``stargraph`` from one shared base pretrained on other tasks over fresh
+  graphs (random walks "EDGES / v =", paths read from the leaf side "EDGES / g / s ="; never a
+  fine-tuning or test graph's edges, never the "/ s g =" query); next-token, MuToR-1D and multi-head
+  d = 2..4 (a = 0.5), both prompt attentions, paired by seed. A test graph shares no edge set with a
+  training graph, whatever the query.
+* ``arith_settings``: the open questions as settings (docs/METHOD.md) on ``arith_pretrained_4step``'s
+  protocol, causal prompts: next-token, MuToR-1D's paper rule (d_max 4, a 0.3) and that rule with one
+  setting changed per arm, each paired with the paper's rule; decoded with ``auto`` (register drafts
+  where the rule gives them; the same tokens), so the table adds forwards per generated token.
+* ``arith_budget``: does the gap close with budget? ``arith_pretrained_4step``'s base and data, causal
+  prompts; next-token, the paper's rule and its linear 0.3 -> 0 fade; 1,200 steps, scored every 300
+  on 1,000 held-out problems. Per step, each arm's accuracy and paired difference to next-token with
+  95% intervals from a bootstrap over seeds *and* test items (the table, and the plot's bands).
 
 A training split and a held-out test split (no test item equal to a training one: the same question,
-or the same graph and query). Model: a small Llama built from a LlamaConfig (random init, one per
-seed, or the shared pretrained base), trained (full fine-tuning) through train.py, once per arm and seed. Accuracy:
-greedy answers to the test split, by the online evaluation hook (eval.path; train.eval_every gives
-the accuracy-vs-step curve). Resumable: a finished run (its final record and saved model) is
-skipped, an unfinished one continues from its last checkpoint (--resume auto). Writes OUT/table.md
-(also printed: final accuracy per method and the mean accuracy at every evaluated step), the plot and
+or the same graph and query). Model: a small Llama (random init per seed, or the shared pretrained
+base), fully fine-tuned through train.py once per arm and seed; accuracy: greedy answers to the test
+split by the online evaluation hook, every train.eval_every steps. Resumable: finished runs are skipped,
+unfinished ones continue (--resume auto). Writes OUT/table.md (also printed), the plot and
 OUT/summary.json (the table's rows, the shared base, the provenance of the study and of every run).
 
-Shared bases are cached by content: BASES/KEY12/ (``--bases``, default runs/bases), KEY = sha256 of
-the pretraining config (without its paths), the fingerprints of its corpus and initial weights, and
-the code identity (commit and diff hash); any study with that recipe (``arith_pretrained_4step`` and
-``arith_settings`` share one) reuses a finished base and says so in one line. Arms are paired by seed:
-arms of one seed whose runs fine-tuned different initial weights (RUN/provenance.json's ``init``) are
-refused in one line unless ``--allow-mixed-bases``.
+Shared bases are cached by content in BASES/KEY12/ (``--bases``, default runs/bases; KEY:
+:func:`base_key`): any study with that recipe (``arith_pretrained_4step`` and ``arith_settings`` share
+one) reuses a finished base and says so in one line. Arms of one seed whose runs fine-tuned different
+initial weights (RUN/provenance.json's ``init``) are refused in one line unless ``--allow-mixed-bases``.
 """
 from __future__ import annotations
 
@@ -70,6 +56,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import random
 import statistics
 import sys
 import time
@@ -77,9 +64,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import yaml
 
+from mutor2d import provenance
 from mutor2d.cli import HelpFormatter
+from mutor2d.engine.runlog import read_log, skip_counts
+from mutor2d.io import write_json_atomic
+from mutor2d.lm import arith
+from mutor2d.lm import data as lm_data
+from mutor2d.lm.offline_tokenizers import char_tokenizer, word_tokenizer
+from mutor2d.lm.records import write_jsonl
+from mutor2d.lm.tiny import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,21 +102,16 @@ class Size:
 
 
 def arith_records(size: Size, count: int, seed: int) -> list[dict]:
-    from mutor2d.lm.arith import arith_records as records
-    return records(count, list(size.shape), seed=seed)
+    return arith.arith_records(count, list(size.shape), seed=seed)
 
 
 def arith_tokenizer(size: Size):
-    from mutor2d.lm.arith import arith_alphabet
-    from mutor2d.lm.offline_tokenizers import char_tokenizer
-    return char_tokenizer(arith_alphabet())
+    return char_tokenizer(arith.arith_alphabet())
 
 
 def arith_corpus(size: Size, count: int, seed: int) -> list[dict]:
     """The pretraining corpus: worked problems of ``size.corpus_steps`` steps and bare sums, GSM8K lines."""
-    import random
-    from mutor2d.lm.arith import arith_records as records
-    problems = records(count - count // 4, list(size.corpus_steps), seed=seed + 100)
+    problems = arith.arith_records(count - count // 4, list(size.corpus_steps), seed=seed + 100)
     rng, sums = random.Random(seed), []
     for _ in range(count // 4):
         a, b = rng.randint(0, 20), rng.randint(1, 9)
@@ -130,8 +121,7 @@ def arith_corpus(size: Size, count: int, seed: int) -> list[dict]:
 
 
 def stargraph_records(size: Size, count: int, seed: int) -> list[dict]:
-    from mutor2d.lm.data import stargraph_records as records
-    return records(*size.shape, count=count, seed=seed)
+    return lm_data.stargraph_records(*size.shape, count=count, seed=seed)
 
 
 def graph_edges(line: dict) -> frozenset:
@@ -160,7 +150,6 @@ def stargraph_corpus(size: Size, count: int, seed: int) -> list[dict]:
     """The pretraining corpus over fresh star graphs (seed stream ``seed`` + 100), in the task's words
     but never its query: alternately a random walk from a random non-leaf node "EDGES / v =" -> " v ... leaf"
     and the path read from the leaf side "EDGES / g / s =" -> " g ... s" (each node's one predecessor)."""
-    import random
     rng, lines = random.Random(seed), []
     for k, line in enumerate(stargraph_records(size, count, seed + 100)):
         edges, path = line["prompt"].split("/")[0], line["answer"].split()
@@ -174,7 +163,6 @@ def stargraph_corpus(size: Size, count: int, seed: int) -> list[dict]:
 
 def stargraph_tokenizer(size: Size):
     """One word per node id (0..num_nodes-1) and per delimiter (edge end |, query /, answer =)."""
-    from mutor2d.lm.offline_tokenizers import word_tokenizer
     return word_tokenizer([str(v) for v in range(size.shape[2])] + ["|", "/", "="])
 
 
@@ -274,7 +262,6 @@ TASKS["arith_budget"] = dataclasses.replace(
 
 def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
     """Training and held-out test splits (jsonl lines); no test line shares its key with a training line."""
-    from mutor2d.lm.records import write_jsonl
     out.mkdir(parents=True, exist_ok=True)
     train = task.records(size, size.train, 0)
     seen = {task.key(r) for r in train}
@@ -286,7 +273,6 @@ def write_data(out: Path, task: Task, size: Size) -> tuple[Path, Path]:
 
 def write_base(folder: Path, task: Task, size: Size, seed: int) -> Path:
     """A randomly initialised small Llama (seeded) and the task's tokenizer, as a model folder."""
-    from mutor2d.lm.tiny import write_tiny_llama
     return write_tiny_llama(folder, task.tokenizer(size), size.hidden, size.layers, size.heads, seed,
                             init_std=size.init_std)
 
@@ -295,7 +281,6 @@ def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, 
     """The shared base's pretraining (its config; writes OUT/data/pretrain.jsonl, the task's corpus
     with the lines whose key is in ``exclude`` dropped, and OUT/pretrain_init, a random Llama of seed
     1000) and its cache key (:func:`base_key`)."""
-    from mutor2d.lm.records import write_jsonl
     corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "data" / "pretrain.jsonl")
@@ -309,7 +294,6 @@ def base_key(cfg: dict, corpus: Path, init: Path) -> str:
     """sha256 of what makes a base: its pretraining config (without the paths of its corpus and initial
     weights, which name this study's folder), their content (fingerprints) and the code identity
     (commit and diff hash, or the package version): equal recipes share one base, whatever the study."""
-    from mutor2d import provenance
     recipe = {k: v for k, v in cfg.items() if k not in ("model", "data")}
     recipe["model"] = {k: v for k, v in cfg["model"].items() if k != "hf"}
     recipe["data"] = {k: v for k, v in cfg["data"].items() if k != "path"}
@@ -350,11 +334,8 @@ def run_config(base: Path, train: Path, test: Path | None, objective: dict, size
 
 def records_of(run: Path) -> dict[int, dict]:
     """The run's online accuracy records by step."""
-    out = {}
-    for f in sorted((run / "eval").glob("*.json")):
-        rec = json.loads(f.read_text())
-        out[int(rec["step"])] = rec
-    return out
+    recs = (json.loads(f.read_text()) for f in sorted((run / "eval").glob("*.json")))
+    return {int(rec["step"]): rec for rec in recs}
 
 
 def finished(run: Path, max_steps: int, records: bool = True) -> bool:
@@ -424,7 +405,6 @@ def timed(entry, config: Path, cfg: dict, run: Path, out: Path) -> None:
 
 
 def final_loss(run: Path) -> float | None:
-    from mutor2d.engine.runlog import read_log
     rows = [r for r in read_log(run) if "loss_ntp" in r]
     return rows[-1]["loss_ntp"] if rows else None
 
@@ -454,7 +434,6 @@ def table(runs: dict[str, dict[int, Path]], max_steps: int) -> str:
 
 def init_of(run: Path) -> str | None:
     """The sha256 of the initial weights a run's first session started from (RUN/provenance.json)."""
-    from mutor2d import provenance
     sessions = provenance.read_sessions(run)
     return ((sessions[0].get("init") or {}).get("sha256")) if sessions else None
 
@@ -469,7 +448,6 @@ def check_bases(runs: dict[str, dict[int, Path]], allow_mixed: bool) -> dict[int
     mixed = {s: found for s, found in by_seed.items() if len(found - {None}) > 1}
     if mixed and not allow_mixed:
         seed, found = next(iter(sorted(mixed.items())))
-        from mutor2d import provenance
         raise StudyError(f"the arms of seed {seed} fine-tuned different initial weights "
                          f"({', '.join(sorted(provenance.short(h) for h in found - {None}))}): their pairing would "
                          f"compare bases, not methods; pass --allow-mixed-bases to pair them anyway")
@@ -484,8 +462,6 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
                   boot: dict | None = None) -> Path:
     """OUT/summary.json: the table's rows, the initial weights of each seed's arms (the shared base's
     folder and key when there is one) and the provenance of the study process and of each run."""
-    from mutor2d import provenance
-    from mutor2d.io import write_json_atomic
     from mutor2d.lm.hf import base_fingerprint
     summary = {"task": task_name, "rows": table_rows(runs, size.max_steps),
                "base": {"folder": str(shared), "key12": shared.name,
@@ -496,12 +472,6 @@ def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict
                               "runs": {r.name: (provenance.read_sessions(r) or [None])[0]
                                        for by in runs.values() for r in by.values()}}}
     return write_json_atomic(out / "summary.json", summary)
-
-
-def ci95(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95% Student-t interval) of per-seed values (nan half-width for one)."""
-    from mutor2d.evaluation.study_tables import t95
-    return t95(values)
 
 
 def reference_arm(arm: str, reference: str = "next-token") -> str:
@@ -518,8 +488,7 @@ def cpu_seconds(out: Path) -> dict[str, float]:
     """Run folder name -> CPU seconds over all its sessions (OUT/costs.jsonl)."""
     total = {}
     path = out / "costs.jsonl"
-    for line in (path.read_text().splitlines() if path.is_file() else []):
-        row = json.loads(line)
+    for row in (load_jsonl(path) if path.is_file() else []):
         total[row["run"]] = total.get(row["run"], 0.0) + row["cpu_s"]
     return total
 
@@ -529,7 +498,6 @@ SKIP_TOLERANCE = 0.01       # paired arms may differ by this share of their upda
 
 def skipped(run: Path) -> int:
     """Updates the run's blow-up guard skipped (mutor2d/engine/health.py)."""
-    from mutor2d.engine.runlog import skip_counts
     return sum(skip_counts(run).values())
 
 
@@ -552,19 +520,20 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, 
     its 95% CI and wins / ties / losses; CPU seconds per run; forwards per generated token of the
     final evaluation (mean over seeds: below 1 where register drafts were accepted); the updates the
     blow-up guard skipped, per seed."""
+    from mutor2d.evaluation.study_tables import t95     # imports torch
     final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
     acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
     cpu = cpu_seconds(out)
     lines = [f"| arm | seeds | accuracy [95% CI] | minus {reference} [95% CI] | wins / ties / losses | CPU s per run "
              "| forwards per token | skipped updates per seed |", "|---|---|---|---|---|---|---|---|"]
     for arm, by_seed in acc.items():
-        mean, half = ci95(list(by_seed.values()))
+        mean, half = t95(list(by_seed.values()))
         ref = acc.get(reference_arm(arm, reference), {})
         paired = [by_seed[s] - ref[s] for s in by_seed if s in ref]
         if arm == reference_arm(arm, reference) or not paired:
             diff, record = "—", "—"
         else:
-            d, h = ci95(paired)
+            d, h = t95(paired)
             diff = f"{d:+.3f} [{d - h:+.3f}, {d + h:+.3f}]"
             record = f"{sum(x > 0 for x in paired)} / {sum(x == 0 for x in paired)} / {sum(x < 0 for x in paired)}"
         costs = [cpu[r.name] for r in runs[arm].values() if r.name in cpu]
@@ -577,10 +546,14 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, 
     return "\n".join(lines)
 
 
+def accuracy_curves(by_seed: dict[int, Path]) -> list[dict[int, float]]:
+    """Per seed's run: its online test accuracy by step."""
+    return [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
+
+
 def curve_table(runs: dict[str, dict[int, Path]]) -> str:
     """Markdown: mean test accuracy over seeds at every evaluated step."""
-    curves = {m: [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
-              for m, by_seed in runs.items()}
+    curves = {m: accuracy_curves(by_seed) for m, by_seed in runs.items()}
     steps = sorted(set.intersection(*(set(c) for cs in curves.values() for c in cs)))
     lines = ["| method | " + " | ".join(f"step {s}" for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
     for method, cs in curves.items():
@@ -607,7 +580,7 @@ def plot(runs: dict[str, dict[int, Path]], path: Path, title: str) -> Path:
     """Test accuracy against training step: each seed faint, the mean over seeds bold."""
     def draw(ax):
         for k, (method, by_seed) in enumerate(runs.items()):
-            curves = [{s: r["metrics"]["accuracy"] for s, r in records_of(run).items()} for run in by_seed.values()]
+            curves = accuracy_curves(by_seed)
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             for c in curves:
                 ax.plot(sorted(c), [c[s] for s in sorted(c)], color=f"C{k}", alpha=0.25, lw=1)
@@ -618,9 +591,8 @@ def plot(runs: dict[str, dict[int, Path]], path: Path, title: str) -> Path:
 BOOTSTRAP_DRAWS = 2000
 
 
-def correctness(run: Path, step: int) -> "np.ndarray":
+def correctness(run: Path, step: int) -> np.ndarray:
     """0/1 per test item (in item order) of the run's online evaluation at ``step``."""
-    import numpy as np
     path = next((run / "eval").glob(f"predictions_*_step{step}.jsonl"))
     items = sorted(load_jsonl(path), key=lambda it: it["index"])
     return np.array([bool(it["correct"]) for it in items], dtype=float)
@@ -631,7 +603,6 @@ def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -
     intervals from one bootstrap over seeds and test items together. Each draw resamples the seeds
     (with replacement) and the items (with replacement) once, shared by every arm, so an arm's
     difference to ``reference`` is paired by seed and by item."""
-    import numpy as np
     steps = sorted(set.intersection(*(set(records_of(r)) for by in runs.values() for r in by.values())))
     seeds = sorted(set.intersection(*(set(by) for by in runs.values())))
     rng = np.random.default_rng(seed)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mutor2d import checkpoint as ckpt_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.config_files import parse_override
 
@@ -270,7 +272,6 @@ def stop_mid_run(cmd: list[str], env: dict, run_dir: Path, stop_at: int, log: Pa
 def worker_exit_codes(output: str) -> dict[int, int]:
     """rank -> exit code, from torchrun's failure report ("rank : 0 (local_rank: 0)" then
     "exitcode  : 75 (pid: ...)"); ranks that exited 0 are not listed there."""
-    import re
     found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)
     return {int(rank): int(code) for rank, code in found}
 
@@ -283,7 +284,6 @@ LAUNCHER_KILLED = (-15, 143)
 
 def checkpoint_of(run_dir: Path, step: int, sharding: str) -> Path:
     """The checkpoint a step leaves: a .pt file, or a .dcp folder when sharded."""
-    from mutor2d import checkpoint as ckpt_lib
     path = ckpt_lib.checkpoint_path(run_dir, step)
     return path.with_suffix(".dcp") if sharding == "fsdp" else path
 
@@ -292,7 +292,6 @@ def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str, shard
     """The training processes took the stop path (exit 75, see LAUNCHER_KILLED) after writing a complete
     checkpoint of the step they stopped at. torchrun itself exits 1 and lists the ranks' codes; when
     the launcher was signalled it lists none (it died of the signal)."""
-    from mutor2d import checkpoint as ckpt_lib
     out, step = res["output"], res["signal_after_step"]
     codes = worker_exit_codes(out)
     killed = "closing signal SIGTERM" in out

@@ -163,8 +163,9 @@ def test_the_pretrained_study_shares_one_base_and_pairs_every_arm_with_next_toke
 
 
 def test_intervals_by_hand():
+    from mutor2d.evaluation.study_tables import t95
     study = load_study()
-    mean, half = study.ci95([0.5, 0.7, 0.6])
+    mean, half = t95([0.5, 0.7, 0.6])
     assert abs(mean - 0.6) < 1e-12 and abs(half - 4.302653 * 0.1 / 3 ** 0.5) < 1e-5
     assert study.reference_arm("mutor-1d d_max=4, bidirectional") == "next-token, bidirectional"
     assert study.reference_arm("multihead d_max=4") == "next-token"
