@@ -9,13 +9,9 @@
                      shows them), a sample grid and how to sample;
   sample.png         that grid, sampled from the saved weights with the run's sample settings.
 ``mutor2d.checkpoint.locate.resolve`` maps such a folder to its model.safetensors once its checksum matches
-(``io.verified_weights``: a corrupt file is a one-line error, a folder written before checksums loads
-with a warning), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained`` take it
-like a run folder.
-
-``save`` writes into a temp folder beside OUT, then moves it into place: the whole folder when OUT is
-new, else only its own files (``OWN_FILES``) over their namesakes. An OUT holding anything else (a run
-folder, a user's files) is refused unless --force, which still replaces only those four files.
+(``io.verified_weights``), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained``
+take it like a run folder. ``save`` replaces only its own files (``OWN_FILES``, through a temp folder:
+:func:`write_folder`); an OUT holding anything else is refused unless --force (:func:`check_out`).
 
     from mutor2d.hub import MutorModel
     MutorModel.from_checkpoint("runs/digits_mutor2d").save_pretrained("digits_hub")

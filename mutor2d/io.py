@@ -55,22 +55,17 @@ def _fsync_folder(folder: Path) -> None:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # e.g. Windows cannot open folders: the rename is all we get
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def current_umask() -> int:
     """The process's umask (read from /proc on Linux; elsewhere set and restored at once)."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except OSError:
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -168,11 +163,9 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> li
     if not folder.is_dir():
         return []
     pattern = f".{name}.*{TEMP_SUFFIX}" if name else f".*{TEMP_SUFFIX}"
-    removed = []
-    for p in folder.glob(pattern):
-        if p.is_file():
-            p.unlink()
-            removed.append(p)
+    removed = [p for p in folder.glob(pattern) if p.is_file()]
+    for p in removed:
+        p.unlink()
     return removed
 
 

@@ -151,9 +151,9 @@ def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
     try:
         with np.load(path, allow_pickle=False) as npz:
             return _open_npz(spec, path, npz, lazy_bytes)
+    except MetricsError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-        if isinstance(e, MetricsError):
-            raise
         raise MetricsError(f"{spec}: not a readable npz ({type(e).__name__}: {e})") from None
 
 
