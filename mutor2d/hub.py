@@ -130,7 +130,7 @@ def tokenizer_reference(cfg) -> dict:
 def fid_table(run_dir: Path | None) -> str:
     """The run's evaluation records (RUN/eval/*.json) as eval/leaderboard.py's markdown table."""
     from .evaluation import records
-    if run_dir is None or not list((run_dir / "eval").glob("*.json")):
+    if run_dir is None or not any((run_dir / "eval").glob("*.json")):
         return "No evaluation records yet (`python eval/fid.py SAMPLES.npz --ref ...` writes them to RUN/eval/)."
     recs, _ = records.read_records([run_dir])
     return records.markdown_table(recs)
@@ -269,13 +269,8 @@ def main(argv=None) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    try:
+    with io.exit_on_write_error(f"hub folder {str(out)!r}", "the temp folder beside it is removed"):
         write_folder(model, out)
-    except OSError as e:
-        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
-        print(f"error: could not write hub folder {str(out)!r} ({why}); the temp folder beside it is removed",
-              file=sys.stderr)
-        raise SystemExit(checkpoint.WRITE_FAILED_EXIT if io.is_disk_full(e) else 2) from None
     print(f"wrote {args.out}")
     if args.push is not None:
         push(model, args.push, out)

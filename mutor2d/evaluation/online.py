@@ -13,9 +13,11 @@ import os
 
 import numpy as np
 
+from ..config import section_dict
 from ..sampling import images as generation
 from ..sampling.config import PlainDecode
-from .metrics import compute_metrics, embedded_weights
+from .metrics import compute_metrics, embedded_weights, evaluator_info
+from .records import make_record_fields
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, MetricsError, open_images
 
 ONLINE_METRICS = ("fid", "is", "precision", "recall", "accuracy")
@@ -48,9 +50,6 @@ def online_record(cfg, step: int, metrics: dict) -> dict:
     """The record of one online evaluation (the fields eval/fid.py's records hold): samples named
     ``online_stepN``, plain decoding with the run's sample settings, the digits classifier's features
     against digits:train."""
-    from ..config import section_dict
-    from .metrics import evaluator_info
-    from .records import make_record_fields
     s = cfg.sample
     weights = embedded_weights("digits", cfg.data.data_seed)
     sampling = {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
