@@ -1,20 +1,13 @@
 """The interactive demo (``python app.py --ckpt RUN_OR_FOLDER``): a gradio page that samples a class grid
-from one checkpoint and shows the images forming while they are decoded.
+from one checkpoint and shows the images forming while they are decoded (``TokenWatch``).
 
-A request is a dict of settings (``DEFAULTS``: classes, images per class, CFG scale, temperature,
-top-k, top-p, seed, decoding mode and its draft / window), read from the page or from its URL's query
-parameters (``settings_from_query``), so a result is shared by its link. It runs through the one path
-from a model to images (``generation.make_sampler``) as one batch seeded with ``shard_seed(seed, 0)``,
-so the grid equals ``sample.py --classes C --per-class N --seed S --batch-size len(C)*N`` (the page
-shows that command). While the decoder runs in a worker thread, ``TokenWatch`` (its progress
-callback) holds the tokens emitted so far and the page shows them decoded by the checkpoint's
-tokenizer, the rest grey. Beside the grid: forward passes per image, tokens per forward, tokens/s
-and acceptance by draft distance (the decoders' own counts). Bad settings are a message in the page;
-requests are queued (one decoding at a time); the server logs one line per request.
-
-``main`` checks before it loads anything: gradio importable (else one line naming
-``pip install -e ".[demo]"``, --help included), --port in 1..65535 and free on --host (else one line,
-exit 2). Ctrl-C / SIGTERM close the server within ``STOP_S`` seconds, queued requests or not.
+A request is a dict of settings (``DEFAULTS``), read from the page or from its URL's query parameters
+(``settings_from_query``), so a result is shared by its link. It runs through the one path from a model
+to images (``generation.make_sampler``) as one batch seeded with ``shard_seed(seed, 0)``, so the grid
+equals ``sample.py --classes C --per-class N --seed S --batch-size len(C)*N`` (the page shows that
+command). Bad settings are a message in the page; requests are queued (one decoding at a time); the
+server logs one line per request. app.py's flags are checked before anything loads (mutor2d.demo_cli,
+``check_port``); Ctrl-C / SIGTERM close the server within ``STOP_S`` seconds (``serve``).
 """
 import dataclasses
 import logging

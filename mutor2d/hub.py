@@ -9,13 +9,9 @@
                      shows them), a sample grid and how to sample;
   sample.png         that grid, sampled from the saved weights with the run's sample settings.
 ``mutor2d.checkpoint.locate.resolve`` maps such a folder to its model.safetensors once its checksum matches
-(``io.verified_weights``: a corrupt file is a one-line error, a folder written before checksums loads
-with a warning), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained`` take it
-like a run folder.
-
-``save`` writes into a temp folder beside OUT, then moves it into place: the whole folder when OUT is
-new, else only its own files (``OWN_FILES``) over their namesakes. An OUT holding anything else (a run
-folder, a user's files) is refused unless --force, which still replaces only those four files.
+(``io.verified_weights``), so ``sample.py --ckpt``, ``train.init_from``, ``app.py`` and ``from_pretrained``
+take it like a run folder. ``save`` replaces only its own files (``OWN_FILES``, through a temp folder:
+:func:`write_folder`); an OUT holding anything else is refused unless --force (:func:`check_out`).
 
     from mutor2d.hub import MutorModel
     MutorModel.from_checkpoint("runs/digits_mutor2d").save_pretrained("digits_hub")
@@ -134,7 +130,7 @@ def tokenizer_reference(cfg) -> dict:
 def fid_table(run_dir: Path | None) -> str:
     """The run's evaluation records (RUN/eval/*.json) as eval/leaderboard.py's markdown table."""
     from .evaluation import records
-    if run_dir is None or not list((run_dir / "eval").glob("*.json")):
+    if run_dir is None or not any((run_dir / "eval").glob("*.json")):
         return "No evaluation records yet (`python eval/fid.py SAMPLES.npz --ref ...` writes them to RUN/eval/)."
     recs, _ = records.read_records([run_dir])
     return records.markdown_table(recs)
@@ -273,13 +269,8 @@ def main(argv=None) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    try:
+    with io.exit_on_write_error(f"hub folder {str(out)!r}", "the temp folder beside it is removed"):
         write_folder(model, out)
-    except OSError as e:
-        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
-        print(f"error: could not write hub folder {str(out)!r} ({why}); the temp folder beside it is removed",
-              file=sys.stderr)
-        raise SystemExit(checkpoint.WRITE_FAILED_EXIT if io.is_disk_full(e) else 2) from None
     print(f"wrote {args.out}")
     if args.push is not None:
         push(model, args.push, out)

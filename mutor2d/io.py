@@ -1,25 +1,22 @@
-"""File helpers shared by the project: atomic writes, and reading torch files without running code.
+"""File helpers shared by the project: atomic writes, checksums, and reading torch files without running code.
 
-Atomic writes: a reader sees the old file or the new one, never a half-written one. Rule: write to a
-temp file in the destination's folder (``.NAME.XXXX.tmp``), flush and fsync it,
-``os.replace`` it over the destination, then fsync the folder so the rename itself survives a crash.
-The file gets the mode a plain ``open`` would give (0666 minus the umask: group-readable under the
-usual 022), not the temp file's 0600. A failed write removes its temp file; one killed mid-write
-(SIGKILL) leaves it behind, and :func:`remove_stale_temps` deletes such leftovers at the next start.
-:func:`torch_save` keeps the OSError (errno: disk full, ...) that ``torch.save`` reports as a bare
-RuntimeError.
+Atomic writes (:func:`write_atomic`): a reader sees the old file or the new one, never a half-written one.
+Rule: write to a temp file in the destination's folder (``.NAME.XXXX.tmp``), flush and fsync it,
+``os.replace`` it over the destination, then fsync the folder so the rename itself survives a crash. The
+file gets the mode a plain ``open`` would give (0666 minus the umask), not the temp file's 0600. A failed
+write removes its temp file; one killed mid-write (SIGKILL) leaves it for :func:`remove_stale_temps` at
+the next start. :func:`torch_save` keeps the OSError (disk full, ...) that ``torch.save`` reports as a
+bare RuntimeError.
 
 Checksums (:func:`with_checksum`, verified by :func:`read_torch_file`): a dict written by the project
-carries ``"sha256"``, the SHA-256 of its content (every other entry, walked in order: tensors and
-numpy arrays as dtype, shape and raw bytes; other values as their type and repr). It is computed from
-the in-memory state before writing and recomputed from what is read, so bit rot anywhere in the data
-is caught (``torch.load`` does not check the zip CRCs) and the check does not depend on how torch
-lays out its zip file. One file holds both: nothing to rename, rotate or lose separately.
+carries ``"sha256"``, the SHA-256 of its content (every other entry, walked in order: tensors and numpy
+arrays as dtype, shape and raw bytes; other values as their type and repr), computed from the in-memory
+state and recomputed from what is read: bit rot anywhere in the data is caught (``torch.load`` does not
+check the zip CRCs) whatever torch's zip layout, and there is no second file to lose.
 
-Safe reading (:func:`read_torch_file`): ``torch.load(weights_only=True)`` accepts tensors, numbers,
-strings and plain containers only, plus the classes a caller allows explicitly. A pickle that names
-any other callable (a payload) is refused with a one-line error naming the file and the callables;
-nothing from it runs. numpy arrays are always allowed (plain data: RNG states of older files).
+Safe reading (:func:`read_torch_file`): ``torch.load(weights_only=True)`` with numpy arrays and the classes
+a caller allows; a pickle that names any other callable (a payload) is refused in one line naming the file
+and the callables; nothing from it runs.
 """
 from __future__ import annotations
 
@@ -55,22 +52,17 @@ def _fsync_folder(folder: Path) -> None:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # e.g. Windows cannot open folders: the rename is all we get
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def current_umask() -> int:
     """The process's umask (read from /proc on Linux; elsewhere set and restored at once)."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except OSError:
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -137,15 +129,15 @@ def is_disk_full(error: OSError) -> bool:
 
 
 @contextlib.contextmanager
-def exit_on_write_error(what: str):
+def exit_on_write_error(what: str, left: str = "no partial file is left"):
     """For a command's writes: an OSError inside (disk full, read-only folder, a file where a folder
-    should be) becomes ``error: could not write WHAT (why)`` on stderr and exit 74 (disk full) or 2.
+    should be) becomes ``error: could not write WHAT (why); LEFT`` on stderr and exit 74 (disk full) or 2.
     Wrap the writes only: a missing input is an OSError too."""
     try:
         yield
     except OSError as e:
         why = "no space left on the device" if is_disk_full(e) else (e.strerror or str(e))
-        print(f"error: could not write {what} ({why}); no partial file is left", file=sys.stderr)
+        print(f"error: could not write {what} ({why}); {left}", file=sys.stderr)
         raise SystemExit(WRITE_FAILED_EXIT if is_disk_full(e) else 2) from None
 
 
@@ -168,11 +160,9 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> li
     if not folder.is_dir():
         return []
     pattern = f".{name}.*{TEMP_SUFFIX}" if name else f".*{TEMP_SUFFIX}"
-    removed = []
-    for p in folder.glob(pattern):
-        if p.is_file():
-            p.unlink()
-            removed.append(p)
+    removed = [p for p in folder.glob(pattern) if p.is_file()]
+    for p in removed:
+        p.unlink()
     return removed
 
 

@@ -38,10 +38,9 @@ def draw_mask(layout, sample: int, path: str, order: str = "interleaved") -> Non
             labels.append(f"r{int(layout.reg_anchor[sample, r])}→x{int(layout.reg_target[sample, r])}")
     L = len(idx)
     img = np.ones((L, L, 3))
-    reg_row = is_reg[:, None] | np.zeros((1, L), dtype=bool)
-    col_reg = np.zeros((L, 1), dtype=bool) | is_reg[None, :]
     blue, orange, purple = np.array([0.2, 0.4, 0.85]), np.array([0.95, 0.55, 0.1]), np.array([0.55, 0.3, 0.7])
-    colour = np.where((reg_row & col_reg)[..., None], purple, np.where(reg_row[..., None], orange, blue))
+    reg_to_reg = (is_reg[:, None] & is_reg[None, :])[..., None]                    # (L, L, 1)
+    colour = np.where(reg_to_reg, purple, np.where(is_reg[:, None, None], orange, blue))    # (L, L, 3)
     img[m] = colour[m]
     size = max(4.0, 0.22 * L)
     fig, ax = plt.subplots(figsize=(size, size))

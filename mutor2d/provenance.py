@@ -1,23 +1,15 @@
-"""Provenance: which code, library versions, data and initial weights produced an artifact.
+"""Provenance: which code, library versions, data and initial weights produced an artifact (the fields
+and where each artifact keeps them: docs/RELIABILITY.md, "Provenance").
 
-A provenance is a JSON-able dict (:func:`provenance`):
-  * ``code``: {"commit", "dirty", "diff_sha256"} of the git checkout that holds the mutor2d package;
-    dirty = uncommitted changes or untracked files; diff_sha256 = sha256 of ``git diff HEAD --binary``
-    followed by each untracked file's name and content sha256 (null when clean). Outside a checkout
-    (or without git): {"package_version"}. git runs with a timeout; what it cannot tell is null.
-  * ``versions``: python and the installed versions of torch, transformers, peft, accelerate,
-    torch_fidelity, numpy (importlib.metadata: nothing is imported; null when not installed).
-  * ``device``, ``threads``: where it ran (given, else measured through torch).
-  * ``data``, ``init``: fingerprints of the training data and of the initial weights (or null).
-A fingerprint is {"path" or "name", "sha256", ...}: a file's sha256 is that of its bytes; a folder's
-is the sha256 of the lines "RELATIVE_PATH\\tSIZE\\tSHA256\\n" of its files sorted by path; a random
-initialisation's is the sha256 of the text "random init, seed S". Displays and folder names use the
-short form, the first 12 hex digits (:func:`short`); files store the full one.
-Files of at least :data:`CACHE_MIN_BYTES` are hashed once: their sha256 is kept in ``hashes.json``
-under $MUTOR2D_CACHE (else $XDG_CACHE_HOME/mutor2d, else ~/.cache/mutor2d), keyed by (absolute path,
-size, mtime_ns); a changed file has another key and is hashed again.
-A run folder's sessions: RUN/provenance.json, {"sessions": [each session's provenance, with
-"started" and "start_step"]} (:func:`append_session`).
+A provenance (:func:`provenance`) is a JSON-able dict: ``code`` (:func:`code_identity`), ``versions``,
+``device``, ``threads``, ``data`` and ``init`` (fingerprints, or null). A fingerprint is {"path" or
+"name", "sha256", ...}: a file's sha256 is that of its bytes; a folder's is the sha256 of the lines
+"RELATIVE_PATH\\tSIZE\\tSHA256\\n" of its files sorted by path; a random initialisation's is the sha256
+of the text "random init, seed S". Displays and folder names use the first 12 hex digits
+(:func:`short`); files store the full one. Files of at least :data:`CACHE_MIN_BYTES` are hashed once:
+their sha256 is kept in ``hashes.json`` under $MUTOR2D_CACHE (else $XDG_CACHE_HOME/mutor2d, else
+~/.cache/mutor2d), keyed by (absolute path, size, mtime_ns). A run folder's sessions:
+RUN/provenance.json (:func:`append_session`).
 """
 from __future__ import annotations
 
@@ -62,43 +54,40 @@ def git(root: Path, *args: str) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def package_version() -> str | None:
+def package_version(dist: str = "mutor2d") -> str | None:
+    """The installed version of the distribution ``dist`` (None when not installed)."""
     try:
-        return importlib.metadata.version("mutor2d")
+        return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
 def code_identity(root: str | os.PathLike = PACKAGE_ROOT) -> dict:
-    """{"commit", "dirty", "diff_sha256"} of the checkout ``root`` (its top level), else {"package_version"}."""
+    """{"commit", "dirty", "diff_sha256"} of the checkout ``root`` (its top level), else {"package_version"}.
+    dirty: uncommitted changes or untracked files; diff_sha256: sha256 of ``git diff HEAD --binary`` followed
+    by each untracked file's name and content sha256 (null when clean); what git cannot tell is null."""
     root = Path(root)
     top = git(root, "rev-parse", "--show-toplevel")
     if top is None or Path(top.decode().strip()).resolve() != root.resolve():
         return {"package_version": package_version()}
     commit = git(root, "rev-parse", "HEAD")
+    found = {"commit": commit.decode().strip() if commit else None, "dirty": None, "diff_sha256": None}
     diff = git(root, "diff", "HEAD", "--binary")
     untracked = git(root, "ls-files", "--others", "--exclude-standard", "-z")
     if diff is None or untracked is None:
-        return {"commit": commit.decode().strip() if commit else None, "dirty": None, "diff_sha256": None}
+        return found
     names = sorted(n for n in untracked.decode(errors="surrogateescape").split("\0") if n)
     h = hashlib.sha256(diff)
     for name in names:
         path = root / name
         h.update(f"{name}\t{file_sha256(path) if path.is_file() else ''}\n".encode(errors="surrogateescape"))
     dirty = bool(diff) or bool(names)
-    return {"commit": commit.decode().strip() if commit else None, "dirty": dirty,
-            "diff_sha256": h.hexdigest() if dirty else None}
+    return {**found, "dirty": dirty, "diff_sha256": h.hexdigest() if dirty else None}
 
 
 def versions() -> dict:
     """python and each of LIBRARIES' installed version (None when not installed)."""
-    found = {"python": platform.python_version()}
-    for key, dist in LIBRARIES.items():
-        try:
-            found[key] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[key] = None
-    return found
+    return {"python": platform.python_version(), **{key: package_version(dist) for key, dist in LIBRARIES.items()}}
 
 
 def code_text(code: dict | None) -> str:

@@ -1,21 +1,16 @@
-"""Position extrapolation: teacher-forced regular-token NLL by position, past the trained length.
+"""Position extrapolation: teacher-forced regular-token NLL by position, past the trained length
+(docs/METHOD.md, "Position extrapolation").
 
 A ``Curve`` holds one run's next-token NLL (nats per token, the regular pathway only: registers are
 absent, as at sampling) summed per position, with the trained limits ("edges") that cut the positions
 into ranges: inside the trained range, beyond it. Position means a grid row for images and an answer
 position for text (mutor2d.lm.extrapolation, a run kind's module: it reads LM run folders).
 
-Images (``image_curve``): an image GPT places tokens by 2D RoPE on explicit (row, col) position ids and
-has no table of positions, so nothing stops rows past the trained height H. A grid of height
-``stack`` x H is made from ``stack`` test images of one class stacked vertically (``stacked_grids``:
-the image of class c at place q of that class's test images, then the class's images q+1, ...,
-cyclically), conditioned on that class. Every test image appears once at every block, so the pooled
-NLL of rows >= H is that of exactly the tokens of rows < H (the native evaluation of all test images),
-moved down by a multiple of H and read after other images of the same class: "beyond minus inside" is
-the cost of the new positions and of the context above, on the same tokens. The control ``wrap``
-gives every block the trained rows' position ids (row mod H): the context above without new
-positions, so the difference between the two is the cost of the positions alone. A model with 1D RoPE
-(``model.rope: 1d``) gives rows no position of their own and is refused; so is another width.
+Images (``image_curve``): a grid of height ``stack`` x H stacks ``stack`` test images of one class
+(``stacked_grids``), conditioned on that class. Every test image appears once at every block, so
+"beyond minus inside" is the cost of the new positions and of the context above, on the same tokens;
+the control ``wrap`` gives every block the trained rows' position ids (row mod H): the context above
+without new positions. A model with 1D RoPE (``model.rope: 1d``) or another width is refused.
 """
 from __future__ import annotations
 
@@ -154,9 +149,10 @@ def summarise(results: list[dict]) -> dict[str, dict]:
         if any(c.edges != curves[0].edges for c in curves):
             raise ExtrapolationError(f"label {label}: its runs were trained on different lengths "
                                      f"({sorted({tuple(c.edges) for c in curves})}); give them different labels")
-        values = {b: [c.binned()[b] for c in curves] for b in curves[0].bins}
-        values["beyond - inside"] = [None if None in (c.binned()["beyond"], c.binned()["inside"]) else
-                                     c.binned()["beyond"] - c.binned()["inside"] for c in curves]
+        binned = [c.binned() for c in curves]
+        values = {b: [x[b] for x in binned] for b in curves[0].bins}
+        values["beyond - inside"] = [None if None in (x["beyond"], x["inside"]) else x["beyond"] - x["inside"]
+                                     for x in binned]
         out[label] = {"runs": len(curves), "edges": curves[0].edges, **{k: mean_sd(v) for k, v in values.items()}}
     return out
 

@@ -13,17 +13,18 @@ unpickle, so they are never used).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 import torch_fidelity
 from torch.utils.data import Dataset
+from torch_fidelity import feature_extractor_inceptionv3 as tf_inception
 from torch_fidelity.metric_fid import fid_features_to_statistics
 from torch_fidelity.metric_isc import isc_featuresdict_to_metric
 from torch_fidelity.metric_kid import kid_featuresdict_to_metric
@@ -31,7 +32,7 @@ from torch_fidelity.metric_prc import prc_featuresdict_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id
 
-from ..io import write_atomic
+from ..io import file_sha256, write_atomic
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .photos import PhotosClassifierSettings, photos_classifier_path
 from .options import DIGITS_DATA_SEED, EMBEDDED, FEATURES, INCEPTION, METRICS, MetricsError
@@ -44,14 +45,13 @@ def check_image_sizes(features: str, *sources: ImageSource) -> None:
     """The first image of each source with images must be at least MIN_SIDE pixels a side (smaller
     ones are blown up to the extractor's input, 8x8 or Inception's 299x299, and score noise); else a
     MetricsError naming the source and the size."""
-    low = MIN_SIDE
     for source in sources:
         if source.dataset is None or not len(source.dataset):
             continue
         h, w = source.dataset[0].shape[-2:]
-        if min(h, w) < low:
+        if min(h, w) < MIN_SIDE:
             raise MetricsError(f"{source.name}: images of {h}x{w} pixels; --features {features} needs at least "
-                               f"{low}x{low}")
+                               f"{MIN_SIDE}x{MIN_SIDE}")
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray,
@@ -96,9 +96,8 @@ def inception_state(weights_path) -> dict:
             raise MetricsError(f"Inception weights file {str(weights_path)!r}: expected a state dict, "
                                f"got {type(state).__name__}")
         return state
-    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
     try:
-        return torch.hub.load_state_dict_from_url(URL_INCEPTION_V3, map_location="cpu", progress=False,
+        return torch.hub.load_state_dict_from_url(tf_inception.URL_INCEPTION_V3, map_location="cpu", progress=False,
                                                   weights_only=True)
     except (OSError, RuntimeError, pickle.UnpicklingError) as e:   # offline, or a foreign file
         first = (str(e).strip().splitlines() or [""])[0]
@@ -106,29 +105,17 @@ def inception_state(weights_path) -> dict:
                            "on an offline machine pass --inception-weights PATH") from None
 
 
-@contextlib.contextmanager
-def _handed_state(state: dict):
-    """torch-fidelity's Inception extractor fetches its weights through its module's
-    ``load_state_dict_from_url`` (which would unpickle): for the duration, that name returns
-    ``state``, already read safely."""
-    import torch_fidelity.feature_extractor_inceptionv3 as fi
-    saved = fi.load_state_dict_from_url
-    fi.load_state_dict_from_url = lambda *args, **kwargs: state
-    try:
-        yield
-    finally:
-        fi.load_state_dict_from_url = saved
-
-
 def build_extractor(features: str, layers, weights_path, cuda: bool, verbose: bool = False):
     """The torch-fidelity feature extractor named by ``features`` producing ``layers``."""
     kwargs = dict(cuda=cuda, verbose=verbose)
     if features in EMBEDDED:
-        return create_feature_extractor(FEATURES[features], sorted(layers), feature_extractor_weights_path=str(weights_path),
-                                        **kwargs)
+        return create_feature_extractor(FEATURES[features], sorted(layers),
+                                        feature_extractor_weights_path=str(weights_path), **kwargs)
     state = inception_state(weights_path)
     try:
-        with _handed_state(state):
+        # its extractor fetches weights through its module's load_state_dict_from_url, which would
+        # unpickle: for the duration, that name hands over the state already read safely
+        with mock.patch.object(tf_inception, "load_state_dict_from_url", lambda *a, **k: state):
             return create_feature_extractor(INCEPTION, sorted(layers), **kwargs)
     except RuntimeError as e:       # a state dict of another network
         first = (str(e).strip().splitlines() or [""])[0]
@@ -175,16 +162,11 @@ def evaluator_info(features: str, weights_path) -> dict:
     """What the record says produced the numbers: torch-fidelity version, extractor, weights file."""
     info = {"name": "torch-fidelity", "version": torch_fidelity.__version__, "feature_extractor": FEATURES[features]}
     if weights_path is None and features == "inception":
-        from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
-        return {**info, "weights": f"torch-fidelity download: {URL_INCEPTION_V3.rsplit('/', 1)[-1]}"}
+        return {**info, "weights": f"torch-fidelity download: {tf_inception.URL_INCEPTION_V3.rsplit('/', 1)[-1]}"}
     p = Path(weights_path)
     if not p.is_file():
         raise MetricsError(f"weights file {str(weights_path)!r} does not exist")
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {**info, "weights": str(p), "weights_sha256": h.hexdigest()[:16]}
+    return {**info, "weights": str(p), "weights_sha256": file_sha256(p)[:16]}
 
 
 def use_cuda(device) -> bool:
@@ -290,9 +272,9 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     offline machines), "digits" or "photos" (the embedded classifiers; ``weights_path`` defaults to the cached
     default one). metrics: a subset of fid, is, prc (precision/recall), kid. Reference features are
     cached in ``cache_root`` (None: not cached) under a key made of the reference's identity, the
-    extractor, its weights and the layers. FID uses the reference's stored mu/sigma when it has them; metrics the reference
-    cannot serve are listed in ``skipped`` with the reason. The digits and photos features add ``accuracy``
-    (classifier vs the samples' labels) when the samples carry labels.
+    extractor, its weights and the layers. FID uses the reference's stored mu/sigma when it has them;
+    metrics the reference cannot serve are listed in ``skipped`` with the reason. The digits and photos
+    features add ``accuracy`` (classifier vs the samples' labels) when the samples carry labels.
     """
     layer = feature_layers(features)
     want, skipped = plan_metrics(samples, reference, metrics)

@@ -13,10 +13,11 @@ import os
 
 import numpy as np
 
+from ..config import section_dict
 from ..sampling import images as generation
 from ..sampling.config import PlainDecode
-from .digits import DigitsClassifierSettings, digits_classifier_path
-from .metrics import compute_metrics
+from .metrics import compute_metrics, embedded_weights, evaluator_info
+from .records import make_record_fields
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, MetricsError, open_images
 
 ONLINE_METRICS = ("fid", "is", "precision", "recall", "accuracy")
@@ -32,15 +33,13 @@ def online_digits_eval(model, data_cfg, per_class: int, sample_cfg, tokenizer, s
     used."""
     if data_cfg.name != "digits":
         raise MetricsError(f"online evaluation: data.name={data_cfg.name!r}, the embedded metric needs 'digits'")
-    if per_class < 1:
-        raise MetricsError(f"online evaluation: train.eval_per_class must be >= 1, got {per_class}")
     grid = tuple(int(v) for v in (grid or tokenizer.grid))
     classes = list(range(model.cfg.num_classes))
     labels = generation.balanced_labels(per_class * len(classes), classes)
     plain = dataclasses.replace(sample_cfg, decode=PlainDecode())    # exact modes sample the same distribution
     images = generation.sample_images(model, tokenizer, grid, plain, labels, seed, batch_size=len(labels))
     samples = ImageSource("online", ArrayImages(images), labels.numpy())
-    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_cfg.data_seed), cache_dir)
+    weights = embedded_weights("digits", data_cfg.data_seed, cache_dir)
     device = next(model.parameters()).device
     res = compute_metrics(samples, open_images("digits:train", data_cfg.data_seed), features="digits",
                           weights_path=weights, metrics=("fid", "is", "prc"), device=device.type, use_cache=False)
@@ -51,11 +50,8 @@ def online_record(cfg, step: int, metrics: dict) -> dict:
     """The record of one online evaluation (the fields eval/fid.py's records hold): samples named
     ``online_stepN``, plain decoding with the run's sample settings, the digits classifier's features
     against digits:train."""
-    from ..config import section_dict
-    from .metrics import evaluator_info
-    from .records import make_record_fields
     s = cfg.sample
-    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=cfg.data.data_seed))
+    weights = embedded_weights("digits", cfg.data.data_seed)
     sampling = {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
                 "seed": s.seed, "decode": "plain", "step": step, "source": "online (train.eval_every)"}
     return make_record_fields(
@@ -74,7 +70,7 @@ def digits_floor(n: int | None = None, data_seed: int = DIGITS_DATA_SEED, cache_
             raise MetricsError(f"n={n}: expected 5..{len(test.dataset)} (the size of the digits test split)")
         idx = np.random.default_rng(0).permutation(len(test.dataset))[:n]
         test = ImageSource(test.name, ArrayImages(test.dataset.images[idx]), test.labels[idx])
-    weights = digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache_dir)
+    weights = embedded_weights("digits", data_seed, cache_dir)
     res = compute_metrics(test, open_images("digits:train", data_seed), features="digits", weights_path=weights,
                           metrics=("fid", "is", "prc"), use_cache=False)
     return res.metrics

@@ -104,7 +104,7 @@ class Study:
             raise StudyError(f"--cfg {bad[0] if bad else ''!r}: expected comma-separated finite scales >= 0")
         for flag, value in (("--cm-max", self.cm_max), ("--cm-ratio", self.cm_ratio)):
             if value is not None and not math.isfinite(value):
-                raise StudyError(f"--{flag[2:]} {value}: expected a finite number")
+                raise StudyError(f"{flag} {value}: expected a finite number")
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise StudyError(f"--methods: {bad[0]!r} is not a method (expected some of {', '.join(METHODS)})")

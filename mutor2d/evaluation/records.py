@@ -39,6 +39,7 @@ PAPER_ROWS = [  # method, objective, step, fid, is
     ("next-token", "paper", 500_000, 5.82, 175.8),
     ("MuToR-2D", "paper, sparse 80 reg., D=3", 360_000, 5.56, None),
     ("MuToR-2D", "paper, sparse 80 reg., D=5", 360_000, 5.53, None),
+    ("LlamaGen-B release", "paper, 300 epochs", None, 5.46, 193.6),
 ]
 PAPER_EVALUATOR = "ADM suite (TF Inception)"
 PAPER_REFERENCE = "ImageNet 256 (ADM batch)"
@@ -202,9 +203,9 @@ def objective_summary(objective: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in objective.items() if k != "name")
 
 
-def is_imagenet(record: dict) -> bool:
-    """ImageNet records (the paper's rows apply): the reference names ImageNet."""
-    return "imagenet" in str(record.get("reference", "")).lower()
+def show_paper(records: list[dict], paper: bool | None) -> bool:
+    """Whether the paper's rows apply: ``paper`` when given, else whether a record's reference names ImageNet."""
+    return paper if paper is not None else any("imagenet" in str(r.get("reference", "")).lower() for r in records)
 
 
 def _num(v, digits: int) -> str:
@@ -269,11 +270,9 @@ def _decode_text(rec: dict) -> str:
 
 
 def _paper_rows(extra: list[str]) -> list[list[str]]:
-    rows = [["paper", method, objective, str(step), _num(fid, 2), _num(is_, 1), "–", "–", *("–" for _ in extra), "–",
-             PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"] for method, objective, step, fid, is_ in PAPER_ROWS]
-    rows.append(["paper", "LlamaGen-B release", "paper, 300 epochs", "–", "5.46", "193.6", "–", "–",
-                 *("–" for _ in extra), "–", PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"])
-    return rows
+    return [["paper", method, objective, "–" if step is None else str(step), _num(fid, 2), _num(is_, 1), "–", "–",
+             *("–" for _ in extra), "–", PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"]
+            for method, objective, step, fid, is_ in PAPER_ROWS]
 
 
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
@@ -289,7 +288,7 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "commit", "evaluator",
             "reference", "n", "decoding", "skipped"]
     rows = _table_rows(records, extra)
-    if paper if paper is not None else any(is_imagenet(r) for r in records):
+    if show_paper(records, paper):
         rows += _paper_rows(extra)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
@@ -320,14 +319,13 @@ def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = N
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
     for label, pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    if paper if paper is not None else any(is_imagenet(r) for r in records):
+        ax.plot(*zip(*sorted(pts)), marker="o", label=label)
+    if show_paper(records, paper):
         curves: dict[str, list[tuple[int, float]]] = {}
         for method, objective, step, fid, _ in PAPER_ROWS[:12]:
             curves.setdefault(f"{method} ({objective})", []).append((step, fid))
         for label, pts in curves.items():
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", marker="x", alpha=0.7, label=label)
+            ax.plot(*zip(*pts), linestyle="--", marker="x", alpha=0.7, label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel("FID")
     ax.grid(alpha=0.3)

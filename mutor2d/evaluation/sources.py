@@ -98,11 +98,6 @@ class ImageSource:
         return len(self.dataset) if self.dataset is not None else None
 
 
-def file_identity(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-
-
 def digits_uint8(split: str, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndarray, np.ndarray]:
     """The digits split as sample images: uint8 (n, 8, 8, 3) and labels (n,)."""
     images, labels = digits_images(split, data_seed)
@@ -151,9 +146,9 @@ def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
     try:
         with np.load(path, allow_pickle=False) as npz:
             return _open_npz(spec, path, npz, lazy_bytes)
+    except MetricsError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-        if isinstance(e, MetricsError):
-            raise
         raise MetricsError(f"{spec}: not a readable npz ({type(e).__name__}: {e})") from None
 
 
@@ -169,7 +164,8 @@ def _open_npz(spec: str, path: Path, npz, lazy_bytes: int) -> ImageSource:
         with zipfile.ZipFile(path) as z:
             big = z.getinfo(f"{key}.npy").file_size > lazy_bytes
         images = NpzImages(path, key) if big else ArrayImages(npz[key], f"{spec}: '{key}'")
-    src = ImageSource(spec, images, identity=file_identity(path))
+    st = path.stat()
+    src = ImageSource(spec, images, identity=f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}")
     if has_stats:
         src.mu, src.sigma = npz["mu"].astype(np.float64), npz["sigma"].astype(np.float64)
         if src.mu.ndim != 1 or src.sigma.shape != (len(src.mu), len(src.mu)):

@@ -1,19 +1,9 @@
-"""The image study (digits, or the photo crops): next-token vs MuToR (1D, 2D dense/sparse) vs the multi-head baseline, trained,
-sampled and scored through the library (mutor2d.engine, generation, evaluation). experiments/compare.py
-is its command line; its docstring describes the study. Modules: plan (the settings, no torch), study_runs
-(one run, the floor, the pool), study_tables (summary and tables), study_plots (figures); this one runs a
-whole study and writes its outputs.
-
-For each method and seed: train the base config (``configs/study_digits.yaml`` unless the study
-names another) with the method's objective (RUN = OUT/LABEL/seedS); at each eval step, class-balanced
-samples at each CFG scale (RUN/samples/eval_stepXXXXXXXX_cfgS.npz), the embedded FID/IS/precision/
-recall and class accuracy against the data's train split (digits:train with the digits classifier,
-photos:train with the photos classifier: :func:`data_reference`), and the teacher-forced next-token
-NLL of its test split (and of the validation split when the data config holds one out); one record per (step,
-cfg) in RUN/eval/. With ``val_every``, the validation NLL of every ``val_every``-th checkpoint goes to
-RUN/val_nll.json and the step with the lowest one ("val-best") is sampled and scored too: steps are
-selected on validation, never on test. Data-fraction runs (LABEL = METHOD@F) train on a nested share
-F of the training images. Reruns resume: finished trainings, curves, sample files and records are kept.
+"""The image study (digits, or the photo crops): next-token vs MuToR (1D, 2D dense/sparse) vs the
+multi-head baseline, trained, sampled and scored through the library (mutor2d.engine, generation,
+evaluation). experiments/compare.py is its command line; its docstring describes the study (the data's
+train split is the reference, scored with that data's classifier: :func:`data_reference`). Modules:
+plan (the settings, no torch), study_runs (one run, the floor, the pool), study_tables (summary and
+tables), study_plots (figures); this one runs a whole study and writes its outputs.
 """
 from __future__ import annotations
 

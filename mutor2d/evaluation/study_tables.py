@@ -46,10 +46,9 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
     """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "by_seed": {cfg: {metric: {seed:
-    value}}}, "nll", "nll_val",
-    "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to the step}, "commits": {its
-    runs' commit cells}}}; step None for the floor, VAL_BEST for the validation-selected
-    step of each seed (its records also count at their own step)."""
+    value}}}, "nll", "nll_val", "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to
+    the step}, "commits": {its runs' commit cells}}}; step None for the floor, VAL_BEST for the
+    validation-selected step of each seed (its records also count at their own step)."""
     groups: dict = {}
     for r in recs:
         run = r["study"]          # the run's study settings: label, seed, cfg scale, timing
