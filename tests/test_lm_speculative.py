@@ -263,11 +263,11 @@ def test_sampling_follows_plain_sampling_distribution(rules, monkeypatch):
 def test_draft_length_comes_from_the_objective_and_bad_settings_are_one_line(tmp_path):
     from mutor2d.config import make
     mutor = make("objective", name="mutor-1d", d_max=4)
-    assert drafter.draft_offsets(mutor) == (2, 3, 4) and drafter.draft_offsets(mutor, 2) == (2, 3)
+    assert drafter.draft_distances(mutor) == (2, 3, 4) and drafter.draft_distances(mutor, 2) == (2, 3)
     with pytest.raises(ConfigError, match="draft=4: this checkpoint's registers draft at most 3 tokens"):
-        drafter.draft_offsets(mutor, 4)
+        drafter.draft_distances(mutor, 4)
     with pytest.raises(ConfigError, match="no registers to draft with \\(objective ntp\\)"):
-        drafter.draft_offsets(make("objective", name="ntp"))
+        drafter.draft_distances(make("objective", name="ntp"))
     with pytest.raises(ValueError, match="no register_embedding.safetensors .*decode plain"):
         drafter.load_registers(tmp_path)
     with pytest.raises(ValueError, match="decode='fast': expected one of plain, registers, auto"):

@@ -2,22 +2,12 @@
 
 Built on mutor2d.config, which holds every shared rule: YAML reading, ``section.key=value``
 overrides, type checks, one-line :class:`ConfigError` messages, the ``objective`` variants and the
-optimiser section. Only the LM-specific sections live here:
-
-* model: a local transformers causal LM (``hf``), LoRA or full fine-tuning; ``prompt_attention``
-  causal (the model's own) or bidirectional (prompt tokens see the whole prompt, never the answer;
-  training, online evaluation and every generation path of a saved run apply it);
-* data: ``jsonl`` (prompt/answer, prompt/completion or chat lines), ``gsm8k`` or ``math``;
-* objective: any registered objective variant, with the same fields, ``check()`` and loss
-  module as in an image run (an answer is a 1 x N line, where both ``edge`` rules agree); its
-  ``line_defaults()`` apply (multihead: layout 1d), and one that cannot train on a line (2D
-  offsets) is a one-line error. Default here: mutor-1d;
-* optim: the shared OptimConfig plus ``register_lr``, with fine-tuning defaults;
-* train: the engine's shared TrainConfig (global batch, steps, checkpoints, resume, guards); EMA,
-  sample grids, init_from and compile are image-run settings and refused. ``train.eval_every``
-  needs ``eval.path``;
-* eval: online accuracy while training (greedy generation on an evaluation file, scored like
-  eval/lm_accuracy.py) every ``train.eval_every`` steps and after the last step.
+optimiser section. Only the LM sections live here: model, data and eval (their classes below);
+objective: any registered variant, as in an image run (an answer is a 1 x N line, where both ``edge``
+rules agree), with its ``line_defaults()`` (multihead: layout 1d), default mutor-1d; one that cannot
+train on a line (2D offsets) is a one-line error; optim: the shared OptimConfig plus ``register_lr``,
+with fine-tuning defaults; train: the engine's shared TrainConfig (EMA, sample grids, init_from and
+compile are image-run settings and refused; ``train.eval_every`` needs ``eval.path``).
 """
 from __future__ import annotations
 
@@ -45,7 +35,9 @@ LORA_R_LIMIT = 8192         # model.lora_r: the width of Llama-3-70B
 @dataclass
 class LMModelConfig:
     """hf: local folder (or cached hub name) of a transformers causal LM, loaded with local_files_only;
-    may be left empty when ``train()`` is given a model object (then its ``name_or_path`` is used)."""
+    may be left empty when ``train()`` is given a model object (then its ``name_or_path`` is used).
+    prompt_attention: causal (the model's own) or bidirectional (prompt tokens see the whole prompt,
+    never the answer; training, online evaluation and every generation path of a saved run apply it)."""
     hf: str = ""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     finetune: Literal["lora", "full"] = "lora"
@@ -55,7 +47,7 @@ class LMModelConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
     gradient_checkpointing: bool = False
-    prompt_attention: Literal["causal", "bidirectional"] = "causal"   # bidirectional: prompt tokens see the whole prompt
+    prompt_attention: Literal["causal", "bidirectional"] = "causal"
 
     def check(self) -> None:
         at_least("model.lora_r", self.lora_r, 1)

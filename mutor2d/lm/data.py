@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 from .. import io
@@ -110,16 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write and check jsonl files for LM fine-tuning and evaluation. Converters write "
                     '{"prompt", "answer", "gold"} lines (data.name: jsonl); "check" validates a file.')
     sub = ap.add_subparsers(dest="kind", required=True, metavar="{gsm8k,math,openmath,stargraph,arith,check}",
-                            help="what to write or check (each takes --help)")
+                            help="what to write or check (each takes --help)",
+                            parser_class=partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
     for name, what in (("gsm8k", 'GSM8K {"question", "answer"} lines (gold: the "#### N" number)'),
                        ("math", 'MATH {"problem", "solution"} lines (gold: "answer", else the last \\boxed{})')):
-        p = sub.add_parser(name, help=f"convert {what}", formatter_class=HelpFormatter,
+        p = sub.add_parser(name, help=f"convert {what}",
                            description=f"Convert {what} into prompt/answer/gold lines (data.name: jsonl). "
                                        "No options: the input file is read as is.")
         p.add_argument("src", help="input jsonl file")
         p.add_argument("dst", help="output jsonl file (overwritten; not the input file)")
     o = sub.add_parser("openmath", help="the paper's 1M-MATH or 1M-GSM split of OpenMathInstruct-2",
-                       formatter_class=HelpFormatter,
                        description="Keep the OpenMathInstruct-2 lines of one problem source (math: math and "
                                    "augmented_math; gsm: gsm8k and augmented_gsm8k) and convert them as 'math' does.")
     o.add_argument("src", help="OpenMathInstruct-2 jsonl (e.g. its train_1M split saved as jsonl)")
@@ -127,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--split", choices=sorted(OPENMATH_SOURCES), default="math",
                    help="which problems to keep (default math)")
     s = sub.add_parser("stargraph", help="write path-star graph pairs (words = node ids)",
-                       formatter_class=HelpFormatter,
                        description="Write path-star graph prompt/answer pairs.")
     s.add_argument("dst", help="output jsonl file (overwritten)")
     s.add_argument("--format", choices=STARGRAPH_FORMATS, default="words",
@@ -138,7 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("--seed", 0, "random seed")):
         s.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     a = sub.add_parser("arith", help="write synthetic arithmetic word problems (GSM8K lines; mutor2d.lm.arith)",
-                       formatter_class=HelpFormatter,
                        description='Write multi-step arithmetic word problems as GSM8K {"question", "answer"} '
                                    "lines (read them with data.name: gsm8k).")
     a.add_argument("dst", help="output jsonl file (overwritten)")
@@ -147,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("--max-value", 20, "largest count"), ("--max-change", 9, "largest change")):
         a.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     c = sub.add_parser("check", help="validate every line of a file (and, with --tokenizer, tokenize it)",
-                       formatter_class=HelpFormatter,
                        description="Validate every line; exit 2 with a one-line error naming the first bad line.")
     c.add_argument("src", help="jsonl file")
     c.add_argument("--name", choices=list(LOADERS), default="jsonl",

@@ -32,7 +32,7 @@ class Registers:
         return len(self.offsets)
 
 
-def draft_offsets(objective, draft: int | None = None, key: str = "draft") -> tuple[int, ...]:
+def draft_distances(objective, draft: int | None = None, key: str = "draft") -> tuple[int, ...]:
     """The first ``draft`` (default: all useful, d_max - 1) offsets d >= 2 of an objective config
     section; a one-line ConfigError when it cannot draft or ``draft`` is too long."""
     K = useful_draft(objective, draft, key, "decode")
@@ -60,16 +60,10 @@ def load_registers(folder: str | Path, draft: int | None = None, objective=None)
     if objective is None:
         raise ValueError(f"{folder}: no config.yaml naming the objective (its d_max sets the draft length)")
     embedding = load_file(str(folder / REGISTER_FILE))["register_embedding"]
-    return Registers(embedding, draft_offsets(objective, draft))
+    return Registers(embedding, draft_distances(objective, draft))
 
 
-def registers_of(model, objective, draft: int | None = None) -> Registers:
-    """The drafter of a MutorLM being trained (the online evaluation)."""
-    offsets = draft_offsets(objective, draft)                 # no registers: a one-line ConfigError
-    return Registers(model.register_embedding.detach(), offsets)
-
-
-def can_draft(folder: str | Path) -> bool:
+def folder_drafts(folder: str | Path) -> bool:
     """Whether a saved folder has a register embedding whose objective drafts."""
     objective = run_objective(folder) if (Path(folder) / REGISTER_FILE).is_file() else None
     return objective is not None and objective_drafts(objective)
@@ -78,7 +72,7 @@ def can_draft(folder: str | Path) -> bool:
 def folder_mode(decode: str, folder: str | Path) -> str:
     """The mode a saved folder decodes with under ``--decode`` (a text mode of ``decode_modes``):
     ``auto`` is registers when the folder can draft, else plain (``AutoDecode``)."""
-    return ("registers" if can_draft(folder) else "plain") if decode == "auto" else decode
+    return ("registers" if folder_drafts(folder) else "plain") if decode == "auto" else decode
 
 
 def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None]:
@@ -86,7 +80,10 @@ def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None
     registers when the model has a register embedding whose objective drafts, else plain."""
     drafts = model.has_registers and objective_drafts(objective)
     mode = ("registers" if drafts else "plain") if decode == "auto" else decode
-    return mode, registers_of(model, objective) if mode == "registers" else None
+    if mode != "registers":
+        return mode, None
+    offsets = draft_distances(objective)                     # no registers: a one-line ConfigError
+    return mode, Registers(model.register_embedding.detach(), offsets)
 
 
 def record_fields(mode: str, registers: Registers | None, stats: DecodeStats) -> dict:

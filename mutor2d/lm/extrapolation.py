@@ -24,11 +24,10 @@ from torch import Tensor
 from .. import config
 from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
 from ..model.attention import NEVER, Visibility, open_prefix
+from . import hf
+from .model import attention_mask, position_limit
 from .prompts import tokenize
 from .records import load_records
-from .model import attention_mask
-from . import hf
-from .model import position_limit
 
 
 def run_config(run: Path):

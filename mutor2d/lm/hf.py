@@ -1,20 +1,15 @@
 """Loading, adapting, saving and generating with transformers models for MuToR-1D fine-tuning.
 
-* :func:`load_causal_lm` / :func:`load_tokenizer`: from a local folder, or a hub name already in the
-  local Hugging Face cache (``local_files_only``: nothing is downloaded); a missing one is a one-line
-  LMModelError naming where it looked. The name is passed on as given (not made absolute), so the
-  model's ``name_or_path`` and a saved adapter's base reference keep it.
-* :func:`build` -> MutorLM: LoRA through peft (base frozen; adapters and the register embedding
-  train) or full fine-tuning (everything trains).
-* :func:`save`: LoRA -> the peft adapter (adapter_model.safetensors + adapter_config.json, whose
-  ``base_model_name_or_path`` is the base reference as given); full -> the whole model
-  (model.safetensors); both + ``register_embedding.safetensors`` + the tokenizer. The folder loads in
-  plain transformers (``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft
-  and its base in place). The register embedding is read only by register decoding
-  (mutor2d.lm.speculative).
-* :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
-  decoding through the model's own ``generate``, or register-drafted with the same tokens
-  (``decode="registers"``, mutor2d.lm.speculative).
+Models and tokenizers load from a local folder or a hub name already in the local Hugging Face cache
+(``local_files_only``: nothing is downloaded; a missing one is a one-line LMModelError naming where it
+looked), the name passed on as given, so the model's ``name_or_path`` and a saved adapter's base reference
+keep it. :func:`save` writes a folder that loads in plain transformers
+(``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft and its base in place):
+LoRA -> the peft adapter (adapter_model.safetensors + adapter_config.json); full -> model.safetensors;
+both + ``register_embedding.safetensors`` (read only by register decoding, mutor2d.lm.speculative) + the
+tokenizer. :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
+decoding through the model's own ``generate``, or register-drafted with the same tokens
+(``decode="registers"``).
 """
 from __future__ import annotations
 
@@ -30,11 +25,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from .. import io
+from .. import io, provenance
 from ..model.attention import NEVER, Visibility
 from ..sampling.config import decode_modes
+from . import drafter, speculative
 from .model import PROMPT_ATTR, REGISTER_FILE, MutorLM, attention_mask, cache_kwarg, head_layers
-from .. import provenance
 
 INFERENCE_FILE = "mutor2d_inference.json"     # how a saved model is run: {"prompt_attention": ...}
 CHECKSUMS_FILE = "mutor2d_checksums.json"     # {"sha256": {weight file: its SHA-256}}, written by save
@@ -155,10 +150,9 @@ def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lm_state = {k[len("lm."):]: v for k, v in state.items() if k.startswith("lm.")} if state else None
-    if hasattr(model.lm, "peft_config"):      # the vocabulary never changes: no base-config lookup
-        model.lm.save_pretrained(out, safe_serialization=True, save_embedding_layers=False, state_dict=lm_state)
-    else:
-        model.lm.save_pretrained(out, safe_serialization=True, state_dict=lm_state)
+    # an adapter: the vocabulary never changes, so no base-config lookup for embedding layers
+    adapter = {"save_embedding_layers": False} if hasattr(model.lm, "peft_config") else {}
+    model.lm.save_pretrained(out, safe_serialization=True, state_dict=lm_state, **adapter)
     if model.has_registers:
         register = state["register_embedding"] if state else model.register_embedding.detach()
         save_file({"register_embedding": register.cpu().contiguous()}, out / REGISTER_FILE)
@@ -229,17 +223,16 @@ def saved_prompt_attention(folder: str | Path) -> str:
 
 def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool = True,
                        attn_implementation: str = "sdpa"):
-    """The fine-tuned model of a saved folder (a run folder or its step_N/), in eval mode.
+    """The fine-tuned model of a saved folder (a run folder or its step_N/), in eval mode, its weight
+    files checked against the checksums ``save`` recorded (:func:`verify_checksums`).
 
-    Full fine-tuning: the saved transformers model. LoRA (the folder has adapter_config.json): its base
+    Full fine-tuning: the saved transformers model. LoRA (adapter_config.json): its base
     (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
-    name) with the adapters; ``merge=True`` folds them into the base weights (peft
-    ``merge_and_unload``) and returns a plain transformers ``PreTrainedModel``, ``merge=False``
-    returns the peft ``PeftModel``. The register embedding is not part of it
-    (``drafter.load_registers(folder)`` reads it for register decoding). A model trained
-    with ``prompt_attention: bidirectional`` comes back with its ``generate`` prefilling the prompt
-    that way (:func:`with_prompt_attention`); plain transformers loading cannot know it. The weight
-    files are checked against the checksums ``save`` recorded (:func:`verify_checksums`)."""
+    name) with the adapters, folded into the base weights (``merge=True``: a plain ``PreTrainedModel``)
+    or not (``merge=False``: the peft ``PeftModel``). The register embedding is not part of it
+    (``drafter.load_registers(folder)``). A model trained with ``prompt_attention: bidirectional``
+    comes back with its ``generate`` prefilling the prompt that way (:func:`with_prompt_attention`);
+    plain transformers loading cannot know it."""
     folder = Path(folder)
     adapter = folder / ADAPTER_CONFIG
     if folder.is_dir():
@@ -273,22 +266,17 @@ def with_prompt_attention(model, rule: str):
 
 @torch.no_grad()
 def prefill_prompts(lm, input_ids, mask):
-    """A DynamicCache of left-padded prompts ``input_ids`` (B, L) (``mask`` 1 on real tokens) without their last token, each prompt token having
-    seen the whole prompt (padding excluded). ``generate`` then runs the last prompt token over it: that
-    token sees the whole prompt either way, so the cache and its logits are those of a bidirectional
-    prefill of the whole prompt. (Its layers keep every token, which a cache built from a sliding-window
-    config would not: it could not drop the last one again.)"""
-    from transformers import DynamicCache
-    real = mask.bool()
-    B, L = input_ids.shape
-    vis = Visibility(torch.where(real, torch.arange(L, device=real.device), NEVER),
-                     torch.where(real, L - 1, -1))
+    """A DynamicCache of left-padded prompts ``input_ids`` (B, L) (``mask`` 1 on real tokens) without
+    their last token, each prompt token having seen the whole prompt (padding excluded). ``generate``
+    then runs the last prompt token over it: that token sees the whole prompt either way, so the cache
+    and its logits are those of a bidirectional prefill of the whole prompt."""
+    real, L = mask.bool(), input_ids.shape[1]
+    vis = Visibility(torch.where(real, torch.arange(L, device=real.device), NEVER), torch.where(real, L - 1, -1))
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
-    config = lm.config
-    cache = DynamicCache()            # full layers, also for sliding-window models (the mask applies the window)
     dtype = lm.get_input_embeddings().weight.dtype
-    lm(input_ids=input_ids, attention_mask=attention_mask(config, vis, position_ids, dtype), position_ids=position_ids,
-       use_cache=True, logits_to_keep=1, **{cache_kwarg(lm): cache})
+    cache = speculative.new_cache()      # full layers, also for sliding-window models: crop(-1) needs every token
+    lm(input_ids=input_ids, attention_mask=attention_mask(lm.config, vis, position_ids, dtype),
+       position_ids=position_ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(lm): cache})
     cache.crop(-1)
     return cache
 
@@ -323,7 +311,6 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     registers where ``registers`` drafts (a folder that can, or a Registers), else plain; ``stats``: a
     ``DecodeStats`` that receives the counts. -> the decoded new text of each prompt
     (special tokens skipped)."""
-    from . import drafter, speculative        # they import this module
     if decode not in decode_modes("text"):
         raise ValueError(f"decode={decode!r}: expected one of {', '.join(decode_modes('text'))}")
     if decode == "auto":
@@ -336,23 +323,20 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     eos = speculative.eos_ids(lm)
     if decode == "registers":
         regs = registers if isinstance(registers, drafter.Registers) else drafter.load_registers(registers)
-        new = speculative.generate_ids(lm, batch["input_ids"], batch["attention_mask"], max_new_tokens,
-                                       registers=regs, eos=eos, stop=stop, tokenizer=tokenizer, stats=stats,
-                                       synced=synced, raw_stop=maps_stop_strings(tokenizer, stop),
-                                       prompt_attention=rule)
+        new = speculative.generate_ids(lm, ids, mask, max_new_tokens, registers=regs, eos=eos, stop=stop,
+                                       tokenizer=tokenizer, stats=stats, synced=synced,
+                                       raw_stop=maps_stop_strings(tokenizer, stop), prompt_attention=rule)
         return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
-    def run(**extra):
-        if rule == "bidirectional":
-            extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
-        return lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                           pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
     t0 = time.perf_counter()
-    try:                                       # stop strings end generation early...
-        out = run(stop_strings=list(stop) or None, tokenizer=tokenizer)
-    except ValueError:                         # ...where transformers can map them onto the vocabulary (not
-        out = run()                            # character-level ones): the cut below gives the same text
-    new = out[:, batch["input_ids"].shape[1]:]
+    # stop strings end generation early where transformers can map them onto the vocabulary (not
+    # character-level ones); the cut below gives the same text either way
+    extra = {"stop_strings": list(stop), "tokenizer": tokenizer} if maps_stop_strings(tokenizer, stop) else {}
+    if rule == "bidirectional":
+        extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
+    out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                      pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
+    new = out[:, ids.shape[1]:]
     if stats is not None:
         tokens = int(_lengths(new, [*eos, tokenizer.pad_token_id]).sum())
         stats.add_plain(len(new), tokens, new.shape[1], tokens)     # one token per forward per row

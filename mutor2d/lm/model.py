@@ -8,16 +8,14 @@ then extra slots) through the model's own decoder as ``inputs_embeds`` with expl
 dtype min = blocked), or the rule's FlexAttention BlockMask when the model runs
 ``flex_attention``; without a rule a 2D padding mask (the model's own causal path). Any causal LM
 whose decoder accepts ``inputs_embeds``, ``position_ids`` and a 4D mask works (Llama, Gemma,
-Qwen, Mistral, GPT-2 families).
+Qwen, Mistral, GPT-2 families). :class:`FramedLM`: a MutorLM on one batch's
+:class:`~mutor2d.lm.packing.Frame`, the objectives' ``TokenModel``, so every objective (NTP, MuToR-1D,
+the multi-head baseline, a plugin) computes its loss on text as on an image.
 
-:class:`FramedLM` is a MutorLM on one batch's :class:`~mutor2d.lm.packing.Frame`: the model
-interface of mutor2d.objectives (``TokenModel``) over the canonical frame, so every objective
-(NTP, MuToR-1D, the multi-head baseline, a plugin) computes its loss on text as on an image.
-
-The multi-head baseline's heads: the trunk is every decoder layer but the last; the model's own
-last layer + final norm + LM head is the d = 1 head, and head k is an extra decoder layer on the
-same trunk output (the last layer's input, with its mask and rotary embeddings) followed by the
-shared final norm and LM head (:func:`head_layers`).
+The multi-head baseline: the trunk is every decoder layer but the last; the model's own last layer +
+final norm + LM head is the d = 1 head, head k an extra decoder layer on the same trunk output (the last
+layer's input, with its mask and rotary embeddings) followed by the shared final norm and LM head
+(:func:`head_layers`).
 """
 from __future__ import annotations
 
@@ -37,11 +35,24 @@ REGISTER_FILE = "register_embedding.safetensors"         # the register embeddin
 PROMPT_ATTR = "mutor2d_prompt_attention"                 # a loaded model's prompt rule (lm.hf.with_prompt_attention)
 
 
+def base_model(lm: nn.Module) -> nn.Module:
+    """The transformers model itself (inside a peft wrapper, the adapted base model)."""
+    return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+
+def lm_logits(lm: nn.Module, hidden: Tensor) -> Tensor:
+    """hidden (..., D) -> logits (..., V) through the transformers model's output head (Gemma 2's
+    soft-capping included)."""
+    logits = lm.get_output_embeddings()(hidden)
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 def cache_kwarg(module) -> str:
     """The name a transformers model (inside a peft wrapper, its base model) or decoder takes its KV
     cache under: ``cache`` since transformers 5.24, ``past_key_values`` before."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    forward = type(base_model(module)).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def position_limit(config) -> int | None:
@@ -71,7 +82,7 @@ class MutorLM(nn.Module):
     @property
     def causal_lm(self) -> nn.Module:
         """The transformers model itself (inside a peft wrapper, the adapted base model)."""
-        return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return base_model(self.lm)
 
     @property
     def has_registers(self) -> bool:
@@ -88,7 +99,6 @@ class MutorLM(nn.Module):
         if count != have:
             raise ValueError(f"the objective asks for {count} extra head layers, the model was built with "
                              f"{have} (ObjectiveConfig.num_head_layers)")
-        return None
 
     def embed(self, ids: Tensor, num_extra: int = 0) -> Tensor:
         """ids (B, T) -> (B, T + num_extra, D): token embeddings, then the register embedding."""
@@ -127,12 +137,7 @@ class MutorLM(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V) through the model's output head."""
-        lm = self.causal_lm
-        logits = lm.get_output_embeddings()(hidden)
-        cap = getattr(lm.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return lm_logits(self.causal_lm, hidden)
 
 
 class FramedLM:
@@ -213,9 +218,8 @@ def frame_batch(model: MutorLM, batch: LMBatch, spec: RegisterSpec, padding_side
     width = line_width(spec, int(batch.answer_len.max()))
     prefix, body = canonical(batch, width)
     f = frame(batch.prompt_len, batch.answer_len, width, padding_side).to(device)
-    lengths = batch.answer_len.long().to(device, non_blocking=True)
-    return FramedLM(model, f, prefix.shape[1]), Batch(body.to(device, non_blocking=True), prefix.to(device, non_blocking=True),
-                                     (1, width), lengths)
+    body, prefix, lengths = (t.to(device, non_blocking=True) for t in (body, prefix, batch.answer_len.long()))
+    return FramedLM(model, f, prefix.shape[1]), Batch(body, prefix, (1, width), lengths)
 
 
 def decoder_part(lm: nn.Module, names: tuple[str, ...]) -> nn.Module:

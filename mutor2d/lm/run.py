@@ -4,13 +4,11 @@ Parts (mutor2d.engine.setup.RunKind): the data are read, tokenized and checked a
 position limit before any weights load; the networks are the LM (LoRA or full) with its register
 embedding and extra head layers (mutor2d.lm.hf.build); a step puts a padded batch in the canonical
 frame (mutor2d.lm.packing) and takes the objective's loss on it, as an image run does on a grid.
-Checkpoints keep the trainable parameters only (adapters and register embedding under LoRA;
-everything under full fine-tuning; the objective's own, if any) with the optimizer
-and RNG streams, so ``--resume auto`` continues exactly; the frozen base is reloaded from
-``model.hf``. At each checkpoint step ``RUN/step_N/``, and after the last step the run folder, get
-the adapters (or the full model), the register embedding and the tokenizer, ready for plain
-transformers and eval/lm_accuracy.py (mutor2d.lm.hf.save). With ``eval.path`` set, the online
-accuracy hook (:class:`OnlineAccuracy`) answers the evaluation file greedily every
+Checkpoints keep the trainable parameters only (LoRA: adapters and register embedding; full:
+everything; the objective's own, if any; the frozen base is reloaded from ``model.hf``) with the
+optimizer and RNG streams, so ``--resume auto`` continues exactly. ``RUN/step_N/`` at each checkpoint
+step, and the run folder after the last, get the model in the transformers layout (mutor2d.lm.hf.save);
+with ``eval.path`` set, :class:`OnlineAccuracy` answers the evaluation file greedily every
 ``train.eval_every`` steps and after the last step.
 """
 from __future__ import annotations
@@ -22,26 +20,24 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .. import registry
+from .. import provenance, registry
 from ..config import ConfigError, fail
+from ..engine.hooks import due
 from ..engine.kinds import register_run_kind
+from ..engine.rng import preserved_rng
 from ..engine.runlog import eval_text
+from ..engine.sharding import is_sharded
 from ..objectives.config import ObjectiveConfig
+from ..sampling.stats import DecodeStats
 from . import accuracy
 from .config import LMOptimConfig, LMRunConfig
-from .prompts import eval_prompts, tokenize
-from .records import load_located
-from .hf import build, generate, load_causal_lm, load_model_config, load_tokenizer, save, with_pad_token
+from .drafter import model_decoding, record_fields
+from .hf import (ADAPTER_CONFIG, INFERENCE_FILE, base_fingerprint, build, generate, load_causal_lm, load_model_config,
+                 load_tokenizer, save, with_pad_token)
 from .model import MutorLM, frame_batch, position_limit
 from .packing import LMBatch, collate
-from ..sampling.stats import DecodeStats
-from .drafter import model_decoding, record_fields
-from ..engine.hooks import due
-from .hf import ADAPTER_CONFIG, INFERENCE_FILE
-from .. import provenance
-from .hf import base_fingerprint
-from ..engine.sharding import is_sharded
-from ..engine.rng import preserved_rng
+from .prompts import eval_prompts, tokenize
+from .records import load_located
 
 
 class Examples(Dataset):
@@ -154,7 +150,8 @@ class LMRun:
     def snapshot(self, run, status) -> None:
         """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
         eval/lm_accuracy.py --ckpt RUN/step_N); the last step's goes into the run folder (``finish``)."""
-        if status.last or status.stopping or not status.healthy or not due(run.cfg.train.ckpt_every, status, at_end=False):
+        skip = status.last or status.stopping or not status.healthy
+        if skip or not due(run.cfg.train.ckpt_every, status, at_end=False):
             return
         self.save_folder(run, run.run_dir / f"step_{status.done}")
 

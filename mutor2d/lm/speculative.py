@@ -39,7 +39,7 @@ from ..sampling.rules import SamplingRules
 from ..sampling.speculation import Drafts, emitted, pick, reached
 from ..sampling.stats import DecodeStats
 from .drafter import Registers
-from .model import PROMPT_ATTR, attention_mask, cache_kwarg, position_limit
+from .model import PROMPT_ATTR, attention_mask, base_model, cache_kwarg, lm_logits, position_limit
 from .rows import Rows
 
 GREEDY = SamplingRules(temperature=0.0)
@@ -52,21 +52,19 @@ class CausalStep:
     wrapper, its adapted base model), taking the training forward's inputs (mutor2d.lm.model)."""
 
     def __init__(self, lm):
-        base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-        self.config = base.config
+        self.base = base_model(lm)
+        self.config = self.base.config
         attn = getattr(self.config, "_attn_implementation", None)
         if attn == "flex_attention":
             raise ValueError("attn_implementation='flex_attention': register decoding takes a 4D mask; "
                              "load the model with sdpa or eager")
-        self.decoder, self.embed = base.get_decoder(), base.get_input_embeddings()
-        self.head, self.cap = base.get_output_embeddings(), getattr(self.config, "final_logit_softcapping", None)
+        self.decoder, self.embed = self.base.get_decoder(), self.base.get_input_embeddings()
         self.cache_arg = cache_kwarg(self.decoder)
         self.device = self.embed.weight.device
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V) (Gemma 2's soft-capping included)."""
-        logits = self.head(hidden)
-        return torch.tanh(logits / self.cap) * self.cap if self.cap else logits
+        return lm_logits(self.base, hidden)
 
     def __call__(self, cache, keys: "CacheKeys", ids: Tensor, pos: Tensor, real: Tensor,
                  register: Tensor | None = None, reg_pos: Tensor | None = None,

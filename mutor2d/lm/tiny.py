@@ -22,36 +22,35 @@ def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layer
     """Write the model (initialised from ``seed``, weights drawn with std ``init_std``) and ``tokenizer``
     (default: the arithmetic problems' character tokenizer) to ``folder``; an existing model folder is
     kept as it is."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from .arith import arith_alphabet
     from .offline_tokenizers import char_tokenizer
-    folder = Path(folder)
-    if (folder / "config.json").is_file():
-        return folder
     tok = char_tokenizer(arith_alphabet()) if tokenizer is None else tokenizer
-    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                          max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                          initializer_range=init_std)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return _write(folder, LlamaForCausalLM, config, tok, seed)
 
 
 def write_tiny_gpt2(folder: str | Path, tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4,
                     seed: int = 0, max_positions: int = DEFAULT_POSITIONS) -> Path:
     """A GPT-2 of that size with ``tokenizer`` in ``folder`` (kept if it already holds a model)."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=heads,
+                        n_positions=max_positions, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _write(folder, GPT2LMHeadModel, config, tokenizer, seed)
+
+
+def _write(folder: str | Path, model_class, config, tokenizer, seed: int) -> Path:
+    """``model_class(config)`` initialised from ``seed``, and ``tokenizer``, into ``folder`` (kept if it
+    already holds a model)."""
+    import torch
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=heads,
-                        n_positions=max_positions, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    GPT2LMHeadModel(config).save_pretrained(folder)
+    model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -68,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chars", default=None, help="the tokenizer's characters (default: the arithmetic problems')")
     for flag, default, what in (("--hidden", 64, "width"), ("--layers", 2, "decoder layers"),
                                 ("--heads", 4, "attention heads"), ("--seed", 0, "initialisation seed"),
-                                ("--max-positions", 256, "longest prompt + answer in tokens")):
+                                ("--max-positions", DEFAULT_POSITIONS, "longest prompt + answer in tokens")):
         ap.add_argument(flag, type=int, default=default, help=what)
     return ap
 
