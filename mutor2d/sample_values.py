@@ -1,8 +1,5 @@
 """The values of a sample request that need no model: its error, class lists and the per-class limit.
-
-Light (no torch), so that sample.py checks its flags before importing torch; mutor2d.sampling.images
-and the ``sample`` config section (mutor2d.sampling.rules) take them from here.
-"""
+No torch, so that sample.py checks its flags before importing torch."""
 from __future__ import annotations
 
 PER_CLASS_LIMIT = 1024      # sample.per_class / sample.py --per-class: the columns of a grid

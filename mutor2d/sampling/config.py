@@ -48,10 +48,7 @@ def setting(key: str, value) -> str:
 
 class DecodeConfig(Variant):
     """A decoding mode, the ``sample.decode`` section: its fields and rules; ``wings`` the decoders
-    that run it (``WINGS``). Adding one: a dataclass subclass registered with
-    ``@register_variant("sample.decode", NAME)`` and its image decoder with
-    ``decoding.register_decoder(NAME)``; ``sample.py --decode NAME`` and ``--set
-    sample.decode.name=NAME`` pick it."""
+    that run it (``WINGS``). Adding one: docs/EXTENDING.md, "A decoding mode"."""
     wings: ClassVar[tuple[str, ...]] = ("image",)
 
     def key(self, field_name: str, names: dict[str, str] | None = None) -> str:
@@ -182,7 +179,8 @@ def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",
         raise ConfigError(f"{setting(mode_key, 'registers')}: drafts run isolated registers; this checkpoint trained "
                           f"with objective.register_visibility={spec.register_visibility}; use jacobi or plain")
     useful = len(spec.draft_offsets())
-    trained = f"objective {name}, " + (f"d_min={spec.d_min}, " if spec.kind == "mutor-1d" else "") + f"d_max={spec.d_max}"
+    d_min = f"d_min={spec.d_min}, " if spec.kind == "mutor-1d" else ""
+    trained = f"objective {name}, {d_min}d_max={spec.d_max}"
     if useful == 0:
         raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint's registers never learned offset "
                           f"(0, 2), so they cannot draft ({trained}); use jacobi or plain")

@@ -10,6 +10,7 @@ batch size. The kind also names the grid's rows (``row_label``) and stores the p
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -87,15 +88,12 @@ def sampling_settings(sample_cfg) -> dict:
     return {k: getattr(sample_cfg, k) for k in SETTINGS}
 
 
-def parse_grid(text: str, flag: str = "--grid") -> tuple[int, int]:
-    """'HxW' -> (H, W), both >= 1 (the registers module's parser; a one-line ValueError here)."""
-    import argparse
-
+def parse_grid(text: str) -> tuple[int, int]:
+    """'HxW' -> (H, W) by ``cli.grid_arg``'s rules; a one-line SampleFileError (a ValueError) here."""
     try:
-        H, W = grid_arg(text)
+        return grid_arg(text)
     except argparse.ArgumentTypeError as e:
-        raise SampleFileError(str(e).replace("--grid", flag, 1)) from None
-    return H, W
+        raise SampleFileError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- images

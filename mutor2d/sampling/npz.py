@@ -45,11 +45,15 @@ def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, di
         return f["images"], f["labels"] if "labels" in f.files else None, json.loads(str(f["meta"]))
 
 
-def read_npz_meta(path: str | os.PathLike) -> dict:
+def read_npz_meta(path: str | os.PathLike) -> dict | None:
     """The meta dict of a sample file (or shard) alone: an npz is read per entry, so the images
-    (~10 GB for 50K 256 px samples) stay on disk."""
-    with np.load(path, allow_pickle=False) as f:
-        return json.loads(str(f["meta"]))
+    (~10 GB for 50K 256 px samples) stay on disk. None when ``path`` holds no readable sample file
+    (missing, truncated or foreign)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return json.loads(str(f["meta"]))
+    except Exception:
+        return None
 
 
 def shard_dir(npz_path: str | os.PathLike) -> Path:
@@ -94,22 +98,15 @@ class NpzJob:
     def differing_settings(self) -> list[str] | None:
         """The meta keys in which the file at ``out`` differs from this job ([]: this very job); None
         when there is no readable sample file there."""
-        if not self.out.is_file():
-            return None
-        try:
-            found = read_npz_meta(self.out)
-        except Exception:
+        found = read_npz_meta(self.out)
+        if found is None:
             return None
         found.pop("decode_stats", None)             # measured while sampling: not a setting
         return _meta_mismatch(found, self.meta)
 
     def _shard_done(self, k: int) -> bool:
-        path = self.shard_path(k)
-        if not path.is_file():
-            return False
-        try:
-            found = read_npz_meta(path)
-        except Exception:       # truncated or foreign: make it again
+        found = read_npz_meta(self.shard_path(k))
+        if found is None:       # missing, truncated or foreign: make it again
             return False
         bad = _meta_mismatch(found, self.meta)
         if bad:

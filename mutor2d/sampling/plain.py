@@ -40,15 +40,10 @@ def decode_plain(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRu
     rows = prefix.shape[0]
     pos = regular_position_ids(grid, P, P + N - 1).to(device)        # (P + N - 1, 2)
     model.setup_cache(rows, P + N - 1)
-
-    def pick(logits: Tensor) -> Tensor:                               # logits (rows, V)
-        logits = rules.combine(logits)
-        return sample_logits(logits, rules.temperature, rules.top_k, rules.top_p, generator)
-
     out = torch.empty(B, N, dtype=torch.long, device=device)
-    logits = model.decode(None, pos[:P].expand(rows, P, 2), 0, prefix)[:, -1]
+    logits = model.decode(None, pos[:P].expand(rows, P, 2), 0, prefix)[:, -1]     # (rows, V)
     for t in range(N):
-        out[:, t] = pick(logits)
+        out[:, t] = sample_logits(rules.combine(logits), rules.temperature, rules.top_k, rules.top_p, generator)
         if progress is not None:
             progress(out, t + 1)
         if t == N - 1:

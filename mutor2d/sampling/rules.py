@@ -6,12 +6,8 @@
   3. top-k: keep the k largest logits (0 = off);
   4. top-p: keep the smallest set of most likely tokens whose probability mass reaches p (1 = off);
   5. draw one token from the softmax with ``generator`` (the only source of randomness).
-Every decoding mode applies the same rules (speculative modes to draft and target alike).
-
-``SampleConfig`` is the ``sample`` config section (mutor2d.sampling.config, no torch): these settings,
-the grid and seed, and the decoding mode ``sample.decode``, a tagged sub-section whose variants
-(``DecodeConfig`` subclasses) are the decoders' (plain.py, speculative.py) settings;
-``check_sampling`` checks them there.
+Every decoding mode applies the same rules (speculative modes to draft and target alike). The
+settings are checked where they enter (``config.check_sampling``).
 """
 from __future__ import annotations
 

@@ -6,30 +6,24 @@ One round, per row with n body tokens emitted (x_{n-1} not yet in the KV cache):
   P+n-1.., so regular output j gives the target distribution p_j of body token n+j; the drafts are
   verified by the speculative rule (``speculation``: sampled and greedy), so the samples follow
   plain sampling's distribution and greedy decoding gives plain greedy's tokens. p and q are both
-  made by ``SamplingRules`` (CFG, temperature, top-k, top-p). Rows advance at their own pace (one
-  cache start per row).
+  made by ``SamplingRules``. Rows advance at their own pace (one cache start per row; when every
+  row starts at the same index the model gets one int start, its cheaper path).
 
 Drafters (who proposes d and q; any proposal is exact as long as d is drawn from the q used to
 verify it):
 * registers: after every regular input (anchor body token t) K registers with the checkpoint's
-  draft offsets (``RegisterSpec.draft_offsets()``: (0, 2), (0, 3), ..., as many as its objective
-  trained) predict x_{t+2}..x_{t+K+1} (x_{t+1} is the regular output's job). They follow the
-  training rules: the position id of regular input P-1+target, they see regular inputs 0..P+t and
-  themselves, are never written to the cache and no regular token sees them. A target the
-  objective's edge rule makes invalid (past the end of the anchor's row under "geometric") gets no
-  register; so does the anchor at the last prefix token unless the objective anchors there (1D
-  offsets). K defaults to the checkpoint's useful draft length and may not exceed it
-  (``useful_draft``). The next round's drafts come
-  from the registers of the last kept input, so a partial acceptance needs no extra pass.
-  ``anchors="last"``: registers after the last regular input only (K instead of (K+1)·K extra
-  tokens per row); they draft only when every draft was kept. ``fill`` (default on): a slot
-  without a register draft takes the Jacobi guess below, so drafts also cross row edges.
+  draft offsets (``RegisterSpec.draft_offsets()``: (0, 2), (0, 3), ...) predict x_{t+2}..x_{t+K+1}
+  (x_{t+1} is the regular output's job). They follow the training rules: the position id of
+  regular input P-1+target, they see regular inputs 0..P+t and themselves, are never written to
+  the cache and no regular token sees them. A target the objective's edge rule makes invalid gets
+  no register; so does the anchor at the last prefix token unless the objective anchors there (1D
+  offsets). The next round's drafts come from the registers of the last kept input, so a partial
+  acceptance needs no extra pass. ``anchors="last"``: registers after the last regular input only
+  (K instead of (K+1)·K extra tokens per row; they draft only when every draft was kept). ``fill``
+  (default on): a slot without a register draft takes the Jacobi guess below, so drafts also cross
+  row edges.
 * jacobi (training-free): the regular outputs of this round past the kept tokens are the drafts
   of the next round (the last output stands in for positions it does not reach).
-When every row starts at the same cache index (one image, or rows in step) the model gets one
-int start, which takes its cheaper single-start path.
-
-Config: ``sample.decode.name: registers`` (fields draft, anchors, fill) and ``jacobi`` (window).
 """
 from __future__ import annotations
 
@@ -156,9 +150,8 @@ def speculative(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
         tokens = torch.cat([out.gather(1, (cur - 1)[:, None]), drafts.tokens], 1)
         positions = table[start[:, None] + j]
         extra_pos, extra_limit = drafter.extras(start, cur)
-        logits = model.decode(twice(tokens), twice(positions), _shared(start, twice), None,
-                              None if extra_pos is None else twice(extra_pos),
-                              None if extra_limit is None else twice(extra_limit))
+        extras = () if extra_pos is None else (twice(extra_pos), twice(extra_limit))
+        logits = model.decode(twice(tokens), twice(positions), _shared(start, twice), None, *extras)
         logits = rules.combine(logits)
         p = rules.probs(logits[:, :K + 1])
         kept, token, lead = speculation.verify(p, drafts, generator)
@@ -188,13 +181,11 @@ def _prefill(model, prefix: Tensor, positions: Tensor, rules: SamplingRules, dra
     rows, P = prefix.shape[0], positions.shape[0]
     B, K, V = (rows // 2 if rules.guided else rows), drafter.K, model.cfg.vocab_size
     extra_pos, extra_limit = drafter.first_extras(B, prefix.device)
-    if extra_pos is None:
-        logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix))
-        return pick(rules.probs(logits[:, P - 1]), rules.greedy, generator), Drafts.none(B, K, V, rules.greedy,
-                                                                                         prefix.device)
-    logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix,
-                                        twice(extra_pos), twice(extra_limit)))
+    extras = () if extra_pos is None else (twice(extra_pos), twice(extra_limit))
+    logits = rules.combine(model.decode(None, positions.expand(rows, P, 2), 0, prefix, *extras))
     first = pick(rules.probs(logits[:, P - 1]), rules.greedy, generator)
+    if extra_pos is None:
+        return first, Drafts.none(B, K, V, rules.greedy, prefix.device)
     valid = drafter.valid[:, 0]
     return first, Drafts.drawn(rules.probs(logits[:, P:]), valid, rules.greedy, generator, valid)
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.functional import pad
 
 
 @dataclass
@@ -41,9 +42,9 @@ class DecodeStats:
         if self.drafts is None:
             self.drafts = counts.long()
             return
+        counts = counts.long().to(self.drafts.device)
         K = max(self.drafts.shape[-1], counts.shape[-1])
-        pad = lambda t: torch.nn.functional.pad(t.long(), (0, K - t.shape[-1]))     # noqa: E731
-        self.drafts = pad(self.drafts) + pad(counts).to(self.drafts.device)
+        self.drafts = pad(self.drafts, (0, K - self.drafts.shape[-1])) + pad(counts, (0, K - counts.shape[-1]))
 
     def merge(self, other: "DecodeStats") -> None:
         """Add ``other``'s counts to these."""
