@@ -1,7 +1,7 @@
 """Value checks every config section uses: one-line :class:`ConfigError` messages naming the key.
 
-Range rules (``fail``, ``at_least``, ``at_most``, ``fraction``, ``check_seed``), ``physical_memory``
-and ``check_model_fits`` for estimates checked before allocating, and ``check_type``, which coerces a YAML value to a dataclass
+Range rules (``fail``, ``at_least``, ``at_most``, ``fraction``, ``check_seed``), ``check_model_fits``
+for estimates checked before allocating, and ``check_type``, which coerces a YAML value to a dataclass
 field's type (bool, int, float, str, Literal, Optional, list, tuple).
 """
 from __future__ import annotations

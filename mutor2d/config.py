@@ -286,8 +286,8 @@ def _switch_variant(section: dict, name: str, new: Any) -> None:
 def load(name: str | os.PathLike | dict | None = None, overrides: list[str] | None = None):
     """A YAML config (a path or a name under configs/, or a mapping, which is not modified) with
     ``--set section.key=value`` overrides -> the checked config of the kind its ``task`` names."""
-    data = copy.deepcopy(name) if isinstance(name, dict) else read_mapping(name) if name is not None else {}
-    return run_config_class(task_of(data)).load(data, overrides)
+    data = name if isinstance(name, dict) else read_mapping(name) if name is not None else {}
+    return run_config_class(task_of(data)).load(data, overrides)             # which copies a mapping
 
 
 def dump(cfg) -> str:

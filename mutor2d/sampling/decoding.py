@@ -123,17 +123,16 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
     """Make ``model.decode`` run its step compiled with torch.compile (``model.decode_step``; dynamic
     shapes: the cache position changes every step). Sampling results are unchanged up to float rounding.
 
-    ``inductor``: torch._inductor.config settings in force whenever the compiled function runs
-    (and so whenever it compiles); default ``CPU_DECODE_INDUCTOR`` for a model on the CPU, none
-    elsewhere. With ``freezing`` the weights are constants of the compiled code (a prepacked
-    copy: one more copy of the weights in memory): compile again after changing them.
+    ``inductor``: torch._inductor.config settings in force whenever the compiled function runs (and
+    compiles); default ``CPU_DECODE_INDUCTOR`` on the CPU, none elsewhere. With ``freezing`` the
+    weights are constants of the compiled code (one more, prepacked, copy): compile again after
+    changing them.
 
-    The KV cache goes into the compiled function as arguments, not as module attributes: dynamo
-    treats a module's tensor attributes as static (under ``freezing`` even as constants, guarded
-    by identity, so every ``setup_cache`` would recompile). Tensor arguments are passed as fresh
-    contiguous copies (a few integers each): callers pass slices such as
-    ``pos[t:t + 1].expand(...)`` whose storage offset changes every step, and dynamo would guard
-    on it and recompile until its recompile limit, then fall back to eager."""
+    The KV cache goes in as arguments, not module attributes: dynamo treats those as static (under
+    ``freezing`` as constants guarded by identity: every ``setup_cache`` would recompile). Tensor
+    arguments go in as fresh contiguous copies: callers pass slices (``pos[t:t + 1].expand(...)``)
+    whose storage offset changes every step; dynamo would guard on it and recompile until its
+    recompile limit, then fall back to eager."""
     model = unwrap_model(model)
     layers = [layer.attention for layer in model.layers]
     eager_decode = model.eager_decode

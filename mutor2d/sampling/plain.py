@@ -2,8 +2,7 @@
 
 Registers play no part: only the regular next-token pathway runs, so a MuToR checkpoint samples
 exactly like an NTP one. Position ids come from ``registers.regular_position_ids`` (the same ids
-training uses). The drawn token is fed to both CFG halves. ``sample.decode.name: plain`` (the
-default) has no other field.
+training uses). The drawn token is fed to both CFG halves.
 """
 from __future__ import annotations
 
