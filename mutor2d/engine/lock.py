@@ -114,10 +114,8 @@ def _folder_mutex(folder: Path):
         yield
         return
     try:
-        try:
+        with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
     finally:
         os.close(fd)                               # closing releases the flock
