@@ -2,16 +2,10 @@
 
 A training checkpoint is one ``torch.save`` dict holding only tensors and plain containers, so it
 loads with ``torch.load(weights_only=True)``: a file that holds any other Python object is refused
-with a one-line error and never runs. Layout: the key scheme of mutor2d.checkpoint.state, every entry
-at the top level:
-  model: the model's state dict; objective: state of the objective module (multi-head heads) or {};
-  ema: EMA state dict (absent, or None in older files, without EMA); optimizer: state dict keyed by
-  parameter names; step: int; rng: one RNG state per process (mutor2d.engine.rng); health: the loss /
-  gradient-norm history of recent healthy updates (mutor2d.engine.health); config: the resolved run
-  config as a plain dict (its ``task`` first); grid: [H, W] (None for runs without a grid);
-  provenance: the writing session's (mutor2d.provenance; None in older files and on other processes).
-  sha256: checksum of all the other entries (mutor2d.io.with_checksum), verified at every full read;
-  a mismatch makes the file unreadable. Files written before checksums load with a one-time warning.
+with a one-line error and never runs. Its entries, all at the top level, are the key scheme of
+mutor2d.checkpoint.state, plus ``sha256``: checksum of all the other entries (mutor2d.io.with_checksum),
+verified at every full read; a mismatch makes the file unreadable. Files written before checksums
+load with a one-time warning.
 Files live in ``RUN/checkpoints/step_XXXXXXXX.pt``, or ``step_XXXXXXXX.dcp/`` folders for sharded runs
 (mutor2d.checkpoint.sharded: the same keys, weights as DCP entries); the newest readable one is the
 resume point. Written and restored by their parts (mutor2d.checkpoint.state.TrainState).
@@ -34,12 +28,7 @@ from .. import io
 from . import sharded as sharded_checkpoint
 
 _STEP = re.compile(r"step_(\d+)\.(pt|dcp)$")      # .dcp: a sharded checkpoint (folder)
-
-
-# an unreadable, unsafe or foreign checkpoint; one-line message naming the file
-CheckpointError = io.UnsafeFileError
-
-
+CheckpointError = io.UnsafeFileError              # unreadable, unsafe or foreign; one-line message naming the file
 WRITE_FAILED_EXIT = io.WRITE_FAILED_EXIT     # 74, EX_IOERR (sysexits.h)
 
 

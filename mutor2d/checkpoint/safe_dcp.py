@@ -119,9 +119,8 @@ def check_entries(folder: str | Path, checked: dcp_metadata.Metadata) -> None:
     for index, info in checked.storage_data.items():
         with open(Path(folder) / info.relative_path, "rb") as f:
             view = _create_file_view(f, info.offset, info.length)
-            if view.read(4) != b"PK\x03\x04":
+            if not _is_zip(view):
                 raise UnsafeFileError(f"checkpoint {str(folder)!r} is unreadable: entry {index.fqn!r} is not a torch file")
-            view.seek(0)
             try:
                 names = torch.serialization.get_unsafe_globals_in_checkpoint(view)
             except Exception as e:

@@ -1,10 +1,8 @@
 """Sharded checkpoints: ``RUN/checkpoints/step_XXXXXXXX.dcp/``, written by torch.distributed.checkpoint.
 
-Layout (the key scheme of mutor2d.checkpoint.state): the DCP files of the weights, {"model": the
-model's state (what the run kind keeps), "objective": the objective's, "ema": the EMA's (when kept),
-"optimizer": the optimizer state keyed by parameter names}, plus ``meta.pt`` written by the main
-process: step, one RNG state per process, health, the resolved config, the grid, has_ema (tensors and
-plain values: it loads with ``weights_only=True``).
+Layout (the key scheme of mutor2d.checkpoint.state): the DCP files of the weights (model, objective,
+ema when kept, optimizer), plus ``meta.pt`` written by the main process: the other entries and has_ema
+(tensors and plain values: it loads with ``weights_only=True``).
 
 Rules:
   * Every process writes its own shards into ``.step_XXXXXXXX.dcp.tmp/``; once all are done the main
@@ -16,9 +14,8 @@ Rules:
     aside by ``--resume auto``, a one-line error elsewhere). meta.pt itself carries io's checksum.
   * A folder written before that scheme (the TrainModule's state under "model": ``model.model.*``,
     ``model.objective.*``; the optimizer's under "optim") is refused in one line naming the change.
-  * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; DCP's ``.metadata``
-    (a pickle) is read and checked by mutor2d.checkpoint.safe_dcp before anything else is, and DCP loads through
-    safe_dcp's reader and planner. The checksums guard against corruption, not against a stranger, who
+  * Nothing in the folder runs code: meta.pt loads with ``weights_only=True``; the rest is read through
+    mutor2d.checkpoint.safe_dcp. The checksums guard against corruption, not against a stranger, who
     writes meta.pt too: a crafted folder is refused by those readers, named like an unreadable one.
 """
 from __future__ import annotations

@@ -10,8 +10,9 @@ Keys:
     keyed by parameter names, torch.distributed.checkpoint.state_dict's layout);
   * train state: ``step`` (updates done), ``rng`` (one state per process: mutor2d.engine.rng),
     ``health`` (the recent healthy updates: mutor2d.engine.health);
-  * metadata: ``config`` (the resolved run config as a plain dict), ``grid`` ([H, W] of image runs),
-    ``provenance`` (the writing session's: mutor2d.provenance).
+  * metadata: ``config`` (the resolved run config as a plain dict, its ``task`` first), ``grid`` ([H, W]
+    of image runs, else None), ``provenance`` (the writing session's: mutor2d.provenance; None in older
+    files and on other processes).
 A ``.pt`` file holds them all at its top level (mutor2d.checkpoint); a sharded folder holds the weights
 as DCP entries (``model.*``, ``objective.*``, ``ema.*``, ``optimizer.*``) and the rest in its meta.pt
 (mutor2d.checkpoint.sharded).

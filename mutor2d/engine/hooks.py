@@ -78,9 +78,7 @@ class Logger:
         return f"{total} ({parts})" if total else "0"
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
-        if not due(run.cfg.train.log_every, status) and not status.stopping:
-            return
-        if self.steps == 0:
+        if self.steps == 0 or not (due(run.cfg.train.log_every, status) or status.stopping):
             return
         rec = self.record(run, status.done)
         self.log.write(rec)
@@ -117,10 +115,6 @@ class Logger:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def params_finite(run: RunState) -> bool:
-    return all_finite(run.model.parameters())
-
-
 class CheckpointHook:
     """Writes a checkpoint when due and the last update was healthy: RUN/checkpoints/step_N.pt, or
     step_N.dcp/ for a sharded run (every process takes part: RunState.checkpoint_state); ``kept`` (main
@@ -134,7 +128,7 @@ class CheckpointHook:
         self.kept.observe(status.healthy)
         if not (due(run.cfg.train.ckpt_every, status) or status.stopping):
             return
-        if not status.healthy or not params_finite(run):
+        if not status.healthy or not all_finite(run.model.parameters()):
             if run.main:
                 warn(f"step {status.done}: no checkpoint written (skipped update or non-finite weights); "
                      f"{self.kept.kept_message()}")

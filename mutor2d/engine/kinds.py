@@ -25,10 +25,11 @@ def register_run_kind(task: str):
 def run_kind(task: str) -> type:
     """The parts class of ``task`` (its package's ``run`` module is imported on first use)."""
     if task not in RUN_KINDS and task.isidentifier():
+        package = f"{__package__.rsplit('.', 1)[0]}.{task}"      # mutor2d.TASK
         try:
-            importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.{task}.run")
+            importlib.import_module(f"{package}.run")
         except ModuleNotFoundError as e:
-            if not (e.name or "").endswith(f".{task}.run") and e.name != f"{__package__.rsplit('.', 1)[0]}.{task}":
+            if not (e.name or "").endswith(f".{task}.run") and e.name != package:
                 raise
     if task not in RUN_KINDS:
         raise ConfigError(f"task: expected a run kind with engine parts, one of {known_tasks()}, got {task!r}")

@@ -114,10 +114,8 @@ def _folder_mutex(folder: Path):
         yield
         return
     try:
-        try:
+        with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
     finally:
         os.close(fd)                               # closing releases the flock
@@ -170,16 +168,12 @@ def release(run_dir: str | os.PathLike, me: Owner) -> None:
         path.unlink(missing_ok=True)
 
 
-def is_main_launch() -> bool:
-    """True in the process that owns the run: RANK (set by torchrun / accelerate launch) 0 or unset."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike, main: bool | None = None):
-    """Hold RUN/run.lock for the body (main process only); a folder this created and left empty is
-    removed again (a run refused by its config leaves nothing behind)."""
-    if not (is_main_launch() if main is None else main):
+    """Hold RUN/run.lock for the body (main process only: ``main``, by default RANK, set by torchrun /
+    accelerate launch, 0 or unset); a folder this created and left empty is removed again (a run
+    refused by its config leaves nothing behind)."""
+    if not (int(os.environ.get("RANK", "0")) == 0 if main is None else main):
         yield None
         return
     run_dir = Path(run_dir)

@@ -5,13 +5,11 @@ Rules:
     averaged the same way by accelerate/DDP). Update s uses lr(s+1): warmup reaches the full lr at W-1.
   * An objective whose rule depends on the step (a reg_weight schedule) gets ``set_step(s, max_steps)``
     before update s, as the lr scheduler does: a pure function of (config, s), so resumes are exact.
-  * Health guard: an update whose loss, gradient norm or weight norm is not finite or blows up
-    (engine/health.py) is skipped (optimizer untouched, gradients dropped), counted in the log and
-    written there as a skip line with the values judged; after ``train.max_nonfinite`` updates in a row
-    skipped for non-finite values or exploded weights (a gradient spike never counts) the run stops with
-    an error naming the last good checkpoint, and no checkpoint is written while the last update was
-    skipped (mutor2d.checkpoint.resume: rotation never deletes the last good one). The run ends with
-    one line: steps trained, updates skipped by reason.
+  * Health guard (engine/health.py): an unhealthy update is skipped (optimizer untouched, gradients
+    dropped) and logged as a skip line with the values judged; after ``train.max_nonfinite`` in a row
+    skipped for non-finite values or exploded weights the run stops naming the last good checkpoint
+    (mutor2d.checkpoint.resume), and no checkpoint is written while the last update was skipped. The
+    run ends with one line: steps trained, updates skipped by reason.
   * One live run per folder (engine/lock.py): a second one is refused before it touches the folder.
   * A run resumed at ``train.max_steps`` says "nothing to do" and writes nothing: no log line, config,
     tracker file or model folder; unless its kind's final outputs are missing (a session killed between
@@ -35,7 +33,7 @@ import torch
 from .. import checkpoint as ckpt_lib
 from ..preempt import Preempted
 from . import runlog
-from .config import TrainConfig, flat  # noqa: F401 (TrainConfig: the loop's section, importable from here)
+from .config import flat
 from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
 from .kinds import run_kind

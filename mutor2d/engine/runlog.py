@@ -8,6 +8,7 @@ import json
 import math
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from ..cli import HelpFormatter
@@ -69,12 +70,7 @@ def skip_counts(run_dir, upto: int | None = None) -> dict[str, int]:
     """Skipped updates of the run (up to step ``upto``) by reason; {} when none or no log."""
     if not (Path(run_dir) / "log.jsonl").is_file():
         return {}
-    out: dict[str, int] = {}
-    for skip in read_skips(run_dir):
-        if upto is None or skip["step"] <= upto:
-            out[skip["reason"]] = out.get(skip["reason"], 0) + 1
-    return out
-
+    return dict(Counter(skip["reason"] for skip in read_skips(run_dir) if upto is None or skip["step"] <= upto))
 
 
 def last_step(run_dir) -> int:
@@ -121,10 +117,7 @@ def skip_table(runs: list) -> str:
     lines = ["| runs | count | updates | skipped | share skipped |", "|---|---|---|---|---|"]
     for arm, members in groups.items():
         updates = sum(last_step(r) for r in members)
-        by: dict[str, int] = {}
-        for r in members:
-            for reason, n in skip_counts(r).items():
-                by[reason] = by.get(reason, 0) + n
+        by = sum((Counter(skip_counts(r)) for r in members), Counter())
         skipped = sum(by.values())
         detail = f" ({', '.join(f'{n} {k}' for k, n in sorted(by.items()))})" if by else ""
         share = f"{skipped / updates:.2%}" if updates else "–"

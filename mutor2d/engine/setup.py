@@ -1,9 +1,7 @@
 """Building a run from its config: accelerator, data, networks, optimizer, schedule, EMA, resume point.
 
-One engine serves every run kind. A run config names its kind (``task``); the kind supplies only its
-parts (:class:`RunKind`, registered by task in mutor2d.engine.kinds): the image GPT (mutor2d.image.run),
-Hugging Face causal LMs (mutor2d.lm.run) and the VQ tokenizer (mutor2d.vq.run). The engine owns the rest: resume,
-stop signals, the non-finite guard, checkpoints and their rotation, the log and the data order.
+A run config names its kind (``task``); the kind supplies only its parts (:class:`RunKind`, registered
+by task in mutor2d.engine.kinds: mutor2d.image.run, mutor2d.lm.run, mutor2d.vq.run), the engine the rest.
 
 Rules:
   * The networks are initialised from ``train.seed`` (same on every process), then each process seeds
@@ -234,7 +232,7 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         sharding.checkpoint_activations(kind.blocks(module))
     sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
     if sharded:                                # before the optimizer: it holds the sharded parameters
-        sharding.shard_train_module(module, kind.blocks(module), cfg.train, acc.device)
+        sharding.shard_blocks(module, kind.blocks(module), cfg.train, acc.device)
     optimizer = build(cfg.optim, module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     if sharded:                                # the accelerator keeps process group, device and logging
@@ -246,11 +244,12 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
                    None, start, health)
     if saved is not None:        # a .pt file's model and objective: loaded by the kind, before sharding
-        resume_parts(run, saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
+        run.checkpoint_state(sharded="dcp" in saved).restore(
+            saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
     if cfg.train.ema:            # a copy of the (restored) weights, then the checkpoint's EMA when it has one
         run.ema = sharding.build_ema(model, cfg.train, sharded)
     if saved is not None:
-        resume_parts(run, saved, ("ema", "rng", "health"))
+        run.checkpoint_state(sharded="dcp" in saved).restore(saved, ("ema", "rng", "health"))
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
@@ -262,24 +261,13 @@ def record_provenance(run: RunState) -> dict:
     """This session's provenance (mutor2d.provenance: data and initial weights from the kind's
     ``sources``) appended to RUN/provenance.json; one warning line when its code, versions or data
     differ from the first session's. Main process only."""
-    data, init = kind_sources(run.kind, run.cfg)
+    data, init = run.kind.sources(run.cfg) if hasattr(run.kind, "sources") else (None, None)
     prov = provenance.provenance(data, init, device=str(run.device), threads=torch.get_num_threads())
     changed = provenance.append_session(run.run_dir, prov, run.start)
     if changed:
         warn(f"this session's {', '.join(changed)} differ from the run's first session "
              f"({run.run_dir / provenance.RUN_FILE})")
     return prov
-
-
-def kind_sources(kind: RunKind, cfg) -> tuple[dict | None, dict | None]:
-    """(data, init) fingerprints of the kind's ``sources``; (None, None) for a kind without it."""
-    sources = getattr(kind, "sources", None)
-    return sources(cfg) if sources is not None else (None, None)
-
-
-def resume_parts(run: RunState, saved: dict, names: tuple[str, ...]) -> None:
-    """The parts ``names`` of ``run`` from the checkpoint ``saved`` (those it holds; mutor2d.checkpoint.state)."""
-    run.checkpoint_state(sharded="dcp" in saved).restore(saved, names)
 
 
 def _note_schedule_change(saved: dict, cfg) -> None:

@@ -1,22 +1,15 @@
-"""Sharded training with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+"""Sharded training with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``); what it means for a
+run (precision, offload, checkpoints): docs/SCALING.md.
 
 Rules:
   * ``train.sharding``: auto = DDP with several processes; fsdp = FSDP2 with several processes
     (one process trains unsharded, with a warning); ddp = never shard.
-  * ``shard_blocks(root, blocks)`` shards each transformer block, then the root (which keeps what is
-    left: embeddings, final norm, head, register embedding); any model given its list of blocks (a
-    Hugging Face decoder's layers) is sharded the same way. Parameters become DTensors (dim 0 split
-    over the processes) and the optimizer is built on them afterwards.
-  * Mixed precision (train.mixed_precision bf16): blocks compute with bf16 copies of the fp32 shards,
-    gradients are reduced in fp32 (``MixedPrecisionPolicy``); fp16 is refused (no sharded scaler).
-  * ``train.fsdp_offload``: sharded parameters, gradients and AdamW states live on the CPU
-    (``CPUOffloadPolicy``), the optimizer steps there.
-  * EMA: ``ShardedEma`` keeps one DTensor per parameter, sharded as the parameter is, updated with
-    foreach ops on the local shards by timm ModelEmaV3's rule (decay 0 at the first update); it saves
-    and loads itself as a checkpoint part (``ema_part``: mutor2d.checkpoint.state).
+  * ``shard_blocks(root, blocks)`` shards each transformer block, then the root with what is left.
+    Parameters become DTensors (dim 0 split over the processes); the optimizer is built on them afterwards.
+  * EMA: ``ShardedEma``, one DTensor per parameter sharded as the parameter is, by timm ModelEmaV3's
+    rule; it saves and loads itself as a checkpoint part (``ema_part``: mutor2d.checkpoint.state).
   * Sample grids and evaluations: every process takes part in gathering the weights (EMA when kept)
-    into an unsharded model on the main process. The LM's online accuracy generates on the sharded model
-    itself, every process in step (mutor2d.lm.run.OnlineAccuracy).
+    into an unsharded model on the main process.
 """
 from __future__ import annotations
 
@@ -36,7 +29,6 @@ def wants_fsdp(train_cfg, num_processes: int, main: bool) -> bool:
     """True when train.sharding asks for FSDP2 and a process group exists: several processes, or one
     launched by torchrun / accelerate (a one-rank mesh: the sharded code path on one GPU, as
     bench/gpu.sh checks it). A plain single process trains unsharded, with a warning."""
-    import torch.distributed as dist
     if train_cfg.sharding != "fsdp":
         return False
     if num_processes == 1 and not dist.is_initialized():
@@ -63,25 +55,20 @@ def precision_policy(mixed_precision: str, device: torch.device):
     return None
 
 
-def shard_blocks(root: nn.Module, blocks: list[nn.Module], device: torch.device, mp_policy=None,
-                 offload: bool = False) -> None:
-    """fully_shard each block, then ``root`` (in place) over all processes of ``device``'s kind."""
+def shard_blocks(root: nn.Module, blocks: list[nn.Module], train_cfg, device: torch.device) -> None:
+    """fully_shard each block (the run kind's transformer blocks), then ``root`` (in place: the rest)
+    over all processes of ``device``'s kind, by train.mixed_precision and train.fsdp_offload."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
-              if offload else OffloadPolicy()}
+              if train_cfg.fsdp_offload else OffloadPolicy()}
+    mp_policy = precision_policy(train_cfg.mixed_precision, device)
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(root, **kwargs)
-
-
-def shard_train_module(module: nn.Module, blocks: list[nn.Module], train_cfg, device: torch.device) -> None:
-    """Shard a TrainModule: each of ``blocks`` (the run kind's transformer blocks), then the rest."""
-    shard_blocks(module, blocks, device, precision_policy(train_cfg.mixed_precision, device),
-                 train_cfg.fsdp_offload)
 
 
 def _recompute(forward, *args, **kwargs):
@@ -164,21 +151,15 @@ def ema_part(ema):
     return ema if isinstance(ema, ShardedEma) else ema.module
 
 
-def full_state(state: dict, main: bool) -> dict | None:
-    """Collective: the full tensors of a (partly) sharded state dict, on the main process only."""
-    out = {}
-    for k, v in state.items():
-        full = v.full_tensor() if isinstance(v, DTensor) else v
-        if main:
-            out[k] = full.detach()
-    return out if main else None
-
-
 def gathered_model(model: nn.Module, ema, main: bool, device: torch.device, plain_copy):
     """Collective: an unsharded model holding the sharded model's weights (EMA when kept) on the main
     process, in eval mode; None on the others. ``plain_copy(model)``: a new unsharded model of the same
     architecture (the run kind's ``plain_copy``)."""
-    state = full_state(ema.state_dict() if ema is not None else dict(model.named_parameters()), main)
+    state = {}
+    for k, v in (ema.state_dict() if ema is not None else dict(model.named_parameters())).items():
+        full = global_tensor(v)                    # every process takes part; only the main one keeps it
+        if main:
+            state[k] = full.detach()
     if not main:
         return None
     with torch.device(device):

@@ -42,15 +42,11 @@ def env_peak() -> float | None:
     return value * 1e12
 
 
-def gpu_peak(name: str) -> float | None:
-    """The datasheet bf16 peak of a GPU named ``name`` (torch.cuda.get_device_name), None if unknown."""
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k.lower() in name.lower()), None)
-
-
 def peak_flops(device: torch.device) -> float | None:
     """The bf16 peak FLOP/s of ``device``: $MUTOR2D_PEAK_TFLOPS when set (any device), else the
     datasheet value of a known GPU; None on CPU or an unknown GPU (no MFU is logged then)."""
     peak = env_peak()
     if peak is not None or device.type != "cuda":
         return peak
-    return gpu_peak(torch.cuda.get_device_name(device))
+    name = torch.cuda.get_device_name(device).lower()
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k.lower() in name), None)
