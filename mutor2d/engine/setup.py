@@ -232,7 +232,8 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         sharding.checkpoint_activations(kind.blocks(module))
     sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
     if sharded:                                # before the optimizer: it holds the sharded parameters
-        sharding.shard_blocks(module, kind.blocks(module), cfg.train, acc.device)
+        sharding.shard_blocks(module, kind.blocks(module), acc.device,
+                              sharding.precision_policy(cfg.train.mixed_precision, acc.device), cfg.train.fsdp_offload)
     optimizer = build(cfg.optim, module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     if sharded:                                # the accelerator keeps process group, device and logging

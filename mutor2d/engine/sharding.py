@@ -4,7 +4,8 @@ run (precision, offload, checkpoints): docs/SCALING.md.
 Rules:
   * ``train.sharding``: auto = DDP with several processes; fsdp = FSDP2 with several processes
     (one process trains unsharded, with a warning); ddp = never shard.
-  * ``shard_blocks(root, blocks)`` shards each transformer block, then the root with what is left.
+  * ``shard_blocks(root, blocks)`` shards each transformer block, then the root with what is left
+    (embeddings, final norm, head, register embedding): any model given its list of blocks.
     Parameters become DTensors (dim 0 split over the processes); the optimizer is built on them afterwards.
   * EMA: ``ShardedEma``, one DTensor per parameter sharded as the parameter is, by timm ModelEmaV3's
     rule; it saves and loads itself as a checkpoint part (``ema_part``: mutor2d.checkpoint.state).
@@ -55,15 +56,16 @@ def precision_policy(mixed_precision: str, device: torch.device):
     return None
 
 
-def shard_blocks(root: nn.Module, blocks: list[nn.Module], train_cfg, device: torch.device) -> None:
-    """fully_shard each block (the run kind's transformer blocks), then ``root`` (in place: the rest)
-    over all processes of ``device``'s kind, by train.mixed_precision and train.fsdp_offload."""
+def shard_blocks(root: nn.Module, blocks: list[nn.Module], device: torch.device, mp_policy=None,
+                 offload: bool = False) -> None:
+    """fully_shard each block, then ``root`` (in place: the rest) over all processes of ``device``'s
+    kind; ``mp_policy``: :func:`precision_policy`'s; ``offload``: parameters, gradients and optimizer
+    states on the CPU."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
-              if train_cfg.fsdp_offload else OffloadPolicy()}
-    mp_policy = precision_policy(train_cfg.mixed_precision, device)
+              if offload else OffloadPolicy()}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     for block in blocks:
