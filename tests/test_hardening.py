@@ -6,6 +6,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -331,6 +332,32 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     for name in ("digits_mutor2d.yaml", "llamagen_b_mutor2d.yaml", "vq_digits.yaml"):
         cfg = config.load(name)
         checks.check_model_fits(*run_kind(cfg.task)().size(cfg), checks.TRAIN_BYTES_PER_PARAM)
+
+
+def test_a_language_model_larger_than_this_machine_is_one_line_before_it_is_loaded(tmp_path, monkeypatch):
+    """A language-model run takes its size from the model folder: its weights alone, at model.dtype, must
+    fit this machine's memory (parameters counted from the config on the meta device), a run refused before
+    it writes a checkpoint;
+    the same model on a machine it fits loads, in fp32 and bf16, and a LoRA adapter folder is left to the load."""
+    import torch
+    from mutor2d import checks
+    from mutor2d.lm import hf
+    from mutor2d.lm.tiny import write_tiny_llama
+    folder = write_tiny_llama(tmp_path / "base", hidden=16, layers=1, heads=2)
+    params = sum(p.numel() for p in hf.load_causal_lm(folder).parameters())       # fits: loads
+    assert hf.load_causal_lm(folder, "bfloat16").dtype == torch.bfloat16
+    monkeypatch.setattr(checks, "physical_memory", lambda: params * 4 - 1)          # one byte short in fp32
+    head = re.escape(f"model.hf={folder}: about {params:.3g} parameters at 4 bytes each, ")
+    with pytest.raises(config.ConfigError, match=rf"^{head}.* GiB; this machine has .* GiB of memory$"):
+        hf.load_causal_lm(folder)
+    assert hf.load_causal_lm(folder, "bfloat16").dtype == torch.bfloat16          # 2 bytes each: fits
+    hf.check_weights_fit(tmp_path, "float32")                      # no config.json (an adapter's folder): the load decides
+    from mutor2d.lm import train as train_lm
+    from test_resume_and_startup import arith_data, lm_config
+    cfg = lm_config(folder, arith_data(tmp_path / "arith.jsonl"), max_steps=1)
+    with pytest.raises(config.ConfigError, match=rf"^{head}"):
+        train_lm(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_a_tokenizer_runs_checkpoint_given_where_an_image_model_is_expected_is_one_line(tmp_path, capsys):

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .. import io, provenance
+from ..checks import check_model_fits
 from ..model.attention import NEVER, Visibility
 from ..sampling.config import decode_modes
 from . import drafter, speculative
@@ -82,6 +83,7 @@ def refusing_pickles(key: str, ref):
 def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
                    key: str = "model.hf"):
     from transformers import AutoModelForCausalLM
+    check_weights_fit(path, dtype, key)
     return _load(AutoModelForCausalLM, path, "transformers model", key, dtype=DTYPES[dtype],
                  attn_implementation=attn_implementation,
                  adapter_kwargs={"local_files_only": True})   # transformers does not pass it on itself
@@ -91,6 +93,19 @@ def load_model_config(path: str | Path, key: str = "model.hf"):
     """A model's transformers config, read without its weights."""
     from transformers import AutoConfig
     return _load(AutoConfig, path, "transformers model", key)
+
+
+def check_weights_fit(path: str | Path, dtype: str, key: str = "model.hf") -> None:
+    """The model's weights alone, at ``dtype``, must fit this machine's memory: else one ConfigError line
+    before anything is loaded (its parameters counted on the meta device from its config; a folder
+    without a config, a LoRA adapter's, is left to the load)."""
+    from transformers import AutoModelForCausalLM
+    if Path(path).expanduser().is_dir() and not (Path(path).expanduser() / "config.json").is_file():
+        return
+    config = load_model_config(path, key)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    check_model_fits(params, f"{key}={path}", DTYPES[dtype].itemsize)
 
 
 def load_tokenizer(path: str | Path):
