@@ -245,12 +245,11 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
                    None, start, health)
     if saved is not None:        # a .pt file's model and objective: loaded by the kind, before sharding
-        run.checkpoint_state(sharded="dcp" in saved).restore(
-            saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
+        resume_parts(run, saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
     if cfg.train.ema:            # a copy of the (restored) weights, then the checkpoint's EMA when it has one
         run.ema = sharding.build_ema(model, cfg.train, sharded)
     if saved is not None:
-        run.checkpoint_state(sharded="dcp" in saved).restore(saved, ("ema", "rng", "health"))
+        resume_parts(run, saved, ("ema", "rng", "health"))
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
@@ -269,6 +268,12 @@ def record_provenance(run: RunState) -> dict:
         warn(f"this session's {', '.join(changed)} differ from the run's first session "
              f"({run.run_dir / provenance.RUN_FILE})")
     return prov
+
+
+def resume_parts(run: RunState, saved: dict, names: tuple[str, ...]) -> None:
+    """The parts ``names`` of ``run`` from the checkpoint ``saved`` (those it holds; mutor2d.checkpoint.state),
+    read through the run's state as it is now (the EMA exists only after the weights are restored)."""
+    run.checkpoint_state(sharded="dcp" in saved).restore(saved, names)
 
 
 def _note_schedule_change(saved: dict, cfg) -> None:
