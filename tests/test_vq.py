@@ -303,6 +303,40 @@ def test_lpips_from_local_files(tmp_path):
         load_lpips([tmp_path / "vgg16.pth"])
 
 
+def test_dead_code_restart_moves_exactly_the_unused_codes():
+    from mutor2d.tokenizer.vq_model import VectorQuantizer
+    q = VectorQuantizer(8, 4, 0.25, l2_norm=True, usage_window=6).train()
+    g = torch.Generator().manual_seed(0)
+    z = F.normalize(torch.randn(20, 4), dim=-1)
+    before = q.embedding.weight.detach().clone()
+    q.codebook_used.copy_(torch.tensor([0, 1, 2, 2, -1, -1.0]))
+    assert q.restart_dead(z, g) == 0 and torch.equal(q.embedding.weight, before)    # window not yet full
+    q.codebook_used.copy_(torch.tensor([0, 1, 2, 2, 5, 1.0]))
+    assert q.restart_dead(z.masked_fill(torch.eye(20, 4, dtype=torch.bool), float("nan")), g) == 0
+    assert torch.equal(q.embedding.weight, before)                                  # a non-finite batch moves nothing
+    assert q.restart_dead(z, g) == 4                                                # codes 3, 4, 6, 7 are unused
+    w = q.embedding.weight.detach()
+    alive, dead = [0, 1, 2, 5], [3, 4, 6, 7]
+    assert torch.equal(w[alive], before[alive])
+    hits = [(w[c] - z).norm(dim=-1).min().item() for c in dead]                     # each onto a batch row ...
+    rows = {int((w[c] - z).norm(dim=-1).argmin()) for c in dead}
+    assert max(hits) < 1e-6 and len(rows) == len(dead)                              # ... a distinct one
+
+
+def test_restart_dead_codes_in_training():
+    from mutor2d.tokenizer.vq_model import VectorQuantizer
+    q = VectorQuantizer(64, 4, 0.25, l2_norm=True, usage_window=32).train()
+    z = torch.randn(2, 4, 4, 4) * 0.01 + torch.tensor([1.0, 0, 0, 0]).view(1, 4, 1, 1)  # one tight cluster
+    q(z)                                                                                 # fills the window
+    before = q.embedding.weight.detach().clone()
+    _, codes, _ = q(z, restart=torch.Generator().manual_seed(0))
+    assert not torch.equal(q.embedding.weight, before) and codes.unique().numel() > 1
+    q.eval()
+    frozen = q.embedding.weight.detach().clone()
+    q(z, restart=torch.Generator().manual_seed(0))                                       # eval: never
+    assert torch.equal(q.embedding.weight, frozen)
+
+
 # ----------------------------------------------------------------------------- training
 
 def test_train_vq_runs_checkpoints_and_resumes(tmp_path, capsys):
@@ -346,6 +380,10 @@ def test_vq_config_errors():
         load_config("vq_digits", ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match="data.crop_range"):
         load_config("vq_digits", ["data.crop_range=0.5"])
+    with pytest.raises(ConfigError, match="model.usage_window: expected > 0 with objective.restart_dead_codes"):
+        load_config("vq_digits", ["objective.restart_dead_codes=true", "model.usage_window=0"])
+    with pytest.raises(ConfigError, match="objective.restart_dead_codes: expected false with train.sharding=fsdp"):
+        load_config("vq_digits", ["objective.restart_dead_codes=true", "train.sharding=fsdp"])
     assert isinstance(load_config("vq_digits").model, VQConfig)
 
 

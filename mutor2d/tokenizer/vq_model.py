@@ -9,10 +9,14 @@ image_size / 2**(len(ch_mult) - 1) on each side.
 Quantiser rule (same as LlamaGen): z and the codebook are L2-normalised, code = argmin over
 |z|^2 + |e|^2 - 2 z.e; the decoder sees the normalised code vector. Losses (training only):
 codebook  mean((e - sg(z))^2), commitment  beta * mean((sg(e) - z)^2), straight-through gradients.
+Dead-code restart (training, when asked; not LlamaGen's): before a batch is quantised, once the usage window
+is full, every code absent from it is moved onto a distinct random encoder output of this batch
+(:meth:`VectorQuantizer.restart_dead`).
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -196,14 +200,17 @@ class VectorQuantizer(nn.Module):
         out = [((zc ** 2).sum(1, keepdim=True) + e2 - 2 * zc @ e.t()).argmin(1) for zc in z.split(step)]
         return torch.cat(out) if out else z.new_zeros(0, dtype=torch.long)
 
-    def forward(self, z: Tensor) -> tuple[Tensor, Tensor, dict]:
+    def forward(self, z: Tensor, restart: torch.Generator | None = None) -> tuple[Tensor, Tensor, dict]:
         """z (B, e_dim, h, w) -> (z_q (B, e_dim, h, w), codes (B, h, w), losses).
 
-        losses: codebook, commitment (zero tensors in eval mode)."""
+        losses: codebook, commitment (zero tensors in eval mode). ``restart``: in training, restart dead
+        codes first (:meth:`restart_dead`), drawing with this generator."""
         b, c, h, w = z.shape
         z = z.permute(0, 2, 3, 1).reshape(-1, c)
         if self.l2_norm:
             z = F.normalize(z, dim=-1)
+        if restart is not None and self.training:
+            self.restart_dead(z.detach(), restart)
         codes = self.nearest(z)
         z_q = self.codebook()[codes]
         if self.training:
@@ -223,6 +230,26 @@ class VectorQuantizer(nn.Module):
             return
         n = min(codes.numel(), self.codebook_used.numel())
         self.codebook_used.copy_(torch.cat([self.codebook_used[n:], codes[-n:].to(self.codebook_used)]))
+
+    @torch.no_grad()
+    def restart_dead(self, z: Tensor, generator: torch.Generator) -> int:
+        """Move every code absent from a full usage window onto a distinct random row of ``z`` (M, e_dim),
+        the batch's encoder outputs as quantised; -> the number moved. Nothing moves before the window is
+        full, or when ``z`` holds a non-finite value. With several processes rank 0's codebook is sent to
+        all (every call, so that no process waits on another's decision)."""
+        used = self.codebook_used
+        moved = 0
+        if used is not None and bool((used >= 0).all()) and bool(torch.isfinite(z).all()):
+            dead = torch.ones(self.n_e, dtype=torch.bool, device=used.device)
+            dead[used.long()] = False
+            idx = dead.nonzero().flatten()[:len(z)].to(self.embedding.weight.device)
+            moved = len(idx)
+            if moved:
+                pick = torch.randperm(len(z), generator=generator, device=generator.device)[:moved]
+                self.embedding.weight[idx] = z[pick.to(z.device)].to(self.embedding.weight.dtype)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast(self.embedding.weight.data, 0)
+        return moved
 
     def usage(self) -> float:
         """Fraction of the codebook among the last ``usage_window`` training codes."""
@@ -252,10 +279,11 @@ class VQModel(nn.Module):
         self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(cfg.codebook_embed_dim, cfg.z_channels, 1)
 
-    def encode(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
-        """x (B, C, S, S) in [-1, 1] -> (z_q (B, e_dim, S/f, S/f), codes (B, S/f, S/f), losses)."""
+    def encode(self, x: Tensor, restart: torch.Generator | None = None) -> tuple[Tensor, Tensor, dict]:
+        """x (B, C, S, S) in [-1, 1] -> (z_q (B, e_dim, S/f, S/f), codes (B, S/f, S/f), losses);
+        ``restart``: the quantiser's dead-code restart generator (training only)."""
         self._check_input(x)
-        return self.quantize(self.quant_conv(self.encoder(x)))
+        return self.quantize(self.quant_conv(self.encoder(x)), restart)
 
     def decode(self, z_q: Tensor) -> Tensor:
         """(B, e_dim, h, w) -> images (B, C, h*f, w*f), nominally in [-1, 1]."""
@@ -265,9 +293,9 @@ class VQModel(nn.Module):
         """codes (B, h, w) long -> images (B, C, h*f, w*f)."""
         return self.decode(self.quantize.lookup(codes))
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
-        """x -> (reconstruction, codes, losses)."""
-        z_q, codes, losses = self.encode(x)
+    def forward(self, x: Tensor, restart: torch.Generator | None = None) -> tuple[Tensor, Tensor, dict]:
+        """x -> (reconstruction, codes, losses); ``restart`` as in :meth:`encode`."""
+        z_q, codes, losses = self.encode(x, restart)
         return self.decode(z_q), codes, losses
 
     def _check_input(self, x: Tensor) -> None:

@@ -46,12 +46,14 @@ class VQDataConfig:
 @dataclass
 class VQLossConfig:
     """The loss: reconstruction (L2 or L1), codebook and commitment terms, and LPIPS when weight files
-    are given (mutor2d.tokenizer.lpips)."""
+    are given (mutor2d.tokenizer.lpips); ``restart_dead_codes``: the quantiser's dead-code restart before
+    each batch (mutor2d.tokenizer.vq_model; needs model.usage_window > 0)."""
     rec_loss: Literal["l2", "l1"] = "l2"
     rec_weight: float = 1.0
     codebook_weight: float = 1.0
     perceptual_weight: float = 1.0   # used only when perceptual_weights is non-empty
     perceptual_weights: list[str] = field(default_factory=list)
+    restart_dead_codes: bool = False  # move codes unused over the usage window onto encoder outputs
 
     def check(self) -> None:
         for key in ("rec_weight", "codebook_weight", "perceptual_weight"):
@@ -86,6 +88,12 @@ class VQRunConfig(ConfigRoot):
         """Every section but the model, which ``vq_model`` validated when it was built."""
         for s in self.sections[1:]:
             getattr(self, s).check()
+        if self.objective.restart_dead_codes and not self.model.usage_window:
+            fail("model.usage_window", "> 0 with objective.restart_dead_codes (dead codes are those absent from "
+                 "it)", self.model.usage_window)
+        if self.objective.restart_dead_codes and self.train.sharding == "fsdp":
+            fail("objective.restart_dead_codes", "false with train.sharding=fsdp (a restart edits the "
+                 "gathered codebook, which FSDP2 would not keep)", True)
         return self
 
 

@@ -146,7 +146,7 @@ class VQTrainModule(torch.nn.Module):
 
     def forward(self, batch, generator=None) -> ObjectiveResult:
         x = _first(batch).to(next(self.model.parameters()).device, non_blocking=True) * 2 - 1
-        rec, _, vq_losses = self.model(x)
+        rec, _, vq_losses = self.model(x, generator if self.loss.restart_dead_codes else None)
         c = self.loss
         rec_fn = F.mse_loss if c.rec_loss == "l2" else F.l1_loss
         logs = {"loss_rec": rec_fn(rec, x), "loss_codebook": vq_losses["codebook"],
