@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "--fraction-methods also train on (e.g. 0.25,0.5; '' = none)")
     ap.add_argument("--fraction-methods", default="next-token,mutor-2d-D4", help="methods of the --fractions runs")
     ap.add_argument("--fraction-plot", default=None, help="PNG path (default OUT/fraction.png)")
+    ap.add_argument("--ntp-eval-steps", default="", help="next-token also trains to the last of these and is "
+                    "scored at them (e.g. 1600,1800,2000 for 2T; '' = none)")
+    ap.add_argument("--speedup", default="", help="the pre-registered test of this method at T = --steps against "
+                    "next-token at 2T (mutor2d/evaluation/speedup.py; '' = off)")
     ap.add_argument("--floor-draws", type=int, default=5, help="resamples of the held-out floor")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override the base config for every run (e.g. model.dim=32)")
@@ -115,7 +119,8 @@ def settings(args: argparse.Namespace) -> plan.Study:
         report_only=args.report_only, base=args.config, val_every=args.val_every,
         fractions=parse_list(args.fractions, float, "fractions"),
         fraction_methods=parse_list(args.fraction_methods, str, "fraction-methods"),
-        fraction_plot=Path(args.fraction_plot) if args.fraction_plot else None)
+        fraction_plot=Path(args.fraction_plot) if args.fraction_plot else None,
+        ntp_eval_steps=parse_list(args.ntp_eval_steps, int, "ntp-eval-steps"), speedup=args.speedup)
 
 
 def main(argv=None) -> dict:

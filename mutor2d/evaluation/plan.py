@@ -84,6 +84,8 @@ class Study:
     fractions: list[float] = field(default_factory=list)
     fraction_methods: list[str] = field(default_factory=list)
     fraction_plot: Path | None = None
+    ntp_eval_steps: list[int] = field(default_factory=list)
+    speedup: str = ""
 
     def config(self, method: str = "next-token"):
         """The base config with the study's overrides, as ``method`` trains it."""
@@ -132,6 +134,24 @@ class Study:
                              "next-token step)")
         for item in self.overrides:
             parse_override(item)
+        if self.ntp_eval_steps and ("next-token" not in self.methods or min(self.ntp_eval_steps) < 1
+                                    or max(self.ntp_eval_steps) > STEPS_LIMIT):
+            raise StudyError(f"--ntp-eval-steps {','.join(map(str, self.ntp_eval_steps))}: expected steps in "
+                             f"[1, {STEPS_LIMIT}] with next-token among --methods")
+        if self.speedup:
+            self.check_speedup()
+
+    def check_speedup(self) -> None:
+        """The pre-registered test (mutor2d.evaluation.speedup) needs its method at 0.8T, 0.9T, T and
+        next-token at 1.6T, 1.8T, 2T (T = --steps), on a constant lr."""
+        from .speedup import method_steps, reference_steps
+        if self.speedup not in self.methods or "next-token" not in self.methods:
+            raise StudyError(f"--speedup {self.speedup!r}: expected one of --methods, with next-token among them")
+        for flag, have, need in (("--eval-steps", self.eval_steps, method_steps(self.steps)),
+                                 ("--ntp-eval-steps", self.ntp_eval_steps, reference_steps(self.steps))):
+            if not set(need) <= set(have):
+                raise StudyError(f"{flag} {','.join(map(str, have))}: --speedup needs steps "
+                                 f"{','.join(map(str, need))} (--steps {self.steps})")
 
     def check(self) -> None:
         """One-line errors for bad settings, before any training: ``check_flags``, then those that need
@@ -164,7 +184,7 @@ class Study:
     @property
     def grain(self) -> int:
         """Checkpoint spacing of the next-token runs (the compute-matched step is picked among them)."""
-        return math.gcd(self.every, max(1, self.steps // 10))
+        return math.gcd(self.every, max(1, self.steps // 10), *self.ntp_eval_steps)
 
     @property
     def cm_limit(self) -> int:
@@ -174,8 +194,9 @@ class Study:
     @property
     def ntp_steps(self) -> int:
         """Next-token runs go on to cm_limit under a constant lr (their early checkpoints are the
-        equal-step points); with a decaying lr the compute-matched runs are runs of their own."""
-        return self.cm_limit if self.compute_matched and self.constant else self.steps
+        equal-step points; with a decaying lr the compute-matched runs are runs of their own), and to the
+        last of ``ntp_eval_steps``."""
+        return max([self.cm_limit if self.compute_matched and self.constant else self.steps, *self.ntp_eval_steps])
 
     def cm_step(self, ratio: float) -> int:
         """The compute-matched next-token step: steps x ratio on the grain, within [steps, cm_limit]."""
@@ -203,7 +224,8 @@ class Study:
             for s in self.seeds:
                 for label in labels:
                     ntp = label == "next-token"
-                    out.append(self.unit(label, s, self.ntp_steps if ntp else self.steps, self.eval_steps,
+                    evals = sorted(set(self.eval_steps) | set(self.ntp_eval_steps)) if ntp else self.eval_steps
+                    out.append(self.unit(label, s, self.ntp_steps if ntp else self.steps, evals,
                                          self.grain if ntp else self.every, horizon=self.steps))
         if self.compute_matched and not self.constant:
             out += self.cm_units(self.cm_step(self.cm_ratio))

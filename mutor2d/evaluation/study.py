@@ -12,7 +12,7 @@ import time
 
 from .. import provenance
 from ..io import warn
-from . import records
+from . import records, speedup
 from .plan import Study
 from .study_plots import fraction_plot, plot
 from .study_runs import data_reference, floor_records, run_all
@@ -71,6 +71,12 @@ def run_study(study: Study) -> dict:
         first = "never" if c["first_step"] is None else f"step {c['first_step']} (ratio {c['ratio']:.2f})"
         md += (f"\n\n{c['method']} first reaches next-token's final FID {c['reference_final_fid']:.2f} "
                f"(step {c['reference_final_step']}, cfg {c['cfg']:g}): {first}")
+    if study.speedup:
+        for cfg in study.cfg_scales:
+            test = speedup.speedup_test(groups, cfg, study.speedup, study.steps)
+            ratio = speedup.convergence_ratio(groups, cfg, study.speedup, study.steps)
+            summary.setdefault("speedup", []).append({**test, "convergence_ratio": ratio})
+            md += f"\n\nThe pre-registered test, cfg {cfg:g}:\n\n" + speedup.report(test, ratio)
     differ = records.provenance_warning(recs)
     if differ:
         warn(differ)

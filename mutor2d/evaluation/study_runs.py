@@ -32,7 +32,7 @@ from .plan import COMPUTE_MATCHED, StudyError, run_config
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, open_images
 
 VAL_CURVE_FILE = "val_nll.json"
-SAMPLE_METRICS = ("fid", "is", "prc")
+SAMPLE_METRICS = ("fid", "is", "prc", "kid")
 
 
 def train_seconds(run_dir: Path) -> tuple[float, int]:
@@ -75,15 +75,18 @@ def score(samples, ref, features: str, weights, cache: Path):
 
 
 def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label: str, study: dict,
-             cache: Path, batch_size: int = 250, seed: int = 0, tag: str = "") -> list[Path]:
-    """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale. ``tag`` goes into
-    the sample file name (and so the record's), keeping records of another label apart."""
+             cache: Path, batch_size: int = 250, seed: int = 0, tag: str = "", ema: bool = True,
+             folder: str = "eval") -> list[Path]:
+    """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale, with EMA weights when
+    the run kept them and ``ema``; records go to RUN/``folder`` (the study's tables read RUN/eval). ``tag``
+    goes into the sample file name (and so the record's), keeping records of another label (or sampling
+    seed, or raw weights) apart."""
     names = [f"eval_{tag}step{step:08d}_cfg{s:g}" for s in cfg_scales]
-    found = [sorted((run_dir / "eval").glob(f"{n}__*.json")) for n in names]
+    found = [sorted((run_dir / folder).glob(f"{n}__*.json")) for n in names]
     if all(found):                                       # scored before: keep those records
         return [f[0] for f in found]
     path = ckpt_lib.checkpoint_path(run_dir, step)
-    src = generation.open_checkpoint(path)               # EMA weights when the run kept them
+    src = generation.open_checkpoint(path, use_ema=ema)
     nll = {"nll_test": heldout_nll(src.model, src.cfg.data, "test")}
     if getattr(src.cfg.data, "val_fraction", 0) > 0:
         nll["nll_val"] = heldout_nll(src.model, src.cfg.data, "val")
@@ -105,7 +108,7 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
         res.metrics.update(nll)
         rec = records.make_record(res, samples=samples, reference=ref, method=label, samples_path=str(npz))
         rec["study"] = {**study, "cfg_scale": s}
-        out.append(records.write_record(rec, run_dir / "eval"))
+        out.append(records.write_record(rec, run_dir / folder))
     return out
 
 
