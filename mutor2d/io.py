@@ -38,13 +38,29 @@ TEMP_SUFFIX = ".tmp"
 _WARNED: set[str] = set()
 
 
+def say(message: str, err: bool = False) -> None:
+    """``message`` as a line of its own on stdout (stderr with ``err``), flushed: above a progress bar
+    on the terminal (tqdm.write clears the bar, prints, redraws it), so no line ends up on the bar's."""
+    from tqdm import tqdm
+    stream = sys.stderr if err else sys.stdout
+    tqdm.write(message, file=stream)
+    stream.flush()
+
+
 def warn(message: str, once: bool = False) -> None:
-    """``warning: MESSAGE`` as one line on stderr (with ``once``, only the first time in this process)."""
+    """``warning: MESSAGE`` as one line on stderr (``say``; with ``once``, only the first time in this process)."""
     if once:
         if message in _WARNED:
             return
         _WARNED.add(message)
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    say(f"warning: {message}", err=True)
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as an error names it: ``'runs/x'``, and when relative also the absolute path tried,
+    ``'runs/x' (/home/me/runs/x)``: the message says where it was looked for, whatever the folder."""
+    p = Path(path)
+    return repr(str(p)) if p.is_absolute() else f"{str(p)!r} ({p.absolute()})"
 
 
 def _fsync_folder(folder: Path) -> None:
