@@ -92,6 +92,7 @@ def score(args, metrics: list[str]) -> tuple:
     samples = open_images(args.samples)
     data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
     reference = open_images(args.ref, data_seed)
+    M.check_comparable(samples, reference)          # what the user paired; before a classifier is loaded
     cache = Path(args.cache_dir).expanduser()
     weights = args.inception_weights
     if features in EMBEDDED:

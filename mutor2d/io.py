@@ -267,7 +267,7 @@ def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable
 def _load(path: Path, what: str, allow: list, mmap: bool):
     import torch
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} {shown_path(path)} does not exist")
     try:
         with torch.serialization.safe_globals(allow):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -288,7 +288,7 @@ def read_safetensors(path: str | os.PathLike, what: str = "safetensors file",
     from safetensors import SafetensorError, safe_open
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} {shown_path(path)} does not exist")
     try:
         with safe_open(str(path), "pt") as f:
             return ({k: f.get_tensor(k) for k in f.keys()} if tensors else {}), dict(f.metadata() or {})
