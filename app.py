@@ -5,6 +5,10 @@
 Choose classes, sampling settings and the decoding mode, watch the images form; the page's URL holds
 the settings. The command line lives in mutor2d/demo_cli.py, the page in mutor2d/demo.py.
 """
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d.demo_cli import main
 
 if __name__ == "__main__":

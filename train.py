@@ -11,13 +11,17 @@ mutor2d/engine/ for the rules.
 Exit codes: 0 done; 2 bad config or input, or the run folder is in use by another live run (one line
 on stderr); 1 training diverged (non-finite or blown-up updates); 74 a checkpoint could not be written
 (disk full, I/O error; the earlier ones are kept); 75 stopped by SIGTERM/SIGINT after writing a
-checkpoint (continue with --resume auto).
+checkpoint (continue with --resume auto); 130 Ctrl-C before the run had a checkpoint (one line).
 """
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
+
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
 
 from mutor2d import checkpoint as ckpt_lib          # the command line parses before torch is imported
 from mutor2d.checkpoint import inference, locate
@@ -109,10 +113,7 @@ def execute(args: argparse.Namespace) -> Path:
     def start() -> Path:
         load_plugins()
         return run(args)
-    run_dir = run_entry(start)
-    if os.environ.get("RANK", "0") == "0":           # one line per run, not per process
-        print(f"run folder: {Path(run_dir).absolute()}")
-    return run_dir
+    return run_entry(start)        # the run's last line is its summary (or its error), naming the run folder
 
 
 if __name__ == "__main__":

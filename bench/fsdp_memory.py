@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import common  # noqa: E402  (the command line parses and checks before torch is imported)
 from mutor2d.cli import HelpFormatter  # noqa: E402
 

@@ -35,6 +35,10 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import common             # the command line parses and checks before torch is imported
 from mutor2d.cli import HelpFormatter, grid_arg
 

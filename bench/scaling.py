@@ -31,6 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d.cli import GRID_TOKENS_LIMIT, HelpFormatter  # noqa: E402  (parsed and checked before torch is imported)
 from mutor2d.model.config import PRESETS                 # noqa: E402
 from mutor2d.peaks import PEAK_BF16_FLOPS                 # noqa: E402

@@ -17,6 +17,10 @@ import argparse
 import json
 from pathlib import Path
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation import records
@@ -88,6 +92,7 @@ def score(args, metrics: list[str]) -> tuple:
     samples = open_images(args.samples)
     data_seed = ((samples.meta.get("config") or {}).get("data") or {}).get("data_seed", DIGITS_DATA_SEED)
     reference = open_images(args.ref, data_seed)
+    M.check_comparable(samples, reference)          # what the user paired; before a classifier is loaded
     cache = Path(args.cache_dir).expanduser()
     weights = args.inception_weights
     if features in EMBEDDED:

@@ -5,11 +5,17 @@
 Reads RUN_DIR/eval/*.json (written by eval/fid.py) or record files given directly. The MuToR paper's
 reported ImageNet rows are shown alongside when a record's reference names ImageNet. A commit column
 names each run's code; one warning line says when the runs differ in code, library versions or data.
+The decoding column gives forwards per image, not the speed each sample file recorded (its tokens/s
+depend on the machine and its load at the time; bench/sample.py times decoding modes side by side).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
 
 from mutor2d.cli import HelpFormatter
 from mutor2d.engine.entry import run_entry

@@ -22,6 +22,10 @@ import re
 import sys
 from pathlib import Path
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import yaml
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported

@@ -13,6 +13,10 @@ import dataclasses
 import json
 from pathlib import Path
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d import io
 from mutor2d.checkpoint import inference, locate          # the command line parses before torch is imported (in main)
 from mutor2d.cli import HelpFormatter

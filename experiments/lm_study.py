@@ -64,6 +64,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import numpy as np
 import yaml
 

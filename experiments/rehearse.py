@@ -40,6 +40,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import numpy as np
 
 from mutor2d import checkpoint as ckpt_lib

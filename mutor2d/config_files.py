@@ -2,6 +2,7 @@
 and parsing a ``--set section.key=value`` item. Every error is a one-line ConfigError."""
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,18 @@ def resolve_path(name: str | os.PathLike) -> Path:
         raise ConfigError(f"config {str(name)!r} is a folder; expected a YAML file (or a name under {CONFIG_DIR})")
     if p.exists():
         return p
-    for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
-        if cand.exists():
-            return cand
-    raise ConfigError(f"config '{name}' not found (looked for it as a path and under {CONFIG_DIR})")
+    tried = [CONFIG_DIR / p, *([] if p.suffix in (".yaml", ".yml") else [CONFIG_DIR / f"{p}.yaml"])]
+    found = next((cand for cand in tried if cand.exists()), None)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(tried[-1].name, config_names(), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"config '{name}' not found (looked for {', '.join(map(str, [p.absolute(), *tried]))}){hint}")
+
+
+def config_names() -> list[str]:
+    """The configs under configs/, by file name."""
+    return sorted(q.name for q in CONFIG_DIR.glob("*.yaml"))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -38,13 +38,29 @@ TEMP_SUFFIX = ".tmp"
 _WARNED: set[str] = set()
 
 
+def say(message: str, err: bool = False) -> None:
+    """``message`` as a line of its own on stdout (stderr with ``err``), flushed: above a progress bar
+    on the terminal (tqdm.write clears the bar, prints, redraws it), so no line ends up on the bar's."""
+    from tqdm import tqdm
+    stream = sys.stderr if err else sys.stdout
+    tqdm.write(message, file=stream)
+    stream.flush()
+
+
 def warn(message: str, once: bool = False) -> None:
-    """``warning: MESSAGE`` as one line on stderr (with ``once``, only the first time in this process)."""
+    """``warning: MESSAGE`` as one line on stderr (``say``; with ``once``, only the first time in this process)."""
     if once:
         if message in _WARNED:
             return
         _WARNED.add(message)
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    say(f"warning: {message}", err=True)
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as an error names it: ``'runs/x'``, and when relative also the absolute path tried,
+    ``'runs/x' (/home/me/runs/x)``: the message says where it was looked for, whatever the folder."""
+    p = Path(path)
+    return repr(str(p)) if p.is_absolute() else f"{str(p)!r} ({p.absolute()})"
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -251,7 +267,7 @@ def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable
 def _load(path: Path, what: str, allow: list, mmap: bool):
     import torch
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} {shown_path(path)} does not exist")
     try:
         with torch.serialization.safe_globals(allow):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -272,7 +288,7 @@ def read_safetensors(path: str | os.PathLike, what: str = "safetensors file",
     from safetensors import SafetensorError, safe_open
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} {shown_path(path)} does not exist")
     try:
         with safe_open(str(path), "pt") as f:
             return ({k: f.get_tensor(k) for k in f.keys()} if tensors else {}), dict(f.metadata() or {})

@@ -702,8 +702,8 @@ def test_a_checkpoint_that_rotation_removed_is_named_with_keep_ckpts(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"step_00000250.pt' does not exist \(a run keeps only its newest "
                                                 r"train.keep_ckpts .* holds step_00000750.pt, step_00001000.pt\)"):
         resolve(folder / "step_00000250.pt")
-    with pytest.raises(FileNotFoundError, match=r"'elsewhere.pt' does not exist$"):      # not a run's: no hint
-        resolve("elsewhere.pt")
+    with pytest.raises(FileNotFoundError, match=r"'elsewhere.pt' \(/.*/elsewhere.pt\) does not exist$"):  # no hint;
+        resolve("elsewhere.pt")                                                   # the absolute path tried
 
 
 def test_a_bench_launch_dies_with_the_benchmark_that_started_it(tmp_path):

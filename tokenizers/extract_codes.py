@@ -15,6 +15,10 @@ image could be read. Train on the result with ``data.name: codes``, ``data.path:
 import argparse
 import sys
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d.checks import WORKERS_LIMIT
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.plugins import load_plugins

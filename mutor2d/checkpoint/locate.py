@@ -37,10 +37,10 @@ def resolve(path: str | os.PathLike) -> Path:
     if p.is_dir():
         found = latest_valid(p)
         if found is None:
-            raise FileNotFoundError(f"no readable checkpoint under {str(p)!r}")
+            raise FileNotFoundError(f"no readable checkpoint under {io.shown_path(p)}")
         return found
     if not p.is_file():
-        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist{rotation_hint(p)}")
+        raise FileNotFoundError(f"checkpoint {io.shown_path(p)} does not exist{rotation_hint(p)}")
     return p
 
 

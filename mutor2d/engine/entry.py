@@ -1,12 +1,12 @@
 """How an entry script ends a run: ``run_entry`` turns an error that ends a run into one line on stderr
-and its exit code (``exit_code``). No torch: train.py reports a bad config through it before torch is
-imported; the loop raises Diverged."""
+and its exit code (``exit_code``), and Ctrl-C into one line and exit 130. No torch: train.py reports a
+bad config through it before torch is imported; the loop raises Diverged."""
 from __future__ import annotations
 
 import os
 import time
 
-from ..preempt import PREEMPTED_EXIT, Preempted
+from ..preempt import INTERRUPTED_EXIT, PREEMPTED_EXIT, Preempted, interrupted_line
 
 ECHO_DELAY_S = 5.0   # seconds a process other than the main one waits before printing an input error
 
@@ -31,10 +31,14 @@ def run_entry(main):
     ECHO_DELAY_S later (a launcher stops the others when the main one exits, so a shared error is
     printed once and an error of that process alone is still shown). A launched process stopped by a
     signal (75, its shards saved) leaves without the interpreter's teardown, where torch's threads
-    could abort it (SIGABRT, "terminate called without an active exception") and turn 75 into -6."""
+    could abort it (SIGABRT, "terminate called without an active exception") and turn 75 into -6.
+    A Ctrl-C that reaches it (start-up, a command's work: a run stops on it with 75) is one line, exit 130."""
     import sys
     try:
         return main()
+    except KeyboardInterrupt as e:       # Ctrl-C before a run exists (once it does, the run stops with 75)
+        print(interrupted_line(e), file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     except Exception as e:
         code = exit_code(e)
         if code is None:

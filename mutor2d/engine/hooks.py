@@ -7,13 +7,16 @@ grids, evaluations).
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .. import checkpoint as ckpt_lib
-from ..io import warn
+from ..io import say, warn
 from ..checkpoint.resume import Retention
 from .runlog import JsonLog
 from .setup import RunState
@@ -34,19 +37,34 @@ def due(every: int, status: StepStatus, at_end: bool = True) -> bool:
 
 class Logger:
     """Averages step statistics over ``train.log_every`` steps and all processes; writes log.jsonl,
-    the tracker and the progress bar. Rates come from the run kind (``rates``). Every skipped update
+    the tracker and the progress. Rates come from the run kind (``rates``). Every skipped update
     is also a line of its own in log.jsonl (``read_skips``: its reason and the values judged), and the
-    progress bar counts them (``skipped``, by reason, over the session)."""
+    progress counts them (``skipped``, by reason, over the session).
+
+    Progress (main process; ``start`` .. ``close``): a bar on a terminal (stderr a tty), else a line per
+    logged step, at most one every ``LINE_S`` seconds besides the first and the last (a redirected log
+    gets lines, not one line of bar redraws). At the first logged step one line says the expected time
+    of the rest, measured so far, with what it depends on (device, threads, load). Other lines of the
+    run go above the bar (``io.say``); the bar is closed before the line that ends the run."""
+
+    LINE_S = 30.0
 
     def __init__(self, run: RunState):
-        from tqdm.auto import tqdm
         self.main = run.main
         self.session_skips: dict[str, int] = {}
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
-        self.bar = tqdm(total=run.cfg.train.max_steps, initial=run.start, disable=not run.main,
-                        dynamic_ncols=True, desc="train", mininterval=1.0)
+        self.start_step, self.max_steps, self.bar = run.start, run.cfg.train.max_steps, None
+        self.lines = run.main and not sys.stderr.isatty()
         self._reset()
+
+    def start(self) -> None:
+        """Open the progress (the session's clock starts here)."""
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=self.max_steps, initial=self.start_step, disable=not self.main or self.lines,
+                        dynamic_ncols=True, desc="train", mininterval=1.0)
+        self.started = self.line_at = time.perf_counter()
+        self.estimated = self.lined = False
 
     def _reset(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -86,10 +104,28 @@ class Logger:
             run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=status.done)
         loss = rec.get("loss")
         rate = next((k for k in rec if k.endswith("_per_s")), None)
-        self.bar.set_postfix({"loss": f"{loss:.4f}" if loss is not None else "skipped",
-                              **({rate: f"{rec[rate]:.0f}"} if rate else {}),
-                              **({"skipped": self.skip_text()} if self.session_skips else {})}, refresh=False)
+        shown = {"loss": f"{loss:.4f}" if loss is not None else "skipped", **({rate: f"{rec[rate]:.0f}"} if rate else {}),
+                 **({"skipped": self.skip_text()} if self.session_skips else {})}
+        self.bar.set_postfix(shown, refresh=False)
         self._reset()
+        if self.main:
+            self._progress_lines(run, status, shown)
+
+    def _progress_lines(self, run: RunState, status: StepStatus, shown: dict) -> None:
+        """The expected time (once), and without a bar the step line (``LINE_S``)."""
+        now = time.perf_counter()
+        elapsed, done = now - self.started, status.done - self.start_step
+        left = elapsed / done * (self.max_steps - status.done)
+        if not self.estimated and not status.last:
+            self.estimated = True
+            say(f"expected time: about {duration(left)} more for steps {status.done + 1}-{self.max_steps} "
+                f"({elapsed / done:.2g} s a step over steps {self.start_step + 1}-{status.done} on {machine_text(run)}; "
+                f"a busier machine, or more threads than free cores (OMP_NUM_THREADS), takes longer)")
+        if self.lines and (not self.lined or status.last or status.stopping or now - self.line_at >= self.LINE_S):
+            self.lined, self.line_at = True, now
+            values = ", ".join(f"{k} {v}" for k, v in shown.items())
+            eta = "" if status.last else f", about {duration(left)} left"
+            say(f"step {status.done}/{self.max_steps}: {values}; {duration(elapsed)} so far{eta}")
 
     def record(self, run: RunState, done: int) -> dict:
         dt = time.perf_counter() - self.t0
@@ -110,7 +146,25 @@ class Logger:
         return rec
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def duration(seconds: float) -> str:
+    """A time in words, as a person reads an estimate: "40 s", "12 min", "2 h 5 min"."""
+    if seconds < 90:
+        return f"{round(seconds)} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def machine_text(run: RunState) -> str:
+    """What a CPU run's speed depends on: "cpu, 1 thread, load average 3.1 on 2 cores"; a GPU run's device."""
+    if run.device.type != "cpu":
+        return str(run.device)
+    threads = torch.get_num_threads()
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return f"cpu, {threads} thread{'s' if threads > 1 else ''}{load} on {os.cpu_count()} cores"
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -136,5 +190,5 @@ class CheckpointHook:
         path = run.checkpoint_state(is_sharded(run.module)).save(run.run_dir, status.done, run.main)
         if run.main:
             self.kept.saved(path)
-        if status.stopping and run.main:
-            print(f"stopped by signal at step {status.done}: checkpoint {path}", flush=True)
+            what = "stopped by signal at step" if status.stopping else "step"
+            say(f"{what} {status.done}: checkpoint {Path(path).absolute()}")

@@ -97,10 +97,14 @@ def _create(path: Path, me: Owner) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(asdict(me)) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(me)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:                          # a full disk: no empty lock file is left
+        path.unlink(missing_ok=True)
+        raise
     return True
 
 
@@ -172,17 +176,18 @@ def release(run_dir: str | os.PathLike, me: Owner) -> None:
 def run_lock(run_dir: str | os.PathLike, main: bool | None = None):
     """Hold RUN/run.lock for the body (main process only: ``main``, by default RANK, set by torchrun /
     accelerate launch, 0 or unset); a folder this created and left empty is removed again (a run
-    refused by its config leaves nothing behind)."""
+    refused by its config, or whose lock could not be written, leaves nothing behind)."""
     if not (int(os.environ.get("RANK", "0")) == 0 if main is None else main):
         yield None
         return
     run_dir = Path(run_dir)
-    created = not run_dir.exists()
-    me = acquire(run_dir)
+    created, me = not run_dir.exists(), None
     try:
+        me = acquire(run_dir)
         yield me
     finally:
-        release(run_dir, me)
+        if me is not None:
+            release(run_dir, me)
         if created:
             with contextlib.suppress(OSError):
                 run_dir.rmdir()                    # only succeeds when empty

@@ -17,6 +17,12 @@ Rules:
     one line: kind, device, parameters, folder.
   * Stop signals: SIGTERM / SIGINT finish the current step, write a checkpoint and exit with
     ``PREEMPTED_EXIT`` (75, "try again": schedulers requeue on it); a second signal exits at once.
+    Ctrl-C outside the steps (start-up, the final outputs) stops at once: 75 when the run has a
+    checkpoint, else 130 (``interrupted``); one line either way.
+  * Terminal output: the progress bar opens after the start-up writes and is closed before the line
+    that ends the run (an error's, or the summary, the last line of a finished run); lines during the
+    steps go above it (``io.say``). A failed start leaves no half-written file (config.yaml is written
+    atomically).
 """
 from __future__ import annotations
 
@@ -26,11 +32,13 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from .. import checkpoint as ckpt_lib
+from ..io import say, write_text_atomic
 from ..preempt import Preempted
 from . import runlog
 from .config import flat
@@ -152,6 +160,8 @@ def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
             return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)())
     except ckpt_lib.CheckpointWriteError:
         raise
+    except KeyboardInterrupt:                # Ctrl-C outside the steps (start-up, final outputs): they stop with 75
+        raise interrupted(run_dir) from None
     except OSError as e:                     # the run folder refused a write: disk full, read-only, not ours
         if e.errno not in WRITE_ERRNOS:
             raise
@@ -160,13 +170,21 @@ def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
                                             f"{kept_checkpoints(run_dir)}") from None
 
 
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def kept_checkpoints(run_dir) -> str:
     """What a run that could not write leaves: its checkpoints, untouched."""
     kept = ckpt_lib.list_checkpoints(run_dir) if Path(run_dir).is_dir() else []
     return f"its checkpoints are kept (newest: {kept[-1].name})" if kept else "no checkpoint had been written"
+
+
+def interrupted(run_dir) -> BaseException:
+    """What a Ctrl-C outside the training steps ends a run with: Preempted (exit 75) when the run has a
+    checkpoint to continue from, else a KeyboardInterrupt (exit 130) saying there is none."""
+    if Path(run_dir).is_dir() and ckpt_lib.list_checkpoints(run_dir):
+        return Preempted(f"interrupted by Ctrl-C; {kept_checkpoints(run_dir)}: continue with --resume auto")
+    return KeyboardInterrupt("no checkpoint had been written; run the same command to start again")
 
 
 def _train(cfg, run_dir, resume: str | None, kind) -> Path:
@@ -176,9 +194,8 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
     hooks = build_hooks(run)
     if run.main:
         print(startup_line(run), flush=True)
-        run.run_dir.mkdir(parents=True, exist_ok=True)
         from .. import config as config_lib
-        (run.run_dir / "config.yaml").write_text(config_lib.dump(run.cfg))
+        write_text_atomic(run.run_dir / "config.yaml", config_lib.dump(run.cfg))    # a failed write leaves none
         run.provenance = record_provenance(run)
     if run.cfg.train.tracker != "none":
         scalars = {k: v if isinstance(v, (int, float, str, bool)) else str(v)     # tracker hyper-parameters
@@ -186,6 +203,7 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
         run.acc.init_trackers("tb", config=scalars)
     run.module.train()
     t0 = time.perf_counter()
+    hooks.logger.start()                      # the progress bar: closed before any line that ends the run
     try:
         _loop(run, hooks)
         run.kind.finish(run)
@@ -194,8 +212,9 @@ def _train(cfg, run_dir, resume: str | None, kind) -> Path:
         run.acc.end_training()
     if run.main and run.start < run.cfg.train.max_steps:
         kept = ckpt_lib.list_checkpoints(run.run_dir)
+        describe = partial(run.kind.eval_text, run.cfg) if hasattr(run.kind, "eval_text") else runlog.eval_text
         print(runlog.summary(run.run_dir, run.start + 1, run.cfg.train.max_steps, time.perf_counter() - t0,
-                             kept[-1] if kept else None), flush=True)
+                             kept[-1] if kept else None, describe), flush=True)
     return run.run_dir
 
 
@@ -219,8 +238,8 @@ def short_count(n: int) -> str:
 def _loop(run: RunState, hooks: Hooks) -> None:
     t = run.cfg.train
     if run.start >= t.max_steps and run.main:
-        print(f"no step to train: the run is at step {run.start}, train.max_steps is {t.max_steps}; writing the "
-              f"final outputs its last session did not finish", flush=True)
+        say(f"no step to train: the run is at step {run.start}, train.max_steps is {t.max_steps}; writing the "
+            f"final outputs its last session did not finish")
     batches, bad = iter(run.loader), 0
     with StopSignals(run.acc) as signals:
         for step in range(run.start, t.max_steps):
@@ -241,5 +260,5 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
     if run.main and run.start < t.max_steps:
-        print(f"trained steps {run.start + 1}-{t.max_steps}: {hooks.logger.skip_text()} updates skipped by the "
-              f"blow-up guard; run folder {run.run_dir.absolute()}", flush=True)
+        say(f"trained steps {run.start + 1}-{t.max_steps}: {hooks.logger.skip_text()} updates skipped by the "
+            f"blow-up guard; run folder {run.run_dir.absolute()}")

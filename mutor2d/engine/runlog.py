@@ -84,16 +84,19 @@ def eval_text(record: dict) -> str:
                      for k, v in record.items() if k.startswith("eval_") and v is not None)
 
 
-def summary(run_dir, first: int, last: int, seconds: float, checkpoint: Path | None) -> str:
+def summary(run_dir, first: int, last: int, seconds: float, checkpoint: Path | None,
+            describe=eval_text) -> str:
     """The end-of-run line: the steps this session trained and its time, the last logged loss and the
-    last evaluation of RUN/log.jsonl, the newest ``checkpoint`` and the run folder (absolute paths)."""
+    last evaluation of RUN/log.jsonl (in words by ``describe``: a record -> its evaluation, "" if it
+    has none; the run kind's ``eval_text`` when it has one), the newest ``checkpoint`` and the run
+    folder (absolute paths)."""
     records = read_log(run_dir) if (Path(run_dir) / "log.jsonl").is_file() else []
     loss = next((r["loss"] for r in reversed(records) if r.get("loss") is not None), None)
-    evaluated = next((r for r in reversed(records) if eval_text(r)), None)
+    evaluated = next((r for r in reversed(records) if describe(r)), None)
     minutes, secs = divmod(round(seconds), 60)
     parts = [f"done: steps {first}-{last} in {minutes} min {secs} s",
              f"last logged loss {loss:.4f}" if loss is not None else "no loss logged",
-             f"evaluation at step {evaluated['step']}: {eval_text(evaluated)}" if evaluated else "",
+             f"evaluation at step {evaluated['step']}: {describe(evaluated)}" if evaluated else "",
              f"newest checkpoint {Path(checkpoint).absolute()}" if checkpoint else "",
              f"run folder {Path(run_dir).absolute()}"]
     samples = Path(run_dir) / "samples"

@@ -77,6 +77,9 @@ class RunKind(Protocol):
     def size(self, cfg) -> tuple[int, str]: ...      # parameters of the model the config's size fields
     # describe, and those fields in words; optional (a kind whose model is read from files has none)
 
+    def eval_text(self, cfg, record: dict) -> str: ...   # a log record's evaluation in words ("" if it has
+    # none), for the end-of-run summary; optional (default: runlog.eval_text, its ``eval_*`` values)
+
 
 @dataclass
 class RunState:

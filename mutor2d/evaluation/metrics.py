@@ -32,7 +32,7 @@ from torch_fidelity.metric_prc import prc_featuresdict_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id
 
-from ..io import file_sha256, write_atomic
+from ..io import file_sha256, shown_path, write_atomic
 from .digits import DigitsClassifierSettings, digits_classifier_path
 from .photos import PhotosClassifierSettings, photos_classifier_path
 from .options import DIGITS_DATA_SEED, EMBEDDED, FEATURES, INCEPTION, METRICS, MetricsError
@@ -46,12 +46,29 @@ def check_image_sizes(features: str, *sources: ImageSource) -> None:
     ones are blown up to the extractor's input, 8x8 or Inception's 299x299, and score noise); else a
     MetricsError naming the source and the size."""
     for source in sources:
-        if source.dataset is None or not len(source.dataset):
+        if source.image_size is None:
             continue
-        h, w = source.dataset[0].shape[-2:]
+        h, w = source.image_size
         if min(h, w) < MIN_SIDE:
             raise MetricsError(f"{source.name}: images of {h}x{w} pixels; --features {features} needs at least "
                                f"{MIN_SIDE}x{MIN_SIDE}")
+
+
+def check_comparable(samples: ImageSource, reference: ImageSource) -> None:
+    """Samples are scored against a reference of their data set (when both name one: ``data_set``) and
+    of their image size (when both have images); else a MetricsError naming both. Across data sets or
+    sizes the metrics measure how the data differ, not the model (digits against photos:train: FID 654).
+    eval/fid.py checks what a user pairs; the studies take the reference of the run's own data set."""
+    mine, theirs = (samples.data_set, samples.image_size), (reference.data_set, reference.image_size)
+    if any(None not in (a, b) and a != b for a, b in zip(mine, theirs)):
+        raise MetricsError(f"samples {samples.name} are {_images_text(*mine)}, the reference {reference.name} "
+                           f"{_images_text(*theirs)}: expected a reference of the samples' data set and image size")
+
+
+def _images_text(data_set: str | None, size: tuple[int, int] | None) -> str:
+    """"8x8-pixel images of data set 'digits'"; the parts a source does not say left out."""
+    pixels = f"{size[0]}x{size[1]}-pixel images" if size else "images"
+    return pixels + (f" of data set {data_set!r}" if data_set else "")
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray,
@@ -165,7 +182,7 @@ def evaluator_info(features: str, weights_path) -> dict:
         return {**info, "weights": f"torch-fidelity download: {tf_inception.URL_INCEPTION_V3.rsplit('/', 1)[-1]}"}
     p = Path(weights_path)
     if not p.is_file():
-        raise MetricsError(f"weights file {str(weights_path)!r} does not exist")
+        raise MetricsError(f"weights file {shown_path(weights_path)} does not exist")
     return {**info, "weights": str(p), "weights_sha256": file_sha256(p)[:16]}
 
 

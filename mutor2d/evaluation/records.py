@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import config
 from .. import provenance as provenance_lib
-from ..io import write_text_atomic
+from ..io import shown_path, write_text_atomic
 
 # The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
 PAPER_ROWS = [  # method, objective, step, fid, is
@@ -172,7 +172,7 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
         elif p.is_file():
             files = [p]
         else:
-            raise RecordError(f"{p}: no such run folder or record file")
+            raise RecordError(f"{shown_path(p)}: no such run folder or record file")
         for f in files:
             try:
                 rec = json.loads(f.read_text())
@@ -260,12 +260,14 @@ def skips_text(run_dir: Path | None, step=None) -> str:
 
 
 def _decode_text(rec: dict) -> str:
-    """``registers K=4: 21.3 fwd/img, 310 tok/s`` from the sample file's decoding mode and counts."""
+    """``registers K=4: 21.3 fwd/img`` from the sample file's decoding mode and counts. Forwards per image
+    compare across runs; the recorded tokens/s do not (they depend on the machine and its load when each
+    file was sampled: bench/sample.py times modes side by side) and stay in the record only."""
     s = rec.get("sampling") or {}
     mode, opts, st = s.get("decode", "plain"), s.get("decode_options") or {}, s.get("decode_stats") or {}
     text = mode + "".join(f" {k}={v}" for k, v in opts.items())
     if st.get("forwards_per_sequence"):
-        text += f": {st['forwards_per_sequence']:.1f} fwd/img, {st.get('tokens_per_s', 0):.0f} tok/s"
+        text += f": {st['forwards_per_sequence']:.1f} fwd/img"
     return text
 
 
@@ -278,7 +280,7 @@ def _paper_rows(extra: list[str]) -> list[list[str]]:
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     """Markdown table: run (its folder's name, so two seeds of one method differ), method, objective,
     step, FID, IS, precision, recall, commit (the run's code: short hash, "+dirty"), evaluator, reference,
-    n, decoding (mode, options, forwards per image and speed when recorded), skipped (the updates the
+    n, decoding (mode, options and forwards per image when recorded; not the speed: ``_decode_text``), skipped (the updates the
     run's blow-up guard skipped up to the step). The paper's reported rows (PAPER_ROWS) are added when
     ``paper`` is True, or, by default, when any record is an ImageNet one. Other scalar metrics (e.g. the
     star graph's solve_rate) get columns of their own, after recall."""

@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..data.photos import photo_crops
+from ..io import shown_path
 from ..data.tokens import digits_images
 from ..sampling.images import to_uint8
 from .options import DIGITS_DATA_SEED, MetricsError
@@ -97,6 +98,19 @@ class ImageSource:
     def n(self) -> int | None:
         return len(self.dataset) if self.dataset is not None else None
 
+    @property
+    def data_set(self) -> str | None:
+        """The data set the images are of: ``digits`` / ``photos`` for digits:SPLIT / photos:SPLIT, a
+        sample file's run's ``data.name``; None when the source does not say."""
+        if self.name.startswith(("digits:", "photos:")):
+            return self.name.split(":", 1)[0]
+        return ((self.meta.get("config") or {}).get("data") or {}).get("name")
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(H, W) of the first image; None without images (stored mu/sigma only)."""
+        return tuple(self.dataset[0].shape[-2:]) if self.dataset is not None and len(self.dataset) else None
+
 
 def digits_uint8(split: str, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndarray, np.ndarray]:
     """The digits split as sample images: uint8 (n, 8, 8, 3) and labels (n,)."""
@@ -142,7 +156,7 @@ def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
         latest = max(os.stat(f).st_mtime_ns for f in files)
         return ImageSource(spec, ImagesPathDataset(files), identity=f"{path.resolve()}|{len(files)}|{latest}")
     if not path.is_file():
-        raise MetricsError(f"{spec}: no such file or folder (expected an npz, an image folder or digits:train/test)")
+        raise MetricsError(f"{shown_path(spec)}: no such file or folder (expected an npz, an image folder or digits:train/test)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             return _open_npz(spec, path, npz, lazy_bytes)
@@ -192,7 +206,7 @@ def load_tensors(path: str | os.PathLike, what: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise MetricsError(f"{what} {str(path)!r} does not exist") from None
+        raise MetricsError(f"{what} {shown_path(path)} does not exist") from None
     except pickle.UnpicklingError as e:
         raise MetricsError(f"{what} {str(path)!r} is refused: it holds more than tensors and plain "
                            f"containers, and unpickling it could run code ({_unpickler_reason(e)})") from None

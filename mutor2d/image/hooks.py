@@ -13,6 +13,7 @@ from ..engine.hooks import StepStatus, due
 from ..engine.runlog import JsonLog, eval_text
 from ..engine.rng import preserved_rng
 from ..engine.setup import RunState
+from ..io import say
 from ..engine.speed import peak_flops, train_flops
 from ..sampling.images import grid_classes, tokenizer_to
 
@@ -47,6 +48,7 @@ class SampleGrids:
             with preserved_rng(run.device):
                 write_grid(model, tokenizer_to(self.tokenizer, run.device), run.grid, run.cfg.sample,
                            self.classes, path, objective=run.cfg.objective)
+            say(f"step {status.done}: sample grid {path.absolute()}")
         run.acc.wait_for_everyone()
 
 
@@ -71,7 +73,7 @@ class OnlineEval:
                                                 grid=run.grid)
             rec = {"step": status.done, **{f"eval_{k}": v for k, v in res.items()}}
             self.log.write(rec)
-            print(f"step {status.done}: evaluation {eval_text(rec)}", flush=True)
+            say(f"step {status.done}: evaluation {eval_text(rec)}")
             write_record(online.online_record(run.cfg, status.done, res), run.run_dir / "eval")
             if t.tracker != "none":
                 run.acc.log({f"eval/{k}": v for k, v in res.items()}, step=status.done)

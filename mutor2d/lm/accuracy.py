@@ -240,7 +240,7 @@ def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "g
     skipped, any other bad line is a one-line ValueError naming file and line."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such prediction file")
+        raise ValueError(f"{io.shown_path(path)}: no such prediction file")
     text = path.read_text(errors="replace")
     lines = text.splitlines()
     items = []

@@ -41,7 +41,7 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
     not a JSON object, or no lines."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data.path={str(path)!r}: no such file")
+        raise DataError(f"data.path={io.shown_path(path)}: no such file")
     lines = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -27,6 +27,7 @@ from ..engine.kinds import register_run_kind
 from ..engine.rng import preserved_rng
 from ..engine.runlog import eval_text
 from ..engine.sharding import is_sharded
+from ..io import say
 from ..objectives.config import ObjectiveConfig
 from ..sampling.stats import DecodeStats
 from . import accuracy
@@ -246,7 +247,7 @@ class OnlineAccuracy:
                                           checkpoint=str(run.run_dir), generation=generation)
         rec = {"step": step, "eval_accuracy": result["accuracy"], "eval_n": result["n"]}
         self.log.write(rec)
-        print(f"step {step}: evaluation {eval_text(rec)}", flush=True)
+        say(f"step {step}: evaluation {eval_text(rec)}")
         if run.cfg.train.tracker != "none":
             run.acc.log({"eval/accuracy": result["accuracy"]}, step=step)
 

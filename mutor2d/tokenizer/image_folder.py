@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..io import shown_path
 from .codes import CodesError
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm"}
@@ -27,7 +28,7 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
     Classes are the sorted subfolder names; files are sorted within each class."""
     root = Path(root)
     if not root.is_dir():
-        raise CodesError(f"image folder {str(root)!r} does not exist or is not a folder")
+        raise CodesError(f"image folder {shown_path(root)} does not exist or is not a folder")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     loose = [p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS]
     if not classes:

@@ -8,12 +8,15 @@ rec is L2 (mean squared error) or L1 on images in [-1, 1]; codebook / commitment
 kind. Checkpoints hold the VQ under "model" and the config with ``task: vq`` and the resolved
 architecture, so load_vq rebuilds it. Every ``train.eval_every`` steps (and at the end) per-pixel
 L1 / MSE / PSNR on [0, 1] images of a held-out set and the fraction of the codebook they use go to
-log.jsonl as ``{"step", "eval": {...}}``.
+log.jsonl as ``{"step", "eval": {...}}``, and in words to the output and the run's last line, the
+codebook's use as "N of M codes (P %)", called low under LOW_USAGE of the codes.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ from ..engine.hooks import due
 from ..engine.kinds import register_run_kind
 from ..engine.loop import train as engine_train
 from ..engine.runlog import read_log
+from ..io import say
 from ..objectives.base import ObjectiveResult
 from ..tokenizer.image_folder import center_crop_arr, scan_image_folder
 from ..tokenizer.lpips import load_lpips
@@ -95,6 +99,7 @@ def _folder_images(d: VQDataConfig, size: int) -> tuple[Dataset, torch.Tensor]:
 
 
 IMAGE_SOURCES = {"digits": _digits_images, "folder": _folder_images}   # data.name -> builder
+LOW_USAGE = 0.25    # a codebook whose evaluation images use a smaller share of its codes is reported as low
 
 
 def build_image_data(cfg: VQRunConfig) -> tuple[Dataset, torch.Tensor]:
@@ -192,7 +197,14 @@ class VQRun:
         return state
 
     def hooks(self, run, log) -> list:
-        return [ReconstructionEval(self.eval_images, log)]
+        return [ReconstructionEval(self.eval_images, log, partial(self.eval_text, run.cfg))]
+
+    def eval_text(self, cfg: VQRunConfig, record: dict) -> str:
+        """A log record's reconstruction metrics in words, "" if it holds none: "l1 0.0312, ..., usage 14
+        of 512 codes (2.7 %; low, under 25 %), perplexity 9.3" (``usage_text``)."""
+        metrics = record.get("eval") or {}
+        return ", ".join(f"usage {usage_text(v, cfg.model.codebook_size)}" if k == "usage" else f"{k} {v:.4g}"
+                         for k, v in metrics.items())
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
         return {"images_per_s": run.cfg.train.batch_size * steps / dt, "usage_window": run.model.quantize.usage()}
@@ -209,17 +221,28 @@ class VQRun:
         return data, provenance.random_init(cfg.train.seed)
 
 
+def usage_text(usage: float, codebook_size: int) -> str:
+    """The share ``usage`` of a codebook's codes that evaluation images use, in words: "14 of 512 codes
+    (2.7 %; low, under 25 %)" (low: under LOW_USAGE)."""
+    low = f"; low, under {100 * LOW_USAGE:g} %" if usage < LOW_USAGE else ""
+    return f"{round(usage * codebook_size)} of {codebook_size} codes ({100 * usage:.1f} %{low})"
+
+
 @dataclass
 class ReconstructionEval:
-    """Every train.eval_every steps and at the end: reconstruction metrics of the held-out images."""
+    """Every train.eval_every steps and at the end: reconstruction metrics of the held-out images,
+    logged and printed (``describe``: a record in words)."""
     images: torch.Tensor
     log: object                 # the run's JsonLog
+    describe: Callable[[dict], str]
 
     def __call__(self, run, status) -> None:
         if status.stopping or not due(run.cfg.train.eval_every, status):
             return
         if run.main:
-            self.log.write({"step": status.done, "eval": reconstruction_metrics(run.sample_model, self.images)})
+            record = {"step": status.done, "eval": reconstruction_metrics(run.sample_model, self.images)}
+            self.log.write(record)
+            say(f"step {status.done}: evaluation {self.describe(record)}")
         run.acc.wait_for_everyone()
 
 
