@@ -21,6 +21,10 @@ import math
 import statistics
 from pathlib import Path
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation.options import DEFAULT_CACHE
