@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "scored at them (e.g. 1600,1800,2000 for 2T; '' = none)")
     ap.add_argument("--speedup", default="", help="the pre-registered test of this method at T = --steps against "
                     "next-token at 2T (mutor2d/evaluation/speedup.py; '' = off)")
+    ap.add_argument("--device", default="cpu", help="where the runs sample and score: cpu or cuda (training "
+                    "uses the engine's accelerator: CUDA when there is one)")
     ap.add_argument("--floor-draws", type=int, default=5, help="resamples of the held-out floor")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override the base config for every run (e.g. model.dim=32)")
@@ -124,7 +126,8 @@ def settings(args: argparse.Namespace) -> plan.Study:
         fractions=parse_list(args.fractions, float, "fractions"),
         fraction_methods=parse_list(args.fraction_methods, str, "fraction-methods"),
         fraction_plot=Path(args.fraction_plot) if args.fraction_plot else None,
-        ntp_eval_steps=parse_list(args.ntp_eval_steps, int, "ntp-eval-steps"), speedup=args.speedup)
+        ntp_eval_steps=parse_list(args.ntp_eval_steps, int, "ntp-eval-steps"), speedup=args.speedup,
+        device=args.device)
 
 
 def main(argv=None) -> dict:

@@ -156,3 +156,32 @@ def test_the_image_study_runs_on_the_photo_crops(tmp_path, small_classifier, mon
     assert "Paired by seed, FID averaged over the last 3 steps scored, cfg 1:" in table
     floor = [json.loads(p.read_text()) for p in (tmp_path / "s" / "floor" / "eval").glob("*.json")]
     assert floor and floor[0]["metrics"]["fid"] < min(r["metrics"]["fid"] for r in recs)
+
+
+def test_the_gpu_protocol_runs_at_toy_size_and_merges(tmp_path, small_classifier, monkeypatch):
+    """experiments/gpu_study.py --toy: one block (next-token to 2T, MuToR-2D to T) on the
+    CPU through the GPU protocol's path (in this process); it leaves records with provenance and no checkpoints, two blocks merge
+    into one study, and the report holds the pre-registered test over both blocks' seeds."""
+    from mutor2d.evaluation import metrics
+    settings, cache = small_classifier
+    monkeypatch.setattr(metrics, "PhotosClassifierSettings", lambda data_seed: settings)
+    gpu = entry("experiments/gpu_study.py")
+    sets = ["data.tokenizer=pixel:16", "data.image_size=16", "data.num_train=64", "data.num_test=16",
+            "data.path=null", "data.test_path=null"]
+    for block in (0, 1):
+        gpu.main(["--toy", "--per-block", "1", "--block", str(block), "--out", str(tmp_path / f"b{block}"),
+                  "--cache-dir", str(cache), *[a for s in sets for a in ("--set", s)]])
+    b0 = tmp_path / "b0"
+    assert not list(b0.glob("*/seed*/checkpoints")) and not list(b0.glob("*/seed*/samples"))
+    ntp = sorted(json.loads(p.read_text())["step"] for p in (b0 / "next-token" / "seed0" / "eval").glob("*.json"))
+    assert ntp == [8, 9, 10, 16, 18, 20]
+    recs = [json.loads(p.read_text()) for p in b0.glob("*/seed0/eval/*.json")]
+    assert all(r["provenance"]["run"]["code"]["commit"] for r in recs) and all("kid" in r["metrics"] for r in recs)
+    gpu.main(["--merge", str(b0), str(tmp_path / "b1"), "--into", str(tmp_path / "all")])
+    assert sorted(p.name for p in (tmp_path / "all" / "mutor-2d-D4").iterdir()) == ["seed0", "seed1"]
+    flags = gpu.study_flags(0, 1, tmp_path / "all", "toy", ["--cache-dir", str(cache), *[a for s in sets for a in ("--set", s)]])
+    flags[flags.index("--seeds") + 1] = "0,1"
+    summary = entry("experiments/compare.py").main(flags + ["--report-only"])
+    [test] = summary["speedup"]
+    assert test["n"] == 2 and test["verdict"] in ("confirmed", "refuted", "not decided")
+    assert "The pre-registered test, cfg 2:" in (tmp_path / "all" / "table.md").read_text()

@@ -86,6 +86,7 @@ class Study:
     fraction_plot: Path | None = None
     ntp_eval_steps: list[int] = field(default_factory=list)
     speedup: str = ""
+    device: str = "cpu"          # where the runs sample and score (training: the engine's accelerator)
 
     def config(self, method: str = "next-token"):
         """The base config with the study's overrides, as ``method`` trains it."""
@@ -140,6 +141,8 @@ class Study:
                              f"[1, {STEPS_LIMIT}] with next-token among --methods")
         if self.speedup:
             self.check_speedup()
+        if self.device not in ("cpu", "cuda"):
+            raise StudyError(f"--device {self.device!r}: expected cpu or cuda")
 
     def check_speedup(self) -> None:
         """The pre-registered test (mutor2d.evaluation.speedup) needs its method at 0.8T, 0.9T, T and
@@ -210,7 +213,8 @@ class Study:
         return dict(method="next-token" if label == COMPUTE_MATCHED else method, label=label, seed=seed, steps=steps,
                     ckpt_every=ckpt_every, eval_steps=eval_steps, horizon=horizon or steps, val_every=self.val_every,
                     run_dir=run_dir or str(self.out / label / f"seed{seed}"), cfg=self.cfg_scales, num=self.num,
-                    overrides=self.overrides + more, cache=str(self.cache), base=self.base)
+                    overrides=self.overrides + more, cache=str(self.cache), base=self.base,
+                    device=self.device)
 
     def units(self) -> list[dict]:
         """The runs in training order, seed by seed within each group, so that a partial study holds the

@@ -57,8 +57,9 @@ def heldout_nll(model, data_cfg, split: str = "test") -> float:
     total = 0.0
     for start in range(0, len(ds), 256):
         b = collate([ds[j] for j in range(start, min(start + 256, len(ds)))])
-        codes = b["body"].view(len(b["body"]), *ds.grid)
-        total += grid_token_nll(model, codes, b["prefix"]).double().mean().item() * len(codes)
+        device = next(model.parameters()).device
+        codes = b["body"].view(len(b["body"]), *ds.grid).to(device)
+        total += grid_token_nll(model, codes, b["prefix"].to(device)).double().mean().item() * len(codes)
     return total / len(ds)
 
 
@@ -69,16 +70,16 @@ def data_reference(data_name: str, data_seed: int, cache: Path, split: str = "tr
     return open_images(f"{data_name}:{split}", data_seed), data_name, embedded_weights(data_name, data_seed, cache)
 
 
-def score(samples, ref, features: str, weights, cache: Path):
+def score(samples, ref, features: str, weights, cache: Path, device: str = "cpu"):
     return compute_metrics(samples, ref, features=features, weights_path=weights, metrics=SAMPLE_METRICS,
-                           cache_root=cache / "fidelity_cache")
+                           cache_root=cache / "fidelity_cache", device=device)
 
 
 def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label: str, study: dict,
              cache: Path, batch_size: int = 250, seed: int = 0, tag: str = "", ema: bool = True,
-             folder: str = "eval") -> list[Path]:
-    """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale, with EMA weights when
-    the run kept them and ``ema``; records go to RUN/``folder`` (the study's tables read RUN/eval). ``tag``
+             folder: str = "eval", device: str = "cpu") -> list[Path]:
+    """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale on ``device``, with EMA
+    weights when the run kept them and ``ema``; records go to RUN/``folder`` (the study's tables read RUN/eval). ``tag``
     goes into the sample file name (and so the record's), keeping records of another label (or sampling
     seed, or raw weights) apart."""
     names = [f"eval_{tag}step{step:08d}_cfg{s:g}" for s in cfg_scales]
@@ -86,7 +87,7 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
     if all(found):                                       # scored before: keep those records
         return [f[0] for f in found]
     path = ckpt_lib.checkpoint_path(run_dir, step)
-    src = generation.open_checkpoint(path, use_ema=ema)
+    src = generation.open_checkpoint(path, use_ema=ema, device=device)
     nll = {"nll_test": heldout_nll(src.model, src.cfg.data, "test")}
     if getattr(src.cfg.data, "val_fraction", 0) > 0:
         nll["nll_val"] = heldout_nll(src.model, src.cfg.data, "val")
@@ -104,7 +105,7 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
         npz_files.NpzJob(npz, labels, batch_size, seed, meta).complete(
             generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg))
         samples = open_images(npz)
-        res = score(samples, ref, features, weights, cache)
+        res = score(samples, ref, features, weights, cache, device)
         res.metrics.update(nll)
         rec = records.make_record(res, samples=samples, reference=ref, method=label, samples_path=str(npz))
         rec["study"] = {**study, "cfg_scale": s}
@@ -175,7 +176,7 @@ def run_unit(unit: dict) -> dict:
         eval_steps = sorted(set(eval_steps) | {study["selected_step"]})
     for step in eval_steps:
         evaluate(run_dir, step, unit["cfg"], unit["num"], unit["label"], study, Path(unit["cache"]),
-                 tag="cm_" if unit["label"] == COMPUTE_MATCHED else "")
+                 tag="cm_" if unit["label"] == COMPUTE_MATCHED else "", device=unit["device"])
     return {**study, "run_dir": str(run_dir)}
 
 
