@@ -10,7 +10,8 @@ from .study_tables import VAL_BEST, mean_sd, method_order
 
 
 def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
-    """FID (mean ± sd over seeds) against step, one panel per CFG scale; floor as a dashed line."""
+    """FID against step, one panel per CFG scale: each label's mean over seeds with a ± sd band (the
+    compute-matched points as error bars); the floor as a dashed line."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(5 * len(cfg_scales), 4))
     axes = fig.subplots(1, len(cfg_scales), squeeze=False)[0]
@@ -22,8 +23,13 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
             pts = [(st, *mean_sd(v)[:2]) for st, v in pts if v]
             if not pts:
                 continue
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0 for p in pts], marker="o",
-                        capsize=3, label=method, linestyle="none" if method == COMPUTE_MATCHED else "-")
+            x, m, sd = [p[0] for p in pts], [p[1] for p in pts], [p[2] or 0 for p in pts]
+            if method == COMPUTE_MATCHED:
+                ax.errorbar(x, m, yerr=sd, marker="o", capsize=3, label=method, linestyle="none")
+                continue
+            line, = ax.plot(x, m, marker="o", label=method)
+            ax.fill_between(x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
         if floor:
             ax.axhline(statistics.fmean(floor), color="grey", linestyle="--", label="real held-out (floor)")
         ax.set_title(f"cfg {s:g}")
