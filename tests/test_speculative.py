@@ -11,7 +11,7 @@ import torch
 from mutor2d.config import ConfigError, make
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec, RegisterSpec1D, RegisterSpec2D
 from mutor2d.registers import regular_position_ids
 from mutor2d.sampling.rules import SamplingRules as Rules
 from mutor2d.sampling.decoding import generate
@@ -22,12 +22,12 @@ from mutor2d.sampling.speculative import decode_jacobi, decode_registers
 from mutor2d.sampling.config import useful_draft
 from mutor2d.sampling.stats import DecodeStats
 
-SPEC_2D = RegisterSpec("mutor-2d", d_max=4)                          # draft offsets (0, 2), (0, 3)
+SPEC_2D = RegisterSpec2D(d_max=4)                          # draft offsets (0, 2), (0, 3)
 
 
 def spec_1d(K: int) -> RegisterSpec:
     """MuToR-1D registers d = 1..K+1 ahead: K draft offsets, and anchors at the last prefix token."""
-    return RegisterSpec("mutor-1d", d_min=1, d_max=K + 1)
+    return RegisterSpec1D(d_min=1, d_max=K + 1)
 
 
 OBJ_2D = make("objective", name="mutor-2d", d_max=5)                 # useful draft length 3
@@ -104,7 +104,7 @@ EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts
      Rules(cfg_scale=2.0, guided=True)),
     ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False, spec=SPEC_2D), (2, 3), 3,
      Rules(temperature=1.2)),
-    ("registers-raster-edge-temp", decode_registers, dict(draft=2, spec=RegisterSpec("mutor-2d", d_max=4, edge="raster")),
+    ("registers-raster-edge-temp", decode_registers, dict(draft=2, spec=RegisterSpec2D(d_max=4, edge="raster")),
      (2, 3), 3, Rules(temperature=1.1)),
 ]
 S = 6000
@@ -287,7 +287,7 @@ def test_register_drafts_follow_the_objectives_edge_rule_and_anchors():
     start, cur = torch.tensor([P + 2]), torch.tensor([3])          # anchors t = 2, 3, 4: row ends at t = 3
     valid = {}
     for edge in ("geometric", "raster"):
-        drafter = RegisterDrafter(grid, P, RegisterSpec("mutor-2d", d_max=4, edge=edge), K, table, Rules())
+        drafter = RegisterDrafter(grid, P, RegisterSpec2D(d_max=4, edge=edge), K, table, Rules())
         drafter.extras(start, cur)
         valid[edge] = drafter.valid[0].tolist()
     assert valid["geometric"] == [[False, False], [False, False], [True, True]]
