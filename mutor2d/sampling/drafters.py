@@ -32,7 +32,7 @@ class Drafter:
     needs_registers = False      # whether the model must have its register embedding
 
     def __init__(self, mode=None, spec: RegisterSpec | None = None, grid=None, batch: int = 0, device=None):
-        pass
+        """A drafter class is its mode's builder: (fitted mode, RegisterSpec, grid (H, W), rows, device)."""
 
     def prefix_extras(self, frame: Frame, B: int) -> Extras | None:
         """The registers of the prefill (anchored at the last prefix token), or None."""
