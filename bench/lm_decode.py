@@ -123,10 +123,11 @@ def decode_step_floor(lm) -> dict:
     """One plain decode step (batch 1, a 64-token cache) against weight bytes / read bandwidth."""
     import torch
 
-    from mutor2d.lm.speculative import CausalStep, new_cache
+    from mutor2d.lm.model import cache_kwarg
+    from mutor2d.lm.speculative import new_cache
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
     cache = new_cache()
-    kw = {CausalStep(lm).cache_arg: cache, "use_cache": True}
+    kw = {cache_kwarg(lm): cache, "use_cache": True}
     with torch.no_grad():
         lm(input_ids=torch.ones(1, 64, dtype=torch.long), **kw)
 

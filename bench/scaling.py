@@ -46,13 +46,13 @@ def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
     """Tokens per sequence the trunk processes: T regular inputs + the register slots (sparse: K = 80;
     dense D = 4: the grid's maximum, 240 on 16 x 16, fixed so compiled shapes never change; slots a
     drawn offset leaves empty are computed and masked)."""
-    from mutor2d.register_spec import RegisterSpec
+    from mutor2d.register_spec import RegisterSpec2D
     from mutor2d.registers import make_layout
     T = 1 + grid[0] * grid[1] - 1
     if objective == "ntp":
         return T
-    spec = RegisterSpec("mutor-2d", d_max=4, placement="sparse" if objective == "sparse" else "dense",
-                        num_registers=80)
+    spec = RegisterSpec2D(d_max=4, placement="sparse" if objective == "sparse" else "dense",
+                          num_registers=80)
     return T + make_layout(1, grid, 1, spec).num_registers
 
 

@@ -130,7 +130,7 @@ def sample_config(src: generation.Loaded, st: dict, device):
 
 class TokenWatch:
     """The tokens emitted so far (B, N) of a decoding run: the decoder's progress callback
-    (``sampling.plain.Progress``), read from the page's thread by ``snapshot``."""
+    (``sampling.rounds.Progress``), read from the page's thread by ``snapshot``."""
 
     def __init__(self, B: int, N: int):
         self.tokens = torch.zeros(B, N, dtype=torch.long)

@@ -112,11 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     check_args(ap, args, kind)
     import torch
-    from .register_spec import LayoutError, RegisterSpec
+    from .register_spec import LayoutError, RegisterSpec1D, RegisterSpec2D
     from .registers import make_layout
-    d_max = args.dmax2d if kind == "mutor-2d" else args.dmax
-    spec = RegisterSpec(kind, args.dmin, d_max, "sparse" if args.sparse else "dense", max(args.sparse, 1),
-                        args.per_register_offsets, args.edge, register_visibility=args.visibility)
+    rules = dict(placement="sparse" if args.sparse else "dense", num_registers=max(args.sparse, 1),
+                 per_register_offsets=args.per_register_offsets, edge=args.edge, register_visibility=args.visibility)
+    spec = RegisterSpec2D(args.dmax2d, **rules) if kind == "mutor-2d" else RegisterSpec1D(args.dmin, args.dmax, **rules)
     try:
         layout = make_layout(1, args.grid, args.prefix, spec, torch.Generator().manual_seed(args.seed))
     except LayoutError as e:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .model.attention import NEVER, Visibility
-from .register_spec import LayoutError, RegisterSpec, first_anchor, num_anchors, offset_pairs  # noqa: F401 (re-exported)
+from .model.attention import Visibility
+from .model.extras import register_visibility
+from .register_spec import LayoutError, RegisterSpec, first_anchor
 
 
 def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge: str,
@@ -69,6 +70,22 @@ def regular_position_ids(grid: tuple[int, int], prefix_len: int, length: int | N
     t = (i - P).clamp(min=0)
     pos = torch.stack([t // W, t % W], dim=-1)
     return torch.where((i < P)[:, None], torch.full_like(pos, -1), pos)
+
+
+def position_at(regular: Tensor, index: Tensor) -> Tensor:
+    """The position ids (B, ..., 2) of regular inputs ``index`` (B, ...), from ``regular`` (L, 2) the ids
+    of every regular input, or (B, L, 2) one row of them per sample."""
+    if regular.dim() == 2:
+        return regular[index]
+    rows = torch.arange(regular.shape[0], device=index.device).view(-1, *[1] * (index.dim() - 1))
+    return regular[rows, index]
+
+
+def register_position_ids(regular: Tensor, prefix_len: int, target: Tensor) -> Tensor:
+    """Position ids (B, ..., 2) of registers whose targets are the body indices ``target`` (B, ...): those
+    of regular input P - 1 + target, the one that predicts the target under next-token prediction
+    (``regular`` as in ``position_at``)."""
+    return position_at(regular, prefix_len - 1 + target)
 
 
 @dataclass
@@ -140,7 +157,7 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
     there, with no host round trip (nothing reads a value back): a CUDA generator keeps the whole
     layout on the GPU, so the host can queue the next step ahead.
     """
-    spec.check(grid, prefix_len)
+    spec.check_layout(grid, prefix_len)
     H, W = grid
     N, P, B = H * W, prefix_len, batch_size
     T = P + N - 1
@@ -160,33 +177,17 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
     ntp_target = torch.where(ntp_valid, ntp_target, torch.zeros_like(ntp_target))
     reg_anchor, reg_offset, reg_target, reg_valid = _place_registers(B, grid, spec, generator, lengths, draw_on)
 
-    R = reg_target.shape[1]
-    position_ids = torch.cat([reg_pos.expand(B, T, 2), reg_pos[P - 1 + reg_target]], dim=1)
-    key_rank = torch.cat([i.expand(B, T), torch.full((B, R), NEVER, device=draw_on)], dim=1)
+    position_ids = torch.cat([reg_pos.expand(B, T, 2), register_position_ids(reg_pos, P, reg_target)], dim=1)
     reg_limit = torch.where(reg_valid, P + reg_anchor, torch.full_like(reg_anchor, -1))
-    query_limit = torch.cat([i.expand(B, T), reg_limit], dim=1)
-
-    out = Layout(grid, P, position_ids, key_rank, query_limit, ntp_target, ntp_valid,
-                 reg_anchor, reg_offset, reg_target, reg_valid, *register_pair(spec, P + reg_anchor, reg_valid, T))
+    vis = register_visibility(i.expand(B, T), i.expand(B, T), reg_limit,
+                              earlier_registers=spec.register_visibility == "earlier_registers")
+    out = Layout(grid, P, position_ids, vis.key_rank, vis.query_limit, ntp_target, ntp_valid,
+                 reg_anchor, reg_offset, reg_target, reg_valid, vis.extra_rank, vis.extra_limit)
     for name, value in vars(out).items():
         if isinstance(value, Tensor):
             value = value.contiguous()
             setattr(out, name, value.to(device, non_blocking=True) if device is not None else value)
     return out
-
-
-def register_pair(spec: RegisterSpec, anchor: Tensor, valid: Tensor, T: int) -> tuple[Tensor | None, Tensor | None]:
-    """The second (extra rank, extra limit) pair (B, T+R) of ``earlier_registers``: a register's extra
-    rank is its anchor's regular index ``anchor`` (B, R) and its extra limit that index - 1, so it sees
-    the registers anchored strictly before; regular slots and padding (``valid`` False) rank NEVER,
-    limit -1. (None, None) under "isolated"."""
-    if spec.register_visibility == "isolated":
-        return None, None
-    B = anchor.shape[0]
-    never = torch.full((B, T), NEVER, device=anchor.device)
-    rank = torch.where(valid, anchor, torch.full_like(anchor, NEVER))
-    limit = torch.where(valid, anchor - 1, torch.full_like(anchor, -1))
-    return torch.cat([never, rank], 1), torch.cat([torch.full_like(never, -1), limit], 1)
 
 
 def _check_lengths(lengths: Tensor, B: int, N: int) -> None:
@@ -254,7 +255,7 @@ def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generato
     ``offset_distribution``), then for sparse placement one score per
     anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order. Dense:
     the valid anchors in anchor order, then padding slots up to ``dense_slots``."""
-    if not spec.uses_registers:
+    if not spec.uses_registers():
         empty = torch.zeros(B, 0, dtype=torch.long, device=device)
         return empty, empty[..., None].expand(B, 0, 2), empty, empty.bool()
     offsets = _offsets_on(spec, device)

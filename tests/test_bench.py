@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from mutor2d.model.attention import BACKENDS, Visibility
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D
 from mutor2d.registers import make_layout
 from mutor2d.registry import build
 from mutor2d.sampling.decoding import generate
@@ -128,9 +128,9 @@ def test_step_flops_counts_every_matmul_weight():
 
 
 SPLIT_CASES = [
-    ("2d-dense-16x16", (16, 16), 1, RegisterSpec("mutor-2d", d_max=4), None),
-    ("2d-sparse", (16, 16), 1, RegisterSpec("mutor-2d", placement="sparse", num_registers=80), None),
-    ("1d-padded", (1, 40), 3, RegisterSpec("mutor-1d", d_min=2, d_max=4), torch.tensor([40, 9, 3])),
+    ("2d-dense-16x16", (16, 16), 1, RegisterSpec2D(d_max=4), None),
+    ("2d-sparse", (16, 16), 1, RegisterSpec2D(placement="sparse", num_registers=80), None),
+    ("1d-padded", (1, 40), 3, RegisterSpec1D(d_min=2, d_max=4), torch.tensor([40, 9, 3])),
 ]
 
 
@@ -195,8 +195,8 @@ def _forward_backward(model, backend, lay, body, labels, dtype):
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("spec", [RegisterSpec("mutor-2d", d_max=4),
-                                  RegisterSpec("mutor-2d", placement="sparse", num_registers=80)],
+@pytest.mark.parametrize("spec", [RegisterSpec2D(d_max=4),
+                                  RegisterSpec2D(placement="sparse", num_registers=80)],
                          ids=["dense", "sparse"])
 def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):
     model = _cuda_model()

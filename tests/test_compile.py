@@ -16,7 +16,7 @@ from mutor2d.config import make
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec2D
 from mutor2d.registers import make_layout
 from mutor2d.registry import build
 
@@ -111,7 +111,7 @@ def test_compiled_blocks_decode_graphs_bounded():
 
 def _register_case(device: str, grid=(4, 4), num_registers=8, batch=3):
     """(body, labels, layout) with ``num_registers`` sparse registers per sequence."""
-    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=num_registers)
+    spec = RegisterSpec2D(d_max=3, placement="sparse", num_registers=num_registers)
     gen = torch.Generator().manual_seed(0)
     lay = make_layout(batch, grid, 1, spec, gen, device=device)
     body = torch.randint(0, 17, (batch, grid[0] * grid[1]), generator=gen).to(device)

@@ -26,13 +26,13 @@ from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
 from mutor2d.objectives.token_prediction import TokenPrediction  # noqa: E402
-from mutor2d.register_spec import RegisterSpec  # noqa: E402
+from mutor2d.register_spec import RegisterSpec, RegisterSpec1D  # noqa: E402
 from mutor2d.registers import make_layout, offset_targets, regular_position_ids  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 VOCAB = 40
-DENSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4)
-SPARSE = RegisterSpec(kind="mutor-1d", d_min=1, d_max=4, placement="sparse", num_registers=3)
+DENSE = RegisterSpec1D(d_min=1, d_max=4)
+SPARSE = RegisterSpec1D(d_min=1, d_max=4, placement="sparse", num_registers=3)
 
 
 def tiny_llama():
@@ -111,7 +111,7 @@ def test_regular_logits_equal_plain_model(family):
         for spec in (DENSE, SPARSE, RegisterSpec()):
             view, canon, lay = framed(model, ragged_batch(), spec, side)
             f = view.frame
-            assert (lay.num_registers > 0) == spec.uses_registers
+            assert (lay.num_registers > 0) == spec.uses_registers()
             with torch.no_grad():
                 res = TokenPrediction(spec, 0.5)(view, canon, torch.Generator().manual_seed(1))
                 losses.setdefault(spec, []).append(res.loss)
@@ -155,7 +155,7 @@ def test_targets_and_positions_at_answer_edges(side):
     # sample 0: P=3, N=4; sample 1: P=1, N=2; offset d = 2 only
     batch = LMBatch(torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([3, 1]),
                     torch.tensor([[20, 21, 22, 23], [24, 25, 0, 0]]), torch.tensor([4, 2]))
-    spec = RegisterSpec(kind="mutor-1d", d_min=2, d_max=2)
+    spec = RegisterSpec1D(d_min=2, d_max=2)
     view, canon, lay = framed(MutorLM(tiny_llama()), batch, spec, side)
     f, T = view.frame, 6
     ids, pos_regular = physical_inputs(view, canon)

@@ -14,15 +14,17 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Qwen2Config, Qwen2ForCausalLM)
 
 import mutor2d.lm as lm_pkg  # noqa: E402
-from mutor2d.config import ConfigError  # noqa: E402
+from mutor2d.config import ConfigError, make  # noqa: E402
 from mutor2d.lm import drafter, hf  # noqa: E402
 from mutor2d.lm.drafter import Registers  # noqa: E402
 from mutor2d.lm.offline_tokenizers import char_tokenizer  # noqa: E402
 from mutor2d.lm.prompts import eval_prompts  # noqa: E402
 from mutor2d.lm.records import load_located  # noqa: E402
 from mutor2d.lm.rows import Rows  # noqa: E402
-from mutor2d.lm.speculative import Decoding, generate_ids  # noqa: E402
-from mutor2d.sampling import speculation  # noqa: E402
+from mutor2d.lm.speculative import HFStep, TextEnds, generate_ids  # noqa: E402
+from mutor2d.register_spec import RegisterSpec1D  # noqa: E402
+from mutor2d.sampling import verification  # noqa: E402
+from mutor2d.sampling.drafters import RegisterDrafter  # noqa: E402
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402
 from mutor2d.sampling.stats import DecodeStats  # noqa: E402
 
@@ -56,7 +58,8 @@ def with_lora(lm, merged: bool):
 
 def registers(K: int = 3, seed: int = 2, scale: float = 1.0) -> Registers:
     """An untrained register embedding drafting d = 2..K+1 (exactness needs no training)."""
-    return Registers(torch.randn(WIDTH, generator=torch.Generator().manual_seed(seed)) * scale, tuple(range(2, K + 2)))
+    return Registers(torch.randn(WIDTH, generator=torch.Generator().manual_seed(seed)) * scale, RegisterSpec1D(1, K + 1),
+                     K)
 
 
 def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,21 +142,26 @@ def test_stop_strings_and_eos_end_as_in_plain_generate():
 
 def test_kv_cache_after_every_round_is_plain_decodings():
     """After each round a row's cached slots (holes left by drafts another row kept excluded) hold the
-    keys and values plain decoding computes for the same tokens; batch 1 has no holes at all."""
+    keys and values plain decoding computes for the same tokens; batch 1 has no holes at all (six
+    rounds, watched through the loop's progress callback; no row ends in them, so rows keep their order)."""
+    from mutor2d.sampling.rounds import decode
+
+    class Enough(Exception):
+        pass
+
     tok = char_tokenizer(CHARS)
     lm = tiny("llama", len(tok))
     for texts in (PROMPTS[1], PROMPTS[3]):
         prompts = [tok(t)["input_ids"] for t in texts]
         ids, mask = left_padded(prompts)
-        state = Rows(len(prompts), 40, (), (), None)
-        dec = Decoding(lm, registers(seed=5), SamplingRules(temperature=0.0), state)
-        dec.prefill(ids, mask)
-        for _ in range(6):
-            dec.round(dec.alive())
-            cached = cache_tensors(dec.cache)
-            for b, r in enumerate(dec.rows.tolist()):
-                tokens = prompts[r] + state.out[r][:-1]              # the last emitted token is not cached yet
-                ok = dec.keys.ok[b]
+        state, regs, emitted = Rows(len(prompts), 40, (), (), None), registers(seed=5), []
+        step = HFStep(lm, ids, mask, regs.embedding)
+
+        def check(out, n):
+            cached = cache_tensors(step.cache)
+            for b in range(len(prompts)):
+                tokens = prompts[b] + state.out[b][:-1]              # the last emitted token is not cached yet
+                ok = step.ok[b]
                 assert int(ok.sum()) == len(tokens)
                 if len(texts) == 1:
                     assert bool(ok.all())                             # batch 1: cropped to exactly the tokens
@@ -162,8 +170,18 @@ def test_kv_cache_after_every_round_is_plain_decodings():
                 for (k, v), (rk, rv) in zip(cached, cache_tensors(ref)):
                     torch.testing.assert_close(k[b][:, ok], rk[0], atol=1e-5, rtol=1e-5)
                     torch.testing.assert_close(v[b][:, ok], rv[0], atol=1e-5, rtol=1e-5)
-        assert len(cached[0][0][0, 0]) == dec.keys.ok.shape[1]     # registers never stay
-        assert sum(dec.stats.summary()["accepted"]) > 0
+            assert len(cached[0][0][0, 0]) == step.ok.shape[1]       # registers never stay
+            emitted.append(n.clone())
+            if len(emitted) == 6:
+                raise Enough
+
+        with pytest.raises(Enough):
+            drafter = RegisterDrafter(make("sample.decode", name="registers", draft=regs.draft), regs.spec, (1, 40),
+                                      len(prompts), "cpu")
+            decode(step, drafter, step.frame(40, regs.draft),
+                   SamplingRules(temperature=0.0), ends=TextEnds(state, regs.draft), progress=check)
+        steps = torch.diff(torch.stack([torch.ones_like(emitted[0]), *emitted]), dim=0)
+        assert int(steps.max()) > 1                                   # some drafts were kept
 
 
 def test_synced_rows_stay_in_the_batch_and_give_the_same_tokens():
@@ -254,7 +272,7 @@ def test_sampling_follows_plain_sampling_distribution(rules, monkeypatch):
     probs = sequence_probs(lm, prompt, rules, eos=2)
     assert math.isclose(sum(probs.values()), 1.0, rel_tol=1e-5) and len(probs) > 10
     assert chi_square_p(draw_sequences(lm, prompt, rules, 6000, seed=0), probs) > 1e-3
-    monkeypatch.setattr(speculation, "verify", residual_from_p)
+    monkeypatch.setattr(verification, "verify", residual_from_p)
     assert chi_square_p(draw_sequences(lm, prompt, rules, 6000, seed=0), probs) < 1e-6
 
 
@@ -263,11 +281,13 @@ def test_sampling_follows_plain_sampling_distribution(rules, monkeypatch):
 def test_draft_length_comes_from_the_objective_and_bad_settings_are_one_line(tmp_path):
     from mutor2d.config import make
     mutor = make("objective", name="mutor-1d", d_max=4)
-    assert drafter.draft_distances(mutor) == (2, 3, 4) and drafter.draft_distances(mutor, 2) == (2, 3)
+    embedding = torch.zeros(WIDTH)
+    assert drafter.registers_of(embedding, mutor).offsets == (2, 3, 4)
+    assert drafter.registers_of(embedding, mutor, 2).offsets == (2, 3)
     with pytest.raises(ConfigError, match="draft=4: this checkpoint's registers draft at most 3 tokens"):
-        drafter.draft_distances(mutor, 4)
+        drafter.registers_of(embedding, mutor, 4)
     with pytest.raises(ConfigError, match="no registers to draft with \\(objective ntp\\)"):
-        drafter.draft_distances(make("objective", name="ntp"))
+        drafter.registers_of(embedding, make("objective", name="ntp"))
     with pytest.raises(ValueError, match="no register_embedding.safetensors .*decode plain"):
         drafter.load_registers(tmp_path)
     with pytest.raises(ValueError, match="decode='fast': expected one of plain, registers, auto"):

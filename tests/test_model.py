@@ -14,7 +14,7 @@ from mutor2d.model.gpt import GPT
 from mutor2d.model.config import model_shape
 from mutor2d.model.llamagen import load_llamagen
 from mutor2d.objectives.base import Batch
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D
 from mutor2d.registers import make_layout, regular_position_ids
 from mutor2d.registry import build
 
@@ -38,12 +38,12 @@ def set_backend(m, name):
 
 
 CASES = [  # name, grid, prefix kind, spec, padded
-    ("2d-dense", (4, 4), "class", RegisterSpec("mutor-2d", d_max=3), False),
-    ("2d-sparse", (4, 5), "class", RegisterSpec("mutor-2d", d_max=4, placement="sparse", num_registers=6), False),
-    ("2d-per-reg", (3, 4), "class", RegisterSpec("mutor-2d", d_max=3, per_register_offsets=True), False),
-    ("1d-on-grid", (4, 4), "class", RegisterSpec("mutor-1d", d_min=1, d_max=4, edge="raster"), False),
-    ("1d-dense-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4), True),
-    ("1d-sparse-pad", (1, 12), "prompt", RegisterSpec("mutor-1d", d_min=2, d_max=4, placement="sparse", num_registers=4), True),
+    ("2d-dense", (4, 4), "class", RegisterSpec2D(d_max=3), False),
+    ("2d-sparse", (4, 5), "class", RegisterSpec2D(d_max=4, placement="sparse", num_registers=6), False),
+    ("2d-per-reg", (3, 4), "class", RegisterSpec2D(d_max=3, per_register_offsets=True), False),
+    ("1d-on-grid", (4, 4), "class", RegisterSpec1D(d_min=1, d_max=4, edge="raster"), False),
+    ("1d-dense-pad", (1, 12), "prompt", RegisterSpec1D(d_min=2, d_max=4), True),
+    ("1d-sparse-pad", (1, 12), "prompt", RegisterSpec1D(d_min=2, d_max=4, placement="sparse", num_registers=4), True),
 ]
 
 

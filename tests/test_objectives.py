@@ -9,7 +9,7 @@ from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch, ObjectiveResult, masked_ce
 from mutor2d.objectives.multihead import MultiHead
 from mutor2d.objectives.token_prediction import TokenPrediction
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec, RegisterSpec2D
 from mutor2d.registers import make_layout
 from mutor2d.registry import build
 
@@ -56,7 +56,7 @@ def test_result_declares_loss_logs_counts_tokens():
     out = build(C.make("objective", name="mutor-2d", d_max=3), model)(model, batch, gen())
     assert isinstance(out, ObjectiveResult)
     assert set(out.logs) == {"loss_ntp", "loss_reg"} and set(out.counts) == {"ntp", "reg"}
-    lay = make_layout(3, (4, 4), 1, RegisterSpec("mutor-2d", d_max=3), gen())
+    lay = make_layout(3, (4, 4), 1, RegisterSpec2D(d_max=3), gen())
     assert int(out.counts["ntp"]) == 3 * 16 and int(out.counts["reg"]) == int(lay.reg_valid.sum())
     assert int(out.tokens) == 3 * (lay.num_regular + lay.num_registers)
     ntp = build(C.make("objective", name="ntp"), model)(model, batch, gen())
@@ -93,7 +93,7 @@ def test_next_token_loss_by_hand():
     model, batch = tiny(register=False), grid_batch(B=2, grid=(2, 3))
     with torch.no_grad():
         out = build(C.make("objective", name="ntp"), model)(model, batch)
-        lay = make_layout(2, (2, 3), 1, RegisterSpec("ntp"))
+        lay = make_layout(2, (2, 3), 1, RegisterSpec())
         h = model.hidden(model.embed(batch.body[:, :5], batch.prefix, 0), lay.position_ids, None)
         ref = F.cross_entropy(model.logits(h).reshape(-1, V), batch.body.reshape(-1))
     torch.testing.assert_close(out.loss, ref)
@@ -106,7 +106,7 @@ def test_same_generator_same_layout_draws_and_loss():
     assert torch.equal(a.loss, b.loss)
     g = gen(5)
     lay = obj.layout(batch, 1, g)
-    ref = make_layout(3, (4, 4), 1, RegisterSpec("mutor-2d", d_max=4, per_register_offsets=True), gen(5))
+    ref = make_layout(3, (4, 4), 1, RegisterSpec2D(d_max=4, per_register_offsets=True), gen(5))
     assert torch.equal(lay.reg_offset, ref.reg_offset) and torch.equal(lay.reg_anchor, ref.reg_anchor)
 
 

@@ -1,6 +1,7 @@
 """The method's open questions as objective settings: each default is the paper's
 rule, bit-identical to the code path without the setting; each rule holds for images and text."""
 import dataclasses
+from dataclasses import replace
 import json
 import math
 
@@ -103,7 +104,7 @@ def test_run_logs_the_current_weight(tmp_path):
 
 # ----------------------------------------------------------------------------- offset_distribution
 
-from mutor2d.register_spec import RegisterSpec  # noqa: E402
+from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D  # noqa: E402
 from mutor2d.registers import make_layout  # noqa: E402
 
 
@@ -113,8 +114,8 @@ def drawn_offsets(lay) -> list[tuple[int, int]]:
     return [tuple(lay.reg_offset[b, first[b]].tolist()) for b in range(lay.reg_offset.shape[0])]
 
 
-@pytest.mark.parametrize("spec, grid", [(RegisterSpec("mutor-2d", 1, 3), GRID),
-                                        (RegisterSpec("mutor-1d", 1, 4, per_register_offsets=True), (1, 9))])
+@pytest.mark.parametrize("spec, grid", [(RegisterSpec2D(3), GRID),
+                                        (RegisterSpec1D(1, 4, per_register_offsets=True), (1, 9))])
 def test_uniform_default_is_todays_draw(spec, grid):
     """The default draws exactly today's randint: the same offsets from the same generator."""
     assert spec.offset_distribution == "uniform"
@@ -130,13 +131,14 @@ def test_uniform_default_is_todays_draw(spec, grid):
 
 @pytest.mark.parametrize("kind, grid", [("mutor-2d", GRID), ("mutor-1d", (1, 9))])
 def test_explicit_weights(kind, grid):
-    C = len(RegisterSpec(kind, 1, 3).offsets())
+    offsets = RegisterSpec2D(3) if kind == "mutor-2d" else RegisterSpec1D(1, 3)
+    C = len(offsets.offsets())
     one_hot = tuple(1.0 if c == 2 else 0.0 for c in range(C))
-    spec = RegisterSpec(kind, 1, 3, offset_distribution=one_hot)
+    spec = replace(offsets, offset_distribution=one_hot)
     lay = make_layout(50, grid, 1, spec, torch.Generator().manual_seed(0))
     assert set(drawn_offsets(lay)) == {tuple(spec.offsets()[2].tolist())}
     weights = tuple(float(c + 1) for c in range(C))                          # frequencies follow them
-    lay = make_layout(6000, grid, 1, RegisterSpec(kind, 1, 3, offset_distribution=weights),
+    lay = make_layout(6000, grid, 1, replace(offsets, offset_distribution=weights),
                       torch.Generator().manual_seed(0))
     counts = torch.tensor([drawn_offsets(lay).count(tuple(o)) for o in spec.offsets().tolist()]).float()
     torch.testing.assert_close(counts / 6000, torch.tensor(weights) / sum(weights), atol=0.02, rtol=0)
@@ -146,7 +148,7 @@ def test_valid_anchors_rule_follows_the_length():
     """1D, d = 1..4 with anchors -1..: a sample of length 2 has 2 valid anchors under d = 1, 1 under
     d = 2, none under d >= 3, so it draws d = 1 twice as often as d = 2 and never d >= 3; a full
     sample of 9 has 9, 8, 7, 6."""
-    spec = RegisterSpec("mutor-1d", 1, 4, offset_distribution="valid-anchors")
+    spec = RegisterSpec1D(1, 4, offset_distribution="valid-anchors")
     B = 4000
     lengths = torch.tensor([2, 9]).repeat(B // 2)
     lay = make_layout(B, (1, 9), 1, spec, torch.Generator().manual_seed(0), lengths)
@@ -179,15 +181,15 @@ def test_offset_weights_on_text():
 from mutor2d.sampling.config import useful_draft  # noqa: E402
 from test_lm import run_layout  # noqa: E402
 
-EARLIER = RegisterSpec("mutor-2d", 1, 3, register_visibility="earlier_registers")
+EARLIER = RegisterSpec2D(3, register_visibility="earlier_registers")
 
 
 def test_isolated_default_has_no_second_pair():
-    lay = make_layout(2, GRID, 1, RegisterSpec("mutor-2d", 1, 3), torch.Generator().manual_seed(0))
+    lay = make_layout(2, GRID, 1, RegisterSpec2D(3), torch.Generator().manual_seed(0))
     assert lay.extra_rank is None and lay.visibility.extra_rank is None
 
 
-@pytest.mark.parametrize("spec, grid", [(EARLIER, GRID), (RegisterSpec("mutor-1d", 1, 3, placement="sparse",
+@pytest.mark.parametrize("spec, grid", [(EARLIER, GRID), (RegisterSpec1D(1, 3, placement="sparse",
                                          num_registers=4, register_visibility="earlier_registers"), (1, 9))])
 def test_earlier_registers_mask(spec, grid):
     """Regular rows as under isolated; a register row also holds the registers anchored strictly earlier;
@@ -250,7 +252,7 @@ def test_earlier_registers_image_influence(attention):
 
 def test_earlier_registers_text_influence():
     model = MutorLM(tiny_llama()).eval()
-    spec = RegisterSpec("mutor-1d", 1, 3, register_visibility="earlier_registers")
+    spec = RegisterSpec1D(1, 3, register_visibility="earlier_registers")
     view, canon, lay = framed(model, ragged_batch(), spec, "left")
     _, _, iso = framed(model, ragged_batch(), dataclasses.replace(spec, register_visibility="isolated"), "left")
     P, T, R = canon.prefix.shape[1], lay.num_regular, lay.num_registers

@@ -22,7 +22,7 @@ from mutor2d.model.attention import BACKENDS
 from mutor2d.engine.runlog import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec2D
 from mutor2d.registers import make_layout
 from mutor2d.registry import BUILDERS
 from mutor2d.tokenizer.base import TOKENIZERS
@@ -166,7 +166,7 @@ def test_attention_backend_recipe(plugin, tmp_path, classifier_cache, monkeypatc
     name = plugin("An attention backend")
     load_plugins()
     backend = BACKENDS["dense"]
-    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", 1, 2), torch.Generator().manual_seed(0))
+    lay = make_layout(2, (3, 3), 1, RegisterSpec2D(2), torch.Generator().manual_seed(0))
     q, k, v = torch.randn(3, 2, 2, lay.key_rank.shape[1], 8, generator=torch.Generator().manual_seed(1))
     backend.prepare(lay.visibility)
     torch.testing.assert_close(backend.attend(q, k, v, lay.visibility),          # the recipe's own test

@@ -39,9 +39,9 @@ def recipe(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory):
-    """A folder holding the two recipes as modules greedy_twice and text_vectors."""
+    """A folder holding the two recipes as modules row_above and text_vectors."""
     folder = tmp_path_factory.mktemp("plugins")
-    for name in ("greedy_twice.py", "text_vectors.py"):
+    for name in ("row_above.py", "text_vectors.py"):
         (folder / name).write_text(recipe(name))
     return folder
 
@@ -73,12 +73,12 @@ def imported(plugins, monkeypatch):
     unregistered after, so other test modules see the shipped modes and kinds only."""
     from mutor2d.model.conditioning import CONDITIONING
     monkeypatch.syspath_prepend(str(plugins))
-    monkeypatch.setenv("MUTOR2D_PLUGINS", "greedy_twice,text_vectors")
+    monkeypatch.setenv("MUTOR2D_PLUGINS", "row_above,text_vectors")
     config.import_parts()
     yield
-    config.VARIANTS["sample.decode"].pop("greedy-twice")
+    config.VARIANTS["sample.decode"].pop("row-above")
     CONDITIONING.pop("text-vectors")
-    for module in ("greedy_twice", "text_vectors"):
+    for module in ("row_above", "text_vectors"):
         sys.modules.pop(module)
 
 
@@ -88,47 +88,52 @@ TINY_RUN = {
     "objective": {"name": "mutor-2d", "d_max": 3},
     "train": {"batch_size": 8, "log_every": 1, "ckpt_every": 0, "keep_ckpts": 0, "tracker": "none", "seed": 3,
               "sample_every": 4},
-    "sample": {"classes": [0, 7], "per_class": 1, "temperature": 0.0, "decode": {"name": "greedy-twice"}},
+    "sample": {"classes": [0, 7], "per_class": 1, "temperature": 0.0, "decode": {"name": "row-above"}},
 }
 
 
 def test_decoding_mode_recipe_trains_samples_scores_and_ranks(imported, tmp_path, capsys):
     """train.py with the plugin mode as the config's decoding mode (its training grid uses it), sample.py
-    --decode greedy-twice with a field of the mode set by --set, then the record on the leaderboard."""
+    --decode row-above with a field of the mode set by --set (greedy: plain's images, in fewer forwards),
+    then the record on the leaderboard."""
     import yaml
     cfg, run = tmp_path / "run.yaml", tmp_path / "run"
     cfg.write_text(yaml.safe_dump(TINY_RUN))
     load_script("train.py").main(["--config", str(cfg), "--out", str(run), "--max-steps", "4"])
     assert (run / "samples" / "step_00000004.png").is_file()
-    npz = run / "samples" / "greedy.npz"
-    load_script("sample.py").main(["--ckpt", str(run), "--npz", str(npz), "--num", "20", "--batch-size", "20",
-                                   "--device", "cpu", "--decode", "greedy-twice", "--temperature", "0",
-                                   "--set", "sample.decode.repeats=3"])
+    npz, plain = run / "samples" / "row_above.npz", run / "samples" / "plain.npz"
+    common = ["--ckpt", str(run), "--num", "20", "--batch-size", "20", "--device", "cpu", "--temperature", "0"]
+    load_script("sample.py").main([*common, "--npz", str(npz), "--decode", "row-above", "--set", "sample.decode.draft=2"])
+    load_script("sample.py").main([*common, "--npz", str(plain), "--decode", "plain"])
     assert "wrote" in capsys.readouterr().out
     images, labels, meta = npz_files.read_npz(npz)
     assert images.shape == (20, 8, 8, 3) and np.bincount(labels).tolist() == [2] * 10
-    assert (meta["decode"], meta["decode_options"]) == ("greedy-twice", {"repeats": 3})
-    assert meta["decode_stats"]["forwards_per_sequence"] == 3 * 64             # three greedy runs per image
+    assert np.array_equal(images, npz_files.read_npz(plain)[0])               # exact: plain greedy's images
+    assert (meta["decode"], meta["decode_options"]) == ("row-above", {"draft": 2})
+    assert meta["decode_stats"]["forwards_per_sequence"] < 64                  # some drafts were kept
+    assert len(meta["decode_stats"]["acceptance_by_distance"]) == 2
     load_script("eval/fid.py").main([str(npz), "--ref", "digits:train", "--metrics", "fid", "--device", "cpu",
                                      "--cache-dir", str(tmp_path / "cache"), "--quiet"])
     table = load_script("eval/leaderboard.py").main([str(run)])
-    row = next(line for line in table.splitlines() if "greedy-twice" in line)
-    assert "| mutor-2d |" in row and "| 4 |" in row and "greedy-twice repeats=3:" in row
+    row = next(line for line in table.splitlines() if "row-above" in line)
+    assert "| mutor-2d |" in row and "| 4 |" in row and "row-above draft=2:" in row
 
 
 def test_decoding_mode_recipe_rules_are_one_line_errors(imported, monkeypatch):
     from mutor2d.sampling.config import decode_modes
     from mutor2d.sampling.decoding import generate
-    assert "greedy-twice" in decode_modes()
+    from mutor2d.sampling.stats import DecodeStats
+    assert "row-above" in decode_modes() and "row-above" not in decode_modes("text")
     cfg = config.from_dict({**TINY_RUN, "model": {"preset": "tiny", "num_classes": 10, "vocab_size": 5}})
     model = build(cfg.model)
     labels = torch.tensor([1, 2])
     want = generate(model, labels, (2, 3), temperature=0)
-    assert torch.equal(generate(model, labels, (2, 3), temperature=0, decode="greedy-twice", repeats=3), want)
-    with pytest.raises(ValueError, match=r"^decode greedy-twice is greedy only \(temperature 0\), got 1.0$"):
-        generate(model, labels, (2, 3), decode="greedy-twice")
-    with pytest.raises(config.ConfigError, match=r"^sample.decode.repeats: expected an integer >= 1, got 0$"):
-        config.load(None, ["sample.decode.name=greedy-twice", "sample.decode.repeats=0"])
+    assert torch.equal(generate(model, labels, (2, 3), temperature=0, decode="row-above", draft=3), want)
+    stats = DecodeStats()
+    sampled = generate(model, labels, (2, 3), decode="row-above", stats=stats, generator=torch.Generator().manual_seed(0))
+    assert sampled.shape == (2, 6) and len(stats.summary()["acceptance_by_distance"]) == 3
+    with pytest.raises(config.ConfigError, match=r"^sample.decode.draft: expected an integer >= 1, got 0$"):
+        config.load(None, ["sample.decode.name=row-above", "sample.decode.draft=0"])
     monkeypatch.setenv("MUTOR2D_PLUGINS", "no_such_plugin")
     with pytest.raises(config.ConfigError, match=r"^MUTOR2D_PLUGINS: cannot import module 'no_such_plugin'"):
         config.import_parts()

@@ -131,7 +131,7 @@ def todays_multihead_loss(cfg, obj, model, batch):
     pos = regular_position_ids(batch.grid, P).expand(B, T, 2)
     h, head_h = model.hidden_with_heads(model.embed(batch.body[:, :N - 1], batch.prefix), pos, obj.heads,
                                         prefix_len=P)
-    lay = make_layout(B, batch.grid, P, RegisterSpec("ntp"), None, batch.lengths, batch.body.device)
+    lay = make_layout(B, batch.grid, P, RegisterSpec(), None, batch.lengths, batch.body.device)
     ntp_t, _ = lay.gather_targets(batch.body)
     ntp = todays_token_ce(model, h[:, P - 1:], ntp_t[:, P - 1:], lay.ntp_valid[:, P - 1:])
     a0 = first_anchor(obj.kind)

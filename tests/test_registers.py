@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mutor2d import config as C
 from mutor2d.model.attention import NEVER
 from mutor2d.registers import Layout, dense_slots, make_layout, offset_targets, regular_position_ids
-from mutor2d.register_spec import LayoutError, RegisterSpec
+from mutor2d.register_spec import LayoutError, RegisterSpec, RegisterSpec1D, RegisterSpec2D
 from mutor2d.register_spec import offset_pairs
 from timeouts import limit
 
@@ -44,7 +44,7 @@ def test_2d_hand_computed_below_last_row():
 
 
 def test_2d_layout_positions_and_limits_hand_computed():
-    spec = RegisterSpec("mutor-2d", d_max=2)  # candidates (0,1), (1,0), (1,1)
+    spec = RegisterSpec2D(d_max=2)  # candidates (0,1), (1,0), (1,1)
     for seed in range(20):
         lay = make_layout(1, (3, 3), 1, spec, g(seed))
         off = tuple(lay.reg_offset[0, 0].tolist())
@@ -69,7 +69,7 @@ def test_2d_layout_positions_and_limits_hand_computed():
 
 
 def test_1d_hand_computed_with_prefix_anchor():
-    spec = RegisterSpec("mutor-1d", d_min=3, d_max=3)
+    spec = RegisterSpec1D(d_min=3, d_max=3)
     lay = make_layout(2, (1, 6), 2, spec, g(), lengths=torch.tensor([6, 4]))
     T = lay.num_regular
     assert T == 2 + 5
@@ -88,14 +88,14 @@ def test_1d_hand_computed_with_prefix_anchor():
 
 
 def test_1d_d1_register_sits_on_last_prefix_position():
-    lay = make_layout(1, (1, 5), 3, RegisterSpec("mutor-1d", d_min=1, d_max=1), g())
+    lay = make_layout(1, (1, 5), 3, RegisterSpec1D(d_min=1, d_max=1), g())
     assert reg_list(lay, 0) == ([-1, 0, 1, 2, 3], [0, 1, 2, 3, 4])
     T = lay.num_regular
     assert lay.position_ids[0, T:, 1].tolist() == [2, 3, 4, 5, 6]
 
 
 def test_mutor1d_on_2d_grid_uses_class_position_for_x0():
-    lay = make_layout(1, (2, 3), 1, RegisterSpec("mutor-1d", d_min=1, d_max=1), g())
+    lay = make_layout(1, (2, 3), 1, RegisterSpec1D(d_min=1, d_max=1), g())
     T = lay.num_regular
     a, t = reg_list(lay, 0)
     assert a == [-1, 0, 1, 3, 4] and t == [0, 1, 2, 4, 5]   # geometric: no wrap from x2 to x3
@@ -127,7 +127,7 @@ def _reference(grid, P, off, edge, length):
 def test_dense_layout_matches_brute_force(grid, edge):
     H, W = grid
     objective = "mutor-1d" if H == 1 else "mutor-2d"
-    spec = RegisterSpec(objective, d_min=2, d_max=4 if H == 1 else min(3, H), edge=edge)
+    spec = RegisterSpec1D(2, 4, edge=edge) if H == 1 else RegisterSpec2D(min(3, H), edge=edge)
     B = 6
     lengths = torch.tensor([H * W - (i % 3) for i in range(B)]) if H == 1 else None
     lay = make_layout(B, grid, 1, spec, g(3), lengths=lengths)
@@ -143,7 +143,7 @@ def test_dense_layout_matches_brute_force(grid, edge):
 
 
 def test_sparse_draws_k_valid_anchors_and_varies():
-    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=5)
+    spec = RegisterSpec2D(d_max=3, placement="sparse", num_registers=5)
     lay = make_layout(8, (4, 4), 1, spec, g(0))
     assert lay.num_registers == 5
     lay2 = make_layout(8, (4, 4), 1, spec, g(1))
@@ -158,7 +158,7 @@ def test_sparse_draws_k_valid_anchors_and_varies():
 
 def test_sparse_fewer_valid_than_k_marks_rest_invalid():
     # 3x3 grid, offset (2,2) has a single valid anchor
-    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=6)
+    spec = RegisterSpec2D(d_max=3, placement="sparse", num_registers=6)
     for seed in range(60):
         lay = make_layout(1, (3, 3), 1, spec, g(seed))
         if tuple(lay.reg_offset[0, 0].tolist()) == (2, 2):
@@ -169,13 +169,13 @@ def test_sparse_fewer_valid_than_k_marks_rest_invalid():
 
 
 def test_one_offset_per_sequence_by_default_and_per_register_option():
-    spec = RegisterSpec("mutor-2d", d_max=4)
+    spec = RegisterSpec2D(d_max=4)
     lay = make_layout(16, (6, 6), 1, spec, g(0))
     for b in range(16):
         offs = lay.reg_offset[b][lay.reg_valid[b]]
         assert (offs == offs[0]).all()
     assert len({tuple(lay.reg_offset[b, 0].tolist()) for b in range(16)}) > 3
-    lay = make_layout(2, (6, 6), 1, RegisterSpec("mutor-2d", d_max=4, per_register_offsets=True), g(0))
+    lay = make_layout(2, (6, 6), 1, RegisterSpec2D(d_max=4, per_register_offsets=True), g(0))
     offs = lay.reg_offset[0][lay.reg_valid[0]]
     assert len({tuple(o) for o in offs.tolist()}) > 3
     for b in range(2):
@@ -185,7 +185,7 @@ def test_one_offset_per_sequence_by_default_and_per_register_option():
 
 
 def test_dense_mask_rule():
-    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max=3), g(5))
+    lay = make_layout(2, (3, 3), 1, RegisterSpec2D(d_max=3), g(5))
     m = lay.dense_mask()
     T = lay.num_regular
     assert torch.equal(m[:, :T, :T], torch.tril(torch.ones(T, T, dtype=torch.bool)).expand(2, T, T))
@@ -203,7 +203,7 @@ def test_dense_mask_rule():
 
 
 def test_interleaved_order_puts_register_after_anchor():
-    lay = make_layout(1, (3, 3), 1, RegisterSpec("mutor-2d", d_max=2), g(0))
+    lay = make_layout(1, (3, 3), 1, RegisterSpec2D(d_max=2), g(0))
     order = lay.interleaved_order()[0].tolist()
     T = lay.num_regular
     for r in range(lay.num_registers):
@@ -218,10 +218,10 @@ def test_regular_position_ids_line_and_grid():
 
 
 @pytest.mark.parametrize("spec,grid,msg", [
-    (RegisterSpec("mutor-2d"), (1, 16), "need a 2D grid"),
-    (RegisterSpec("mutor-2d", placement="sparse", num_registers=300), (16, 16), "num_registers=300"),
-    (RegisterSpec("mutor-2d", d_max=9), (4, 4), "d_max=9 exceeds the grid 4x4"),
-    (RegisterSpec("mutor-1d", d_min=7, d_max=8), (4, 4), "d_min=7"),
+    (RegisterSpec2D(), (1, 16), "need a 2D grid"),
+    (RegisterSpec2D(placement="sparse", num_registers=300), (16, 16), "num_registers=300"),
+    (RegisterSpec2D(d_max=9), (4, 4), "d_max=9 exceeds the grid 4x4"),
+    (RegisterSpec1D(d_min=7, d_max=8), (4, 4), "d_min=7"),
 ])
 def test_impossible_combinations_are_one_line_errors(spec, grid, msg):
     with pytest.raises(LayoutError, match=msg) as e:
@@ -231,7 +231,7 @@ def test_impossible_combinations_are_one_line_errors(spec, grid, msg):
 
 def test_bad_lengths_error():
     with pytest.raises(LayoutError, match="lengths"):
-        make_layout(2, (1, 5), 1, RegisterSpec("mutor-1d"), g(), lengths=torch.tensor([5, 9]))
+        make_layout(2, (1, 5), 1, RegisterSpec1D(), g(), lengths=torch.tensor([5, 9]))
 
 
 def test_mask_picture_command(tmp_path):
@@ -246,22 +246,24 @@ def test_mask_picture_command(tmp_path):
 
 
 def test_spec_from_tagged_config():
-    spec = C.make("objective", name="mutor-2d", d_max=3, placement="sparse", num_registers=5,
-                  edge="raster").register_spec()
-    assert spec == RegisterSpec("mutor-2d", 1, 3, "sparse", 5, False, "raster")
+    cfg = C.make("objective", name="mutor-2d", d_max=3, placement="sparse", num_registers=5, edge="raster")
+    spec = cfg.register_spec()
+    assert spec is cfg and isinstance(spec, RegisterSpec2D)                  # the section is its spec
+    assert (spec.d_max, spec.placement, spec.num_registers, spec.per_register_offsets, spec.edge) == \
+        (3, "sparse", 5, False, "raster")
     spec = C.make("objective", name="mutor-1d", d_min=2, d_max=3).register_spec()
     assert (spec.kind, spec.d_min, spec.d_max) == ("mutor-1d", 2, 3)
-    assert not C.make("objective", name="ntp").register_spec().uses_registers
+    assert not C.make("objective", name="ntp").register_spec().uses_registers()
     heads = C.make("objective", name="multihead", layout="1d", d_min=1, d_max=3).register_spec()
-    assert heads == RegisterSpec("mutor-1d", 2, 3) and not C.make("objective", name="multihead").uses_registers()
+    assert heads == RegisterSpec1D(2, 3) and not C.make("objective", name="multihead").uses_registers()
 
 
 @pytest.mark.parametrize("spec,drafts", [
-    (RegisterSpec("mutor-2d", d_max=4), [(0, 2), (0, 3)]),          # D = 4: two useful drafts per row
-    (RegisterSpec("mutor-2d", d_max=2), []),
-    (RegisterSpec("mutor-1d", d_min=1, d_max=4), [(0, 2), (0, 3), (0, 4)]),
-    (RegisterSpec("mutor-1d", d_min=3, d_max=5), []),               # no (0, 2): no contiguous drafts
-    (RegisterSpec("ntp"), []),
+    (RegisterSpec2D(d_max=4), [(0, 2), (0, 3)]),          # D = 4: two useful drafts per row
+    (RegisterSpec2D(d_max=2), []),
+    (RegisterSpec1D(d_min=1, d_max=4), [(0, 2), (0, 3), (0, 4)]),
+    (RegisterSpec1D(d_min=3, d_max=5), []),               # no (0, 2): no contiguous drafts
+    (RegisterSpec(), []),
 ])
 def test_draft_offsets_are_the_contiguous_same_row_offsets(spec, drafts):
     assert spec.draft_offsets() == drafts
@@ -274,19 +276,19 @@ def test_offset_pairs_2d_excludes_origin_and_1d_is_inclusive():
 
 
 def test_ntp_layout_has_no_registers_and_plain_causal_visibility():
-    lay = make_layout(2, (3, 3), 1, RegisterSpec("ntp"), g())
+    lay = make_layout(2, (3, 3), 1, RegisterSpec(), g())
     assert lay.num_registers == 0 and lay.visibility is None and lay.num_regular == 9
-    lay = make_layout(2, (3, 3), 1, RegisterSpec("mutor-2d", d_max=2), g())
+    lay = make_layout(2, (3, 3), 1, RegisterSpec2D(d_max=2), g())
     assert lay.visibility.num_regular == lay.num_regular == 9
     assert not hasattr(Layout, "mask_mod")
 
 
 @pytest.mark.parametrize("spec,grid,want", [
-    (RegisterSpec("mutor-2d", d_max=2), (3, 3), 6),                      # (0,1) or (1,0): 3 x 2 anchors
-    (RegisterSpec("mutor-2d", d_max=4), (16, 16), 16 * 15),             # (0,1) best
-    (RegisterSpec("mutor-2d", d_max=3, edge="raster"), (4, 4), 15),     # (0,1): targets 1..15 from 0..14
-    (RegisterSpec("mutor-1d", d_min=2, d_max=4), (1, 9), 8),            # d=2 from the prefix anchor -1..6
-    (RegisterSpec("mutor-2d", d_max=2, per_register_offsets=True), (3, 3), 8),   # all but the last cell
+    (RegisterSpec2D(d_max=2), (3, 3), 6),                      # (0,1) or (1,0): 3 x 2 anchors
+    (RegisterSpec2D(d_max=4), (16, 16), 16 * 15),             # (0,1) best
+    (RegisterSpec2D(d_max=3, edge="raster"), (4, 4), 15),     # (0,1): targets 1..15 from 0..14
+    (RegisterSpec1D(d_min=2, d_max=4), (1, 9), 8),            # d=2 from the prefix anchor -1..6
+    (RegisterSpec2D(d_max=2, per_register_offsets=True), (3, 3), 8),   # all but the last cell
 ])
 def test_dense_slots_hand_computed(spec, grid, want):
     assert dense_slots(spec, grid) == want
@@ -294,7 +296,7 @@ def test_dense_slots_hand_computed(spec, grid, want):
 
 def test_dense_register_count_never_changes_between_batches():
     """R is the grid's maximum whatever offsets are drawn (compiled graphs keep one shape)."""
-    spec = RegisterSpec("mutor-2d", d_max=3)
+    spec = RegisterSpec2D(d_max=3)
     counts, shapes = set(), set()
     for seed in range(12):
         lay = make_layout(2, (4, 5), 1, spec, g(seed))
@@ -319,10 +321,10 @@ class _DeviceLog(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("spec", [RegisterSpec("mutor-2d", d_max=3),
-                                  RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=5),
-                                  RegisterSpec("mutor-1d", d_min=1, d_max=3, per_register_offsets=True),
-                                  RegisterSpec("ntp")])
+@pytest.mark.parametrize("spec", [RegisterSpec2D(d_max=3),
+                                  RegisterSpec2D(d_max=3, placement="sparse", num_registers=5),
+                                  RegisterSpec1D(d_min=1, d_max=3, per_register_offsets=True),
+                                  RegisterSpec()])
 def test_layout_builds_on_the_device_without_host_work(spec):
     """Asked for another device (meta here, a GPU in training), every op of the layout runs there: no
     tensor is made on the host and copied per batch, and nothing is read back (meta tensors have no
@@ -342,7 +344,7 @@ def test_layout_builds_on_the_device_without_host_work(spec):
 def test_layout_draws_on_the_generators_device():
     """The draws follow the generator: a CPU generator with a meta target device draws on the CPU
     (the values equal the plain CPU layout) and only then moves."""
-    spec = RegisterSpec("mutor-2d", d_max=3, placement="sparse", num_registers=4)
+    spec = RegisterSpec2D(d_max=3, placement="sparse", num_registers=4)
     cpu = make_layout(2, (4, 4), 1, spec, g(5))
     moved = make_layout(2, (4, 4), 1, spec, g(5), device="meta")
     assert moved.reg_target.device.type == "meta" and moved.reg_target.shape == cpu.reg_target.shape
@@ -351,9 +353,9 @@ def test_layout_draws_on_the_generators_device():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_layout_with_cuda_generator_cuda():
     """A CUDA generator draws on the GPU and the whole layout lives there (gpu.sh runs this)."""
-    spec = RegisterSpec("mutor-2d", d_max=4, placement="sparse", num_registers=80)
+    spec = RegisterSpec2D(d_max=4, placement="sparse", num_registers=80)
     lay = make_layout(4, (16, 16), 1, spec, torch.Generator("cuda").manual_seed(0), device="cuda")
     assert lay.reg_target.is_cuda and lay.position_ids.is_cuda
     assert lay.reg_valid.sum(1).tolist() == [80] * 4
-    dense = make_layout(4, (16, 16), 1, RegisterSpec("mutor-2d", d_max=4), torch.Generator("cuda").manual_seed(0))
+    dense = make_layout(4, (16, 16), 1, RegisterSpec2D(d_max=4), torch.Generator("cuda").manual_seed(0))
     assert dense.reg_target.is_cuda and dense.num_registers == 240

@@ -23,11 +23,9 @@ from mutor2d.sample_values import SampleFileError, parse_classes
 from mutor2d.sampling.images import balanced_labels, make_sampler, sample_batches, save_grid, spread_classes
 from mutor2d.sampling.npz import NpzJob, read_npz, shard_dir
 from mutor2d.sampling.rules import SamplingRules, filter_logits, guide, sample_logits
-from mutor2d.sampling.decoding import generate
+from mutor2d.sampling.decoding import generate, run_decoder
 
 from test_generation import cli_error
-from mutor2d.sampling import plain as plain_decoding
-from mutor2d.sampling.plain import decode_plain
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,11 +88,12 @@ def test_cached_decoding_equals_recomputation(case, monkeypatch):
     m = tiny(**kw)
     seen_cached, seen_full = [], []
 
-    def recording(logits, *args, **kwargs):
-        seen_cached.append(logits)
-        return sample_logits(logits, *args, **kwargs)
+    def recording(rules, logits):                 # the logits (B, 1, V) of the one token a round draws
+        seen_cached.append(logits[:, 0])
+        return probs(rules, logits)
 
-    monkeypatch.setattr(plain_decoding, "sample_logits", recording)
+    probs = SamplingRules.probs
+    monkeypatch.setattr(SamplingRules, "probs", recording)
     cached = generate(m, prefix, grid, generator=gen(5), **settings)
     full = generate_uncached(m, prefix, grid, generator=gen(5), seen=seen_full, **settings)
     assert cached.shape == (prefix.shape[0], grid[0] * grid[1]) and cached.dtype == torch.long
@@ -106,8 +105,8 @@ def test_cached_decoding_equals_recomputation(case, monkeypatch):
 def test_cfg_scale_one_equals_conditional_sampling():
     m, labels = tiny(), torch.tensor([2, 4, 6, 8, 0])
     plain = generate(m, labels, (4, 4), generator=gen(1))
-    batched = decode_plain(m, labels, (4, 4), SamplingRules(guided=True), gen(1))   # [cond; uncond], u + 1·(c − u)
-    m.clear_cache()
+    batched = run_decoder(m, labels, (4, 4), SamplingRules(guided=True), config.make("sample.decode"), None,
+                          gen(1))                                        # [cond; uncond], u + 1·(c − u)
     assert torch.equal(plain, batched)
 
 

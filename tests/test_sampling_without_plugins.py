@@ -2,7 +2,7 @@
 plugin: plain decoding needs no objective, so it works and gives the tokens it gives with the plugin;
 register drafts need the objective's rules and say so in one line; --decode auto falls back to plain."""
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,10 +25,9 @@ def plugin_run(tmp_path_factory):
     from mutor2d.objectives.config import MuToR2DConfig
 
     @config.register_variant("objective", PLUGIN)
-    @dataclass
+    @dataclass(frozen=True)
     class PluginObjective(MuToR2DConfig):
-        def register_spec(self):
-            return replace(super().register_spec(), kind="mutor-2d")
+        """MuToR-2D's rules (its section is a RegisterSpec2D) under another name."""
 
     run, work = tmp_path_factory.mktemp("plugin") / "run", tmp_path_factory.mktemp("grids")
     try:

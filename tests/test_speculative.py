@@ -11,29 +11,49 @@ import torch
 from mutor2d.config import ConfigError, make
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.register_spec import RegisterSpec
+from mutor2d.register_spec import RegisterSpec, RegisterSpec1D, RegisterSpec2D
 from mutor2d.registers import regular_position_ids
 from mutor2d.sampling.rules import SamplingRules as Rules
-from mutor2d.sampling.decoding import generate
-from mutor2d.sampling.plain import decode_plain
-from mutor2d.sampling import speculation
-from mutor2d.sampling.speculation import Drafts
-from mutor2d.sampling.speculative import decode_jacobi, decode_registers
+from mutor2d.sampling.decoding import GPTStep, generate, run_decoder
+from mutor2d.sampling import verification
+from mutor2d.sampling.drafters import Drafter, JacobiDrafter, RegisterDrafter
+from mutor2d.sampling.rounds import Frame, decode
+from mutor2d.sampling.verification import Drafts
 from mutor2d.sampling.config import useful_draft
 from mutor2d.sampling.stats import DecodeStats
 
-SPEC_2D = RegisterSpec("mutor-2d", d_max=4)                          # draft offsets (0, 2), (0, 3)
+SPEC_2D = RegisterSpec2D(d_max=4)                          # draft offsets (0, 2), (0, 3)
 
 
 def spec_1d(K: int) -> RegisterSpec:
     """MuToR-1D registers d = 1..K+1 ahead: K draft offsets, and anchors at the last prefix token."""
-    return RegisterSpec("mutor-1d", d_min=1, d_max=K + 1)
+    return RegisterSpec1D(d_min=1, d_max=K + 1)
 
 
 OBJ_2D = make("objective", name="mutor-2d", d_max=5)                 # useful draft length 3
 OBJ_1D = make("objective", name="mutor-1d", d_min=1, d_max=4)        # useful draft length 3
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
+
+def decode_registers(m, prefix, grid, rules, generator, stats=None, *, spec, **mode):
+    return run_decoder(m, prefix, grid, rules, make("sample.decode", name="registers", **mode), spec, generator, stats)
+
+
+def decode_jacobi(m, prefix, grid, rules, generator, stats=None, *, window):
+    return run_decoder(m, prefix, grid, rules, make("sample.decode", name="jacobi", window=window), None, generator,
+                       stats)
+
+
+def register_drafter(spec, K, grid, **mode):
+    return RegisterDrafter(make("sample.decode", name="registers", draft=K, **mode), spec, grid, 1, "cpu")
+
+
+def decode_keeping_cache(m, prefix, grid, rules, drafter):
+    """The rounds of ``drafter`` on the GPT's step, its KV cache kept after (run_decoder clears it)."""
+    frame = Frame(grid, 1, regular_position_ids(grid, 1, grid[0] * grid[1] + 1 + drafter.K))
+    with torch.no_grad():
+        return decode(GPTStep(m.eval(), prefix, rules, frame, drafter.K), drafter, frame, rules)
 
 
 def tiny(V, C=2, prefix="class", rope="2d", register=True, std=0.6, seed=0, small=False, prompt_attention="causal",
@@ -104,7 +124,7 @@ EXACT_CASES = [  # id, decoder, option, grid, vocabulary, rules (register drafts
      Rules(cfg_scale=2.0, guided=True)),
     ("registers-nofill-temp", decode_registers, dict(draft=2, fill=False, spec=SPEC_2D), (2, 3), 3,
      Rules(temperature=1.2)),
-    ("registers-raster-edge-temp", decode_registers, dict(draft=2, spec=RegisterSpec("mutor-2d", d_max=4, edge="raster")),
+    ("registers-raster-edge-temp", decode_registers, dict(draft=2, spec=RegisterSpec2D(d_max=4, edge="raster")),
      (2, 3), 3, Rules(temperature=1.1)),
 ]
 S = 6000
@@ -143,8 +163,8 @@ def test_a_bidirectional_prompt_changes_the_distribution():
 
 def test_a_wrong_acceptance_rule_fails_the_exactness_test(monkeypatch):
     """Accepting every draft the target allows (q ignored) biases samples toward the drafter."""
-    right = speculation.verify
-    monkeypatch.setattr(speculation, "verify", lambda p, d, g: right(
+    right = verification.verify
+    monkeypatch.setattr(verification, "verify", lambda p, d, g: right(
         p, Drafts(d.tokens, torch.zeros_like(d.probs), d.valid), g))
     for case in EXACT_CASES[:2]:
         out, exact, _ = run_case(case)
@@ -174,15 +194,16 @@ def test_greedy_equals_plain_greedy(case, mode, option):
     assert stats["forwards"] >= 2 and stats["tokens_per_forward"] >= 1.0
 
 
-@pytest.mark.parametrize("decoder, option", [(decode_registers, dict(draft=2, spec=SPEC_2D)),
-                                             (decode_jacobi, dict(window=2))])
+@pytest.mark.parametrize("drafter", [register_drafter(SPEC_2D, 2, (4, 4)),
+                                     JacobiDrafter(make("sample.decode", name="jacobi", window=2))],
+                         ids=["registers", "jacobi"])
 @torch.no_grad()
-def test_kv_cache_after_speculative_equals_plain(decoder, option):
+def test_kv_cache_after_speculative_equals_plain(drafter):
     m, labels, grid = tiny(V=17, C=10, std=0.3), torch.tensor([1, 4, 6]), (4, 4)
     rules = Rules(temperature=0.0)
-    plain = decode_plain(m, labels, grid, rules, None)
+    plain = decode_keeping_cache(m, labels, grid, rules, Drafter())
     ref = [tuple(t.clone() for t in layer.attention.cache) for layer in m.layers]
-    fast = decoder(m, labels, grid, rules, None, None, **option)
+    fast = decode_keeping_cache(m, labels, grid, rules, drafter)
     assert torch.equal(fast, plain)
     T = 1 + 16 - 1                                   # prefix + x_0..x_{N-2}
     for layer, (k, v) in zip(m.layers, ref):
@@ -250,21 +271,21 @@ def test_fill_uses_jacobi_guesses_where_registers_leave_the_row():
 
 
 def test_same_start_rows_take_the_single_start_path():
-    from mutor2d.sampling.speculative import _shared
-    assert _shared(torch.tensor([3, 3]), lambda t: torch.cat([t, t])) == 3
-    assert _shared(torch.tensor([3, 4]), lambda t: torch.cat([t, t])).tolist() == [3, 4, 3, 4]
+    from mutor2d.sampling.decoding import shared_start
+    assert shared_start(torch.tensor([3, 3]), lambda t: torch.cat([t, t])) == 3
+    assert shared_start(torch.tensor([3, 4]), lambda t: torch.cat([t, t])).tolist() == [3, 4, 3, 4]
 
 
 def test_register_drafts_follow_the_training_rules():
     """Anchor t, offset (0, d): target x_{t+d} if it stays in the row; position id of regular
     input P-1+target; the register reads regular inputs 0..P+t."""
-    from mutor2d.sampling.speculative import RegisterDrafter
     grid, P, K = (3, 4), 2, 2
     table = regular_position_ids(grid, P, P + 12 + K)
-    drafter = RegisterDrafter(grid, P, SPEC_2D, K, table, Rules())
+    drafter = register_drafter(SPEC_2D, K, grid)
     cur = torch.tensor([1, 5])                      # rows with 1 and 5 tokens emitted
-    start = P + cur - 1
-    positions, limit = drafter.extras(start, cur)
+    start = P + cur - 1                             # the regular index of the round's first input
+    extras = drafter.extras(Frame(grid, P, table), cur)
+    positions, limit = extras.positions, start[:, None] + extras.reads
     assert positions.shape == (2, (K + 1) * K, 2) and limit.shape == (2, (K + 1) * K)
     for b in range(2):
         for j in range(K + 1):                      # regular input j of the round: anchor t
@@ -273,7 +294,7 @@ def test_register_drafts_follow_the_training_rules():
                 e = j * K + i
                 assert int(limit[b, e]) == P + t
                 valid = (t % 4) + d < 4
-                assert bool(drafter.valid[b, j, i]) == valid
+                assert bool(extras.valid[b, j, i]) == valid
                 if valid:
                     assert positions[b, e].tolist() == table[P - 1 + t + d].tolist()
 
@@ -281,19 +302,17 @@ def test_register_drafts_follow_the_training_rules():
 def test_register_drafts_follow_the_objectives_edge_rule_and_anchors():
     """A raster-edge objective drafts across row ends (its registers trained so); 1D offsets also
     anchor at the last prefix token, 2D offsets do not; K beyond the spec's draft offsets is refused."""
-    from mutor2d.sampling.speculative import RegisterDrafter
     grid, P, K = (3, 4), 1, 2
-    table = regular_position_ids(grid, P, P + 12 + K)
-    start, cur = torch.tensor([P + 2]), torch.tensor([3])          # anchors t = 2, 3, 4: row ends at t = 3
+    frame = Frame(grid, P, regular_position_ids(grid, P, P + 12 + K))
+    cur = torch.tensor([3])                                        # anchors t = 2, 3, 4: row ends at t = 3
     valid = {}
     for edge in ("geometric", "raster"):
-        drafter = RegisterDrafter(grid, P, RegisterSpec("mutor-2d", d_max=4, edge=edge), K, table, Rules())
-        drafter.extras(start, cur)
-        valid[edge] = drafter.valid[0].tolist()
+        drafter = register_drafter(RegisterSpec2D(d_max=4, edge=edge), K, grid)
+        valid[edge] = drafter.extras(frame, cur).valid[0].tolist()
     assert valid["geometric"] == [[False, False], [False, False], [True, True]]
     assert valid["raster"] == [[True, True], [True, True], [True, True]]
-    one_d = RegisterDrafter((1, 8), P, spec_1d(K), K, regular_position_ids((1, 8), P, P + 8 + K), Rules())
-    assert one_d.first_extras(1, "cpu")[0] is not None
-    assert RegisterDrafter(grid, P, SPEC_2D, K, table, Rules()).first_extras(1, "cpu") == (None, None)
+    line = Frame((1, 8), P, regular_position_ids((1, 8), P, P + 8 + K))
+    assert register_drafter(spec_1d(K), K, (1, 8)).prefix_extras(line, 1) is not None
+    assert register_drafter(SPEC_2D, K, grid).prefix_extras(frame, 1) is None
     with pytest.raises(ValueError, match="draft at most 2"):
-        RegisterDrafter(grid, P, SPEC_2D, 3, table, Rules())
+        register_drafter(SPEC_2D, 3, grid)

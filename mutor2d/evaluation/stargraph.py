@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..data.stargraph import StarGraphs
-from ..register_spec import RegisterSpec
+from ..register_spec import RegisterSpec, RegisterSpec1D
 from ..registers import make_layout
 from ..sampling.decoding import generate
 
@@ -43,7 +43,7 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
         prompt = dataset.prompts[s:s + batch_size].to(device)
         B = body.shape[0]
         for d in offsets if model.has_register_token else [None]:
-            spec = RegisterSpec("mutor-1d", d_min=d, d_max=d) if d is not None else RegisterSpec("ntp")
+            spec = RegisterSpec1D(d_min=d, d_max=d) if d is not None else RegisterSpec()
             lay = make_layout(B, dataset.grid, P, spec, device=device)
             T, R = lay.num_regular, lay.num_registers
             logits = model(body[:, : N - 1], lay.position_ids, prompt, R, lay.visibility)

@@ -8,7 +8,7 @@ text, ``check``), accuracy (answer extraction and exact-match scoring, pure Pyth
 packing (a batch in the canonical frame the objectives read, and its physical sequence), model
 (MutorLM: the transformers model, register embedding and extra heads; FramedLM: the objectives'
 model interface on one batch; no loss code), hf (load / LoRA / save / generate), speculative (exact
-register-drafted decoding on the speculative rule the image decoder shares, mutor2d.sampling.speculation),
+plain or register-drafted decoding by the image decoder's round loop, mutor2d.sampling.rounds),
 drafter (a run's register embedding and draft offsets; what ``--decode`` means for a run), rows (when a
 decoded row ends: EOS, stop strings, the length limit), extrapolation (NLL per answer
 position of a run on longer held-out answers, its trained limits marked), run (the engine's parts for LM runs: the

@@ -1,8 +1,8 @@
-"""The drafter of register decoding for language models (``mutor2d.lm.speculative``): a MuToR-1D
-checkpoint's register embedding and the draft offsets its objective trained, where they come from
-(a saved folder, a model being trained), and the text wing's ``--decode`` choice.
+"""What register decoding of a language model drafts with (``mutor2d.lm.speculative``): a MuToR-1D
+checkpoint's register embedding and the RegisterSpec its objective trained (resolved once, where
+they come from: a saved folder, a model being trained), and the text wing's ``--decode`` choice.
 
-    regs = load_registers("runs/lm_tiny_arith")            # register_embedding + config.yaml's d_max
+    regs = load_registers("runs/lm_tiny_arith")            # register_embedding + config.yaml's objective
 """
 from __future__ import annotations
 
@@ -14,29 +14,31 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from ..config import make
+from ..register_spec import RegisterSpec
 from ..sampling.auto import can_draft as objective_drafts
-from ..sampling.config import useful_draft
+from ..sampling.config import checkpoint_spec, useful_draft
 from ..sampling.stats import DecodeStats
 from .model import REGISTER_FILE
 
 
 @dataclass(frozen=True)
 class Registers:
-    """A MuToR-1D checkpoint's drafter: ``embedding`` (D,) the trained register embedding and
-    ``offsets`` the distances d = 2..K+1 its registers draft (K = ``draft``)."""
+    """A MuToR-1D checkpoint's registers at decoding: ``embedding`` (D,), the ``spec`` its objective
+    trained, ``draft`` K drafts per round (at most the spec's useful draft length)."""
     embedding: Tensor
-    offsets: tuple[int, ...]
+    spec: RegisterSpec
+    draft: int
 
     @property
-    def draft(self) -> int:
-        return len(self.offsets)
+    def offsets(self) -> tuple[int, ...]:
+        """The distances d = 2..K+1 the registers draft."""
+        return tuple(d for _, d in self.spec.draft_offsets()[:self.draft])
 
 
-def draft_distances(objective, draft: int | None = None, key: str = "draft") -> tuple[int, ...]:
-    """The first ``draft`` (default: all useful, d_max - 1) offsets d >= 2 of an objective config
-    section; a one-line ConfigError when it cannot draft or ``draft`` is too long."""
-    K = useful_draft(objective, draft, key, "decode")
-    return tuple(d for _, d in objective.register_spec().draft_offsets()[:K])
+def registers_of(embedding: Tensor, objective, draft: int | None = None) -> Registers:
+    """The Registers of an objective config section trained with ``embedding`` (``draft`` default: all
+    useful, d_max - 1); a one-line ConfigError when it cannot draft or ``draft`` is too long."""
+    return Registers(embedding, checkpoint_spec(objective), useful_draft(objective, draft, "draft", "decode"))
 
 
 def run_objective(folder: str | Path):
@@ -60,19 +62,17 @@ def load_registers(folder: str | Path, draft: int | None = None, objective=None)
     if objective is None:
         raise ValueError(f"{folder}: no config.yaml naming the objective (its d_max sets the draft length)")
     embedding = load_file(str(folder / REGISTER_FILE))["register_embedding"]
-    return Registers(embedding, draft_distances(objective, draft))
-
-
-def folder_drafts(folder: str | Path) -> bool:
-    """Whether a saved folder has a register embedding whose objective drafts."""
-    objective = run_objective(folder) if (Path(folder) / REGISTER_FILE).is_file() else None
-    return objective is not None and objective_drafts(objective)
+    return registers_of(embedding, objective, draft)
 
 
 def folder_mode(decode: str, folder: str | Path) -> str:
     """The mode a saved folder decodes with under ``--decode`` (a text mode of ``decode_modes``):
-    ``auto`` is registers when the folder can draft, else plain (``AutoDecode``)."""
-    return ("registers" if folder_drafts(folder) else "plain") if decode == "auto" else decode
+    ``auto`` is registers when the folder has a register embedding whose objective drafts, else plain
+    (``AutoDecode``)."""
+    if decode != "auto":
+        return decode
+    objective = run_objective(folder) if (Path(folder) / REGISTER_FILE).is_file() else None
+    return "registers" if objective is not None and objective_drafts(objective) else "plain"
 
 
 def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None]:
@@ -82,12 +82,14 @@ def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None
     mode = ("registers" if drafts else "plain") if decode == "auto" else decode
     if mode != "registers":
         return mode, None
-    offsets = draft_distances(objective)                     # no registers: a one-line ConfigError
-    return mode, Registers(model.register_embedding.detach(), offsets)
+    useful_draft(objective, None, "draft", "decode")          # no registers: a one-line ConfigError, first
+    return mode, registers_of(model.register_embedding.detach(), objective)
 
 
 def record_fields(mode: str, registers: Registers | None, stats: DecodeStats) -> dict:
     """An evaluation record's decoding settings (its ``sampling``): decode, decode_options, decode_stats
-    (forwards_per_token among them; 1.0 for plain)."""
+    (forwards_per_token among them; 1.0 for plain; without the register_ counts, which on text are
+    all the counts: every text draft is a register's)."""
     options = {"draft": registers.draft, "offsets": list(registers.offsets)} if registers is not None else {}
-    return {"decode": mode, "decode_options": options, "decode_stats": stats.summary()}
+    summary = {k: v for k, v in stats.summary().items() if not k.startswith("register_")}
+    return {"decode": mode, "decode_options": options, "decode_stats": summary}

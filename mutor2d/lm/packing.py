@@ -45,10 +45,11 @@ class LMBatch:
 
 def line_width(spec: RegisterSpec, longest: int) -> int:
     """The narrowest line (1, width), width >= ``longest`` (the longest answer), that ``spec`` accepts
-    (RegisterSpec.check: d_min columns, and for sparse placement num_registers anchors, counted by
-    registers.num_anchors). Columns past an answer's length are padding, masked by ``lengths``."""
-    width = max(longest, spec.d_min if spec.uses_registers else 0)
-    if spec.uses_registers and spec.placement == "sparse":
+    (RegisterSpec.check_layout: d_min columns for 1D offsets, and for sparse placement num_registers
+    anchors, counted by register_spec.num_anchors). Columns past an answer's length are padding, masked
+    by ``lengths``."""
+    width = max(longest, getattr(spec, "d_min", 0))
+    if spec.uses_registers() and spec.placement == "sparse":
         width += max(0, spec.num_registers - num_anchors(spec.kind, (1, width)))
     return width
 

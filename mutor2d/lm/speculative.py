@@ -1,114 +1,36 @@
-"""Registers at inference for language models: exact speculative decoding of a fine-tuned Hugging Face
-causal LM, its MuToR-1D register embedding (``drafter.Registers``) as the drafter.
+"""Decoding a Hugging Face causal LM by the image decoder's round loop (mutor2d.sampling.rounds): plain
+(K = 0) or exact speculative decoding with a MuToR-1D checkpoint's registers as the drafter
+(``sampling.drafters.RegisterDrafter``; the embedding: ``drafter.Registers``); docs/METHOD.md, section 9.
 
-One round, per row (x_{n-1} the last emitted token, not yet in the KV cache, at position id s):
-  regular inputs [x_{n-1}, d_n, ..., d_{n+K-1}] (K drafts) at position ids s .. s+K; after each
-  regular input j (anchor x_t at position id s+j) K registers: the saved register embedding at
-  position ids s+j + d - 1 for the trained offsets d = 2..K+1 (``RegisterSpec.draft_offsets``),
-  seeing the prompt, x_0..x_t and themselves; nobody sees a register (``attention.Visibility``, the
-  training rule), so register (j, d) predicts x_{t+d}. Regular output j is the target distribution
-  p_j of token n+j. The drafts are verified by the speculative rule the image decoder runs too
-  (``mutor2d.sampling.speculation``: sampled and greedy), so every token follows plain sampling's
-  distribution and greedy decoding gives plain greedy's tokens. The next round's drafts (and their
-  q) are the registers of the last kept input, so one forward verifies and drafts. The prefill
-  drafts x_1..x_K from registers anchored at the last prompt token (MuToR-1D's anchor t = -1). Any
-  register embedding is exact (an untrained one only drafts badly); K (``draft``) defaults to the
-  checkpoint's useful draft length d_max - 1 and may not exceed it. Without registers the same loop
-  decodes plainly, one token per forward.
-KV cache: after each forward it is cropped back to the regular inputs (register keys and values
-never stay); a draft rejected in one row but kept in another of the batch leaves a hole in the
-first row, masked for good (batch 1: the cache is exactly plain decoding's). Rows are left-padded
-prompts with Hugging Face's positions (mask cumsum - 1); they advance at their own pace and leave
-the batch when done (EOS, a stop string, ``max_new_tokens``: ``rows.Rows``); with ``synced`` (FSDP2)
-they stay, ignored, until every process is done. The attention mask is a 4D additive one (sliding
-windows applied from position ids as in training), so ``sdpa`` or ``eager`` attention, not flex.
+A text batch's frame (``HFStep.frame``): left-padded prompts at Hugging Face's positions (mask cumsum
+- 1), then the new tokens on a line (1, max_new_tokens) from position prompt_len on; drafts past the
+model's positions are absent. After each forward the KV cache keeps the regular inputs some row kept
+(never registers); a draft one row rejected and another kept is a masked hole in the first (batch 1:
+the cache is exactly plain decoding's). Rows end at EOS, a stop string or ``max_new_tokens``
+(``rows.Rows``) and leave the batch (``TextEnds``; ``synced``, FSDP2: they stay until every process is
+done). The 4D additive mask applies sliding windows from position ids: ``sdpa`` or ``eager``, not flex.
 
     ids = generate_ids(model, input_ids, attention_mask, 40, registers=load_registers(run), eos=[eos])
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from ..model.attention import NEVER, Visibility, open_prefix
-from ..sampling import speculation
+from ..config import make
+from ..model.attention import NEVER, open_prefix
+from ..model.extras import register_visibility
+from ..register_spec import NO_REGISTERS
+from ..registry import build
+from ..sampling.rounds import Ends, Extras, Frame, decode
 from ..sampling.rules import SamplingRules
-from ..sampling.speculation import Drafts, emitted, pick, reached
 from ..sampling.stats import DecodeStats
 from .drafter import Registers
 from .model import PROMPT_ATTR, attention_mask, base_model, cache_kwarg, lm_logits, position_limit
 from .rows import Rows
 
 GREEDY = SamplingRules(temperature=0.0)
-
-
-# ----------------------------------------------------------------------------- one forward
-
-class CausalStep:
-    """A transformers causal LM as embed -> decoder with a KV cache -> logits (inside a peft
-    wrapper, its adapted base model), taking the training forward's inputs (mutor2d.lm.model)."""
-
-    def __init__(self, lm):
-        self.base = base_model(lm)
-        self.config = self.base.config
-        attn = getattr(self.config, "_attn_implementation", None)
-        if attn == "flex_attention":
-            raise ValueError("attn_implementation='flex_attention': register decoding takes a 4D mask; "
-                             "load the model with sdpa or eager")
-        self.decoder, self.embed = self.base.get_decoder(), self.base.get_input_embeddings()
-        self.cache_arg = cache_kwarg(self.decoder)
-        self.device = self.embed.weight.device
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        """hidden (..., D) -> logits (..., V) (Gemma 2's soft-capping included)."""
-        return lm_logits(self.base, hidden)
-
-    def __call__(self, cache, keys: "CacheKeys", ids: Tensor, pos: Tensor, real: Tensor,
-                 register: Tensor | None = None, reg_pos: Tensor | None = None,
-                 reg_anchor: Tensor | None = None, open_prefix_len: int = 0) -> Tensor:
-        """R regular inputs ids / pos / real (b, R) after the cached keys, then E registers (embedding
-        ``register`` (D,) at reg_pos (b, E), each seeing the cache and regular inputs 0..reg_anchor
-        (b, E) and itself) -> last hidden states (b, R + E, D). The cache receives all R + E keys.
-        ``open_prefix_len``: the prefill of a model with bidirectional prompts (attention.open_prefix)."""
-        embeds = self.embed(ids)
-        b, R = ids.shape
-        E = 0 if reg_pos is None else reg_pos.shape[1]
-        L = keys.ok.shape[1]
-        j = torch.arange(R, device=ids.device).expand(b, R)
-        rank = [torch.where(keys.ok, 0, NEVER), torch.where(real, L + j, NEVER)]
-        limit = [torch.where(real, L + j, -1)]
-        positions = [pos]
-        if E:
-            embeds = torch.cat([embeds, register.to(embeds.dtype).expand(b, E, -1)], 1)
-            rank.append(torch.full((b, E), NEVER, device=ids.device))
-            limit.append(L + reg_anchor)
-            positions.append(reg_pos)
-        own = (L + torch.arange(R + E, device=ids.device)).expand(b, R + E)
-        vis = Visibility(torch.cat(rank, 1), torch.cat(limit, 1), own_key=own)
-        if open_prefix_len > 1:
-            vis = open_prefix(vis, L + open_prefix_len)
-        q_pos = torch.cat(positions, 1)
-        mask = attention_mask(self.config, vis, q_pos, embeds.dtype, key_pos=torch.cat([keys.pos, q_pos], 1))
-        out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=q_pos, use_cache=True,
-                           **{self.cache_arg: cache})
-        return out[0]
-
-
-@dataclass
-class CacheKeys:
-    """What each cached slot is: ok (b, L) bool (a real token, not padding or a hole), pos (b, L) its
-    position id."""
-    ok: Tensor
-    pos: Tensor
-
-    def extend(self, ok: Tensor, pos: Tensor) -> "CacheKeys":
-        return CacheKeys(torch.cat([self.ok, ok], 1), torch.cat([self.pos, pos], 1))
-
-    def select(self, index: Tensor) -> "CacheKeys":
-        return CacheKeys(self.ok[index], self.pos[index])
 
 
 def new_cache():
@@ -118,118 +40,115 @@ def new_cache():
     return DynamicCache()
 
 
-# ----------------------------------------------------------------------------- the rounds
+class HFStep:
+    """A transformers causal LM (in a peft wrapper, its adapted base model) over left-padded prompts
+    ``input_ids`` / ``attention_mask`` (B, P) being decoded (``rounds.Step``): outputs are last hidden
+    states (``logits``: Gemma 2's soft-capping included); ``register`` (D,): the registers' embedding;
+    ``bidirectional``: the prefill opens the prompt to itself. Cached slot l is ``ok`` (b, L) (a real
+    token, not padding or a hole) at position id ``key_pos`` (b, L)."""
 
-def _any(alive: bool, synced: bool, device) -> bool:
-    """Whether any row decodes (on any process when ``synced``)."""
-    if not synced:
-        return alive
-    flag = torch.tensor([int(alive)], device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    def __init__(self, lm, input_ids: Tensor, attention_mask: Tensor, register: Tensor | None = None,
+                 bidirectional: bool = False):
+        self.base = base_model(lm)
+        self.config = self.base.config
+        if getattr(self.config, "_attn_implementation", None) == "flex_attention":
+            raise ValueError("attn_implementation='flex_attention': register decoding takes a 4D mask; "
+                             "load the model with sdpa or eager")
+        self.decoder, self.embed = self.base.get_decoder(), self.base.get_input_embeddings()
+        self.cache_arg, self.device = cache_kwarg(self.decoder), self.embed.weight.device
+        self.ids, self.real = input_ids.to(self.device), attention_mask.to(self.device).bool()
+        self.batch, self.P = self.ids.shape
+        self.pos = (self.real.long().cumsum(1) - 1).masked_fill(~self.real, 1)   # Hugging Face's left-padded positions
+        self.register = None if register is None else register.to(self.device)
+        self.open = self.P if bidirectional else 0
+        self.cache, self.ok, self.key_pos = new_cache(), self.real[:, :0], self.pos[:, :0]
 
+    def prefill(self, extras: Extras | None) -> Tensor:
+        """The prompts (the cache keeps them all, not the registers) -> hidden states (B, P + E, D)."""
+        hidden = self._run(self.ids, self.pos, self.real, extras, self.open)
+        self._crop(hidden.shape[1] - self.P)
+        self._keep(self.real, self.pos)
+        return hidden
 
-class Decoding:
-    """One batch being decoded (module doc): ``cache`` and ``keys`` (CacheKeys) of the rows still in it,
-    ``rows`` (b,) their indices in the batch, ``token`` (b,) their last emitted token x_{n-1} (not
-    cached), ``last_pos`` (b,) the position id of their last cached token, ``n`` (b,) tokens emitted,
-    ``drafts`` the next round's (K = 0 without registers), ``state`` the host-side Rows."""
+    def forward(self, tokens: Tensor, index, positions: Tensor, extras: Extras | None) -> Tensor:
+        self.new = positions[..., 1]                    # the regular inputs' position ids, for ``commit``
+        hidden = self._run(tokens, self.new, torch.ones_like(tokens, dtype=torch.bool), extras)
+        self.added = hidden.shape[1]                    # the slots this forward put into the cache
+        return hidden
 
-    def __init__(self, lm, registers: Registers | None, rules: SamplingRules, state: Rows, generator=None,
-                 stats: DecodeStats | None = None, synced: bool = False, prompt_attention: str = "causal"):
-        self.step, self.rules, self.state, self.generator, self.synced = CausalStep(lm), rules, state, generator, synced
-        self.bidirectional = prompt_attention == "bidirectional"
-        self.stats = stats if stats is not None else DecodeStats()
-        dev = self.dev = self.step.device
-        self.K = registers.draft if registers is not None else 0
-        self.offsets = torch.tensor(registers.offsets if self.K else [], dtype=torch.long, device=dev)
-        self.register = registers.embedding.to(dev) if self.K else None
-        self.limit = position_limit(self.step.config) or 1 << 30
-        self.cache = new_cache()
+    def logits(self, hidden: Tensor) -> Tensor:
+        return lm_logits(self.base, hidden)
 
-    def _register_pos(self, anchor_pos: Tensor) -> Tensor:
-        """Anchor position ids (b, A) -> their registers' (b, A*K): anchor + d - 1, anchor-major."""
-        return (anchor_pos[:, :, None] + self.offsets - 1).flatten(1).clamp(max=self.limit - 1)
-
-    def _new_drafts(self, hidden: Tensor) -> None:
-        """Register hidden states (b, K, D) of the last kept input -> the next round's drafts, slots
-        within max_new_tokens and the model's positions."""
-        i = torch.arange(self.K, device=self.dev)
-        valid = ((self.n[:, None] + i) < self.state.max_new) & ((self.last_pos[:, None] + 2 + i) < self.limit)
-        q = self.rules.probs(self.step.logits(hidden))
-        self.drafts = Drafts.drawn(q, valid, self.rules.greedy, self.generator)
-
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> None:
-        """The prompts (B, P), left-padded: x_0 from the last prompt token, drafts x_1..x_K from the
-        registers anchored there."""
-        input_ids, real = input_ids.to(self.dev), attention_mask.to(self.dev).bool()
-        B, P, K = *input_ids.shape, self.K
-        pos = (real.long().cumsum(1) - 1).masked_fill(~real, 1)      # Hugging Face's left-padded positions
-        self.keys, self.last_pos = CacheKeys(real[:, :0], pos[:, :0]), pos[:, -1]
-        self.rows, self.n = torch.arange(B, device=self.dev), torch.ones(B, dtype=torch.long, device=self.dev)
-        hidden = self.step(self.cache, self.keys, input_ids, pos, real, self.register,
-                           self._register_pos(self.last_pos[:, None]) if K else None,
-                           torch.full((B, K), P - 1, device=self.dev), P if self.bidirectional else 0)
-        _drop(self.cache, K)
-        self.keys = self.keys.extend(real, pos)
-        logits = self.step.logits(hidden[:, P - 1])
-        self.token = pick(self.rules.probs(logits), self.rules.greedy, self.generator)
-        self.stats.add_plain(B, 0, 1, B)
-        for b, t in enumerate(self.token.tolist()):
-            self.state.emit(b, [t])
-        if K:
-            self._new_drafts(hidden[:, P:])
-        else:
-            self.drafts = Drafts.none(B, 0, logits.shape[-1], self.rules.greedy, self.dev)
-
-    def alive(self) -> Tensor:
-        """(b,) bool: which rows still decode."""
-        return torch.tensor([not self.state.done[r] for r in self.rows.tolist()], dtype=torch.bool, device=self.dev)
-
-    def keep(self, index: Tensor) -> None:
-        """Keep only the rows ``index`` (b',) in the batch (cache included)."""
-        self.cache.batch_select_indices(index)
-        self.keys = self.keys.select(index)
-        self.rows, self.token, self.last_pos, self.n = (t[index] for t in
-                                                        (self.rows, self.token, self.last_pos, self.n))
-        self.drafts = self.drafts.select(index)
-
-    def round(self, alive: Tensor) -> None:
-        """One forward: verify the drafts after x_{n-1}, emit the kept tokens and the next one, draft
-        again from the registers of the last kept input; then the cache keeps the kept inputs only."""
-        b, K, dev = self.rows.shape[0], self.K, self.dev
-        j = torch.arange(K + 1, device=dev)
-        ids = torch.cat([self.token[:, None], self.drafts.tokens], 1)
-        in_pos = self.last_pos[:, None] + 1 + j                               # x_{n-1}, then the drafts
-        hidden = self.step(self.cache, self.keys, ids, in_pos.clamp(max=self.limit - 1),
-                           torch.ones_like(ids, dtype=torch.bool), self.register,
-                           self._register_pos(in_pos) if K else None, j.repeat_interleave(K).expand(b, -1))
-        p = self.rules.probs(self.step.logits(hidden[:, :K + 1]))
-        kept, token, lead = speculation.verify(p, self.drafts, self.generator)
+    def commit(self, kept: Tensor, active: Tensor) -> None:
+        """Crop the cache to the regular inputs some row kept; ``ok`` marks which each row keeps."""
         furthest = int(kept.max())
-        _drop(self.cache, K * (K + 1) + K - furthest)                   # the registers, drafts no row kept
-        self.keys = self.keys.extend((j[:furthest + 1] <= kept[:, None]) & alive[:, None], in_pos[:, :furthest + 1])
-        self.stats.add_round(alive, reached(lead, self.drafts.valid), lead)
-        tokens = emitted(self.drafts.tokens, kept, token)
-        for r, toks, k, on in zip(self.rows.tolist(), tokens.tolist(), kept.tolist(), alive.tolist()):
-            if on:
-                self.state.emit(r, toks[:k + 1])
-        self.token, self.n, self.last_pos = token, self.n + kept + 1, self.last_pos + kept + 1
-        if K:
-            group = hidden[:, K + 1:].unflatten(1, (K + 1, K))[torch.arange(b, device=dev), kept]   # (b, K, D)
-            self._new_drafts(group)
+        self._crop(self.added - furthest - 1)
+        j = torch.arange(furthest + 1, device=kept.device)
+        self._keep((j <= kept[:, None]) & active[:, None], self.new[:, :furthest + 1])
 
-    def run(self) -> None:
-        """Rounds until every row is done (on every process when synced); done rows leave the batch
-        unless synced."""
-        while True:
-            alive = self.alive()
-            if not _any(bool(alive.any()), self.synced, self.dev):
-                return
-            if not self.synced and not bool(alive.all()):
-                self.keep(alive.nonzero()[:, 0])
-                alive = alive[alive]
-            self.round(alive)
+    def _crop(self, n: int) -> None:
+        """Remove the last ``n`` slots of every layer of the cache."""
+        if n:
+            self.cache.crop(-n)
+
+    def _keep(self, ok: Tensor, pos: Tensor) -> None:
+        self.ok, self.key_pos = torch.cat([self.ok, ok], 1), torch.cat([self.key_pos, pos], 1)
+
+    def frame(self, max_new_tokens: int, K: int) -> Frame:
+        """Where the batch's tokens sit (module doc): each row's prompt positions, then new token t at
+        prompt_len + t, clamped to the model's positions; ``room``: the new tokens within them."""
+        limit, length = position_limit(self.config) or 1 << 30, self.real.sum(1)
+        new = (length[:, None] + torch.arange(max_new_tokens + K, device=self.device)).clamp(max=limit - 1)
+        line = torch.cat([self.pos, new], 1)
+        return Frame((1, max_new_tokens), self.P, torch.stack([torch.zeros_like(line), line], -1), limit - length)
+
+    def select(self, index: Tensor) -> None:
+        self.cache.batch_select_indices(index)
+        self.ok, self.key_pos = self.ok[index], self.key_pos[index]
+
+    def _run(self, ids: Tensor, pos: Tensor, real: Tensor, extras: Extras | None, open_prefix_len: int = 0) -> Tensor:
+        """R regular inputs ids / pos / real (b, R) after the cached keys, then the registers of ``extras``
+        -> last hidden states (b, R + E, D); the cache receives all R + E keys."""
+        embeds, (b, R), L = self.embed(ids), ids.shape, self.ok.shape[1]
+        j = L + torch.arange(R, device=ids.device).expand(b, R)
+        rank = torch.cat([torch.where(self.ok, 0, NEVER), torch.where(real, j, NEVER)], 1)
+        reads, positions = torch.zeros(b, 0, dtype=torch.long, device=ids.device), [pos]
+        if extras is not None:
+            E = extras.reads.shape[1]
+            embeds = torch.cat([embeds, self.register.to(embeds.dtype).expand(b, E, -1)], 1)
+            reads, positions = L + extras.reads, [pos, extras.positions[..., 1]]
+        own = (L + torch.arange(R + reads.shape[1], device=ids.device)).expand(b, -1)
+        vis = register_visibility(rank, torch.where(real, j, -1), reads, own)
+        if open_prefix_len > 1:
+            vis = open_prefix(vis, L + open_prefix_len)
+        q_pos = torch.cat(positions, 1)
+        mask = attention_mask(self.config, vis, q_pos, embeds.dtype, key_pos=torch.cat([self.key_pos, q_pos], 1))
+        out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=q_pos, use_cache=True,
+                           **{self.cache_arg: self.cache})
+        return out[0]
+
+
+class TextEnds(Ends):
+    """Rows end where ``state`` (rows.Rows, on the host) says: EOS, a stop string, ``max_new_tokens``.
+    Done rows leave the batch, unless ``synced``: then they stay until every process is done."""
+
+    def __init__(self, state: Rows, K: int, synced: bool = False):
+        super().__init__(state.max_new, K)
+        self.state, self.synced, self.leaves = state, synced, not synced
+
+    def emit(self, rows, tokens, count, n):
+        for r, toks, c in zip(rows.tolist(), tokens.tolist(), count.tolist()):
+            if c:
+                self.state.emit(r, toks[:c])
+        return torch.tensor([not self.state.done[r] for r in rows.tolist()], dtype=torch.bool, device=rows.device)
+
+    def more(self, active, rounds):
+        """Whether any row decodes (on any process when synced)."""
+        if not self.synced:
+            return bool(active.any())
+        flag = active.any().long()[None]
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 @torch.no_grad()
@@ -246,19 +165,16 @@ def generate_ids(lm, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: 
     t0 = time.perf_counter()
     prompts = [row[keep.bool()].tolist() for row, keep in zip(input_ids, attention_mask)] if raw_stop else None
     state = Rows(input_ids.shape[0], max_new_tokens, eos, stop, tokenizer, prompts, raw_stop)
-    rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
-    decoding = Decoding(lm, registers, rules, state, generator, stats, synced, rule)
-    decoding.prefill(input_ids, attention_mask)
-    decoding.run()
-    decoding.stats.tokens += sum(len(o) for o in state.out)
-    decoding.stats.seconds += time.perf_counter() - t0
+    bidirectional = (prompt_attention or getattr(lm, PROMPT_ATTR, "causal")) == "bidirectional"
+    step = HFStep(lm, input_ids, attention_mask, None if registers is None else registers.embedding, bidirectional)
+    mode = make("sample.decode", name="registers", draft=registers.draft) if registers else make("sample.decode")
+    drafter = build(mode, registers.spec if registers else NO_REGISTERS, (1, max_new_tokens), step.batch, step.device)
+    stats = stats if stats is not None else DecodeStats()
+    decode(step, drafter, step.frame(max_new_tokens, drafter.K), rules, generator, stats,
+           TextEnds(state, drafter.K, synced))
+    stats.tokens += sum(len(o) for o in state.out)
+    stats.seconds += time.perf_counter() - t0
     return state.out
-
-
-def _drop(cache, n: int) -> None:
-    """Remove the last ``n`` slots of every layer of the cache (none for n = 0)."""
-    if n:
-        cache.crop(-n)
 
 
 def eos_ids(lm) -> list[int]:

@@ -1,6 +1,6 @@
-"""The decode cache's steps: which cache entries a cached decode step (GPT.decode) writes and reads,
-and the visibility rule of its extra (register) tokens, which read the cache but are never written
-to it."""
+"""The decode cache's steps: which cache entries a cached decode step (GPT.decode) writes and reads;
+its extra (register) tokens read the cache under the training rule (extras.register_visibility) and
+are never written to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import NEVER, Visibility
+from .attention import Visibility
+from .extras import register_visibility
 
 
 @dataclass
@@ -43,8 +44,6 @@ def extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, 
     limit = torch.zeros(B, 0, dtype=torch.long, device=device) if extra_limit is None else extra_limit
     E = limit.shape[1]
     regular = start[:, None] + torch.arange(R, device=device)                   # (B, R)
-    key_rank = torch.cat([torch.arange(end, device=device).expand(B, end),
-                          torch.full((B, E), NEVER, device=device)], dim=1)
     own = torch.cat([regular, (end + torch.arange(E, device=device)).expand(B, E)], dim=1)
-    vis = Visibility(key_rank, torch.cat([regular, limit], dim=1), R, own_key=own)
+    vis = register_visibility(torch.arange(end, device=device).expand(B, end), regular, limit, own, R)
     return CacheStep(start, R, end, vis)

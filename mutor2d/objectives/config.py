@@ -10,7 +10,7 @@ from typing import Literal
 
 from ..checks import ConfigError, at_least, fraction
 from ..config import Variant, register_variant
-from ..register_spec import MAX_D_1D, MAX_D_2D, LayoutError, RegisterSpec
+from ..register_spec import MAX_D_1D, MAX_D_2D, NO_REGISTERS, RegisterSpec, RegisterSpec1D, RegisterSpec2D
 
 
 class ObjectiveConfig(Variant):
@@ -24,7 +24,7 @@ class ObjectiveConfig(Variant):
 
     def register_spec(self) -> RegisterSpec:
         """The register rules of this objective (offsets, anchors, grid fit, draft length)."""
-        return RegisterSpec("ntp")
+        return NO_REGISTERS
 
     def uses_registers(self) -> bool:
         """Whether the model needs its register embedding."""
@@ -41,11 +41,8 @@ class ObjectiveConfig(Variant):
         return {}
 
     def check_line(self) -> None:
-        """Raise ConfigError if this objective cannot train on lines 1 x N of any N (text)."""
-        try:
-            self.register_spec().check_height(1, f"objective {self.name!r}", "a 1 x N line (text)")
-        except LayoutError as e:
-            raise ConfigError(str(e)) from None
+        """Raise a LayoutError (a ConfigError) if this objective cannot train on lines 1 x N of any N (text)."""
+        self.register_spec().check_height(1, f"objective {self.name!r}", "a 1 x N line (text)")
 
     def describe(self) -> str:
         """Short text of the settings that tell runs of this objective apart (leaderboard rows, plot
@@ -53,13 +50,10 @@ class ObjectiveConfig(Variant):
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
     def check_grid(self, grid: tuple[int, int], prefix_len: int) -> None:
-        try:
-            self.register_spec().check(grid, prefix_len)
-        except LayoutError as e:
-            raise ConfigError(str(e)) from None
+        self.register_spec().check_layout(grid, prefix_len)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AuxTermConfig(ObjectiveConfig):
     """Fields of the objectives with an auxiliary term beside next-token prediction (the registers'
     or the extra heads'): its weight a and a's schedule, and what the term learns.
@@ -77,9 +71,21 @@ class AuxTermConfig(ObjectiveConfig):
     reg_distill_mix: float = 1.0
 
     def check(self) -> None:
-        check_register_fields(self)
-        check_weight_schedule(self)
-        check_reg_target(self)
+        """a, a's final value and reg_distill_mix in [0, 1]; the schedule's fields only with a linear or
+        cosine schedule, the mix only with self_distill; sparse placement has a register."""
+        fraction("objective.reg_weight", self.reg_weight)
+        if getattr(self, "placement", "dense") == "sparse":
+            at_least("objective.num_registers", self.num_registers, 1)
+        fraction("objective.reg_weight_final", self.reg_weight_final)
+        at_least("objective.reg_weight_steps", self.reg_weight_steps, 0)
+        for key, default in (("reg_weight_final", 0.0), ("reg_weight_steps", 0)):
+            if self.reg_weight_schedule == "constant" and getattr(self, key) != default:
+                raise ConfigError(f"objective.{key}={getattr(self, key)}: only with objective.reg_weight_schedule "
+                                  f"linear or cosine (it is constant)")
+        fraction("objective.reg_distill_mix", self.reg_distill_mix)
+        if self.reg_target == "token" and self.reg_distill_mix != 1.0:
+            raise ConfigError(f"objective.reg_distill_mix={self.reg_distill_mix}: only with objective.reg_target "
+                              f"self_distill (it is token)")
 
     def weight_schedule(self) -> WeightSchedule | None:
         """The schedule of a; None for constant (no step hook: the paper's rule)."""
@@ -97,13 +103,6 @@ class AuxTermConfig(ObjectiveConfig):
         return [a, "self_distill" + ("" if self.reg_distill_mix == 1.0 else f" mix={self.reg_distill_mix}")]
 
 
-def check_register_fields(o) -> None:
-    """Rules shared by the objectives with registers or extra heads."""
-    fraction("objective.reg_weight", o.reg_weight)
-    if getattr(o, "placement", "dense") == "sparse":
-        at_least("objective.num_registers", o.num_registers, 1)
-
-
 def check_offsets(o, kind: str) -> None:
     """d_min/d_max rules of 1D offsets (1 <= d_min <= d_max <= MAX_D_1D) or 2D ones
     (2 <= D = d_max <= MAX_D_2D): checked before any rule lists the candidate offsets."""
@@ -111,9 +110,6 @@ def check_offsets(o, kind: str) -> None:
         raise ConfigError(f"objective.d_min/d_max: need 1 <= d_min <= d_max <= {MAX_D_1D}, got {o.d_min}..{o.d_max}")
     if kind == "mutor-2d" and not 2 <= o.d_max <= MAX_D_2D:
         raise ConfigError(f"objective.d_max: need 2 <= D <= {MAX_D_2D} for 2D offsets (D=1 has none), got {o.d_max}")
-
-
-REG_WEIGHT_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True)
@@ -137,34 +133,6 @@ class WeightSchedule:
         return self.start + (self.final - self.start) * p
 
 
-def check_weight_schedule(o) -> None:
-    """reg_weight_final in [0, 1] and reg_weight_steps >= 0, both only with a linear or cosine schedule."""
-    fraction("objective.reg_weight_final", o.reg_weight_final)
-    at_least("objective.reg_weight_steps", o.reg_weight_steps, 0)
-    if o.reg_weight_schedule == "constant":
-        for key, default in (("reg_weight_final", 0.0), ("reg_weight_steps", 0)):
-            if getattr(o, key) != default:
-                raise ConfigError(f"objective.{key}={getattr(o, key)}: only with objective.reg_weight_schedule "
-                                  f"linear or cosine (it is constant)")
-
-
-def check_reg_target(o) -> None:
-    """reg_distill_mix in [0, 1], and only with reg_target self_distill."""
-    fraction("objective.reg_distill_mix", o.reg_distill_mix)
-    if o.reg_target == "token" and o.reg_distill_mix != 1.0:
-        raise ConfigError(f"objective.reg_distill_mix={o.reg_distill_mix}: only with objective.reg_target "
-                          f"self_distill (it is token)")
-
-
-def check_offset_distribution(dist, count: int, offsets: str) -> None:
-    """A list of weights: ``count`` non-negative numbers (one per candidate offset of ``offsets``), not all 0."""
-    if isinstance(dist, str):
-        return
-    if len(dist) != count or min(dist, default=0) < 0 or sum(dist) <= 0:
-        raise ConfigError(f"objective.offset_distribution={dist}: expected 'uniform', 'valid-anchors' or {count} "
-                          f"non-negative weights, not all 0 (one per candidate offset of {offsets})")
-
-
 @register_variant("objective", "ntp", build="mutor2d.objectives.token_prediction:build_ntp")
 @dataclass
 class NTPConfig(ObjectiveConfig):
@@ -174,39 +142,25 @@ class NTPConfig(ObjectiveConfig):
 REGISTERS = "mutor2d.objectives.token_prediction:build_registers"   # mutor-1d's and mutor-2d's builder
 
 
-@dataclass
-class RegisterConfig(AuxTermConfig):
-    """Fields of the register objectives (beside a's and the term's, base.AuxTermConfig).
-    ``placement``: dense (one register per anchor with a valid target) or sparse (``num_registers``
-    random anchors per sequence). One offset per sequence unless ``per_register_offsets``. ``edge``:
-    targets past the right edge are invalid (geometric) or wrap to the next row (raster).
-    ``offset_distribution``: uniform, valid-anchors, or one weight per candidate offset;
-    ``register_visibility``: isolated or earlier_registers (registers.RegisterSpec)."""
-    offset_distribution: Literal["uniform", "valid-anchors"] | list[float] = "uniform"
-    register_visibility: Literal["isolated", "earlier_registers"] = "isolated"
-    placement: Literal["dense", "sparse"] = "dense"
-    num_registers: int = 80
-    per_register_offsets: bool = False
-    edge: Literal["geometric", "raster"] = "geometric"
+class RegisterObjective:
+    """What the register objectives add to their RegisterSpec and AuxTermConfig fields (the spec's
+    fields are the config's: ``placement``, ``num_registers``, ``per_register_offsets``, ``edge``,
+    ``offset_distribution``, ``register_visibility``, ``d_min`` / ``d_max``; mutor2d.register_spec)."""
 
     def check(self) -> None:
+        """The aux term's rules, the offsets', and a list of weights: one non-negative number per
+        candidate offset, not all 0."""
         super().check()
-        check_offsets(self, self.name)
-        check_offset_distribution(self.offset_distribution, len(self.register_spec().offset_pairs()),
-                                  self.offsets_text())
+        check_offsets(self, self.kind)
+        dist, count = self.offset_distribution, len(self.offset_pairs())
+        if not isinstance(dist, str) and (len(dist) != count or min(dist, default=0) < 0 or sum(dist) <= 0):
+            raise ConfigError(f"objective.offset_distribution={list(dist)}: expected 'uniform', 'valid-anchors' or "
+                              f"{count} non-negative weights, not all 0 (one per candidate offset of "
+                              f"{self.offsets_text()})")
 
     def register_spec(self) -> RegisterSpec:
-        dist = self.offset_distribution
-        return RegisterSpec(self.name, getattr(self, "d_min", 1), self.d_max, self.placement, self.num_registers,
-                            self.per_register_offsets, self.edge, dist if isinstance(dist, str) else tuple(dist),
-                            self.register_visibility)
-
-    def uses_registers(self) -> bool:
-        return True
-
-    def offsets_text(self) -> str:
-        """The offsets in a few characters, e.g. "D=4" or "d=1..4"."""
-        raise NotImplementedError
+        """This section: it is the spec."""
+        return self
 
     def describe(self) -> str:
         """e.g. "a=0.5, D=4, sparse K=80", "a=0.5, self_distill mix=0.5, D=4, dense" or
@@ -215,35 +169,28 @@ class RegisterConfig(AuxTermConfig):
                                             f"sparse K={self.num_registers}" if self.placement == "sparse" else "dense"]
         parts += [self.edge] if self.edge != "geometric" else []
         parts += ["per-register offsets"] if self.per_register_offsets else []
-        parts += [] if self.offset_distribution == "uniform" else [f"offsets {self.offset_distribution}"]
+        dist = self.offset_distribution
+        parts += [] if dist == "uniform" else [f"offsets {list(dist) if isinstance(dist, tuple) else dist}"]
         parts += [] if self.register_visibility == "isolated" else [self.register_visibility]
         return ", ".join(parts)
 
 
 @register_variant("objective", "mutor-1d", build=REGISTERS)
-@dataclass
-class MuToR1DConfig(RegisterConfig):
+@dataclass(frozen=True)
+class MuToR1DConfig(RegisterSpec1D, RegisterObjective, AuxTermConfig):
     """Registers predicting the token d = d_min..d_max (inclusive) ahead on the raster line:
-    offsets (0, d); d_max is the farthest token ahead."""
-    d_min: int = 1
-    d_max: int = 4
-
-    def offsets_text(self) -> str:
-        return f"d={self.d_min}..{self.d_max}"
+    offsets (0, d); d_max is the farthest token ahead (RegisterSpec1D)."""
 
 
 @register_variant("objective", "mutor-2d", build=REGISTERS)
-@dataclass
-class MuToR2DConfig(RegisterConfig):
+@dataclass(frozen=True)
+class MuToR2DConfig(RegisterSpec2D, RegisterObjective, AuxTermConfig):
     """Registers predicting a token at a 2D offset (dr, dc) in {0..D-1}^2 minus (0, 0), D = d_max,
-    the side of the offset square (the paper's (d_h, d_w) in {1..D}^2 minus (1, 1))."""
-    d_max: int = 4
+    the side of the offset square (RegisterSpec2D)."""
 
-    def offsets_text(self) -> str:
-        return f"D={self.d_max}"
 
 @register_variant("objective", "multihead", build="mutor2d.objectives.multihead:MultiHead")
-@dataclass
+@dataclass(frozen=True)
 class MultiHeadConfig(AuxTermConfig):
     """Multi-token prediction with extra heads (one transformer layer each) instead of registers;
     a's schedule and the heads' target rule as the register objectives' (base.AuxTermConfig).
@@ -257,8 +204,9 @@ class MultiHeadConfig(AuxTermConfig):
 
     def register_spec(self) -> RegisterSpec:
         """The heads' offsets follow the register rules of the same layout (dense, d >= 2 in 1D)."""
-        kind = "mutor-2d" if self.layout == "2d" else "mutor-1d"
-        return RegisterSpec(kind, max(self.d_min, 2), self.d_max, edge=self.edge)
+        if self.layout == "2d":
+            return RegisterSpec2D(d_max=self.d_max, edge=self.edge)
+        return RegisterSpec1D(d_min=max(self.d_min, 2), d_max=self.d_max, edge=self.edge)
 
     def check(self) -> None:
         super().check()
@@ -281,7 +229,6 @@ class MultiHeadConfig(AuxTermConfig):
     def describe(self) -> str:
         """e.g. "a=0.5, heads=all, 2d D=4", "a=0.5->0.0 cosine, self_distill, heads=all, 2d D=4" or
         "a=0.5, heads=2, 1d d=2..4, raster"."""
-        spec = self.register_spec()
-        offsets = f"D={self.d_max}" if self.layout == "2d" else f"d={spec.d_min}..{self.d_max}"
-        parts = self.describe_aux_term() + [f"heads={self.num_heads or 'all'}", f"{self.layout} {offsets}"]
+        parts = self.describe_aux_term() + [f"heads={self.num_heads or 'all'}",
+                                            f"{self.layout} {self.register_spec().offsets_text()}"]
         return ", ".join(parts + ([self.edge] if self.edge != "geometric" else []))

@@ -50,7 +50,7 @@ class MultiHead(nn.Module):
         pos = regular_position_ids(batch.grid, P, device=batch.body.device).expand(B, T, 2)
         h, head_h = model.hidden_with_heads(model.embed(batch.body[:, : N - 1], batch.prefix), pos, self.heads,
                                             prefix_len=P)
-        lay = make_layout(B, batch.grid, P, RegisterSpec("ntp"), None, batch.lengths, batch.body.device)
+        lay = make_layout(B, batch.grid, P, RegisterSpec(), None, batch.lengths, batch.body.device)
         ntp_t, _ = lay.gather_targets(batch.body)
         first = P - 1
         ntp = token_ce(model, h[:, first:], ntp_t[:, first:], lay.ntp_valid[:, first:])

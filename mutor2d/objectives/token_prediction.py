@@ -14,9 +14,9 @@ import torch
 import torch.nn as nn
 
 from ..registers import Layout, make_layout
-from ..register_spec import RegisterSpec
+from ..register_spec import NO_REGISTERS, RegisterSpec
 from .base import Batch, ObjectiveResult, TargetRule, TokenModel, mix, target_rule, token_ce
-from .config import NTPConfig, RegisterConfig, WeightSchedule
+from .config import MuToR1DConfig, MuToR2DConfig, NTPConfig, WeightSchedule
 
 
 class TokenPrediction(nn.Module):
@@ -59,9 +59,10 @@ class TokenPrediction(nn.Module):
 
 def build_ntp(cfg: NTPConfig, model: TokenModel) -> TokenPrediction:
     """Plain next-token prediction: no registers."""
-    return TokenPrediction(cfg.register_spec(), 0.0)
+    return TokenPrediction(NO_REGISTERS, 0.0)
 
 
-def build_registers(cfg: RegisterConfig, model: TokenModel) -> TokenPrediction:
-    """MuToR-1D / MuToR-2D: the registers of ``cfg.register_spec()``, a and its schedule, their target rule."""
-    return TokenPrediction(cfg.register_spec(), cfg.reg_weight, cfg.weight_schedule(), target_rule(cfg))
+def build_registers(cfg: MuToR1DConfig | MuToR2DConfig, model: TokenModel) -> TokenPrediction:
+    """MuToR-1D / MuToR-2D: the registers of ``cfg`` (the section is its RegisterSpec), a and its
+    schedule, their target rule."""
+    return TokenPrediction(cfg, cfg.reg_weight, cfg.weight_schedule(), target_rule(cfg))

@@ -1,13 +1,9 @@
-"""Autoregressive decoding with a KV cache.
-
-``decoding.generate`` fills a grid token by token in raster order from a prefix (class labels, a
-prompt, or whatever the model's conditioning kind takes). The per-token rules (CFG, temperature,
-top-k, top-p) are ``rules.SamplingRules``; how tokens are proposed and checked is a decoding mode, a
-variant of the ``sample.decode`` config section (``config``: settings only, no torch) whose image
-decoder ``decoding.DECODERS`` names: ``plain`` (one token per forward pass), ``registers``
-(speculative decoding with MuToR registers as drafters), ``jacobi`` (speculative Jacobi decoding,
-training-free) and ``auto`` (the fastest exact mode for the batch and device). The speculative modes
-are exact: their samples follow the distribution of plain sampling under the same settings, and
-greedy decoding gives plain greedy's tokens. Every decoder counts into a ``stats.DecodeStats``.
-A new mode: docs/EXTENDING.md, "A decoding mode".
+"""Autoregressive decoding with a KV cache: ``decoding.generate`` fills a grid in raster order from a
+prefix (class labels, a prompt, ...) under the per-token rules of ``rules.SamplingRules`` (CFG,
+temperature, top-k, top-p). Every decoding mode, for images and text, is the one round loop of
+``rounds`` (a model step verifying a drafter's drafts by ``verification``'s rule) with its drafter
+(``drafters``); the modes are the ``sample.decode`` variants of ``config``, each registered with its
+drafter's builder: ``plain``, ``registers`` (MuToR registers as drafters), ``jacobi`` (training-free)
+and ``auto`` (the fastest exact one for the batch and device). All are exact: samples follow plain
+sampling's distribution, greedy decoding gives plain greedy's tokens. A new mode: docs/EXTENDING.md.
 """

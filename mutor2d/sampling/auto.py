@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from ..config import UnknownVariant
+from .config import checkpoint_spec
 
 CROSSOVER = Path(__file__).with_name("crossover.json")
 
@@ -27,9 +27,7 @@ def auto_decode(images: int, device, has_registers: bool, table: dict | None = N
 
 
 def can_draft(objective) -> bool:
-    """Whether a checkpoint's objective config gives register drafts (isolated registers with offset
-    (0, 2)); an objective this process does not know (a plugin's, not imported) gives none."""
-    if isinstance(objective, UnknownVariant) or not objective.uses_registers():
-        return False
-    spec = objective.register_spec()
+    """Whether a checkpoint's objective section (or its RegisterSpec) gives register drafts (isolated
+    registers with offset (0, 2)); an objective this process does not know (a plugin's) gives none."""
+    spec = checkpoint_spec(objective)
     return spec.register_visibility == "isolated" and bool(spec.draft_offsets())

@@ -1,9 +1,9 @@
 """The ``sample`` section (SampleConfig: the per-token rules' settings, grid classes, seed) and its
 tagged sub-section ``sample.decode``, whose variants are the decoding modes (plain, registers, jacobi,
-auto; DecodeConfig subclasses): the one registry of ``--decode`` for images and text
+auto; DecodeConfig subclasses), each registered once with the builder of its drafter
+(``mutor2d.sampling.drafters``): the one registry of ``--decode`` for images and text
 (``decode_modes``). Settings only: no torch and no decoder here (a config is checked before torch
-is imported); the image decoders are looked up by mode name in ``decoding.DECODERS``, the text
-wing's in ``mutor2d.lm.drafter``."""
+is imported)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
 from ..checks import ConfigError, at_least, at_most, check_seed, fail
-from ..config import VARIANTS, Variant, make, register_section, register_variant
+from ..config import VARIANTS, UnknownVariant, Variant, make, register_section, register_variant
+from ..register_spec import NO_REGISTERS, RegisterSpec
 from ..sample_values import PER_CLASS_LIMIT
 
 WINGS = ("image", "text")        # the decoders: images (mutor2d.sampling), language models (mutor2d.lm)
@@ -48,7 +49,9 @@ def setting(key: str, value) -> str:
 
 class DecodeConfig(Variant):
     """A decoding mode, the ``sample.decode`` section: its fields and rules; ``wings`` the decoders
-    that run it (``WINGS``). Adding one: docs/EXTENDING.md, "A decoding mode"."""
+    that run it (``WINGS``); its builder (``register_variant(..., build=)``) makes its drafter from the
+    fitted mode, the checkpoint's RegisterSpec, the body grid, the rows and the device. Adding one:
+    docs/EXTENDING.md, "A decoding mode"."""
     wings: ClassVar[tuple[str, ...]] = ("image",)
 
     def key(self, field_name: str, names: dict[str, str] | None = None) -> str:
@@ -59,10 +62,19 @@ class DecodeConfig(Variant):
         """Raise ConfigError (one line, naming ``self.key(field, names)``) for a bad value."""
 
     def fit(self, objective, grid: tuple[int, int], names: dict[str, str] | None = None) -> "DecodeConfig":
-        """These settings for a checkpoint trained with ``objective`` (its config section, whose
-        ``register_spec()`` gives the register rules; None = unknown) on ``grid`` (H, W): defaults
-        that depend on them filled in; ConfigError (one line) where they cannot work there."""
+        """These settings for a checkpoint trained with ``objective`` (its config section, or its
+        RegisterSpec; None = unknown) on ``grid`` (H, W): defaults that depend on them filled in;
+        ConfigError (one line) where they cannot work there."""
         return self
+
+
+def checkpoint_spec(objective) -> RegisterSpec:
+    """The register rules a checkpoint drafts with: its objective section's RegisterSpec (a register
+    objective's section is one), NO_REGISTERS without registers or for an objective this process does
+    not know (a plugin's, not imported: ``UnknownVariant``)."""
+    if objective is None or isinstance(objective, UnknownVariant) or not objective.uses_registers():
+        return NO_REGISTERS
+    return objective if isinstance(objective, RegisterSpec) else objective.register_spec()
 
 
 def decode_modes(wing: str = "image") -> list[str]:
@@ -107,14 +119,14 @@ class SampleConfig:
             raise ConfigError(f"sample.classes: {bad[0]} is not {what} (0..{count - 1})")
 
 
-@register_variant("sample.decode", "plain")
+@register_variant("sample.decode", "plain", build="mutor2d.sampling.drafters:Drafter")
 @dataclass
 class PlainDecode(DecodeConfig):
     """One token per forward pass; no field."""
     wings: ClassVar[tuple[str, ...]] = WINGS
 
 
-@register_variant("sample.decode", "registers")
+@register_variant("sample.decode", "registers", build="mutor2d.sampling.drafters:RegisterDrafter")
 @dataclass
 class RegisterDecode(DecodeConfig):
     """Register drafts: ``draft`` K tokens per round (null = the checkpoint's useful draft length),
@@ -135,7 +147,7 @@ class RegisterDecode(DecodeConfig):
         return dataclasses.replace(self, draft=draft)
 
 
-@register_variant("sample.decode", "jacobi")
+@register_variant("sample.decode", "jacobi", build="mutor2d.sampling.drafters:JacobiDrafter")
 @dataclass
 class JacobiDecode(DecodeConfig):
     """Speculative Jacobi decoding (training-free) with a window of ``window`` guessed tokens."""
@@ -153,7 +165,7 @@ class JacobiDecode(DecodeConfig):
         return self
 
 
-@register_variant("sample.decode", "auto")
+@register_variant("sample.decode", "auto", build="mutor2d.sampling.drafters:build_auto")
 @dataclass
 class AutoDecode(DecodeConfig):
     """The fastest exact mode this checkpoint can run here, chosen when decoding starts; no field.
@@ -170,11 +182,11 @@ def useful_draft(objective, draft: int | None, key: str = "sample.decode.draft",
     ``draft``, or None for all its useful draft offsets (``RegisterSpec.draft_offsets()``: D - 2 for
     mutor-2d, d_max - 1 for mutor-1d with d_min <= 2). A one-line ConfigError when the checkpoint
     has no registers, or ``draft`` exceeds the useful length (``key`` names it in the message)."""
-    name = getattr(objective, "name", None)
+    name = getattr(objective, "name", None) or getattr(objective, "kind", None)
     if objective is None or not objective.uses_registers():
         raise ConfigError(f"{setting(mode_key, 'registers')}: this checkpoint has no registers to draft with "
                           f"(objective {name or 'unknown'}); use jacobi or plain")
-    spec = objective.register_spec()
+    spec = checkpoint_spec(objective)
     if spec.register_visibility != "isolated":
         raise ConfigError(f"{setting(mode_key, 'registers')}: drafts run isolated registers; this checkpoint trained "
                           f"with objective.register_visibility={spec.register_visibility}; use jacobi or plain")

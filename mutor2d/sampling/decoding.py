@@ -1,51 +1,64 @@
-"""Generation with a KV cache, from a model and a decoding mode: ``generate`` (its checks, then
-``run_decoder``), ``decoding_mode``, the image decoder of each mode (``DECODERS``),
-``compile_decoder`` (torch.compile of a decode step); the modes and rules: mutor2d.sampling."""
+"""Generation with a KV cache from the image GPT and a decoding mode: ``generate`` (its checks, then
+``run_decoder``), ``decoding_mode``, ``GPTStep`` (the GPT as a ``rounds.Step``), ``compile_decoder``
+(torch.compile of a decode step); the modes and rules: mutor2d.sampling."""
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from ..registry import build
+from .config import DecodeConfig, checkpoint_spec, check_sampling
 from ..config import make
-from .auto import auto_decode, can_draft
-from .config import DecodeConfig, check_sampling
-from .plain import Progress, decode_plain
+from .rounds import Extras, Frame, Progress, decode
+from ..registers import regular_position_ids
 from .rules import SamplingRules
-from .speculative import decode_jacobi, decode_registers
 from .stats import DecodeStats
 
-# mode name -> its image decoder: (model, prefix, grid, rules, generator, stats, mode, objective, progress)
-# -> bodies (B, H*W) in raster order, every token following the distribution ``rules.probs`` gives for the
-# tokens before it; ``stats`` (a DecodeStats or None) receives the counts, ``progress`` (None or a
-# ``plain.Progress``) sees the tokens as they are emitted.
-DECODERS: dict[str, Callable] = {
-    "plain": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
-        decode_plain(model, prefix, grid, rules, gen, stats, progress),
-    "registers": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
-        decode_registers(model, prefix, grid, rules, gen, stats, spec=objective.register_spec(), draft=mode.draft,
-                         anchors=mode.anchors, fill=mode.fill, progress=progress),
-    "jacobi": lambda model, prefix, grid, rules, gen, stats, mode, objective, progress:
-        decode_jacobi(model, prefix, grid, rules, gen, stats, window=mode.window, progress=progress),
-}
+
+class GPTStep:
+    """The image GPT over a batch being decoded (``rounds.Step``): its static KV cache holds regular
+    input i at cache index i (``commit`` has nothing to undo); guided, the model runs [cond; uncond]
+    rows, both fed the drawn token, and the step hands back combined logits (``logits``: identity)."""
+
+    def __init__(self, model, prefix: Tensor, rules: SamplingRules, frame: Frame, K: int):
+        self.model, self.rules, self.batch = model, rules, prefix.shape[0]
+        self.prefix = torch.cat([prefix, model.conditioning.null_prefix(model.cfg, prefix)]) if rules.guided else prefix
+        self.positions = frame.positions[:frame.P].expand(self.prefix.shape[0], frame.P, 2)
+        model.setup_cache(self.prefix.shape[0], frame.P + frame.N - 1 + K)
+
+    def twice(self, t: Tensor) -> Tensor:
+        return torch.cat([t, t]) if self.rules.guided else t
+
+    def _extras(self, extras: Extras | None, start: int | Tensor) -> tuple:
+        """(positions, read limits) of the registers for the model, cache indices from ``start``."""
+        if extras is None:
+            return ()
+        start = start[:, None] if isinstance(start, Tensor) else start
+        return self.twice(extras.positions), self.twice(start + extras.reads)
+
+    def prefill(self, extras):
+        return self.rules.combine(self.model.decode(None, self.positions, 0, self.prefix, *self._extras(extras, 0)))
+
+    def forward(self, tokens, index, positions, extras):
+        start = index if isinstance(index, int) else shared_start(index, self.twice)
+        return self.rules.combine(self.model.decode(self.twice(tokens), self.twice(positions), start, None,
+                                                    *self._extras(extras, index)))
+
+    def logits(self, out: Tensor) -> Tensor:
+        return out
+
+    def commit(self, kept, active) -> None:
+        """Nothing: the next forward writes from its own regular index over what was not kept."""
 
 
-def register_decoder(name: str):
-    """Decorator: the image decoder of the mode ``name`` (signature: ``DECODERS``)."""
-    def add(fn: Callable) -> Callable:
-        DECODERS[name] = fn
-        return fn
-    return add
-
-
-@register_decoder("auto")
-def decode_auto(model, prefix, grid, rules, generator, stats, mode, objective, progress) -> Tensor:
-    """``AutoDecode`` for images: the measured fastest mode for this batch and device, fitted, run."""
-    name = auto_decode(len(prefix), model.output.weight.device, can_draft(objective))
-    chosen = make("sample.decode", name=name).fit(objective, grid)
-    return DECODERS[name](model, prefix, grid, rules, generator, stats, chosen, objective, progress)
+def shared_start(start: Tensor, twice) -> int | Tensor:
+    """Cache starts (B,) -> one int when every row starts at the same index (the model then takes its
+    single-start path: slices, no scatter, causal attention without extras), else the per-row starts
+    for all rows."""
+    first = int(start[0])
+    return first if bool((start == first).all()) else twice(start)
 
 
 def unwrap_model(model):
@@ -96,20 +109,33 @@ def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
                 stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
     """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
     a caller sampling many batches checks its settings once. The prefix is checked by the model's
-    conditioning kind; the model runs in eval mode (its training flag is restored after). ``progress``
-    (``plain.Progress``) sees the tokens as they are emitted."""
+    conditioning kind; the model runs in eval mode (its training flag is restored after). The mode's
+    builder makes the drafter (``drafters``) for the register rules of ``objective`` (the checkpoint's
+    section, ``config.checkpoint_spec``); ``progress`` (``rounds.Progress``) sees the tokens as they are
+    emitted."""
     model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
     if rules.guided and not model.conditioning.guidable:
         raise ValueError(f"cfg_scale={rules.cfg_scale}: classifier-free guidance needs a null prefix (class "
                          f"labels have one), this model is conditioned on {model.cfg.conditioning!r}")
+    drafter = build(mode, checkpoint_spec(objective), grid, len(prefix), model.output.weight.device)
+    if drafter.needs_registers and not model.has_register_token:
+        raise ValueError(f"decode={mode.name!r} needs a checkpoint trained with registers; this model has no "
+                         "register embedding (use decode='jacobi' or 'plain')")
+    prefix = prefix.to(model.output.weight.device)
+    P, N = model.prefix_len(prefix), grid[0] * grid[1]
+    frame = Frame(grid, P, regular_position_ids(grid, P, P + N + drafter.K).to(prefix.device))
     was_training = model.training
     model.eval()
     try:
-        return DECODERS[mode.name](model, prefix, grid, rules, generator, stats, mode, objective, progress)
+        bodies = decode(GPTStep(model, prefix, rules, frame, drafter.K), drafter, frame, rules, generator, stats,
+                        progress=progress)
     finally:
         model.clear_cache()
         model.train(was_training)
+    if stats is not None:
+        stats.tokens += bodies.numel()
+    return bodies
 
 
 # inductor settings of a compiled decode step on CPU: weights frozen into the graph as constants

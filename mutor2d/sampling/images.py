@@ -27,7 +27,7 @@ from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
 from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from .decoding import decoding_mode, run_decoder, unwrap_model
-from .plain import Progress
+from .rounds import Progress
 from .rules import SamplingRules
 from .stats import DecodeStats
 from ..cli import grid_arg

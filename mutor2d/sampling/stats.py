@@ -29,9 +29,12 @@ class DecodeStats:
 
     def add_round(self, active: Tensor, reached: Tensor, kept: Tensor, register: Tensor | None = None) -> None:
         """One forward over rows ``active`` (B,) bool (the others are done); reached / kept / register
-        (B, K) bool per draft slot (``speculation.reached``, ``verify``'s lead, register drafts)."""
+        (B, K) bool per draft slot (``verification.reached``, ``verify``'s lead, register drafts; K = 0:
+        plain decoding, no draft counts)."""
         self.forwards += 1
         self.row_forwards = self.row_forwards + active.sum()
+        if not kept.shape[1]:
+            return
         reached, kept = reached & active[:, None], kept & active[:, None]
         register = torch.zeros_like(kept) if register is None else register
         counts = torch.stack([torch.stack([reached.sum(0), (reached & register).sum(0)]),

@@ -1,5 +1,5 @@
-"""The speculative rule both decoders run: the image decoder (``speculative``, a static KV cache) and
-the language-model decoder (``mutor2d.lm.speculative``, a transformers DynamicCache).
+"""The speculative rule: drafts and their verification, for the one round loop (``rounds``) that
+decodes images and text.
 
 One round: the forward after the last emitted token gives the target distributions p_0..p_K of the
 next K+1 tokens; drafts d_i ~ q_i are verified left to right: d_i is kept with probability
@@ -7,7 +7,7 @@ min(1, p_i(d)/q_i(d)); at the first rejection the token is drawn from normalise(
 and the round ends; if every draft is kept (or none is left) one more token is drawn from the next
 p. Each emitted token thus follows p given the tokens before it. Greedy decoding (p and q one-hot)
 is the same rule without randomness: a draft is kept while it is p's argmax, and the token after
-them is the argmax.
+them is the argmax. Without drafts (K = 0, plain decoding) the token is drawn from p_0.
 """
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def verify(p: Tensor, drafts: Drafts, generator) -> tuple[Tensor, Tensor, Tensor
     them, lead (B, K) bool which drafts were kept)."""
     B, K1, V = p.shape
     K = K1 - 1
+    if K == 0:
+        return torch.zeros(B, dtype=torch.long, device=p.device), pick(p[:, 0], drafts.probs is None, generator), \
+            drafts.valid
     if drafts.probs is None:
         target = p.argmax(-1)
         lead = (drafts.valid & (drafts.tokens == target[:, :K])).long().cumprod(1).bool()
