@@ -77,7 +77,7 @@ def merge(blocks: list[Path], into: Path) -> None:
             shutil.copytree(block / "floor", into / "floor")
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--block", type=int, default=0, help="block number K: seeds per_block*K ...")
     ap.add_argument("--per-block", type=int, default=2, help="seeds per block (2 x as many concurrent processes)")
@@ -89,7 +89,11 @@ def main(argv=None) -> None:
     ap.add_argument("--print-flags", action="store_true", help="print the compare.py flags and stop")
     ap.add_argument("--merge", nargs="+", type=Path, help="block folders to merge (with --into)")
     ap.add_argument("--into", type=Path, help="the merged study folder")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.merge:
         if not args.into:
             raise StudyError("--merge: expected --into FOLDER")
