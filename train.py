@@ -16,19 +16,17 @@ checkpoint (continue with --resume auto); 130 Ctrl-C before the run had a checkp
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from mutor2d.preempt import exit_on_ctrl_c
 if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
     exit_on_ctrl_c()
 
-from mutor2d import checkpoint as ckpt_lib          # the command line parses before torch is imported
-from mutor2d.checkpoint import inference, locate
+from mutor2d.checkpoint import inference            # the command line parses before torch is imported
 from mutor2d import config as config_lib
 from mutor2d.cli import HelpFormatter
 from mutor2d.config import ConfigError
-from mutor2d.config_files import parse_override, read_mapping
+from mutor2d.config_files import read_mapping
 from mutor2d.plugins import load_plugins
 
 
@@ -50,22 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> Path:
-    """Load and check the run's config (a bad one fails before torch is imported), then train."""
+    """Load and check the run's config (a bad one fails before torch is imported), then train. Where a
+    resumed run continues from, and with which config, the engine decides once, holding the run's lock
+    (mutor2d.engine.setup.ResumeWith: the saved config plus --set / --max-steps)."""
     from mutor2d.engine import default_run_dir
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.config:
         data = read_mapping(args.config)
-        cfg = config_lib.load(data, overrides)             # the mapping is not modified
-        saved = saved_config(args.resume, args.out or cfg.train.out_dir or default_run_dir(args.config))
-        if saved is not None:                  # resuming: the run's own config, plus what --set says
-            report_resume_changes(data, saved, overrides)
-            cfg = config_lib.load(saved, overrides)
     elif args.resume and args.resume != "auto":
-        cfg = config_lib.load(inference.read_meta(args.resume)["config"], overrides)
+        data = inference.read_meta(args.resume)["config"]      # the named checkpoint's config: its task, folder
     else:
         raise ConfigError("--config is required (it may be left out only with --resume PATH)")
+    cfg = config_lib.load(data, overrides)                     # the mapping is not modified
     if args.out == "":
         raise ConfigError("--out '': expected a run folder path (leave --out out for train.out_dir)")
     run_dir = args.out or cfg.train.out_dir or default_run_dir(args.config)
@@ -73,33 +69,8 @@ def run(args: argparse.Namespace) -> Path:
         raise ConfigError(f"run folder {str(run_dir)!r} exists and is not a folder; expected a run folder "
                           f"(--out, train.out_dir)")
     from mutor2d.engine.loop import train                 # torch: after the config is checked
-    return train(cfg, run_dir, resume=args.resume)
-
-
-def saved_config(resume: str | None, run_dir) -> dict | None:
-    """The stored config of the checkpoint ``--resume`` continues from (None: a fresh run, or none to
-    read here; the engine then says why)."""
-    try:
-        path = ckpt_lib.latest_valid(run_dir) if resume == "auto" else locate.resolve(resume) if resume else None
-        return inference.read_meta(path)["config"] if path is not None else None
-    except (ValueError, FileNotFoundError):
-        return None
-
-
-def report_resume_changes(file_data: dict, saved: dict, overrides: list[str]) -> None:
-    """On resume the saved config wins over the config file; say which values --set changes and which
-    values of the file are not used (main process only)."""
-    from mutor2d.engine.config import flat
-    if os.environ.get("RANK", "0") != "0":
-        return
-    old, given = flat(saved), {".".join(k): v for k, v in map(parse_override, overrides)}
-    for key, value in given.items():
-        if key in old and old[key] != value:
-            print(f"note: {key} changed on resume: {old[key]!r} -> {value!r}", flush=True)
-    unused = sorted(k for k, v in flat(file_data).items() if k not in given and k in old and old[k] != v)
-    if unused:
-        print(f"note: resuming with the run's saved config; the config file's {', '.join(unused)} differ and are "
-              f"not used (--set them to change them)", flush=True)
+    from mutor2d.engine.setup import ResumeWith
+    return train(cfg, run_dir, resume=args.resume, resume_with=ResumeWith(overrides, data))
 
 
 def main(argv=None) -> Path:

@@ -166,6 +166,32 @@ def test_a_flipped_byte_in_tensor_data_is_caught_wherever_a_checkpoint_is_read(t
     assert (run / "checkpoints" / "step_00000002.pt.unreadable").exists()
 
 
+def test_train_py_resumes_and_takes_its_config_from_one_checkpoint_chosen_once(tmp_path, capsys, monkeypatch):
+    """One resume decision: train.py's config and the engine's weights come from the same checkpoint, the
+    newest whose full read passes its checksum; a damaged newest is set aside in one line. Here the damaged
+    step 3 was written with train.max_steps 3, the step 2 before it with 2: the note names 2 -> 4."""
+    from mutor2d.checkpoint import resume as resume_lib
+    cli = script("train")
+    cfg, run = write_yaml(tmp_path / "t.yaml", "train.ckpt_every=1", *QUIET), tmp_path / "run"
+    cli(["--config", str(cfg), "--out", str(run), "--max-steps", "2"])
+    cli(["--config", str(cfg), "--out", str(run), "--resume", "auto", "--max-steps", "3"])
+    flip_a_tensor_byte(ckpt_lib.checkpoint_path(run, 3))
+    from mutor2d.engine import setup
+    calls = []
+    monkeypatch.setattr(setup, "find_resume", lambda *a: calls.append(a) or resume_lib.find_resume(*a))
+    monkeypatch.setattr(ckpt_lib, "latest_valid", lambda *a: pytest.fail("a second resume rule ran"))
+    capsys.readouterr()
+    cli(["--config", str(cfg), "--out", str(run), "--resume", "auto", "--max-steps", "4"])
+    out, err = capsys.readouterr()
+    assert len(calls) == 1
+    assert "note: train.max_steps changed on resume: 2 -> 4" in out and "resuming from step 2" in out
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and "step_00000003.pt" in skipped[0] and "checksum" in skipped[0]
+    assert (run / "checkpoints" / "step_00000003.pt.unreadable").exists()
+    assert sorted(losses_so_far(run)) == [1, 2, 3, 4]
+    assert ckpt_lib.load(ckpt_lib.checkpoint_path(run, 4))["config"]["train"]["max_steps"] == 4
+
+
 def test_vq_checkpoints_of_train_vq_are_verified(tmp_path):
     from mutor2d.tokenizer.config import VQError
     from mutor2d.tokenizer.vq import load_vq

@@ -1,10 +1,13 @@
 """Where a run resumes from, and which checkpoints it keeps.
 
 Rules:
-  * Resume point: ``--resume auto`` takes the newest checkpoint of the run folder that loads. Each
-    unreadable one is named on stderr and renamed ``*.pt.unreadable`` (kept for inspection, never
-    counted again). Checkpoints present but none readable is an error, not a fresh start.
-    Unreadable includes a checksum mismatch (bit rot in the tensor data).
+  * Resume point, decided once (``find_resume``, by the engine holding the run's lock; the config the
+    run continues with is that checkpoint's: mutor2d.engine.setup.ResumeWith): ``--resume auto`` takes
+    the newest checkpoint of the run folder whose full read passes (a run folder given as PATH: the
+    same, over that folder). Each unreadable one of the run's own folder is named on stderr and renamed
+    ``*.pt.unreadable`` (kept for inspection, never counted again). Checkpoints present but none
+    readable is an error, not a fresh start. Unreadable includes a checksum mismatch (bit rot in the
+    tensor data).
   * Rotation keeps the newest ``train.keep_ckpts`` readable checkpoints (0 = all), and every checkpoint
     of a step that is a multiple of ``train.keep_every`` (for scoring later), and deletes only
     readable ones older than all of those: never a newer file, never the only readable one, never the
@@ -21,14 +24,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import checkpoint as ckpt_lib
-from .locate import resolve
+from . import sharded as sharded_checkpoint
+from .locate import is_hub_folder, resolve
 from .. import io
 from ..io import warn
 from ..config import ConfigError
 
 
 def remove_stale_temps(run_dir: Path) -> None:
-    from . import sharded as sharded_checkpoint
     folder = run_dir / "checkpoints"
     for tmp in io.remove_stale_temps(folder) + sharded_checkpoint.remove_stale_temps(folder):
         warn(f"removed {tmp}, left by a save that was killed mid-write")
@@ -41,33 +44,48 @@ def set_aside(path: Path, reason: str) -> None:
 
 
 def find_resume(resume: str | None, run_dir: Path, main: bool) -> tuple[Path | None, dict | None]:
-    """(checkpoint path, its loaded dict) to continue from, or (None, None) for a fresh run.
+    """(checkpoint path, its loaded dict) to continue from, or (None, None) for a fresh run: the one
+    resume decision (module doc), made by the engine once it holds the run's lock.
 
-    resume: None (fresh: refuses a folder that has checkpoints), "auto" or a file / run folder."""
+    resume: None (fresh: refuses a folder that has checkpoints), "auto" (``run_dir``'s newest readable
+    checkpoint; none at all: a fresh run), a run folder (its newest readable one) or a checkpoint file /
+    sharded or hub folder. Only the process ``main`` sets unreadable files aside, and only in ``run_dir``."""
     if resume is None:
         if ckpt_lib.list_checkpoints(run_dir):
             raise ConfigError(f"run folder {str(run_dir)!r} already has checkpoints: "
                               f"pass --resume auto to continue it, or another --out")
         return None, None
-    if resume != "auto":
+    folder = run_dir if resume == "auto" else Path(resume)
+    if resume != "auto" and not is_run_folder(folder):
         try:
             path = resolve(resume)
             return path, ckpt_lib.load(path)
         except (FileNotFoundError, ckpt_lib.CheckpointError) as e:
             raise ConfigError(f"--resume {resume}: {e}") from None
-    found = ckpt_lib.list_checkpoints(run_dir)
+    found = ckpt_lib.list_checkpoints(folder)
+    ours = main and folder.resolve() == Path(run_dir).resolve()
     for path in reversed(found):
         try:
             return path, ckpt_lib.load(path)
         except ckpt_lib.CheckpointError as e:
-            if main:
+            if ours:
                 set_aside(path, str(e))
+            elif main:
+                warn(f"skipped {path}: {e}")
         except FileNotFoundError:    # another process of the launch set it aside while this one read it
             continue
     if found:
-        raise ConfigError(f"--resume auto: none of the {len(found)} checkpoints of {str(run_dir)!r} is readable "
-                          f"(renamed *.unreadable); refusing to start over: pass --out for a fresh run")
+        raise ConfigError(f"--resume {resume}: none of the {len(found)} checkpoints of {str(folder)!r} is readable"
+                          f"{' (renamed *.unreadable)' if ours else ''}; refusing to start over: pass --out for a "
+                          f"fresh run")
+    if resume != "auto":
+        raise ConfigError(f"--resume {resume}: no checkpoint under {io.shown_path(folder)}")
     return None, None
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder of step checkpoints (not one sharded checkpoint, not a hub folder)."""
+    return path.is_dir() and not sharded_checkpoint.is_sharded_checkpoint(path) and not is_hub_folder(path)
 
 
 def rotate(run_dir: Path, keep: int, protect: Path | None = None, keep_every: int = 0) -> None:

@@ -46,7 +46,7 @@ from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
 from .kinds import run_kind
 from .lock import run_lock
-from .setup import RunState, build_run, record_provenance
+from .setup import ResumeWith, RunState, build_run, record_provenance
 from .sharding import global_tensor, is_sharded
 
 
@@ -147,17 +147,20 @@ def build_hooks(run: RunState) -> Hooks:
     return Hooks(logger, CheckpointHook(run), run.kind.hooks(run, logger.log))
 
 
-def train(cfg, run_dir, resume: str | None = None, kind=None) -> Path:
+def train(cfg, run_dir, resume: str | None = None, kind=None, resume_with: ResumeWith | None = None) -> Path:
     """Train ``cfg`` into ``run_dir`` up to ``train.max_steps``; returns the run folder.
 
     resume: None (a fresh run; refuses a folder that has checkpoints), "auto" (the newest readable
-    checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder.
+    checkpoint of ``run_dir``, a fresh start if it has none) or a checkpoint file / run folder; the
+    point is decided once, after the run's lock is taken (mutor2d.checkpoint.resume.find_resume). A
+    resumed run keeps ``cfg`` (its model, objective and data must be the checkpoint's), or with ``resume_with``
+    (train.py's) continues with its saved config plus its overrides (engine.setup.ResumeWith).
     Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
     holds (RunLocked). ``kind``: the run kind's parts (default: those registered for ``cfg.task``,
     mutor2d.engine.kinds)."""
     try:
         with run_lock(run_dir):
-            return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)())
+            return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)(), resume_with)
     except ckpt_lib.CheckpointWriteError:
         raise
     except KeyboardInterrupt:                # Ctrl-C outside the steps (start-up, final outputs): they stop with 75
@@ -187,8 +190,8 @@ def interrupted(run_dir) -> BaseException:
     return KeyboardInterrupt("no checkpoint had been written; run the same command to start again")
 
 
-def _train(cfg, run_dir, resume: str | None, kind) -> Path:
-    run = build_run(cfg, run_dir, resume, kind)
+def _train(cfg, run_dir, resume: str | None, kind, resume_with) -> Path:
+    run = build_run(cfg, run_dir, resume, kind, resume_with)
     if run is None:                                # resumed at train.max_steps: nothing is rewritten
         return Path(run_dir)
     hooks = build_hooks(run)

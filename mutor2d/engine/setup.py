@@ -144,6 +144,35 @@ class RunState:
 RESUME_MAY_CHANGE = {("data", "num_workers")}     # how the data is read, not what it is
 
 
+@dataclass(frozen=True)
+class ResumeWith:
+    """train.py's rule for a resumed run (docs/RELIABILITY.md): it continues with its saved config plus
+    ``overrides`` (--set / --max-steps, each change named); the values of ``given`` (the config file's
+    mapping) that differ from the saved config are named and not used."""
+    overrides: list[str]
+    given: dict
+
+
+def resumed_config(cfg, saved: dict, rule: ResumeWith | None, main: bool):
+    """The config a resumed run continues with: ``cfg`` as given (``rule`` None: API callers), or the
+    saved config under ``rule``."""
+    if rule is None:
+        return cfg
+    from .. import config as config_lib
+    from ..config_files import parse_override
+    from .config import flat
+    old, given = flat(saved), {".".join(k): v for k, v in map(parse_override, rule.overrides)}
+    if main:
+        for key, value in given.items():
+            if key in old and old[key] != value:
+                print(f"note: {key} changed on resume: {old[key]!r} -> {value!r}", flush=True)
+        unused = sorted(k for k, v in flat(rule.given).items() if k not in given and k in old and old[k] != v)
+        if unused:
+            print(f"note: resuming with the run's saved config; the config file's {', '.join(unused)} differ and "
+                  f"are not used (--set them to change them)", flush=True)
+    return config_lib.load(saved, rule.overrides)
+
+
 def check_resume_config(cfg, saved: dict) -> None:
     """The model, objective and data sections (those the kind has) of a resumed run must equal the
     checkpoint's."""
@@ -207,19 +236,24 @@ def build_loader(cfg, kind: RunKind, dataset, acc, start: int) -> DataLoader:
                       generator=torch.Generator().manual_seed(rank_seed(t.seed + start, acc.process_index, 2)))
 
 
-def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind) -> RunState | None:
+def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind,
+              resume_with: ResumeWith | None = None) -> RunState | None:
     """Everything a run needs, checked before the first step; ConfigError (one line) if it cannot start.
-    None when a resumed run is already at train.max_steps: said once, nothing built or written."""
+    None when a resumed run is already at train.max_steps: said once, nothing built or written. The
+    resume point is decided here, once (``find_resume``), and the config continued with (``resume_with``)."""
     run_dir = Path(run_dir)
+    main = os.environ.get("RANK", "0") == "0"
+    if main and (run_dir / "checkpoints").is_dir():
+        remove_stale_temps(run_dir)
+    resume_path, saved = find_resume(resume, run_dir, main)
+    if saved is not None:
+        cfg = resumed_config(cfg, saved["config"], resume_with, main)
     acc = make_accelerator(cfg, run_dir)
     dataset, cfg = kind.prepare_data(cfg)
     if cfg.train.batch_size > len(dataset):
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is larger than the dataset "
                           f"({len(dataset)} examples); expected at most {len(dataset)}")
     cfg = replace(cfg, train=replace(cfg.train, out_dir=str(run_dir)))
-    if acc.is_main_process and (run_dir / "checkpoints").is_dir():
-        remove_stale_temps(run_dir)
-    resume_path, saved = find_resume(resume, run_dir, acc.is_main_process)
     if saved is not None:
         check_resume_config(cfg, saved["config"])
     start = int(saved["step"]) if saved is not None else 0

@@ -13,6 +13,19 @@ from ..checks import WORKERS_LIMIT
 from ..config_files import parse_override
 from .options import DEFAULT_CACHE
 
+WINDOW = (0.8, 0.9, 1.0)   # the convergence test's late window (mutor2d.evaluation.speedup), fractions of T
+
+
+def method_steps(T: int) -> list[int]:
+    """The method's scored steps of the convergence test's primary statistic: 0.8T, 0.9T, T."""
+    return [round(f * T) for f in WINDOW]
+
+
+def reference_steps(T: int) -> list[int]:
+    """Next-token's: 1.6T, 1.8T, 2T."""
+    return [round(2 * f * T) for f in WINDOW]
+
+
 STEPS_LIMIT = 10 ** 7    # training steps of a study's runs (10**12 trained for ever)
 
 BASE_CONFIG = "study_digits.yaml"
@@ -147,7 +160,6 @@ class Study:
     def check_speedup(self) -> None:
         """The pre-registered test (mutor2d.evaluation.speedup) needs its method at 0.8T, 0.9T, T and
         next-token at 1.6T, 1.8T, 2T (T = --steps), on a constant lr."""
-        from .speedup import method_steps, reference_steps
         if self.speedup not in self.methods or "next-token" not in self.methods:
             raise StudyError(f"--speedup {self.speedup!r}: expected one of --methods, with next-token among them")
         for flag, have, need in (("--eval-steps", self.eval_steps, method_steps(self.steps)),

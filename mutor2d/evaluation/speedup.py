@@ -12,8 +12,8 @@ Secondary (:func:`convergence_ratio`): the step at which next-token's mean log-F
 scored steps) first reaches METHOD's late level, as 0.9T over that step, with a seed-bootstrap interval,
 beside next-token's ratio against its own late level (1 for a curve read without bias).
 Power (:func:`seeds_needed`, :func:`resolvable_gap`): a paired two-sided t-test at alpha 0.05.
-The window fractions are the protocol: they are not flags. No torch here (the study's flags are checked
-with :func:`method_steps` before torch is imported).
+The window fractions are the protocol, not flags (mutor2d.evaluation.plan: the study's flags are checked
+against them before torch is imported). No torch here.
 """
 from __future__ import annotations
 
@@ -21,19 +21,10 @@ import math
 import random
 import statistics
 
+from .plan import WINDOW, method_steps, reference_steps
+
 MARGIN = 0.05              # confirmed needs the upper bound below +0.05 (5 % in FID)
-WINDOW = (0.8, 0.9, 1.0)   # the late window, as fractions of T (next-token's: of 2T)
 GAP = 0.163                # the gap the study is sized for: 15 % in FID, log(1 / 0.85)
-
-
-def method_steps(T: int) -> list[int]:
-    """The method's scored steps of the primary statistic: 0.8T, 0.9T, T."""
-    return [round(f * T) for f in WINDOW]
-
-
-def reference_steps(T: int) -> list[int]:
-    """Next-token's: 1.6T, 1.8T, 2T."""
-    return [round(2 * f * T) for f in WINDOW]
 
 
 def window_log_fid(groups: dict, label: str, steps: list[int], cfg: float) -> dict:
