@@ -5,7 +5,8 @@
 #   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
 #      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
 #      measured bf16 matmul rate and the nominal peak); one profiled step per case (its slowest kernels),
-#   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute), eager, then compiled,
+#   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute), eager and captured
+#      (CUDA graph), then compiled,
 #   4. the sharded (FSDP2) path on the GPU: torchrun with one process (a one-rank mesh), bf16 mixed
 #      precision policy, sharded .dcp checkpoints, --resume auto from one (digits, tiny model).
 # Each step has its own time limit, so one slow step cannot eat the others' time.
@@ -34,16 +35,18 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep the log and th
 }
 
 step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_compile.py \
-    tests/test_registers.py tests/test_gpu_path.py -k cuda
+    tests/test_registers.py tests/test_gpu_path.py tests/test_captured.py -k cuda
 step train_step 100 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
     --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS" --profile 12
 # eager and compiled sampling apart: compiling the decode step costs about 25 s plus 6.5 s per layer on an
 # H200 (measured at 1 and 2 layers, 2026-12-04), so about 100 s at GPT-B depth, once per model: the
 # compiled run times the 12-layer throughput only (--step-layers 0; the eager run has the step) and logs
 # its recompiles
-step sample 130 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3 --compile off
+# the eager run also times the plain rounds replayed as a CUDA graph (sample.py's default on CUDA), side by side
+step sample 150 $PY bench/sample.py --device cuda --layers 12 --step-layers 12 --images 32 --reps 3 --compile off \
+    --capture on
 TORCH_LOGS=recompiles step sample_compiled 210 $PY bench/sample.py --device cuda --layers 12 --step-layers 0 \
-    --images 32 --reps 3 --compile on
+    --images 32 --reps 3 --compile on --capture off
 FSDP_RUN="$OUT/fsdp_run"; rm -rf "$FSDP_RUN"
 FSDP="$PY -m torch.distributed.run --nproc_per_node 1 train.py --config digits_mutor2d.yaml --out $FSDP_RUN \
   --set train.sharding=fsdp --set train.mixed_precision=bf16 --set train.ckpt_every=3 --set train.tracker=none"

@@ -14,8 +14,8 @@ from .extras import register_visibility
 
 @dataclass
 class CacheStep:
-    """One cached decode step. ``start``: cache index of the first new regular token (int, or
-    (B,) long per row); ``num_regular``: R new regular tokens, written to the cache; ``end``: how
+    """One cached decode step. ``start``: cache index of the first new regular token (int, (B,) long
+    per row, or a 0-dim long tensor: one index on the device, see ``fixed_step``); ``num_regular``: R new regular tokens, written to the cache; ``end``: how
     many cache entries the step reads (start + R, the largest over rows); ``vis``: the rule over
     the keys [cache[:end], keys of the extra tokens], or None (no extra tokens, one int start:
     causal attention of the new tokens)."""
@@ -30,6 +30,8 @@ class CacheStep:
         B, R = new.shape[0], self.num_regular
         if isinstance(self.start, int):
             cache[:B, :, self.start:self.start + R] = new[:, :, :R]
+        elif self.start.dim() == 0:                # one start for every row, held on the device (fixed_step)
+            cache[:B].index_copy_(2, self.start + torch.arange(R, device=new.device), new[:, :, :R])
         else:
             idx = (self.start[:, None] + torch.arange(R, device=new.device))[:, None, :, None]
             cache[:B].scatter_(2, idx.expand(-1, new.shape[1], -1, new.shape[3]), new[:, :, :R])
@@ -47,3 +49,12 @@ def extra_step(B: int, R: int, start: int | Tensor, extra_limit: Tensor | None, 
     own = torch.cat([regular, (end + torch.arange(E, device=device)).expand(B, E)], dim=1)
     vis = register_visibility(torch.arange(end, device=device).expand(B, end), regular, limit, own, R)
     return CacheStep(start, R, end, vis)
+
+
+def fixed_step(B: int, length: int, index: Tensor) -> CacheStep:
+    """A step of fixed shapes (what a CUDA graph replays): one new regular token per row, written at cache
+    index ``index`` (0-dim long, on the device), reading the whole cache of ``length`` entries under the
+    rule "keys 0..index" (the entries after it, stale or zero, are masked)."""
+    limit = index.view(1, 1).expand(B, 1)
+    return CacheStep(index, 1, length, Visibility(torch.arange(length, device=index.device).expand(B, length),
+                                                  limit, None, limit))

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import Visibility, causal_rule, get_backend, open_prefix
-from .cache import CacheStep, extra_step
+from .cache import CacheStep, extra_step, fixed_step
 from .conditioning import conditioning
 from .config import ModelConfig, Shape, model_shape
 
@@ -193,6 +193,7 @@ class GPT(nn.Module):
     """
     sparse_logits = False        # objectives mask every row's loss: no host sync, one compiled graph
     decode_step = None           # runs ``decode`` when set: its compiled self (sampling.decoding.compile_decoder)
+    decode_graphs = None         # replays plain decode rounds as graphs when set (sampling.captured.capture_decoder)
 
     def __init__(self, cfg: ModelConfig, register_token: bool = False):
         super().__init__()
@@ -366,6 +367,15 @@ class GPT(nn.Module):
                 step.vis = open_prefix(step.vis, P)
             if E:
                 positions = torch.cat([positions, extra_positions], dim=1)
+        return self.logits(self._trunk(h, positions, None, step))
+
+    def fixed_decode(self, tokens: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+        """A decode step of fixed shapes, for a CUDA graph (mutor2d.sampling.captured): ``tokens`` (B, 1)
+        at ``positions`` (B, 1, 2), their keys written at cache index ``index`` (0-dim long tensor, every
+        row), attending to cache entries 0..index -> logits (B, 1, vocab); as ``eager_decode`` at that
+        index, reading the whole cache under a mask instead of its first index + 1 entries."""
+        h = self.embed(tokens, None)
+        step = fixed_step(h.shape[0], self.layers[0].attention.cache[0].shape[2], index)
         return self.logits(self._trunk(h, positions, None, step))
 
     def num_params(self) -> int:

@@ -11,6 +11,7 @@ from torch import Tensor
 from ..registry import build
 from .config import DecodeConfig, checkpoint_spec, check_sampling
 from ..config import make
+from .captured import CapturedStep
 from .rounds import Extras, Frame, Progress, decode
 from ..registers import regular_position_ids
 from .rules import SamplingRules
@@ -20,13 +21,16 @@ from .stats import DecodeStats
 class GPTStep:
     """The image GPT over a batch being decoded (``rounds.Step``): its static KV cache holds regular
     input i at cache index i (``commit`` has nothing to undo); guided, the model runs [cond; uncond]
-    rows, both fed the drawn token, and the step hands back combined logits (``logits``: identity)."""
+    rows, both fed the drawn token, and the step hands back combined logits (``logits``: identity).
+    With the model's ``decode_graphs`` set (``sampling.captured``), its plain rounds replay a graph."""
 
     def __init__(self, model, prefix: Tensor, rules: SamplingRules, frame: Frame, K: int):
         self.model, self.rules, self.batch = model, rules, prefix.shape[0]
         self.prefix = torch.cat([prefix, model.conditioning.null_prefix(model.cfg, prefix)]) if rules.guided else prefix
         self.positions = frame.positions[:frame.P].expand(self.prefix.shape[0], frame.P, 2)
         model.setup_cache(self.prefix.shape[0], frame.P + frame.N - 1 + K)
+        graphs = model.decode_graphs                           # sampling.captured.capture_decoder
+        self.captured = CapturedStep(model, self.prefix.shape[0], graphs) if graphs is not None and not K else None
 
     def twice(self, t: Tensor) -> Tensor:
         return torch.cat([t, t]) if self.rules.guided else t
@@ -42,6 +46,8 @@ class GPTStep:
         return self.rules.combine(self.model.decode(None, self.positions, 0, self.prefix, *self._extras(extras, 0)))
 
     def forward(self, tokens, index, positions, extras):
+        if self.captured is not None and extras is None and isinstance(index, int):
+            return self.rules.combine(self.captured(self.twice(tokens), self.twice(positions), index))
         start = index if isinstance(index, int) else shared_start(index, self.twice)
         return self.rules.combine(self.model.decode(self.twice(tokens), self.twice(positions), start, None,
                                                     *self._extras(extras, index)))
