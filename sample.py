@@ -49,7 +49,7 @@ from mutor2d.checks import over_memory
 from mutor2d.cli import HelpFormatter, check_choice
 from mutor2d.config_files import parse_override
 from mutor2d.plugins import load_plugins
-from mutor2d.sample_values import PER_CLASS_LIMIT, SampleFileError, parse_classes
+from mutor2d.sampling.values import PER_CLASS_LIMIT, SampleFileError, parse_classes
 
 if TYPE_CHECKING:
     from mutor2d.sampling.images import Loaded

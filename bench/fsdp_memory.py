@@ -50,7 +50,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     from mutor2d import config as C
     from mutor2d.engine.loop import train_step
-    from mutor2d.engine.kinds import run_kind
+    from mutor2d.run_configs import run_kind
     from mutor2d.engine.setup import build_run
     torch.set_num_threads(1)
     from mutor2d.data.tokens import build_dataset

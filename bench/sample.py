@@ -68,7 +68,7 @@ def recompute(model: GPT, labels: torch.Tensor, grid: tuple[int, int], generator
     """Sample without a cache: step t runs the whole sequence prefix + x_0..x_{t-1}."""
     import torch
 
-    from mutor2d.registers import regular_position_ids
+    from mutor2d.objectives.layout import regular_position_ids
     from mutor2d.sampling.rules import sample_logits
     B, N = labels.shape[0], grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(labels.device).expand(B, N, 2)
@@ -84,7 +84,7 @@ def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> calla
     """A closure running the model alone over all H*W decode positions (no sampling)."""
     import torch
 
-    from mutor2d.registers import regular_position_ids
+    from mutor2d.objectives.layout import regular_position_ids
     N = grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)
     labels = torch.arange(batch, device=device)
@@ -104,7 +104,7 @@ def captured_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> cal
     at every position); the graph is captured at the first call."""
     import torch
 
-    from mutor2d.registers import regular_position_ids
+    from mutor2d.objectives.layout import regular_position_ids
     from mutor2d.sampling.captured import CapturedStep, CudaGraphs
     N = grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)

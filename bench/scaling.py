@@ -9,7 +9,7 @@ Memory per GPU = states + activations, all computed, not measured:
     scores): 34 x dim bytes per token and layer (Korthikanti et al. 2022, table 2 without the
     attention-score terms), plus the fp32 logits, their bf16 copy and gradient: 10 x vocab bytes per token.
 Time per 1,000 steps = training FLOPs (mutor2d.engine.speed.train_flops) / (GPUs x peak x MFU), with
-the peak of mutor2d.peaks.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
+the peak of mutor2d.engine.peaks.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
 
     python bench/scaling.py [--gpus 8] [--batch 1024] [--gpu H100] [--mfu 0.4]
     python bench/scaling.py --presets XL,XXL,3B --grid 24 --batch 256      # LlamaGen's 384-px recipes
@@ -37,7 +37,7 @@ if __name__ == "__main__":       # before the other imports: a Ctrl-C while they
 
 from mutor2d.cli import GRID_TOKENS_LIMIT, HelpFormatter  # noqa: E402  (parsed and checked before torch is imported)
 from mutor2d.model.config import PRESETS                 # noqa: E402
-from mutor2d.peaks import PEAK_BF16_FLOPS                 # noqa: E402
+from mutor2d.engine.peaks import PEAK_BF16_FLOPS                 # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -46,8 +46,8 @@ def sequence_length(objective: str, grid: tuple[int, int] = (16, 16)) -> int:
     """Tokens per sequence the trunk processes: T regular inputs + the register slots (sparse: K = 80;
     dense D = 4: the grid's maximum, 240 on 16 x 16, fixed so compiled shapes never change; slots a
     drawn offset leaves empty are computed and masked)."""
-    from mutor2d.register_spec import RegisterSpec2D
-    from mutor2d.registers import make_layout
+    from mutor2d.objectives.spec import RegisterSpec2D
+    from mutor2d.objectives.layout import make_layout
     T = 1 + grid[0] * grid[1] - 1
     if objective == "ntp":
         return T

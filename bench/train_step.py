@@ -54,7 +54,7 @@ def mask_objective() -> type:
 
     from mutor2d.model.attention import Visibility
     from mutor2d.objectives.token_prediction import TokenPrediction
-    from mutor2d.registers import Layout
+    from mutor2d.objectives.layout import Layout
 
     class MaskLayout(Layout):
         @property
@@ -404,5 +404,5 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, RuntimeError) as e:          # mutor2d.registers.LayoutError is a ValueError
+    except (ValueError, RuntimeError) as e:          # mutor2d.objectives.layout.LayoutError is a ValueError
         raise SystemExit(f"error: {e}")

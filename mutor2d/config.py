@@ -8,6 +8,11 @@ or ``@register_variant("objective", "mutor-2d", build=...)`` for a variant of a 
 (``name`` picks it). Here: the registries, building (``from_dict``, ``load``) and writing (``to_dict``,
 ``dump``) a config, ``--set`` overrides. The first lookup imports every ``SECTION_HOMES`` config module
 and the MUTOR2D_PLUGINS; a bad value is a one-line :class:`ConfigError` naming the key.
+
+The torch-free rule, stated here once: the config system, every package's ``config`` module and what
+they import load without torch, so a bad config (or command line) is one line before the seconds a
+torch import takes; a builder named as "module:function" is imported only when the section is built.
+``tests/test_layers.py`` and ``tests/test_help.py`` hold it.
 """
 from __future__ import annotations
 

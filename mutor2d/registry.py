@@ -2,7 +2,7 @@
 
 What a config section describes is made by a function registered under the section's name ("model",
 "objective.mutor-2d") as a "module:function" string and imported on first use: a config module names
-its builders and imports no implementation (no torch: a config is checked before torch is imported);
+its builders and imports no implementation (no torch: mutor2d.config);
 the implementation imports its config, so imports run one way. ``build(cfg.objective, model)`` calls
 the builder of the section's class (a subclass without its own builds as its parent)."""
 from __future__ import annotations

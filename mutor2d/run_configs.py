@@ -1,21 +1,31 @@
-"""Run kinds by ``task:``: the registry of config roots (``@register_run_config``) and finding the
-root of a config's task (a kind of mutor2d is the package ``mutor2d.TASK``; a plugin's registers itself)."""
+"""Run kinds by ``task:``: the registry of config roots (``@register_run_config``), each naming the
+engine's parts that train it (``kind``, a builder of mutor2d.registry), and finding the root and the
+parts of a config's task (a kind of mutor2d is the package ``mutor2d.TASK``; a plugin's registers itself)."""
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .checks import ConfigError
-from .registry import registered
+from .registry import BUILDERS, builder, registered
 
 RUN_CONFIGS: dict[str, type] = {}                             # task -> config root
 DEFAULT_TASK = "image"                                       # a config without ``task:``
 
 
-def register_run_config(task: str):
-    """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``."""
+def register_run_config(task: str, kind: str | Callable):
+    """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``,
+    trained with the parts ``kind`` (mutor2d.engine.setup.RunKind: a class, or "module:Class" imported
+    on first use, so that the config module imports no implementation)."""
+    BUILDERS[f"task.{task}"] = kind
     return registered(RUN_CONFIGS, task, "task")
+
+
+def run_kind(task: str) -> type:
+    """The engine's parts class of ``task``: what its config root names (the engine imports no kind)."""
+    run_config_class(task)
+    return builder(f"task.{task}")
 
 
 def task_of(data: dict) -> str:

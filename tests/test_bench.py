@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from mutor2d.model.attention import BACKENDS, Visibility
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D
-from mutor2d.registers import make_layout
+from mutor2d.objectives.spec import RegisterSpec1D, RegisterSpec2D
+from mutor2d.objectives.layout import make_layout
 from mutor2d.registry import build
 from mutor2d.sampling.decoding import generate
 from timeouts import limit
@@ -221,7 +221,7 @@ def test_cuda_flex_compiled_matches_sdpa_split(spec, dtype):
 def test_cuda_bf16_training_step_and_kv_decoding():
     from mutor2d.config import make
     from mutor2d.objectives.base import Batch
-    from mutor2d.registers import regular_position_ids
+    from mutor2d.objectives.layout import regular_position_ids
     model = _cuda_model()
     _set_backend(model, "auto")
     obj = build(make("objective", name="mutor-2d", placement="sparse", num_registers=80), model)

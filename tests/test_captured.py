@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mutor2d.config import make
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.layout import regular_position_ids
 from mutor2d.sampling.captured import CapturedStep, capture_decoder
 from mutor2d.sampling.decoding import run_decoder
 from mutor2d.sampling.rules import SamplingRules as Rules

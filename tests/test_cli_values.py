@@ -404,7 +404,7 @@ def test_a_writer_refuses_a_pipe_or_device_as_its_file(tmp_path, capsys):
     (["--out", "mask"], "--out 'mask': expected the path of a .png file"),
 ])
 def test_mask_figure_values_are_checked_before_drawing(tmp_path, capsys, monkeypatch, flags, needle):
-    from mutor2d import mask_figure
+    from mutor2d.objectives import figure as mask_figure
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         mask_figure.main(flags)

@@ -25,7 +25,7 @@ from mutor2d.checkpoint import inference
 from mutor2d.data.tokens import build_dataset, collate
 from mutor2d import config as config_lib
 from mutor2d.evaluation import plan, records, study_plots, study_runs, study_tables
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.layout import regular_position_ids
 from timeouts import limit
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from mutor2d.config import make
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch
-from mutor2d.register_spec import RegisterSpec2D
-from mutor2d.registers import make_layout
+from mutor2d.objectives.spec import RegisterSpec2D
+from mutor2d.objectives.layout import make_layout
 from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -76,7 +76,7 @@ def test_compiled_blocks_one_graph_no_breaks(case):
 
 def _decode_all(model, rows: int, grid=(4, 4)) -> torch.Tensor:
     """Cached decoding of every position (no sampling): logits (rows, N, vocab)."""
-    from mutor2d.registers import regular_position_ids
+    from mutor2d.objectives.layout import regular_position_ids
     N = grid[0] * grid[1]
     pos = regular_position_ids(grid, 1, N).expand(rows, N, 2)
     tok = torch.zeros(rows, 1, dtype=torch.long)

@@ -128,7 +128,7 @@ def test_the_demo_names_a_kinds_choices_as_the_kind_does(style_run):
     """app.py on a run of a kind with choices: the dropdown lists them by the kind's row labels ("style 2"),
     as its grids do, not as class indices or ImageNet names; the page says what they are."""
     demo_extra("gradio")
-    from mutor2d import demo as demo_lib
+    from mutor2d.demo import page as demo_lib
     src = generation.open_checkpoint(checkpoint.latest_valid(style_run), device="cpu")
     app = demo_lib.build_app(demo_lib.Demo(src, torch.device("cpu"), "RUN"))
     dropdown = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "classes")

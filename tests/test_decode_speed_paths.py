@@ -7,7 +7,7 @@ import torch
 
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.layout import regular_position_ids
 from mutor2d.sampling.decoding import compile_decoder, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

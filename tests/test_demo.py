@@ -1,4 +1,4 @@
-"""The demo page (app.py, mutor2d/demo.py): settings from the URL and their one-line errors, the images
+"""The demo page (app.py, mutor2d/demo/page.py): settings from the URL and their one-line errors, the images
 forming (TokenWatch), the grid equal to sample.py's; in a real browser (headless Debian chromium driven
 by selenium, nothing downloaded) every decoding mode, the statistics and the shared link; concurrent
 requests queued. The docs' screenshot:
@@ -30,7 +30,7 @@ demo_extra("gradio")
 from test_hub import tiny_run  # noqa: E402
 
 from mutor2d.sampling import images as generation  # noqa: E402
-from mutor2d import demo as demo_lib, demo_cli  # noqa: E402
+from mutor2d.demo import cli as demo_cli, page as demo_lib  # noqa: E402
 from mutor2d.sampling.rules import SamplingRules  # noqa: E402
 from mutor2d.sampling.decoding import decoding_mode, run_decoder  # noqa: E402
 from mutor2d.sampling.auto import CROSSOVER, auto_decode  # noqa: E402

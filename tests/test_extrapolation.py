@@ -16,7 +16,7 @@ from mutor2d.evaluation.extrapolation import (Curve, ExtrapolationError, check_g
                                               stacked_grids, summarise)
 from mutor2d.model.gpt import GPT
 from mutor2d.model.config import ModelConfig
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.layout import regular_position_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 V, C = 6, 3

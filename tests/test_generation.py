@@ -15,7 +15,7 @@ from mutor2d import checkpoint
 from mutor2d.checkpoint import locate
 from mutor2d.sampling import images as generation
 from mutor2d.sampling import npz as npz_files
-from mutor2d.sample_values import SampleFileError
+from mutor2d.sampling.values import SampleFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 V, C = 17, 10

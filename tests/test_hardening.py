@@ -180,7 +180,7 @@ def test_a_flipped_byte_in_hub_weights_is_one_line_everywhere(saved, tmp_path, c
     with pytest.raises(ValueError, match="corrupt"):                       # train.init_from
         init_weights(GPT(config.load("digits_mutor2d.yaml", TINY).model, register_token=True), str(bad))
     demo_extra("gradio")
-    from mutor2d import demo_cli
+    from mutor2d.demo import cli as demo_cli
     with pytest.raises(SystemExit) as e:
         demo_cli.main(["--ckpt", str(bad), "--device", "cpu", "--port", str(free_port())])
     assert e.value.code == 2 and "corrupt" in one_error_line(capsys)
@@ -269,7 +269,7 @@ def test_app_without_the_demo_extra_names_it_in_one_line(argv):
 
 
 def test_app_port_out_of_range_or_busy_is_one_line(saved, capsys):
-    from mutor2d import demo_cli
+    from mutor2d.demo import cli as demo_cli
     demo_extra("gradio")
     with pytest.raises(SystemExit) as e:
         demo_cli.main(["--ckpt", str(saved), "--port", "99999"])
@@ -328,7 +328,7 @@ def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_built(t
     with pytest.raises(config.ConfigError, match=r"^model.ch=\d+, model.ch_mult=\[.*\], model.num_res_blocks=\d+: about"):
         train_vq(load_config("vq_digits", vq + [f"train.out_dir={tmp_path / 'vq'}"]))
     monkeypatch.undo()                  # on this machine the shipped configs fit (and every training test
-    from mutor2d.engine.kinds import run_kind                            # passes the same check)
+    from mutor2d.run_configs import run_kind                            # passes the same check)
     for name in ("digits_mutor2d.yaml", "llamagen_b_mutor2d.yaml", "vq_digits.yaml"):
         cfg = config.load(name)
         checks.check_model_fits(*run_kind(cfg.task)().size(cfg), checks.TRAIN_BYTES_PER_PARAM)

@@ -25,7 +25,7 @@ SCRIPTS = sorted(p for folder in (ROOT, ROOT / "eval", ROOT / "bench", ROOT / "e
 MODULES = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "mutor2d").rglob("*.py")
                   if 'if __name__ == "__main__"' in p.read_text() and p.name != "__main__.py"}
                  | {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mutor2d").rglob("__main__.py")})
-DELEGATES = {"app.py": "mutor2d.demo_cli"}         # scripts whose parser lives in a module
+DELEGATES = {"app.py": "mutor2d.demo.cli"}         # scripts whose parser lives in a module
 ENTRIES = [p.relative_to(ROOT).as_posix() for p in SCRIPTS] + [f"-m {m}" for m in MODULES]
 # runs an entry point with --help, then with a bad option, refusing to import torch (an entry point that
 # tries fails at once); prints the exit codes and whether torch was asked for
@@ -89,7 +89,7 @@ def undescribed(parser: argparse.ArgumentParser, where: str) -> list[str]:
 def test_every_entry_point_is_found():
     names = {p.relative_to(ROOT).as_posix() for p in SCRIPTS}
     assert {"train.py", "sample.py", "app.py", "eval/fid.py", "bench/lm_step.py", "tokenizers/train_vq.py"} <= names
-    assert {"mutor2d.mask_figure", "mutor2d.lm.data", "mutor2d.checkpoint", "mutor2d.hub"} <= set(MODULES)
+    assert {"mutor2d.objectives.figure", "mutor2d.lm.data", "mutor2d.checkpoint", "mutor2d.hub"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.relative_to(ROOT).as_posix())

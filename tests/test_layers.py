@@ -16,18 +16,16 @@ import mutor2d
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutor2d"
 LAYERS = [
-    {"checks", "cli", "io", "peaks", "plugins", "preempt", "provenance"},  # what every part shares
+    {"checks", "cli", "io", "plugins", "preempt", "provenance"},  # what every part shares
     {"config", "config_files", "registry", "run_configs"},  # the registries, config files and building
     {"checkpoint"},                                # files: written atomically, read without running code
     {"model", "tokenizer"},                        # the networks: the GPT (attention, conditioning), VQ
-    {"registers", "register_spec", "mask_figure"}, # the register rules (no torch), their layout: pure tensor code; its picture
-    {"objectives", "data"},                        # losses over the layout; training data
-    {"sample_values"},                             # a sample request's values that need no model (no torch)
+    {"objectives", "data"},                        # the method (register rules, layout, losses, its picture); training data
     {"sampling"},                                  # decoding, and images / npz files out of a model
     {"engine"},                                    # the one training loop
     {"evaluation"},                                # metrics, records, studies (they train and sample)
     {"image", "lm", "vq"},                         # the run kinds, peers
-    {"demo", "demo_cli", "hub"},                   # optional integrations
+    {"demo", "hub"},                               # optional integrations
 ]
 RUN_KINDS = LAYERS[-2]
 
@@ -175,7 +173,8 @@ def defines(module: str, name: str) -> bool:
 
 def test_builders_are_named_in_their_section_s_package_or_above_and_no_config_imports_them(graph):
     """Each registered "module:function" builder: defined in an existing module of the package that
-    holds its section's config (SECTION_HOMES), or of a higher layer, and imported by no config module;
+    holds its section's config (SECTION_HOMES; a run config's parts, "task.TASK": its kind's package), or
+    of a higher layer, and imported by no config module;
     the registry imports only config modules by name (SECTION_HOMES)."""
     from mutor2d import config
     from mutor2d.registry import BUILDERS
@@ -187,8 +186,11 @@ def test_builders_are_named_in_their_section_s_package_or_above_and_no_config_im
     assert len(BUILDERS) >= 10
     for name, target in BUILDERS.items():
         module, function = target.split(":")
-        section = max((s for s in config.SECTION_HOMES if name == s or name.startswith(f"{s}.")), key=len)
-        home = f"mutor2d.{config.SECTION_HOMES[section]}"
+        if name.startswith("task."):                     # a run config's parts: in its kind's package
+            home = f"mutor2d.{name.split('.', 1)[1]}"
+        else:
+            section = max((s for s in config.SECTION_HOMES if name == s or name.startswith(f"{s}.")), key=len)
+            home = f"mutor2d.{config.SECTION_HOMES[section]}"
         assert module in graph and defines(module, function), target
         assert rank[unit_of(module)] >= rank[unit_of(home)], f"{name}: {target} is below {home}"
         assert not [c for c in configs if module in graph[c]], f"a config imports {module}"

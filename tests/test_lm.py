@@ -26,8 +26,8 @@ from mutor2d.lm.model import MutorLM, frame_batch  # noqa: E402
 from mutor2d.lm.packing import LMBatch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
 from mutor2d.objectives.token_prediction import TokenPrediction  # noqa: E402
-from mutor2d.register_spec import RegisterSpec, RegisterSpec1D  # noqa: E402
-from mutor2d.registers import make_layout, offset_targets, regular_position_ids  # noqa: E402
+from mutor2d.objectives.spec import RegisterSpec, RegisterSpec1D  # noqa: E402
+from mutor2d.objectives.layout import make_layout, offset_targets, regular_position_ids  # noqa: E402
 from timeouts import limit  # noqa: E402
 
 VOCAB = 40

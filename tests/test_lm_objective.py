@@ -26,7 +26,7 @@ from mutor2d.lm import hf  # noqa: E402
 from mutor2d.lm.config import LMModelConfig, load  # noqa: E402
 from mutor2d.lm.model import LAYERS, decoder_part, frame_batch  # noqa: E402
 from mutor2d.lm.run import LMTrainModule  # noqa: E402
-from mutor2d.registers import make_layout  # noqa: E402
+from mutor2d.objectives.layout import make_layout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 

@@ -22,7 +22,7 @@ from mutor2d.lm.prompts import eval_prompts  # noqa: E402
 from mutor2d.lm.records import load_located  # noqa: E402
 from mutor2d.lm.rows import Rows  # noqa: E402
 from mutor2d.lm.speculative import HFStep, TextEnds, generate_ids  # noqa: E402
-from mutor2d.register_spec import RegisterSpec1D  # noqa: E402
+from mutor2d.objectives.spec import RegisterSpec1D  # noqa: E402
 from mutor2d.sampling import verification  # noqa: E402
 from mutor2d.sampling.drafters import RegisterDrafter  # noqa: E402
 from mutor2d.sampling.rules import SamplingRules, draw  # noqa: E402

@@ -14,8 +14,8 @@ from mutor2d.model.gpt import GPT
 from mutor2d.model.config import model_shape
 from mutor2d.model.llamagen import load_llamagen
 from mutor2d.objectives.base import Batch
-from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D
-from mutor2d.registers import make_layout, regular_position_ids
+from mutor2d.objectives.spec import RegisterSpec1D, RegisterSpec2D
+from mutor2d.objectives.layout import make_layout, regular_position_ids
 from mutor2d.registry import build
 
 V, C = 24, 5

@@ -9,8 +9,8 @@ from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch, ObjectiveResult, masked_ce
 from mutor2d.objectives.multihead import MultiHead
 from mutor2d.objectives.token_prediction import TokenPrediction
-from mutor2d.register_spec import RegisterSpec, RegisterSpec2D
-from mutor2d.registers import make_layout
+from mutor2d.objectives.spec import RegisterSpec, RegisterSpec2D
+from mutor2d.objectives.layout import make_layout
 from mutor2d.registry import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

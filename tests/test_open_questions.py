@@ -104,8 +104,8 @@ def test_run_logs_the_current_weight(tmp_path):
 
 # ----------------------------------------------------------------------------- offset_distribution
 
-from mutor2d.register_spec import RegisterSpec1D, RegisterSpec2D  # noqa: E402
-from mutor2d.registers import make_layout  # noqa: E402
+from mutor2d.objectives.spec import RegisterSpec1D, RegisterSpec2D  # noqa: E402
+from mutor2d.objectives.layout import make_layout  # noqa: E402
 
 
 def drawn_offsets(lay) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ from test_lm import DENSE, FAMILIES, framed, ragged_batch, run_layout  # noqa: E
 from mutor2d.model.attention import NEVER, Visibility, causal_rule, open_prefix  # noqa: E402
 from mutor2d.lm import hf  # noqa: E402
 from mutor2d.lm.model import MutorLM, attention_mask  # noqa: E402
-from mutor2d.registers import make_layout, regular_position_ids  # noqa: E402
+from mutor2d.objectives.layout import make_layout, regular_position_ids  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

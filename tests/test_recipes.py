@@ -22,8 +22,8 @@ from mutor2d.model.attention import BACKENDS
 from mutor2d.engine.runlog import read_log
 from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
-from mutor2d.register_spec import RegisterSpec2D
-from mutor2d.registers import make_layout
+from mutor2d.objectives.spec import RegisterSpec2D
+from mutor2d.objectives.layout import make_layout
 from mutor2d.registry import BUILDERS
 from mutor2d.tokenizer.base import TOKENIZERS
 from mutor2d.tokenizer.image_folder import augment, center_crop_arr
@@ -65,7 +65,7 @@ def recipe_plugins(tmp_path, monkeypatch, registries: list[dict]):
     tmp_path/plugins/NAME.py and names it in MUTOR2D_PLUGINS; ``registries`` (the ones the recipes
     fill) are restored, and the modules forgotten, afterwards. Every shipped part and run kind is
     registered first: a registry saved before a lazy import would be restored without it."""
-    from mutor2d.engine.kinds import run_kind
+    from mutor2d.run_configs import run_kind
     config.import_parts()
     for task in run_configs.known_tasks():
         run_configs.run_config_class(task), run_kind(task)

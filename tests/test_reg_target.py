@@ -21,8 +21,8 @@ from mutor2d.engine.loop import train
 from mutor2d.model.gpt import GPT
 from mutor2d.objectives.base import Batch
 from mutor2d.objectives.base import TargetRule, target_rule
-from mutor2d.register_spec import RegisterSpec, first_anchor
-from mutor2d.registers import make_layout, offset_targets, regular_position_ids
+from mutor2d.objectives.spec import RegisterSpec, first_anchor
+from mutor2d.objectives.layout import make_layout, offset_targets, regular_position_ids
 from mutor2d.registry import build
 from test_lm import ragged_batch, tiny_llama
 from test_lm_objective import drawn_registers, head_terms, ntp_terms, pooled, register_terms, samples

@@ -9,9 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mutor2d import config as C
 from mutor2d.model.attention import NEVER
-from mutor2d.registers import Layout, dense_slots, make_layout, offset_targets, regular_position_ids
-from mutor2d.register_spec import LayoutError, RegisterSpec, RegisterSpec1D, RegisterSpec2D
-from mutor2d.register_spec import offset_pairs
+from mutor2d.objectives.layout import Layout, dense_slots, make_layout, offset_targets, regular_position_ids
+from mutor2d.objectives.spec import LayoutError, RegisterSpec, RegisterSpec1D, RegisterSpec2D
+from mutor2d.objectives.spec import offset_pairs
 from timeouts import limit
 
 
@@ -236,11 +236,11 @@ def test_bad_lengths_error():
 
 def test_mask_picture_command(tmp_path):
     out = tmp_path / "mask.png"
-    r = subprocess.run([sys.executable, "-m", "mutor2d.mask_figure", "--grid", "4x4", "--dmax2d", "3",
+    r = subprocess.run([sys.executable, "-m", "mutor2d.objectives.figure", "--grid", "4x4", "--dmax2d", "3",
                         "--out", str(out)], capture_output=True, text=True, timeout=limit(120))
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
-    r = subprocess.run([sys.executable, "-m", "mutor2d.mask_figure", "--grid", "1x8", "--dmax2d", "3",
+    r = subprocess.run([sys.executable, "-m", "mutor2d.objectives.figure", "--grid", "1x8", "--dmax2d", "3",
                         "--objective", "mutor-2d", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode != 0 and "need a 2D grid" in r.stderr and "Traceback" not in r.stderr
 

@@ -18,8 +18,8 @@ from mutor2d.checkpoint.__main__ import main as checkpoint_main
 from mutor2d.model.config import ModelConfig
 from mutor2d.tokenizer.pixel import PixelTokenizer
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import regular_position_ids
-from mutor2d.sample_values import SampleFileError, parse_classes
+from mutor2d.objectives.layout import regular_position_ids
+from mutor2d.sampling.values import SampleFileError, parse_classes
 from mutor2d.sampling.images import balanced_labels, make_sampler, sample_batches, save_grid, spread_classes
 from mutor2d.sampling.npz import NpzJob, read_npz, shard_dir
 from mutor2d.sampling.rules import SamplingRules, filter_logits, guide, sample_logits

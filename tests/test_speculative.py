@@ -11,8 +11,8 @@ import torch
 from mutor2d.config import ConfigError, make
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.register_spec import RegisterSpec, RegisterSpec1D, RegisterSpec2D
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.spec import RegisterSpec, RegisterSpec1D, RegisterSpec2D
+from mutor2d.objectives.layout import regular_position_ids
 from mutor2d.sampling.rules import SamplingRules as Rules
 from mutor2d.sampling.decoding import GPTStep, generate, run_decoder
 from mutor2d.sampling import verification

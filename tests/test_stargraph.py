@@ -87,7 +87,7 @@ from mutor2d.evaluation import stargraph as stargraph_eval
 from mutor2d.evaluation import records
 from mutor2d.model.config import ModelConfig
 from mutor2d.model.gpt import GPT
-from mutor2d.registers import regular_position_ids
+from mutor2d.objectives.layout import regular_position_ids
 from mutor2d.data.stargraph import StarGraphs
 from mutor2d.evaluation.stargraph import solve_rates, teacher_forced_accuracy
 

@@ -1,6 +1,6 @@
 """The ``data`` section: every dataset's config variant (``data.name``), its fields and rules, and
 the name of the builder of its splits (mutor2d.data.tokens: digits, code stores, photos;
-mutor2d.data.stargraph). No torch here: a config is checked before torch is imported. Adding a
+mutor2d.data.stargraph). No torch here (the rule: mutor2d.config). Adding a
 dataset: one DataConfig subclass here (or in a plugin) with ``@register_variant("data", NAME,
 build="module:function")``."""
 from __future__ import annotations

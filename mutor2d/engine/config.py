@@ -1,6 +1,6 @@
 """The engine's config sections, shared by every run kind: ``optim`` (OptimConfig, built by
 mutor2d.engine.optim) and the loop's TrainConfig (a kind subclasses it: mutor2d.image.config). No
-torch here: a config is checked before torch is imported."""
+torch here (the rule: mutor2d.config)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

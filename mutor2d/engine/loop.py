@@ -44,7 +44,7 @@ from . import runlog
 from .config import flat
 from .entry import Diverged
 from .hooks import CheckpointHook, Logger, StepStatus
-from .kinds import run_kind
+from ..run_configs import run_kind
 from .lock import run_lock
 from .setup import ResumeWith, RunState, build_run, record_provenance
 from .sharding import global_tensor, is_sharded
@@ -157,7 +157,7 @@ def train(cfg, run_dir, resume: str | None = None, kind=None, resume_with: Resum
     (train.py's) continues with its saved config plus its overrides (engine.setup.ResumeWith).
     Bad settings raise ConfigError (one line) before the first step; so does a folder another live run
     holds (RunLocked). ``kind``: the run kind's parts (default: those registered for ``cfg.task``,
-    mutor2d.engine.kinds)."""
+    mutor2d.run_configs.run_kind)."""
     try:
         with run_lock(run_dir):
             return _train(cfg, run_dir, resume, kind or run_kind(cfg.task)(), resume_with)
@@ -226,7 +226,7 @@ def startup_line(run: RunState) -> str:
     params = list(run.model.parameters())
     total, trained = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
     where = f"{run.device}" + (f" x {run.acc.num_processes} processes" if run.acc.num_processes > 1 else "")
-    return (f"{run.kind.name} run on {where}: {short_count(total)} parameters ({short_count(trained)} trained); "
+    return (f"{run.cfg.task} run on {where}: {short_count(total)} parameters ({short_count(trained)} trained); "
             f"run folder {run.run_dir.absolute()}")
 
 

@@ -1,7 +1,8 @@
 """Building a run from its config: accelerator, data, networks, optimizer, schedule, EMA, resume point.
 
 A run config names its kind (``task``); the kind supplies only its parts (:class:`RunKind`, registered
-by task in mutor2d.engine.kinds: mutor2d.image.run, mutor2d.lm.run, mutor2d.vq.run), the engine the rest.
+named by its config root: mutor2d.run_configs; mutor2d.image.run, mutor2d.lm.run, mutor2d.vq.run), the engine
+the rest.
 
 Rules:
   * The networks are initialised from ``train.seed`` (same on every process), then each process seeds

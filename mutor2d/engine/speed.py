@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ..peaks import PEAK_BF16_FLOPS
+from .peaks import PEAK_BF16_FLOPS
 PEAK_ENV = "MUTOR2D_PEAK_TFLOPS"   # the user's peak in TFLOP/s per device; wins over the table
 
 

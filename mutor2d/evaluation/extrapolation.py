@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..checkpoint import inference, locate
 from ..data.tokens import build_dataset, collate
-from ..registers import regular_position_ids
+from ..objectives.layout import regular_position_ids
 
 
 class ExtrapolationError(ValueError):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..data.stargraph import StarGraphs
-from ..register_spec import RegisterSpec, RegisterSpec1D
-from ..registers import make_layout
+from ..objectives.spec import RegisterSpec, RegisterSpec1D
+from ..objectives.layout import make_layout
 from ..sampling.decoding import generate
 
 

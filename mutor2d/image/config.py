@@ -39,7 +39,7 @@ class ImageTrainConfig(TrainConfig):
                 "samples per class of each online evaluation, made in memory")
 
 
-@register_run_config("image")
+@register_run_config("image", kind="mutor2d.image.run:ImageRun")
 @dataclass
 class ImageRunConfig(ConfigRoot):
     """Every section of an image run; defaults are the registered sections' defaults."""

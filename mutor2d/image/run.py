@@ -22,7 +22,6 @@ from ..checkpoint import inference, locate
 from ..checkpoint import sharded as sharded_checkpoint
 from ..checks import ConfigError
 from ..data.tokens import build_dataset, collate
-from ..engine.kinds import register_run_kind
 from ..model.config import model_shape
 from ..model.gpt import GPT
 from ..model.llamagen import load_llamagen
@@ -49,7 +48,6 @@ class TrainModule(nn.Module):
         return self.objective(self.model, Batch(body, prefix, self.grid, lengths), generator)
 
 
-@register_run_kind("image")
 class ImageRun:
     """The parts of an image run for the engine (see mutor2d.engine.setup.RunKind)."""
     collate = staticmethod(collate)

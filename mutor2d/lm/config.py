@@ -128,7 +128,7 @@ def lm_train_config(**fields) -> TrainConfig:
     return TrainConfig(**{"batch_size": 8, "ckpt_every": 500, "max_nonfinite": 20, **fields})
 
 
-@register_run_config(TASK)
+@register_run_config(TASK, kind="mutor2d.lm.run:LMRun")
 @dataclass
 class LMRunConfig(ConfigRoot):
     sections = SECTIONS

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from ..config import make
-from ..register_spec import RegisterSpec
+from ..objectives.spec import RegisterSpec
 from ..sampling.auto import can_draft as objective_drafts
 from ..sampling.config import checkpoint_spec, useful_draft
 from ..sampling.stats import DecodeStats

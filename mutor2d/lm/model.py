@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..model.attention import Visibility, causal_rule, open_prefix
 from ..objectives.base import Batch
-from ..register_spec import RegisterSpec
+from ..objectives.spec import RegisterSpec
 from .packing import Frame, LMBatch, canonical, frame, line_width
 
 LAYERS, NORMS = ("layers", "h"), ("norm", "ln_f")        # decoder attributes: Llama/Gemma/Mistral/Qwen, GPT-2

@@ -1,7 +1,7 @@
 """A batch of (prompt, answer) pairs in the canonical frame the objectives see, and where each of its
 slots sits in the shorter physical sequence the transformers model runs on.
 
-Rules come from mutor2d.registers; nothing here restates them. A sample is prompt p_0..p_{P-1}
+Rules come from mutor2d.objectives.layout; nothing here restates them. A sample is prompt p_0..p_{P-1}
 (the prefix) and answer a_0..a_{N-1} (the body, a 1 x N line). Its regular inputs are
 prompt + a_0..a_{N-2} (P + N - 1 tokens); regular input j predicts a_{j-P+1} (loss only on the
 answer). A MuToR-1D register anchored at answer token t (t = -1: the last prompt token) predicts
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..model.attention import NEVER, Visibility
-from ..register_spec import RegisterSpec, num_anchors
+from ..objectives.spec import RegisterSpec, num_anchors
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LMBatch:
 def line_width(spec: RegisterSpec, longest: int) -> int:
     """The narrowest line (1, width), width >= ``longest`` (the longest answer), that ``spec`` accepts
     (RegisterSpec.check_layout: d_min columns for 1D offsets, and for sparse placement num_registers
-    anchors, counted by register_spec.num_anchors). Columns past an answer's length are padding, masked
+    anchors, counted by objectives.spec.num_anchors). Columns past an answer's length are padding, masked
     by ``lengths``."""
     width = max(longest, getattr(spec, "d_min", 0))
     if spec.uses_registers() and spec.placement == "sparse":

@@ -23,7 +23,6 @@ from torch.utils.data import Dataset
 from .. import provenance, registry
 from ..config import ConfigError, fail
 from ..engine.hooks import due
-from ..engine.kinds import register_run_kind
 from ..engine.rng import preserved_rng
 from ..engine.runlog import eval_text
 from ..engine.sharding import is_sharded
@@ -83,7 +82,6 @@ class LMTrainModule(nn.Module):
         return self.objective(view, canonical, generator)
 
 
-@register_run_kind("lm")
 class LMRun:
     """The parts of a language-model run for the engine. ``model`` / ``tokenizer``: transformers
     objects to fine-tune instead of loading ``model.hf`` (which then only names the base; default:

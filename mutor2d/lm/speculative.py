@@ -21,7 +21,7 @@ from torch import Tensor
 from ..config import make
 from ..model.attention import NEVER, open_prefix
 from ..model.extras import register_visibility
-from ..register_spec import NO_REGISTERS
+from ..objectives.spec import NO_REGISTERS
 from ..registry import build
 from ..sampling.rounds import Ends, Extras, Frame, decode
 from ..sampling.rules import SamplingRules

@@ -9,5 +9,5 @@
   embedders     the class-label embedding (with its null class for CFG)
 
 The model knows nothing of registers beyond "extra tokens with given position ids and a given
-visibility rule" (mutor2d.registers builds those). Only ``config`` is free of torch.
+visibility rule" (mutor2d.objectives.layout builds those). Only ``config`` is free of torch.
 """

@@ -1,6 +1,6 @@
 """The ``model`` section: the GPT's size, conditioning kind, RoPE, dropouts and attention backend, and
-its size presets, built by mutor2d.model.gpt.GPT. No torch here (a config is checked before torch is
-imported); conditioning kinds are torch-free to import (mutor2d.model.conditioning)."""
+its size presets, built by mutor2d.model.gpt.GPT. No torch here (the rule: mutor2d.config);
+conditioning kinds are torch-free to import (mutor2d.model.conditioning)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

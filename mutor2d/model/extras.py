@@ -1,4 +1,4 @@
-"""The visibility of extra (register) tokens, the one rule that training (mutor2d.registers), the
+"""The visibility of extra (register) tokens, the one rule that training (mutor2d.objectives.layout), the
 KV-cached decoder (model.cache) and the text decoder (mutor2d.lm.speculative) attend under: E extra
 tokens after the regular ones, each reading the keys ranked up to its limit and itself; no query
 sees an extra token."""

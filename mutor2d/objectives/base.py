@@ -18,7 +18,7 @@ class TokenModel(Protocol):
     causal LM on one batch (mutor2d.lm.model.FramedLM) alike.
 
     A sequence is P prefix slots, the regular tokens after them (T regular slots in all), then E
-    extra (register) slots; positions (B, T + E, 2) are (row, col) ids (mutor2d.registers); vis is
+    extra (register) slots; positions (B, T + E, 2) are (row, col) ids (mutor2d.objectives.layout); vis is
     the visibility rule over all slots (mutor2d.model.attention.Visibility), None = plain causal, E = 0.
     Hidden states are what ``logits`` takes."""
     sparse_logits: bool  # True: logits only at valid rows (token_ce); False: every row, masked (no host sync)

@@ -1,6 +1,6 @@
 """The ``objective`` section: every objective's config variant (``objective.name``), its fields and
 rules, and the name of the builder of its loss (token_prediction, multihead: they import their
-config from here). No torch here: a config is checked before torch is imported."""
+config from here). No torch here (the rule: mutor2d.config)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from typing import Literal
 
 from ..checks import ConfigError, at_least, fraction
 from ..config import Variant, register_variant
-from ..register_spec import MAX_D_1D, MAX_D_2D, NO_REGISTERS, RegisterSpec, RegisterSpec1D, RegisterSpec2D
+from .spec import MAX_D_1D, MAX_D_2D, NO_REGISTERS, RegisterSpec, RegisterSpec1D, RegisterSpec2D
 
 
 class ObjectiveConfig(Variant):
@@ -145,7 +145,7 @@ REGISTERS = "mutor2d.objectives.token_prediction:build_registers"   # mutor-1d's
 class RegisterObjective:
     """What the register objectives add to their RegisterSpec and AuxTermConfig fields (the spec's
     fields are the config's: ``placement``, ``num_registers``, ``per_register_offsets``, ``edge``,
-    ``offset_distribution``, ``register_visibility``, ``d_min`` / ``d_max``; mutor2d.register_spec)."""
+    ``offset_distribution``, ``register_visibility``, ``d_min`` / ``d_max``; mutor2d.objectives.spec)."""
 
     def check(self) -> None:
         """The aux term's rules, the offsets', and a list of weights: one non-negative number per

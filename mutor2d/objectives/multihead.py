@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..register_spec import RegisterSpec, first_anchor
-from ..registers import make_layout, offset_targets, regular_position_ids
+from .spec import RegisterSpec, first_anchor
+from .layout import make_layout, offset_targets, regular_position_ids
 from .base import Batch, ObjectiveResult, TokenModel, mix, target_rule, token_ce
 from .config import MultiHeadConfig
 

@@ -6,15 +6,15 @@ targets (so neither term's scale depends on how many registers there are). L_reg
 registers' cross-entropy to their target tokens (``reg_target: token``), or under ``self_distill``
 (1 - m) * CE_reg + m * KL_reg, KL_reg the divergence of each register's distribution from the model's
 own detached next-token distribution at its target's predictor slot (base.TargetRule). Registers are
-extra tokens appended after the regular block; regular tokens never see them (see mutor2d.registers).
+extra tokens appended after the regular block; regular tokens never see them (see mutor2d.objectives.layout).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from ..registers import Layout, make_layout
-from ..register_spec import NO_REGISTERS, RegisterSpec
+from .layout import Layout, make_layout
+from .spec import NO_REGISTERS, RegisterSpec
 from .base import Batch, ObjectiveResult, TargetRule, TokenModel, mix, target_rule, token_ce
 from .config import MuToR1DConfig, MuToR2DConfig, NTPConfig, WeightSchedule
 

@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal, Optional
 
 from ..checks import ConfigError, at_least, at_most, check_seed, fail
 from ..config import VARIANTS, UnknownVariant, Variant, make, register_section, register_variant
-from ..register_spec import NO_REGISTERS, RegisterSpec
-from ..sample_values import PER_CLASS_LIMIT
+from ..objectives.spec import NO_REGISTERS, RegisterSpec
+from .values import PER_CLASS_LIMIT
 
 WINGS = ("image", "text")        # the decoders: images (mutor2d.sampling), language models (mutor2d.lm)
 

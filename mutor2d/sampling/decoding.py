@@ -13,7 +13,7 @@ from .config import DecodeConfig, checkpoint_spec, check_sampling
 from ..config import make
 from .captured import CapturedStep
 from .rounds import Extras, Frame, Progress, decode
-from ..registers import regular_position_ids
+from ..objectives.layout import regular_position_ids
 from .rules import SamplingRules
 from .stats import DecodeStats
 

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ..config import make
-from ..register_spec import RegisterSpec, first_anchor
-from ..registers import offset_targets, register_position_ids
+from ..objectives.spec import RegisterSpec, first_anchor
+from ..objectives.layout import offset_targets, register_position_ids
 from ..registry import build
 from .auto import auto_decode, can_draft
 from .rounds import Extras, Frame, Round

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..model.conditioning import Conditioning, conditioning
 from ..io import write_atomic
-from ..sample_values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
+from .values import SampleFileError, check_classes, parse_classes  # noqa: F401 (re-exported)
 from .decoding import decoding_mode, run_decoder, unwrap_model
 from .rounds import Progress
 from .rules import SamplingRules

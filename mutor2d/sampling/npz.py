@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..io import write_atomic
 from ..model.conditioning import Conditioning, conditioning
-from ..sample_values import SampleFileError
+from .values import SampleFileError
 from .images import SETTINGS, Sampler, shard_seed
 from .stats import DecodeStats
 

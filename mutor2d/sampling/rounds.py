@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..registers import position_at
+from ..objectives.layout import position_at
 from . import verification
 from .rules import SamplingRules
 from .stats import DecodeStats

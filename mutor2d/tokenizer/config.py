@@ -1,5 +1,5 @@
 """The tokenizers' settings that need no torch: the VQ architecture (VQConfig, its presets and errors)
-and the pixel tokenizer's level limit, so that a config is checked before torch is imported."""
+and the pixel tokenizer's level limit (no torch: mutor2d.config)."""
 from __future__ import annotations
 
 import dataclasses

@@ -69,7 +69,7 @@ def vq_train(**fields) -> TrainConfig:
                           "tracker": "none", **fields})
 
 
-@register_run_config(TASK)
+@register_run_config(TASK, kind="mutor2d.vq.run:VQRun")
 @dataclass
 class VQRunConfig(ConfigRoot):
     sections = SECTIONS

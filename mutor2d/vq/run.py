@@ -30,7 +30,6 @@ from ..checks import ConfigError
 from ..data.config import digits_fingerprint
 from ..data.tokens import digits_images, digits_rgb
 from ..engine.hooks import due
-from ..engine.kinds import register_run_kind
 from ..engine.loop import train as engine_train
 from ..engine.runlog import read_log
 from ..io import say
@@ -164,7 +163,6 @@ class VQTrainModule(torch.nn.Module):
         return ObjectiveResult(loss, logs, {}, torch.tensor(x.shape[0], device=x.device))
 
 
-@register_run_kind("vq")
 class VQRun:
     """The parts of a VQ tokenizer run for the engine (mutor2d.engine.setup.RunKind)."""
     collate = staticmethod(torch.utils.data.default_collate)

@@ -6,7 +6,7 @@ A request is a dict of settings (``DEFAULTS``), read from the page or from its U
 to images (``generation.make_sampler``) as one batch seeded with ``shard_seed(seed, 0)``, so the grid
 equals ``sample.py --classes C --per-class N --seed S --batch-size len(C)*N`` (the page shows that
 command). Bad settings are a message in the page; requests are queued (one decoding at a time); the
-server logs one line per request. app.py's flags are checked before anything loads (mutor2d.demo_cli,
+server logs one line per request. app.py's flags are checked before anything loads (mutor2d.demo.cli,
 ``check_port``); Ctrl-C / SIGTERM close the server within ``STOP_S`` seconds (``serve``).
 """
 import dataclasses
@@ -24,12 +24,12 @@ from urllib.parse import urlencode
 import numpy as np
 import torch
 
-from . import config
-from .checkpoint import locate
-from .sampling import images as generation
-from .plugins import load_plugins
-from .sampling.config import decode_modes
-from .sampling.auto import auto_decode, can_draft
+from .. import config
+from ..checkpoint import locate
+from ..sampling import images as generation
+from ..plugins import load_plugins
+from ..sampling.config import decode_modes
+from ..sampling.auto import auto_decode, can_draft
 
 LOG = logging.getLogger("mutor2d.demo")
 MAX_IMAGES = 64              # images per request
@@ -361,7 +361,7 @@ def serve(app, host: str, port: int) -> None:
 
 
 def run(args) -> None:
-    """app.py's arguments (mutor2d.demo_cli, parsed before torch loads): check the port, open the
+    """app.py's arguments (mutor2d.demo.cli, parsed before torch loads): check the port, open the
     checkpoint (an unreadable one: ``error: ...`` and exit 2), then serve the page until Ctrl-C / SIGTERM."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))

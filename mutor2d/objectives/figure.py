@@ -1,16 +1,16 @@
 """The register attention mask of one sample as a picture (docs/METHOD.md's figures):
 
-    python -m mutor2d.mask_figure --grid 4x4 --dmax2d 3 --out mask.png
+    python -m mutor2d.objectives.figure --grid 4x4 --dmax2d 3 --out mask.png
 
 Rows attend to columns; regular tokens blue, registers orange (purple: a register seeing a
-register). The layout comes from mutor2d.registers; this module parses its flags before torch loads.
+register). The layout comes from mutor2d.objectives.layout; this module parses its flags before torch loads.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .cli import HelpFormatter, grid_arg
+from ..cli import HelpFormatter, grid_arg
 
 
 def draw_mask(layout, sample: int, path: str, order: str = "interleaved") -> None:
@@ -59,7 +59,7 @@ def draw_mask(layout, sample: int, path: str, order: str = "interleaved") -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m mutor2d.mask_figure", formatter_class=HelpFormatter,
+    ap = argparse.ArgumentParser(prog="python -m mutor2d.objectives.figure", formatter_class=HelpFormatter,
                                  description="Draw the MuToR attention mask of one sample (rows attend to "
                                              "columns) as a PNG, and print its registers' offsets.")
     ap.add_argument("--grid", type=grid_arg, default=(4, 4), help="HxW body grid (1xN for 1D)")
@@ -91,7 +91,7 @@ FIGURE_TOKENS = 256      # prefix + grid tokens a figure draws at most: one labe
 
 def check_args(ap: argparse.ArgumentParser, args, kind: str) -> None:
     """Values the layout would accept or fail on deep inside: one-line errors naming the flag."""
-    from .register_spec import MAX_D_1D, MAX_D_2D
+    from .spec import MAX_D_1D, MAX_D_2D
     tokens = args.prefix + args.grid[0] * args.grid[1]
     if tokens > FIGURE_TOKENS:
         ap.error(f"--grid {args.grid[0]}x{args.grid[1]} --prefix {args.prefix}: {tokens} tokens; "
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     check_args(ap, args, kind)
     import torch
-    from .register_spec import LayoutError, RegisterSpec1D, RegisterSpec2D
-    from .registers import make_layout
+    from .spec import LayoutError, RegisterSpec1D, RegisterSpec2D
+    from .layout import make_layout
     rules = dict(placement="sparse" if args.sparse else "dense", num_registers=max(args.sparse, 1),
                  per_register_offsets=args.per_register_offsets, edge=args.edge, register_visibility=args.visibility)
     spec = RegisterSpec2D(args.dmax2d, **rules) if kind == "mutor-2d" else RegisterSpec1D(args.dmin, args.dmax, **rules)

@@ -2,13 +2,13 @@
 their errors, as plain values: no torch, so a config checks them before torch is imported. They are
 declared once: the register objectives' config sections are these specs (``objective.name: mutor-2d``
 is a RegisterSpec2D with the loss's fields beside, mutor2d.objectives.config). The layout built from
-them: mutor2d.registers."""
+them: mutor2d.objectives.layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from .checks import ConfigError
+from ..checks import ConfigError
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .model.attention import Visibility
-from .model.extras import register_visibility
-from .register_spec import LayoutError, RegisterSpec, first_anchor
+from ..model.attention import Visibility
+from ..model.extras import register_visibility
+from .spec import LayoutError, RegisterSpec, first_anchor
 
 
 def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge: str,

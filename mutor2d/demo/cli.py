@@ -1,4 +1,4 @@
-"""app.py's command line, parsed and checked before torch (or gradio) is imported; mutor2d.demo serves
+"""app.py's command line, parsed and checked before torch (or gradio) is imported; mutor2d.demo.page serves
 the page. Without the demo extra, every command (``--help`` too) prints one line naming it."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import sys
 
-from .cli import HelpFormatter
+from ..cli import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,5 +27,5 @@ def main(argv=None) -> None:
         print('error: the demo needs gradio (not installed): pip install -e ".[demo]"', file=sys.stderr)
         raise SystemExit(2)
     args = build_parser().parse_args(argv)
-    from .demo import run
+    from .page import run
     run(args)
