@@ -2,7 +2,7 @@
 # One prepared run for a lent GPU (H100/H200 class), under 10 minutes in all:
 #   1. the CUDA tests (FlexAttention compiled vs SDPA, fp32 and bf16; blocks compiled vs eager for every
 #      attention backend, forward and backward; bf16 training step; KV decoding),
-#   2. bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
+#   2. bench/register_attention.py (the registers' attention alone, two ways), bench/train_step.py at full GPT-B depth and per-GPU batch (128 = 1024 / 8 GPUs), bf16
 #      autocast, FlexAttention vs SDPA split; MFU of the NTP step with compiled blocks (against the
 #      measured bf16 matmul rate and the nominal peak); one profiled step per case (its slowest kernels),
 #   3. bench/sample.py at full GPT-B depth (images/s at cfg 2.0, KV cache vs recompute), eager and captured
@@ -38,6 +38,8 @@ step cuda_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_bench.py tes
     tests/test_registers.py tests/test_gpu_path.py tests/test_captured.py -k cuda
 step train_step 100 $PY bench/train_step.py --device cuda --dtype bf16 --layers 12 --mfu-layers 12 \
     --batch 128 --reps 5 --backends flex,sdpa --compile mfu --peak-tflops "$PEAK_TFLOPS" --profile 12
+# the registers' attention alone, fwd + bwd: the masked SDPA split against a log-sum-exp merge over body keys
+step register_attention 40 $PY bench/register_attention.py --device cuda --batch 32 --reps 10
 # eager and compiled sampling apart: compiling the decode step costs about 25 s plus 6.5 s per layer on an
 # H200 (measured at 1 and 2 layers, 2026-12-04), so about 100 s at GPT-B depth, once per model: the
 # compiled run times the 12-layer throughput only (--step-layers 0; the eager run has the step) and logs

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import argparse
 
+from mutor2d.preempt import exit_on_ctrl_c
+if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
+    exit_on_ctrl_c()
+
 import common             # the command line parses before torch is imported
 from mutor2d.cli import HelpFormatter
 
@@ -96,7 +100,7 @@ def main(argv=None) -> None:
     for name, E in (("dense", args.tokens), ("sparse", args.sparse)):
         cases, diff = cases_for(E, args, device)
         times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
-        result[name] = {"registers": E, "time_s": times, "max_abs_diff_split_vs_lse": diff,
+        result[name] = {"registers": E, "time_s": times, "max_abs_diff_split_vs_lse": f"{diff:.1e}",
                         "split_vs_ntp": times["split"] / times["ntp"], "lse_vs_ntp": times["lse"] / times["ntp"],
                         "lse_vs_split": times["lse"] / times["split"]}
     common.emit({"bench": "register_attention", "machine": common.machine(device),

@@ -79,6 +79,17 @@ def test_sample_quick_json():
     assert {"kv_speedup_ge_10", "cfg_cost_le_2.1", "step_vs_floor_le_2"} <= set(out["targets"])
 
 
+def test_register_attention_json_and_the_two_ways_agree():
+    """Both ways of the registers' attention give the same outputs and gradients (the JSON's max |diff|)."""
+    out = run_bench("register_attention.py", "--batch", "2", "--dim", "32", "--heads", "2", "--tokens", "24",
+                    "--sparse", "5", "--reps", "1", "--threads", "1")
+    assert out["bench"] == "register_attention" and set(out["cases"]) == {"dense", "sparse"}
+    for case, E in zip(("dense", "sparse"), (24, 5)):
+        c = out["cases"][case]
+        assert c["registers"] == E and float(c["max_abs_diff_split_vs_lse"]) < 1e-5
+        assert all(finite_positive(c["time_s"][k]) for k in ("ntp", "split", "lse"))
+
+
 def _load_bench(name: str):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
