@@ -1,0 +1,1 @@
+"""The parts of experiments/rehearse.py: procs (processes, the stop signal), stages (sizes, makers, checks)."""
