@@ -43,9 +43,9 @@ def main(argv=None) -> str:
         raise records.RecordError("no evaluation records found in " + ", ".join(args.runs))
     table = records.markdown_table(recs, paper=args.paper)
     print(table)
-    differ = records.provenance_warning(recs)
-    if differ:
-        warn(differ)
+    for line in (records.provenance_warning(recs), records.data_set_warning(recs)):
+        if line:
+            warn(line)
     if args.plot:
         print(f"plot: {records.plot_fid(recs, args.plot, paper=args.paper)}", file=sys.stderr)
     return table

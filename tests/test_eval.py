@@ -268,6 +268,22 @@ def test_leaderboard_on_two_fake_records(tmp_path):
     assert all(line.endswith("| ? |") for line in ours)                    # no log.jsonl at hand
 
 
+def test_the_leaderboard_marks_an_old_record_scored_against_another_data_set(tmp_path, capsys):
+    """Such a pair is refused now (metrics.check_comparable); a record written before was a plain row."""
+    def record(data, reference, step):
+        return {**fake_record("ntp", step, 9.0, reference, {"name": "ntp"}), "run_config": {"data": {"name": data}}}
+    R.write_record(record("digits", "photos:train", 1), tmp_path / "old.json")   # digits against photos: FID 654
+    R.write_record(record("digits", "digits:train", 2), tmp_path / "fine.json")
+    R.write_record(record("photos", "/refs/own.npz", 3), tmp_path / "file_ref.json")   # a file says no data set
+    table = load_script("leaderboard").main([str(tmp_path / f) for f in ("old.json", "fine.json", "file_ref.json")])
+    rows = {line.split("|")[4].strip(): line for line in table.splitlines()[2:]}
+    assert "photos:train (other data set: samples of digits)" in rows["1"]
+    assert "other data set" not in rows["2"] + rows["3"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "warning: 1 record(s) scored samples against a reference of another data set, their rows marked 'other "
+        "data set' (the metrics measure how the data differ, not the model): old.json (digits against photos)")
+    assert R.data_set_warning([record("photos", "photos:test", 4)]) is None
+
 def test_the_leaderboard_counts_each_runs_skipped_updates_up_to_the_records_step(tmp_path):
     import json
     for name, skips in (("a", [(3, "nonfinite"), (70, "blowup"), (120, "blowup")]), ("b", [])):

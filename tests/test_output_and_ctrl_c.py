@@ -142,6 +142,29 @@ def test_ctrl_c_while_any_entry_script_imports_is_one_line_exit_130():
         assert (proc.returncode, out, err) == (130, "", "interrupted by Ctrl-C\n"), name
 
 
+# the library's own commands (python -m mutor2d.X): SIGINT to itself as the command parses its arguments
+INTERRUPT_MID_COMMAND = """
+import argparse, os, runpy, signal, sys
+def ctrl_c(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+argparse.ArgumentParser.parse_args = ctrl_c
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+LIBRARY_COMMANDS = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__main__")
+                          for p in (ROOT / "mutor2d").rglob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+
+
+def test_ctrl_c_in_any_python_m_command_is_one_line_exit_130():
+    """Was a KeyboardInterrupt traceback (the scripts' rule did not reach ``python -m mutor2d.data.photos``
+    and the other library commands)."""
+    assert {"mutor2d.data.photos", "mutor2d.checkpoint", "mutor2d.hub", "mutor2d.lm.tiny"} <= set(LIBRARY_COMMANDS)
+    procs = {m: subprocess.Popen([sys.executable, "-c", INTERRUPT_MID_COMMAND, m], cwd=ROOT, env=ENV, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in LIBRARY_COMMANDS}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert (proc.returncode, out, err) == (130, "", "interrupted by Ctrl-C\n"), name
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see torch being loaded")
 def test_ctrl_c_while_train_py_loads_torch_is_one_line_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
@@ -205,6 +228,10 @@ def test_ctrl_c_mid_npz_keeps_the_finished_shards_and_the_rerun_says_it_reuses_t
     assert re.fullmatch(rf"sampled {40 - done} images in [\d.]+ s of decoding \(--decode plain: 64\.0 forwards per "
                         r"image, [\d.]+ images/s\)", lines[1]) and lines[-1].startswith(f"wrote {npz} (40 samples")
     assert np.load(npz)["images"].shape == (40, 8, 8, 3) and not shards.exists()
+    todo = 40 - done                                    # stderr is a pipe, not a terminal: lines, not a bar
+    assert "\r" not in again.stderr and again.stderr.splitlines()[-1].startswith(f"shards {todo}/{todo}: ")
+    assert all(re.fullmatch(rf"shards \d+/{todo}: \d+ s so far, about \d+ s left", line)
+               for line in again.stderr.splitlines()), again.stderr
 
 
 # ----------------------------------------------------------------------------- what commands say

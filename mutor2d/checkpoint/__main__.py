@@ -34,4 +34,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    from ..preempt import exit_on_ctrl_c
+    exit_on_ctrl_c()        # python -m: a Ctrl-C mid-way is one line, exit 130
     main()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -127,10 +129,17 @@ class NpzJob:
 
     def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
         """Make the given shards. Processes split ``missing()`` (taken by all of them before any
-        starts) as ``missing[rank::world]``."""
+        starts) as ``missing[rank::world]``. ``progress``: a bar on a terminal; where stderr is not one
+        (a log file), a line at about every tenth of the shards instead."""
         from tqdm import tqdm
-        for k in tqdm(shards, desc="shards", disable=not progress, dynamic_ncols=True):
+        lines = progress and not sys.stderr.isatty()
+        start, every = time.monotonic(), max(1, len(shards) // 10)
+        for i, k in enumerate(tqdm(shards, desc="shards", disable=not progress or lines, dynamic_ncols=True), 1):
             self.make_shard(sampler, k)
+            if lines and (i % every == 0 or i == len(shards)):
+                spent = time.monotonic() - start
+                print(f"shards {i}/{len(shards)}: {spent:.0f} s so far, about {spent / i * (len(shards) - i):.0f} s "
+                      "left", file=sys.stderr, flush=True)
 
     def complete(self, sampler: Sampler) -> Path:
         """One process: make the missing shards (none if ``out`` already holds this job) and assemble."""
