@@ -284,6 +284,7 @@ def test_the_leaderboard_marks_an_old_record_scored_against_another_data_set(tmp
         "data set' (the metrics measure how the data differ, not the model): old.json (digits against photos)")
     assert R.data_set_warning([record("photos", "photos:test", 4)]) is None
 
+
 def test_the_leaderboard_counts_each_runs_skipped_updates_up_to_the_records_step(tmp_path):
     import json
     for name, skips in (("a", [(3, "nonfinite"), (70, "blowup"), (120, "blowup")]), ("b", [])):

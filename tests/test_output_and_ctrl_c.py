@@ -165,6 +165,7 @@ def test_ctrl_c_in_any_python_m_command_is_one_line_exit_130():
         out, err = proc.communicate(timeout=TIMEOUT)
         assert (proc.returncode, out, err) == (130, "", "interrupted by Ctrl-C\n"), name
 
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see torch being loaded")
 def test_ctrl_c_while_train_py_loads_torch_is_one_line_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
