@@ -18,5 +18,11 @@ EMBEDDED = ("digits", "photos")           # classifiers trained here: they also 
 METRICS = ("fid", "is", "prc", "kid")
 
 
+def reference_data_set(name: str) -> str | None:
+    """The data set of a built-in reference NAME:SPLIT (``digits:train`` -> ``digits``, also ``photos``);
+    None for another reference (a file, which says nothing of its data set)."""
+    return name.split(":", 1)[0] if name.startswith(tuple(f"{d}:" for d in EMBEDDED)) else None
+
+
 class MetricsError(ValueError):
     """Bad evaluation input; the message is one line naming the bad value."""

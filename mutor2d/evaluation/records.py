@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import config
 from .. import provenance as provenance_lib
 from ..io import shown_path, write_text_atomic
+from .options import reference_data_set
 
 # The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
 PAPER_ROWS = [  # method, objective, step, fid, is
@@ -225,8 +226,7 @@ def data_sets(rec: dict) -> tuple[str | None, str | None]:
     """(the samples' data set: their run's ``data.name``, the reference's: NAME of a NAME:SPLIT reference);
     None where the record does not say (a reference file)."""
     samples = ((rec.get("run_config") or {}).get("data") or {}).get("name")
-    ref = str(rec.get("reference", ""))
-    return samples, ref.split(":", 1)[0] if ref.startswith(("digits:", "photos:")) else None
+    return samples, reference_data_set(str(rec.get("reference", "")))
 
 
 def other_data_set(rec: dict) -> bool:

@@ -26,7 +26,7 @@ from ..data.photos import photo_crops
 from ..io import shown_path
 from ..data.tokens import digits_images
 from ..sampling.images import to_uint8
-from .options import DIGITS_DATA_SEED, MetricsError
+from .options import DIGITS_DATA_SEED, MetricsError, reference_data_set
 
 LAZY_BYTES = 1 << 30     # npz image arrays above this size are streamed, not loaded
 
@@ -102,9 +102,7 @@ class ImageSource:
     def data_set(self) -> str | None:
         """The data set the images are of: ``digits`` / ``photos`` for digits:SPLIT / photos:SPLIT, a
         sample file's run's ``data.name``; None when the source does not say."""
-        if self.name.startswith(("digits:", "photos:")):
-            return self.name.split(":", 1)[0]
-        return ((self.meta.get("config") or {}).get("data") or {}).get("name")
+        return reference_data_set(self.name) or ((self.meta.get("config") or {}).get("data") or {}).get("name")
 
     @property
     def image_size(self) -> tuple[int, int] | None:
