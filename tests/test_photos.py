@@ -185,3 +185,22 @@ def test_the_gpu_protocol_runs_at_toy_size_and_merges(tmp_path, small_classifier
     [test] = summary["speedup"]
     assert test["n"] == 2 and test["verdict"] in ("confirmed", "refuted", "not decided")
     assert "The pre-registered test, cfg 2:" in (tmp_path / "all" / "table.md").read_text()
+
+
+def test_the_convergence_study_report_is_rebuilt_from_its_committed_records_alone(tmp_path, monkeypatch):
+    """RESULTS' claim: ``compare.py ... --report-only`` reproduces the study's tables from the records in
+    docs/studies/convergence_study/records, with its flags (summary.json) and without the photo data or
+    the tokenizer (neither is here: a report reads records only)."""
+    import shutil
+    done = ROOT / "docs" / "studies" / "convergence_study" / "records"
+    settings = json.loads((done / "summary.json").read_text())["settings"]
+    out = tmp_path / "records"
+    shutil.copytree(done, out)
+    monkeypatch.chdir(tmp_path)                                   # no data/photos_codes below here
+    skip = {"out", "plot", "report_only", "quick", "overrides", "cache_dir", "fraction_plot"}
+    flags = [a for k, v in settings.items() if k not in skip and v is not None
+             for a in (f"--{k.replace('_', '-')}", str(v))]
+    summary = entry("experiments/compare.py").main(flags + ["--out", str(out), "--report-only"])
+    assert (out / "table.md").read_text() == (done / "table.md").read_text()
+    [test] = summary["speedup"]
+    assert test["n"] == len(settings["seeds"].split(",")) and "The pre-registered test, cfg 2:" in summary["table"]

@@ -113,6 +113,30 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_notice(tmp_path, cap
     assert not (run / LOCK_NAME).exists()
 
 
+def test_a_second_study_driver_waits_for_the_process_scoring_a_run_then_takes_its_turn(tmp_path, capsys):
+    """Two compare.py drivers over one seed: the second waits (one line) while a live process holds the
+    run's samples lock, instead of making the same sample shards beside it; it takes the lock once freed."""
+    from mutor2d.evaluation.study_runs import hold_samples
+    from mutor2d.engine.lock import release
+    folder = tmp_path / "r" / "samples"
+    holder = subprocess.Popen([PY, "-c", "import sys, time; from mutor2d.engine.lock import acquire, release; "
+                               f"me = acquire({str(folder)!r}); print('held', flush=True); time.sleep(1.5); "
+                               f"release({str(folder)!r}, me)"], cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        me = hold_samples(folder, poll_s=0.1)
+        assert time.monotonic() - t0 > 0.5 and holder.wait(timeout=limit(30)) == 0
+    finally:
+        holder.kill()
+    assert json.loads((folder / LOCK_NAME).read_text())["pid"] == os.getpid()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{folder.parent}: scored by pid {holder.pid} on host "
+                                               f"{socket.gethostname()} (started ") and out[0].endswith("now; waiting for it")
+    release(folder, me)
+    assert hold_samples(folder, poll_s=0.1) and capsys.readouterr().out == ""      # free: taken at once, nothing said
+
+
 def test_a_lock_of_another_host_or_a_live_process_is_never_taken(tmp_path, monkeypatch):
     run = tmp_path / "r"
     run.mkdir()

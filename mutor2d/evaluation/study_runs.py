@@ -20,6 +20,7 @@ import torch
 from .. import checkpoint as ckpt_lib
 from .. import config as config_lib
 from ..checkpoint import inference
+from ..engine.lock import LOCK_NAME, Owner, RunLocked, acquire, read_owner, release
 from ..plugins import load_plugins
 from ..preempt import PREEMPTED_EXIT, Preempted
 from ..sampling import images as generation
@@ -174,10 +175,30 @@ def run_unit(unit: dict) -> dict:
         curve["selected"][unit["label"]] = study["selected_step"]
         write_curve(run_dir, curve)
         eval_steps = sorted(set(eval_steps) | {study["selected_step"]})
-    for step in eval_steps:
-        evaluate(run_dir, step, unit["cfg"], unit["num"], unit["label"], study, Path(unit["cache"]),
-                 tag="cm_" if unit["label"] == COMPUTE_MATCHED else "", device=unit["device"])
+    me = hold_samples(run_dir / "samples")
+    try:
+        for step in eval_steps:
+            evaluate(run_dir, step, unit["cfg"], unit["num"], unit["label"], study, Path(unit["cache"]),
+                     tag="cm_" if unit["label"] == COMPUTE_MATCHED else "", device=unit["device"])
+    finally:
+        release(run_dir / "samples", me)
     return {**study, "run_dir": str(run_dir)}
+
+
+def hold_samples(folder: Path, poll_s: float = 10.0) -> Owner:
+    """Take FOLDER/run.lock, waiting (one line said) while another live process holds it: a second
+    study driver over the same seed scores a run after the first has (finding its records) instead of
+    making the same sample shards beside it."""
+    said = False
+    while True:
+        try:
+            return acquire(folder)
+        except RunLocked:
+            owner = read_owner(folder / LOCK_NAME)
+            if not said and owner:
+                print(f"{folder.parent}: scored by {owner.describe()} now; waiting for it", flush=True)
+                said = True
+            time.sleep(poll_s)
 
 
 def follow_driver(driver_pid: int) -> None:
