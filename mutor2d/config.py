@@ -29,7 +29,7 @@ import yaml
 
 from .checks import ConfigError, check_type, fail
 from .config_files import parse_override, read_mapping
-from .registry import builds, registered
+from .registry import REGISTRY, named, register
 from .run_configs import run_config_class, task_of
 
 SECTION_HOMES = {"model": "model", "data": "data", "objective": "objectives", "optim": "engine",
@@ -45,20 +45,18 @@ RENAMED = {"kind": "task", "model.prefix": "model.conditioning", "objective.d_ma
 
 # ----------------------------------------------------------------------------- the registry
 
-PLAIN: dict[str, type] = {}                                   # section -> dataclass
-VARIANTS: dict[str, dict[str, type]] = {"data": {}, "objective": {}, "sample.decode": {}}
-DEFAULT_VARIANT = {"data": "digits", "objective": "ntp", "sample.decode": "plain"}
+DEFAULT_VARIANT = {"data": "digits", "objective": "ntp", "sample.decode": "plain"}   # the tagged sections
 
 
 def register_section(section: str, build: str | Callable | None = None):
     """Class decorator: make a dataclass the plain section ``section``, built by ``build``."""
-    return lambda cls: builds(section, build)(registered(PLAIN, section)(cls))
+    return register(section, build)
 
 
 def register_variant(section: str, name: str, build: str | Callable | None = None, **parts: str | Callable):
     """Class decorator: make a dataclass the ``section`` variant picked by ``name: NAME``, built by
     ``build`` (without: as its parent class); ``parts``: builders of its other parts (mutor2d.registry)."""
-    return lambda cls: builds(f"{section}.{name}", build, **parts)(registered(VARIANTS[section], name, "name")(cls))
+    return register(f"{section}.{name}", build, "name", **parts)
 
 
 _PARTS_IMPORTED = False
@@ -111,7 +109,7 @@ class UnknownVariant(Variant):
 
 def variant_class(section: str, name: Any) -> type:
     import_parts()
-    variants = VARIANTS[section]
+    variants = named(section)
     if not isinstance(name, str) or name not in variants:
         raise ConfigError(f"{section}.name: expected one of {list(variants)}, got {name!r}")
     return variants[name]
@@ -120,7 +118,7 @@ def variant_class(section: str, name: Any) -> type:
 def make(section: str, **fields):
     """The checked section ``section`` from keyword fields; a tagged one takes ``name`` (its default
     variant without), e.g. ``make("objective", name="mutor-2d", d_max=3)``."""
-    built = build_tagged(section, fields) if section in VARIANTS else build_plain(section, fields)
+    built = build_tagged(section, fields) if section in DEFAULT_VARIANT else build_plain(section, fields)
     built.check()
     return built
 
@@ -215,7 +213,7 @@ def build_section(cls, data: Any, prefix: str, context: str = ""):
             close = difflib.get_close_matches(str(k), known, n=1)
             hint = renamed(prefix + str(k)) or (f"did you mean '{prefix}{close[0]}'? " if close else "")
             raise ConfigError(f"unknown config key '{prefix}{k}'{context} ({hint}known: {', '.join(known) or 'none'})")
-    return cls(**{k: build_tagged(prefix + k, v) if prefix + k in VARIANTS else check_type(prefix + k, v, hints[k])
+    return cls(**{k: build_tagged(prefix + k, v) if prefix + k in DEFAULT_VARIANT else check_type(prefix + k, v, hints[k])
                   for k, v in data.items()})
 
 
@@ -228,16 +226,16 @@ def build_over(default, data: Any, prefix: str):
 
 def build_plain(section: str, data: Any):
     import_parts()
-    return build_section(PLAIN[section], data, f"{section}.")
+    return build_section(REGISTRY[section].cls, data, f"{section}.")
 
 
 def unknown_variant(section: str, data: Any) -> UnknownVariant | None:
     """An UnknownVariant holding ``data`` when it names a variant of the tagged ``section`` that no
     registered one has; None otherwise (build it as usual)."""
-    if section not in VARIANTS or not isinstance(data, dict) or not isinstance(data.get("name"), str):
+    if section not in DEFAULT_VARIANT or not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     import_parts()
-    return None if data["name"] in VARIANTS[section] else UnknownVariant(section=section, stored=dict(data))
+    return None if data["name"] in named(section) else UnknownVariant(section=section, stored=dict(data))
 
 
 def build_tagged(section: str, data: Any):
@@ -273,7 +271,7 @@ def apply_overrides(data: dict, overrides: list[str], sections: tuple[str, ...] 
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item}: '{k}' is not a section")
         tagged = ".".join(keys[:-1])
-        if tagged in VARIANTS and keys[-1] == "name" and value != node.get("name"):
+        if tagged in DEFAULT_VARIANT and keys[-1] == "name" and value != node.get("name"):
             _switch_variant(node, tagged, value)
         node[keys[-1]] = value
     return data
@@ -282,8 +280,8 @@ def apply_overrides(data: dict, overrides: list[str], sections: tuple[str, ...] 
 def _switch_variant(section: dict, name: str, new: Any) -> None:
     """Drop the fields of ``section`` (a dict; ``name`` its dotted name) that variant ``new`` lacks."""
     import_parts()
-    if isinstance(new, str) and new in VARIANTS[name]:
-        keep = {f.name for f in dataclasses.fields(VARIANTS[name][new])}
+    if isinstance(new, str) and new in named(name):
+        keep = {f.name for f in dataclasses.fields(named(name)[new])}
         for k in [k for k in section if k != "name" and k not in keep]:
             del section[k]
 

@@ -1,40 +1,48 @@
-"""Registries: their one decorator shape (``registered``), and named builders.
+"""The registry: every name a config can hold is one entry of ``REGISTRY``, entered by one decorator.
 
-What a config section describes is made by a function registered under the section's name ("model",
-"objective.mutor-2d") as a "module:function" string and imported on first use: a config module names
-its builders and imports no implementation (no torch: mutor2d.config);
-the implementation imports its config, so imports run one way. ``build(cfg.objective, model)`` calls
-the builder of the section's class (a subclass without its own builds as its parent)."""
+A name is dotted: a plain section ("model"), a tagged section's variant ("objective.mutor-2d",
+"sample.decode.jacobi"), a run kind ("task.image"), a variant's part ("data.photos.tokenizer"). Its
+entry holds the config class and the builder of what the class describes, a "module:function" string
+imported on first use: a config module names its builders and imports no implementation (no torch:
+mutor2d.config); the implementation imports its config, so imports run one way. ``build(cfg.objective,
+model)`` calls the builder of the section's class (a subclass without its own builder: its parent's)."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
-def registered(registry: dict, key: str, attr: str | None = None):
-    """Class decorator: put the class into ``registry[key]`` (and set its ``attr`` to ``key``); the
-    one shape of every registry's decorator."""
+@dataclass(frozen=True)
+class Entry:
+    cls: type | None                     # the config class the name stands for (None: a part, a builder only)
+    build: str | Callable | None         # "module:function", or a function; None: the parent class's builder
+
+
+REGISTRY: dict[str, Entry] = {}
+
+
+def register(name: str, build: str | Callable | None = None, attr: str | None = None, **parts: str | Callable):
+    """Class decorator: enter the class as ``name`` with its builder (the class's ``builds`` names the
+    entry), its ``attr`` set to the name's last part (a variant's ``name``, a run kind's ``task``), and
+    each of ``parts`` as NAME.PART (a dataset's ``tokenizer``)."""
     def add(cls):
         if attr:
-            setattr(cls, attr, key)
-        registry[key] = cls
-        return cls
-    return add
-
-
-BUILDERS: dict[str, str | Callable] = {}   # name -> "module:function", or a function (a plugin's may be either)
-
-
-def builds(name: str, build: str | Callable | None, **parts: str | Callable):
-    """Class decorator: make ``build`` the builder of the class (and its subclasses) under ``name``, and
-    each of ``parts`` the builder of that part under NAME.PART (a dataset's ``tokenizer``)."""
-    def add(cls):
+            setattr(cls, attr, name.rsplit(".", 1)[-1])
         if build is not None:
-            BUILDERS[name] = build
             cls.builds = name
-        BUILDERS.update({f"{name}.{part}": target for part, target in parts.items()})
+        REGISTRY[name] = Entry(cls, build)
+        REGISTRY.update({f"{name}.{part}": Entry(None, target) for part, target in parts.items()})
         return cls
     return add
+
+
+def named(prefix: str) -> dict[str, type]:
+    """The classes entered one level below ``prefix`` by their last name, in registration order:
+    ``named("objective")`` the objective variants, ``named("task")`` the run kinds' config roots."""
+    n = len(prefix) + 1
+    return {key[n:]: e.cls for key, e in REGISTRY.items()
+            if key.startswith(prefix + ".") and "." not in key[n:] and e.cls is not None}
 
 
 def resolve(target: str | Callable) -> Callable:
@@ -46,8 +54,8 @@ def resolve(target: str | Callable) -> Callable:
 
 
 def builder(name: str) -> Callable:
-    """The builder registered as ``name``, its module imported now."""
-    return resolve(BUILDERS[name])
+    """The builder entered as ``name``, its module imported now."""
+    return resolve(REGISTRY[name].build)
 
 
 def build(section: Any, *args, **kwargs):

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .checks import ConfigError
-from .registry import BUILDERS, builder, registered
+from .registry import builder, named, register
 
-RUN_CONFIGS: dict[str, type] = {}                             # task -> config root
 DEFAULT_TASK = "image"                                       # a config without ``task:``
 
 
@@ -18,8 +17,7 @@ def register_run_config(task: str, kind: str | Callable):
     """Class decorator: make a :class:`ConfigRoot` dataclass the config of runs with ``task: TASK``,
     trained with the parts ``kind`` (mutor2d.engine.setup.RunKind: a class, or "module:Class" imported
     on first use, so that the config module imports no implementation)."""
-    BUILDERS[f"task.{task}"] = kind
-    return registered(RUN_CONFIGS, task, "task")
+    return register(f"task.{task}", kind, "task")
 
 
 def run_kind(task: str) -> type:
@@ -38,11 +36,11 @@ def run_config_class(task: Any) -> type:
     module registers it: ``known_tasks``), a plugin's registers itself when MUTOR2D_PLUGINS imports it."""
     from .plugins import load_plugins
     load_plugins()
-    if isinstance(task, str) and task not in RUN_CONFIGS and task in known_tasks():
+    if isinstance(task, str) and task not in named("task") and task in known_tasks():
         importlib.import_module(f"{__package__}.{task}.config")
-    if not isinstance(task, str) or task not in RUN_CONFIGS:
+    if not isinstance(task, str) or task not in named("task"):
         raise ConfigError(f"task: expected a run kind, one of {known_tasks()}, got {task!r}")
-    return RUN_CONFIGS[task]
+    return named("task")[task]
 
 
 def known_tasks() -> list[str]:
@@ -53,4 +51,4 @@ def known_tasks() -> list[str]:
     here = Path(__file__).parent
     found = {m.name for m in pkgutil.iter_modules([str(here)])
              if m.ispkg and all((here / m.name / f"{part}.py").exists() for part in ("config", "run"))}
-    return sorted(found | set(RUN_CONFIGS))
+    return sorted(found | set(named("task")))

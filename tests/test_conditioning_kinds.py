@@ -36,8 +36,8 @@ NO_GRIDS = "note: no sample grids are written: model.conditioning='prompt' has n
 def style_kind():
     """A "style" conditioning kind and a "styled-digits" dataset (digit d drawn in style d % 3), registered
     as a plugin module would; unregistered after, so other test modules see the shipped parts only."""
-    from mutor2d.config import VARIANTS, register_variant
-    from mutor2d.registry import BUILDERS
+    from mutor2d.config import register_variant
+    from mutor2d.registry import REGISTRY
     from mutor2d.data.config import DigitsDataConfig
     from mutor2d.data.tokens import TokenGrids, digits_dataset
     from mutor2d.model.conditioning import CONDITIONING, Conditioning, register_conditioning
@@ -80,8 +80,7 @@ def style_kind():
 
     yield Style
     CONDITIONING.pop("style")
-    VARIANTS["data"].pop("styled-digits")
-    BUILDERS.pop("data.styled-digits")
+    REGISTRY.pop("data.styled-digits")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import yaml
 
 from mutor2d import config as C
 from mutor2d.config_files import CONFIG_DIR
+from mutor2d.registry import REGISTRY
 from mutor2d.objectives.config import ObjectiveConfig
 from mutor2d.sampling.config import check_sampling
 
@@ -194,7 +195,7 @@ def test_register_variant_adds_a_tagged_option():
         with pytest.raises(C.ConfigError, match="objective.strength: expected <= 2"):
             C.load(None, ["objective.name=test-only", "objective.strength=3"])
     finally:
-        del C.VARIANTS["objective"]["test-only"]
+        del REGISTRY["objective.test-only"]
 
 
 def test_switching_a_tagged_variant_keeps_only_its_fields():

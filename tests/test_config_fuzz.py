@@ -9,7 +9,11 @@ from hypothesis import strategies as st
 
 from mutor2d import config as C
 from mutor2d.image.config import ImageRunConfig
+from mutor2d.registry import REGISTRY, named
 from mutor2d.sampling.config import check_sampling
+
+C.import_parts()
+PLAIN = {name: e.cls for name, e in REGISTRY.items() if "." not in name and e.cls is not None}   # the plain sections
 
 # A valid starting point per variant; the fuzzed field replaces its value.
 BASE = {("data", "codes"): {"path": "codes/"}}
@@ -17,8 +21,8 @@ BASE = {("data", "codes"): {"path": "codes/"}}
 
 def targets() -> list[tuple[str, str | None, str]]:
     """(section, variant name or None, field) for every field of every section and variant."""
-    out = [(s, None, f.name) for s, cls in C.PLAIN.items() for f in dataclasses.fields(cls)]
-    for section, variants in C.VARIANTS.items():
+    out = [(s, None, f.name) for s, cls in PLAIN.items() for f in dataclasses.fields(cls)]
+    for section, variants in {s: named(s) for s in C.DEFAULT_VARIANT}.items():
         out.append((section, None, "name"))
         for name, cls in variants.items():
             out += [(section, name, f.name) for f in dataclasses.fields(cls)]
@@ -79,7 +83,7 @@ def test_sampling_values_pass_or_name_the_field(field, value):
         assert str(e).startswith(f"sample.{field}: expected") and "\n" not in str(e)
 
 
-@pytest.mark.parametrize("section", list(C.PLAIN) + list(C.VARIANTS))
+@pytest.mark.parametrize("section", list(PLAIN) + list(C.DEFAULT_VARIANT))
 def test_non_mapping_sections_are_named(section):
     with pytest.raises(C.ConfigError, match=f"^{section}: expected a mapping"):
         C.from_dict(nest(section, [1, 2]))

@@ -14,6 +14,7 @@ from PIL import Image
 
 from mutor2d import config
 from mutor2d.config import make
+from mutor2d.registry import named
 from mutor2d.data.tokens import CodeDataset, build_dataset, build_tokenizer, collate
 from mutor2d.tokenizer.base import TOKENIZERS, parse_tokenizer, tokenizer_kind
 from mutor2d.tokenizer.pixel import PixelTokenizer
@@ -311,7 +312,7 @@ def test_code_dataset(folder, vq_path, tmp_path):
 # ----------------------------------------------------------------------------- registries
 
 def test_registries_and_tokenizer_properties():
-    assert set(config.VARIANTS["data"]) >= {"digits", "codes", "stargraph"} and set(TOKENIZERS) >= {"pixel", "vq"}
+    assert set(named("data")) >= {"digits", "codes", "stargraph"} and set(TOKENIZERS) >= {"pixel", "vq"}
     assert tokenizer_kind("pixel") == "pixel" and tokenizer_kind("runs/vq/step_1.pt") == "vq"
     assert parse_tokenizer("vq:runs/a.pt") == ("vq", "runs/a.pt") and parse_tokenizer("C:/a.pt") == ("vq", "C:/a.pt")
     with pytest.raises(ValueError, match="expected a VQ checkpoint path"):

@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import pytest
 
-from mutor2d.config import VARIANTS, ConfigError
+from mutor2d.config import ConfigError
+from mutor2d.registry import REGISTRY, Entry
 from mutor2d.sampling.config import WINGS, DecodeConfig, decode_modes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def test_image_and_text_decode_choices_come_from_one_registry(monkeypatch):
     assert decode_modes("image") == ["plain", "registers", "jacobi", "auto"]
     assert decode_modes("text") == ["plain", "registers", "auto"]          # the text decoder runs no jacobi
     assert lm_accuracy_choices() == decode_modes("text")
-    monkeypatch.setitem(VARIANTS["sample.decode"], "both-wings", BothWings)
+    monkeypatch.setitem(REGISTRY, "sample.decode.both-wings", Entry(BothWings, None))
     assert "both-wings" in decode_modes("image") and "both-wings" in decode_modes("text")
     assert lm_accuracy_choices() == decode_modes("text")
 

@@ -177,14 +177,15 @@ def test_builders_are_named_in_their_section_s_package_or_above_and_no_config_im
     of a higher layer, and imported by no config module;
     the registry imports only config modules by name (SECTION_HOMES)."""
     from mutor2d import config
-    from mutor2d.registry import BUILDERS
+    from mutor2d.registry import REGISTRY
     config.import_parts()
     import mutor2d.lm.config  # noqa: F401  (the language-model kind's own builders)
     rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
     configs = {m for m in graph if m.endswith(".config")}
     assert {f"mutor2d.{home}.config" for home in config.SECTION_HOMES.values()} <= configs
-    assert len(BUILDERS) >= 10
-    for name, target in BUILDERS.items():
+    builders = {name: e.build for name, e in REGISTRY.items() if e.build is not None}
+    assert len(builders) >= 10
+    for name, target in builders.items():
         module, function = target.split(":")
         if name.startswith("task."):                     # a run config's parts: in its kind's package
             home = f"mutor2d.{name.split('.', 1)[1]}"

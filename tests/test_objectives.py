@@ -11,7 +11,7 @@ from mutor2d.objectives.multihead import MultiHead
 from mutor2d.objectives.token_prediction import TokenPrediction
 from mutor2d.objectives.spec import RegisterSpec, RegisterSpec2D
 from mutor2d.objectives.layout import make_layout
-from mutor2d.registry import build
+from mutor2d.registry import build, named
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -42,7 +42,7 @@ def gen(seed=0):
 
 
 def test_registry_and_registers_flag():
-    assert set(C.VARIANTS["objective"]) >= {"ntp", "mutor-1d", "mutor-2d", "multihead"}
+    assert set(named("objective")) >= {"ntp", "mutor-1d", "mutor-2d", "multihead"}
     model = tiny()
     for name, cls in [("ntp", TokenPrediction), ("mutor-1d", TokenPrediction),
                       ("mutor-2d", TokenPrediction), ("multihead", MultiHead)]:

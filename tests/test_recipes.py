@@ -24,7 +24,7 @@ from mutor2d.evaluation import digits
 from mutor2d.plugins import load_plugins
 from mutor2d.objectives.spec import RegisterSpec2D
 from mutor2d.objectives.layout import make_layout
-from mutor2d.registry import BUILDERS
+from mutor2d.registry import REGISTRY
 from mutor2d.tokenizer.base import TOKENIZERS
 from mutor2d.tokenizer.image_folder import augment, center_crop_arr
 from timeouts import limit
@@ -92,8 +92,7 @@ def recipe_plugins(tmp_path, monkeypatch, registries: list[dict]):
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """plugin(heading): that recipe as a plugin module (recipe_plugins)."""
-    yield from recipe_plugins(tmp_path, monkeypatch, [config.VARIANTS["objective"], config.VARIANTS["data"],
-                                                      BUILDERS, BACKENDS, TOKENIZERS])
+    yield from recipe_plugins(tmp_path, monkeypatch, [REGISTRY, BACKENDS, TOKENIZERS])
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 
 from mutor2d import config
 from mutor2d import checkpoint
-from mutor2d.registry import build
+from mutor2d.registry import REGISTRY, build
 from mutor2d.sampling import images as generation
 from mutor2d.sampling import npz as npz_files
 from timeouts import limit
@@ -76,7 +76,7 @@ def imported(plugins, monkeypatch):
     monkeypatch.setenv("MUTOR2D_PLUGINS", "row_above,text_vectors")
     config.import_parts()
     yield
-    config.VARIANTS["sample.decode"].pop("row-above")
+    REGISTRY.pop("sample.decode.row-above")
     CONDITIONING.pop("text-vectors")
     for module in ("row_above", "text_vectors"):
         sys.modules.pop(module)

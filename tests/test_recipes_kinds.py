@@ -10,8 +10,7 @@ import yaml
 
 from mutor2d import config
 from mutor2d.engine.runlog import read_log
-from mutor2d.registry import BUILDERS
-from mutor2d.run_configs import RUN_CONFIGS
+from mutor2d.registry import REGISTRY
 from test_recipes import ROOT, TINY, recipe_plugins, script
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """plugin(heading): that recipe as a plugin module (test_recipes.recipe_plugins)."""
-    yield from recipe_plugins(tmp_path, monkeypatch, [config.VARIANTS["data"], BUILDERS, RUN_CONFIGS])
+    yield from recipe_plugins(tmp_path, monkeypatch, [REGISTRY])
 
 
 def test_run_kind_recipe_trains_resumes_and_learns_the_chain(plugin, tmp_path, capsys):

@@ -13,6 +13,7 @@ from test_generation import cli_error, sample_main  # noqa: E402
 
 from mutor2d import config  # noqa: E402
 from mutor2d.engine.loop import train  # noqa: E402
+from mutor2d.registry import REGISTRY  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 PLUGIN = "mutor-2d-plugin"
@@ -34,7 +35,7 @@ def plugin_run(tmp_path_factory):
         train(config.load("digits_mutor2d.yaml", [*TINY_DIGITS, f"objective.name={PLUGIN}"]), run)
         sample_main()(["--ckpt", str(run), "--out", str(work / "with_plugin.png"), "--device", "cpu"])
     finally:
-        del config.VARIANTS["objective"][PLUGIN]
+        del REGISTRY[f"objective.{PLUGIN}"]
     return run, work / "with_plugin.png"
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..io import warn
-from ..registry import BUILDERS, build, builder
+from ..registry import REGISTRY, build, builder
 from ..tokenizer import base as tokenizer_base
 from ..tokenizer.base import Tokenizer
 from ..tokenizer.codes import open_store
@@ -185,7 +185,7 @@ def build_tokenizer(cfg: DataConfig) -> Tokenizer:
     builder when it registered one, else the one ``data.tokenizer`` names (at ``data.image_size`` where
     the data has one); codes are checked to be its."""
     own = f"{getattr(cfg, 'builds', '')}.tokenizer"
-    if own in BUILDERS:
+    if own in REGISTRY:
         return builder(own)(cfg)
     if not hasattr(cfg, "tokenizer"):
         raise ValueError(f"data.name={cfg.name!r} has no image tokenizer (no data.tokenizer)")

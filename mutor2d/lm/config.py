@@ -18,7 +18,7 @@ from typing import Any, Literal
 from ..checks import ConfigError, at_least, at_most, check_workers, fail
 from ..config import ConfigRoot, build_tagged, variant_class
 from ..config_files import read_mapping
-from ..registry import builds
+from ..registry import register
 from ..run_configs import register_run_config
 from ..engine.config import OptimConfig, TrainConfig
 from ..objectives.config import ObjectiveConfig
@@ -107,7 +107,7 @@ class LMEvalConfig:
             fail("eval.stop", "non-empty stop strings", self.stop)
 
 
-@builds("optim.lm", "mutor2d.lm.run:build_optimizer")
+@register("optim.lm", "mutor2d.lm.run:build_optimizer")
 @dataclass
 class LMOptimConfig(OptimConfig):
     """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` for the register

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
 from ..checks import ConfigError, at_least, at_most, check_seed, fail
-from ..config import VARIANTS, UnknownVariant, Variant, make, register_section, register_variant
+from ..config import UnknownVariant, Variant, make, register_section, register_variant
 from ..objectives.spec import NO_REGISTERS, RegisterSpec
+from ..registry import named
 from .values import PER_CLASS_LIMIT
 
 WINGS = ("image", "text")        # the decoders: images (mutor2d.sampling), language models (mutor2d.lm)
@@ -81,7 +82,7 @@ def decode_modes(wing: str = "image") -> list[str]:
     """The registered decoding modes (``sample.decode`` variants, plugins included) that the ``wing``
     decoder runs (one of ``WINGS``), in registration order: the choices of its ``--decode``."""
     make("sample.decode")                               # imports the parts and plugins once
-    return [name for name, cls in VARIANTS["sample.decode"].items() if wing in cls.wings]
+    return [name for name, cls in named("sample.decode").items() if wing in cls.wings]
 
 
 @register_section("sample")
