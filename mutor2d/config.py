@@ -5,8 +5,8 @@ per part. A kind's root (:class:`ConfigRoot`, ``@register_run_config`` in ``muto
 lists its sections; each section's dataclass lives in the torch-free ``config`` module of its package
 and registers itself with its builder (mutor2d.registry): ``@register_section("model", build=...)``,
 or ``@register_variant("objective", "mutor-2d", build=...)`` for a variant of a *tagged* section
-(``name`` picks it). Here: the registries, building (``from_dict``, ``load``) and writing (``to_dict``,
-``dump``) a config, ``--set`` overrides. The first lookup imports every ``SECTION_HOMES`` config module
+(``name`` picks it), both entries of the one registry. Here: building (``from_dict``, ``load``) and
+writing (``to_dict``, ``dump``) a config, ``--set`` overrides. The first lookup imports every ``SECTION_HOMES`` config module
 and the MUTOR2D_PLUGINS; a bad value is a one-line :class:`ConfigError` naming the key.
 
 The torch-free rule, stated here once: the config system, every package's ``config`` module and what
