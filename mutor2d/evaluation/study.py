@@ -62,7 +62,10 @@ def run_study(study: Study) -> dict:
     md = table(groups, study.cfg_scales)
     for cfg in study.cfg_scales:
         for metric, (name, _, _) in PAIRED.items():
-            md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + paired_table(groups, cfg, metric=metric)
+            rows = paired_table(groups, cfg, metric=metric)
+            if rows.count("\n") < 2:      # no run scored this metric (the digits study has no KID)
+                continue
+            md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + rows
             md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, cfg {cfg:g}:\n\n"
                    + late_table(groups, cfg, LATE_STEPS, metric=metric))
     summary["convergence"] = [c for cfg in study.cfg_scales for m in study.methods if m != "next-token"

@@ -1,5 +1,5 @@
 """The image study's records summarised (mutor2d.evaluation.study): grouped per (label, step) over
-seeds, the markdown table (mean ± sd), any metric (FID, class accuracy, test NLL) paired by seed
+seeds, the markdown table (mean ± sd), any metric (FID, KID, class accuracy, test NLL) paired by seed
 against next-token with its 95% t-interval, and the step at which a method first reaches next-token's final FID."""
 from __future__ import annotations
 
@@ -130,7 +130,8 @@ def t95(values: list[float]) -> tuple[float, float]:
     return m, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-PAIRED = {"fid": ("FID", 2, -1), "accuracy": ("class accuracy", 3, 1), "nll_test": ("test NLL", 4, -1)}  # name, digits, better sign
+PAIRED = {"fid": ("FID", 2, -1), "kid": ("KID", 3, -1), "accuracy": ("class accuracy", 3, 1),
+          "nll_test": ("test NLL", 4, -1)}  # name, digits, better sign
 
 
 def paired_row(label: str, steps: str, diffs: list[float], metric: str) -> str:
