@@ -1,15 +1,6 @@
-"""Evaluation records and the leaderboard over them.
-
-A record is one JSON object per file, written under ``RUN/eval/`` (or where asked), with keys:
-method, objective (the run's objective settings), step, metrics (fid, is, precision, recall, kid,
-accuracy, ...), skipped (metric -> why), evaluator (torch-fidelity version, feature extractor,
-weights), reference, reference_detail, n (samples), sampling (the sample file's metadata without
-the run config), seed, samples, checkpoint, run_config, created, provenance ({"eval": the evaluating
-process's, "run": the latest session of the run's RUN/provenance.json, or null}: mutor2d.provenance,
-added by :func:`write_record`).
-The leaderboard shows each record's training code (a commit column: short hash, "+dirty") and warns in
-one line when its rows' runs differ in code, library versions or data (:func:`provenance_warning`).
-"""
+"""Evaluation records (one JSON object per file under ``RUN/eval/``: make_record_fields' keys plus
+provenance {"eval", "run"}) and the leaderboard over them (a commit column; one-line warnings when
+runs differ in code, versions or data)."""
 from __future__ import annotations
 
 import datetime
@@ -91,9 +82,7 @@ def _slug(text: str) -> str:
 
 
 def record_name(record: dict) -> str:
-    """File name of a record in RUN/eval/: samples, reference and feature extractor (or a text
-    evaluator, e.g. an LM accuracy's "gsm8k exact match"), so that re-evaluating the same samples
-    the same way replaces the old record."""
+    """SAMPLES__REFERENCE__EXTRACTOR.json: re-evaluating the same way replaces the old record."""
     samples = Path(str(record["samples"])).stem
     reference = Path(str(record["reference"]).replace(":", "-")).stem
     ev = record["evaluator"]
@@ -102,8 +91,7 @@ def record_name(record: dict) -> str:
 
 
 def write_record(record: dict, path: str | os.PathLike) -> Path:
-    """Write ``record`` as JSON to ``path`` (a .json file, or a folder to put record_name() in), with its
-    provenance (module doc) unless it has one."""
+    """Write ``record`` (with provenance unless it has one) to a .json path or a folder's record_name()."""
     path = Path(path)
     if path.suffix != ".json":
         path = path / record_name(record)
@@ -114,8 +102,7 @@ def write_record(record: dict, path: str | os.PathLike) -> Path:
 
 
 def run_provenance(folder: Path, checkpoint: str | None) -> dict | None:
-    """The latest session of the run a record belongs to: the run above RUN/eval/, else its checkpoint's
-    run (a run folder, or RUN/checkpoints/step_N.pt); None when neither has RUN/provenance.json."""
+    """Latest RUN/provenance.json session of the run above RUN/eval/, else the checkpoint's run; or None."""
     runs = [folder.parent] if folder.name == "eval" else []
     runs += [p for p in (run_dir_from_meta({"checkpoint": checkpoint}), Path(checkpoint) if checkpoint else None)
              if p is not None]
@@ -129,9 +116,7 @@ def record_provenance(rec: dict) -> dict | None:
 
 
 def provenance_warning(recs: list[dict]) -> str | None:
-    """One line when the runs of ``recs`` differ in code, versions or data (those with a provenance,
-    against the first of them), naming what differs and the runs (their folders relative to the
-    folder all of them are in); None when they agree."""
+    """One line naming what differs (code, versions, data) between the runs of ``recs``, else None."""
     known = [(run_folder(r), p) for r in recs if (p := record_provenance(r))]
     folders = [str(f) for f, _ in known if f is not None]
     common = os.path.commonpath(folders) if len(folders) == len(known) and folders else None
@@ -162,8 +147,7 @@ def commit_text(rec: dict) -> str:
 
 
 def read_records(paths) -> tuple[list[dict], list[str]]:
-    """Records from run folders (their eval/*.json) and/or JSON files -> (records, notes), where
-    notes name the run folders that hold no records."""
+    """Records from run folders (eval/*.json) and JSON files -> (records, notes on empty folders)."""
     records, notes = [], []
     for p in map(Path, paths):
         if p.is_dir():
@@ -187,8 +171,7 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
 
 
 def objective_config(objective: dict):
-    """The checked objective config of a record's settings (a dict), or None when no registered
-    objective reads them (e.g. a plugin's objective whose module is not in MUTOR2D_PLUGINS)."""
+    """The checked objective config of a record's settings, or None when no registered objective reads them."""
     try:
         return config.make("objective", **objective)
     except config.ConfigError:
@@ -196,8 +179,7 @@ def objective_config(objective: dict):
 
 
 def objective_summary(objective: dict) -> str:
-    """Short text of the settings that distinguish runs of one objective: the objective config's own
-    ``describe()``, else (settings no registered objective reads) their key=value list."""
+    """The objective config's ``describe()``, else the settings' key=value list."""
     cfg = objective_config(objective)
     if cfg is not None:
         return cfg.describe()
@@ -223,15 +205,13 @@ def _evaluator_text(ev: dict) -> str:
 
 
 def data_sets(rec: dict) -> tuple[str | None, str | None]:
-    """(the samples' data set: their run's ``data.name``, the reference's: NAME of a NAME:SPLIT reference);
-    None where the record does not say (a reference file)."""
+    """(samples' data set: the run's data.name, reference's: NAME of NAME:SPLIT); None where unknown."""
     samples = ((rec.get("run_config") or {}).get("data") or {}).get("name")
     return samples, reference_data_set(str(rec.get("reference", "")))
 
 
 def other_data_set(rec: dict) -> bool:
-    """True for a record that scored samples against a reference of another data set (eval/fid.py refuses
-    such a pair now; a record written before that can hold one: digits against photos:train, FID 654)."""
+    """True for a record whose reference is of another data set than its samples (older records)."""
     samples, reference = data_sets(rec)
     return None not in (samples, reference) and samples != reference
 
@@ -275,8 +255,7 @@ def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
 
 
 def skips_text(run_dir: Path | None, step=None) -> str:
-    """The updates the run's blow-up guard skipped up to ``step``: "0", "3 (1 nonfinite, 2 blowup)", or
-    "?" when the run's log.jsonl is not at hand (engine/runlog.py)."""
+    """Updates the blow-up guard skipped up to ``step``: "0", "3 (1 nonfinite, 2 blowup)", "?" (no log)."""
     from ..engine.runlog import skip_counts
     if run_dir is None or not (Path(run_dir) / "log.jsonl").is_file():
         return "?"
@@ -286,9 +265,7 @@ def skips_text(run_dir: Path | None, step=None) -> str:
 
 
 def _decode_text(rec: dict) -> str:
-    """``registers K=4: 21.3 fwd/img`` from the sample file's decoding mode and counts. Forwards per image
-    compare across runs; the recorded tokens/s do not (they depend on the machine and its load when each
-    file was sampled: bench/sample.py times modes side by side) and stay in the record only."""
+    """``registers K=4: 21.3 fwd/img`` (forwards compare across runs; tokens/s do not, so not shown)."""
     s = rec.get("sampling") or {}
     mode, opts, st = s.get("decode", "plain"), s.get("decode_options") or {}, s.get("decode_stats") or {}
     text = mode + "".join(f" {k}={v}" for k, v in opts.items())
@@ -304,12 +281,8 @@ def _paper_rows(extra: list[str]) -> list[list[str]]:
 
 
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
-    """Markdown table: run (its folder's name, so two seeds of one method differ), method, objective,
-    step, FID, IS, precision, recall, commit (the run's code: short hash, "+dirty"), evaluator, reference,
-    n, decoding (mode, options and forwards per image when recorded; not the speed: ``_decode_text``), skipped (the updates the
-    run's blow-up guard skipped up to the step). The paper's reported rows (PAPER_ROWS) are added when
-    ``paper`` is True, or, by default, when any record is an ImageNet one. Other scalar metrics (e.g. the
-    star graph's solve_rate) get columns of their own, after recall."""
+    """Markdown table of the records (columns: ``head``; other scalar metrics after recall), plus
+    PAPER_ROWS when ``paper`` (default: any ImageNet record)."""
     std = ("fid", "is", "precision", "recall")
     extra = list(dict.fromkeys(k for r in records for k, v in r["metrics"].items()
                                if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
@@ -329,8 +302,7 @@ def run_name(rec: dict) -> str:
 
 
 def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = None) -> Path:
-    """PNG of FID against training step, one line per (run, decoding mode, reference, feature
-    extractor); the paper's curves dashed when ``paper`` (default: any ImageNet record)."""
+    """PNG of FID against step, a line per (run, decoding, reference, extractor); paper's curves dashed."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
 
     series: dict[str, list[tuple[int, float]]] = {}
@@ -354,9 +326,9 @@ def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = N
             curves.setdefault(f"{method} ({objective})", []).append((step, fid))
         for label, pts in curves.items():
             ax.plot(*zip(*pts), linestyle="--", marker="x", alpha=0.7, label=label)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("FID")
+    ax.set(xlabel="training step", ylabel="FID")
     ax.grid(alpha=0.3)
+
     ax.legend(fontsize=7)
     fig.tight_layout()
     out = Path(out)
