@@ -1,16 +1,7 @@
-"""FID, IS, precision/recall and KID of samples against a reference, on torch-fidelity's feature
-extractors: its Inception port ("inception") or a classifier trained here: "digits" (the embedded
-digits) or "photos" (the photo crops).
-
-An ADM-style reference batch may hold ``mu``/``sigma``: FID then uses those stored statistics (so it
-is comparable to published numbers); precision/recall and KID need reference images and are skipped
-when only statistics are present; IS needs the samples only.
-
-No file is unpickled: the Inception weights (a given file or torch-fidelity's download) are read
-here with ``torch.load(weights_only=True)`` and handed to torch-fidelity's extractor, and cached
-reference features are written and read here the same way (torch-fidelity's own cache and loader
-unpickle, so they are never used).
-"""
+"""FID, IS, precision/recall and KID of samples against a reference on torch-fidelity's extractors:
+Inception ("inception") or a classifier trained here ("digits", "photos"). A reference's stored
+``mu``/``sigma`` serve FID (prc/KID then skipped). No file is unpickled: weights and cached features
+are read with ``torch.load(weights_only=True)``, never through torch-fidelity's loaders."""
 from __future__ import annotations
 
 import hashlib
@@ -42,9 +33,7 @@ MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits c
 
 
 def check_image_sizes(features: str, *sources: ImageSource) -> None:
-    """The first image of each source with images must be at least MIN_SIDE pixels a side (smaller
-    ones are blown up to the extractor's input, 8x8 or Inception's 299x299, and score noise); else a
-    MetricsError naming the source and the size."""
+    """MetricsError unless each source's images are at least MIN_SIDE pixels a side."""
     for source in sources:
         if source.image_size is None:
             continue
@@ -55,10 +44,7 @@ def check_image_sizes(features: str, *sources: ImageSource) -> None:
 
 
 def check_comparable(samples: ImageSource, reference: ImageSource) -> None:
-    """Samples are scored against a reference of their data set (when both name one: ``data_set``) and
-    of their image size (when both have images); else a MetricsError naming both. Across data sets or
-    sizes the metrics measure how the data differ, not the model (digits against photos:train: FID 654).
-    eval/fid.py checks what a user pairs; the studies take the reference of the run's own data set."""
+    """MetricsError unless samples and reference agree in data set and image size (where both say)."""
     mine, theirs = (samples.data_set, samples.image_size), (reference.data_set, reference.image_size)
     if any(None not in (a, b) and a != b for a, b in zip(mine, theirs)):
         raise MetricsError(f"samples {samples.name} are {_images_text(*mine)}, the reference {reference.name} "
@@ -73,12 +59,8 @@ def _images_text(data_set: str | None, size: tuple[int, int] | None) -> str:
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray,
                      features1: np.ndarray | None = None) -> float:
-    """torch-fidelity's FID formula |mu1 - mu2|² + tr(S1) + tr(S2) - 2·tr((S1·S2)^½), with the trace
-    term from symmetric eigenproblems of the same nonzero eigenvalues as S1·S2:
-    S1^½·S2·S1^½ (D x D), or, given the (n, D) features behind mu1/sigma1 with n < D,
-    Xc·S2·Xcᵀ/(n-1) (n x n; Xc = centred features, S1 = Xcᵀ·Xc/(n-1)). Equals
-    ``torch_fidelity.metric_fid.fid_statistics_to_metric`` (negative eigenvalues count as 0 in both;
-    tested) while avoiding its general D x D ``eigvals``, ~20x slower at D = 2048."""
+    """|mu1 - mu2|² + tr(S1) + tr(S2) - 2·tr((S1·S2)^½), the trace from the symmetric S1^½·S2·S1^½ (D x D)
+    or, given the (n, D) features1 with n < D, Xc·S2·Xcᵀ/(n-1) (n x n). Equals torch-fidelity's (tested)."""
     mu1, mu2, s1, s2 = (np.asarray(a, dtype=np.float64) for a in (mu1, mu2, sigma1, sigma2))
     if features1 is not None and 1 < len(features1) < len(mu1):
         xc = np.asarray(features1, dtype=np.float64)
@@ -105,8 +87,7 @@ class Result:
 # ----------------------------------------------------------------------------- files, never unpickled
 
 def inception_state(weights_path) -> dict:
-    """The Inception weights as a state dict: ``weights_path``, else torch-fidelity's release file
-    (downloaded once into the torch hub cache), both read with weights_only=True."""
+    """The Inception state dict: ``weights_path``, else torch-fidelity's download (weights_only)."""
     if weights_path is not None:
         state = load_tensors(weights_path, "Inception weights file")
         if not isinstance(state, dict):
@@ -148,8 +129,7 @@ def features_of(dataset: Dataset, extractor, *, cuda: bool, batch_size: int, ver
 
 
 def cached_features(key: str | None, cache_root, compute) -> dict:
-    """``compute()`` once per ``key``: kept in ``cache_root/KEY-features.pt`` (tensors only, read back
-    with weights_only=True; an unreadable entry is recomputed)."""
+    """``compute()`` once per ``key``, kept in ``cache_root/KEY-features.pt`` (unreadable: recomputed)."""
     if key is None or cache_root is None:
         return compute()
     path = Path(cache_root) / f"{key}-features.pt"
@@ -200,8 +180,7 @@ def use_cuda(device) -> bool:
 
 
 def embedded_weights(features: str, data_seed: int = DIGITS_DATA_SEED, cache_dir=None) -> Path:
-    """The classifier file of an embedded feature extractor ("digits", "photos") trained on that data
-    seed's train split (trained and cached on first use)."""
+    """The embedded classifier's file for that data seed (trained and cached on first use)."""
     if features == "digits":
         return digits_classifier_path(DigitsClassifierSettings(data_seed=data_seed), cache_dir)
     if features == "photos":
@@ -229,8 +208,7 @@ def extract_features(source: ImageSource, *, features: str = "inception", weight
 # ----------------------------------------------------------------------------- metrics
 
 def plan_metrics(samples: ImageSource, reference: ImageSource, metrics) -> tuple[set, dict]:
-    """(metrics to compute, {metric: why skipped}). Too few samples for a metric asked for is an
-    error; a reference that cannot serve a metric skips it."""
+    """(metrics to compute, {metric: why skipped}); too few samples is an error."""
     unknown = sorted(set(metrics) - set(METRICS))
     if unknown:
         raise MetricsError(f"metric {unknown[0]!r}: expected some of {list(METRICS)}")
@@ -283,16 +261,10 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
                     weights_path: str | os.PathLike | None = None, metrics=METRICS,
                     device=None, batch_size: int = 64, cache_root: str | os.PathLike | None = None,
                     use_cache: bool = True, verbose: bool = False, rng_seed: int = 2020) -> Result:
-    """Score ``samples`` (generated) against ``reference`` (real).
+    """Score ``samples`` against ``reference``: metrics a subset of fid, is, prc, kid; reference features
+    cached in ``cache_root`` by identity, extractor, weights and layers; embedded features add
+    ``accuracy`` when the samples carry labels."""
 
-    features: "inception" (torch-fidelity's Inception port; ``weights_path`` = its .pth file, for
-    offline machines), "digits" or "photos" (the embedded classifiers; ``weights_path`` defaults to the cached
-    default one). metrics: a subset of fid, is, prc (precision/recall), kid. Reference features are
-    cached in ``cache_root`` (None: not cached) under a key made of the reference's identity, the
-    extractor, its weights and the layers. FID uses the reference's stored mu/sigma when it has them;
-    metrics the reference cannot serve are listed in ``skipped`` with the reason. The digits and photos
-    features add ``accuracy`` (classifier vs the samples' labels) when the samples carry labels.
-    """
     layer = feature_layers(features)
     want, skipped = plan_metrics(samples, reference, metrics)
     check_image_sizes(features, samples, reference)
