@@ -1,13 +1,6 @@
-"""Image sources: what the metrics score. Each gives uint8 images (3, H, W) to torch-fidelity.
-
-  - a sample file (``sample.py --npz``): ``images`` uint8 (N, H, W, 3), ``labels`` (N,), ``meta`` JSON;
-  - any npz with ``images`` or ``arr_0`` (ADM batches), read lazily when large so 50K images need not
-    fit in RAM; an ADM reference batch may hold ``mu``/``sigma`` (stored FID statistics);
-  - a folder of png/jpg files (torch-fidelity's own folder reader);
-  - ``digits:train`` / ``digits:test``, the embedded data set.
-npz files are read with ``allow_pickle=False`` and weight files with ``torch.load(weights_only=True)``
-(``load_tensors``): a file can hold arrays only, never code.
-"""
+"""Image sources, each giving uint8 images (3, H, W) to torch-fidelity: a sample file or npz (images/arr_0,
+labels, meta, mu/sigma; streamed when large), a png/jpg folder, digits:SPLIT or photos:SPLIT. npz files
+are read with allow_pickle=False and weights with weights_only=True (``load_tensors``)."""
 from __future__ import annotations
 
 import json
@@ -48,8 +41,7 @@ class ArrayImages(Dataset):
 
 
 class NpzImages(Dataset):
-    """One uint8 (N, H, W, 3) array of an npz, read image by image from the zip member (stored or
-    compressed) so large sample files stream. Each process opens its own handle."""
+    """One uint8 (N, H, W, 3) npz array, read image by image from its zip member (a handle per process)."""
 
     def __init__(self, path: str | os.PathLike, key: str):
         self.path, self.key = str(path), key
@@ -83,9 +75,8 @@ class NpzImages(Dataset):
 
 @dataclass
 class ImageSource:
-    """Images to score: ``dataset`` of uint8 (3, H, W); ``labels`` (N,) when known; ``meta`` from a
-    sample file; ``mu``/``sigma`` stored FID statistics (ADM reference batches); ``identity`` keys the
-    feature cache (changes when the file does)."""
+    """Images to score: ``dataset`` of uint8 (3, H, W), ``labels`` (N,), sample ``meta``, stored FID
+    ``mu``/``sigma``; ``identity`` keys the feature cache."""
     name: str
     dataset: Dataset | None
     labels: np.ndarray | None = None
@@ -100,8 +91,7 @@ class ImageSource:
 
     @property
     def data_set(self) -> str | None:
-        """The data set the images are of: ``digits`` / ``photos`` for digits:SPLIT / photos:SPLIT, a
-        sample file's run's ``data.name``; None when the source does not say."""
+        """digits/photos for digits:SPLIT/photos:SPLIT, a sample file's run's ``data.name``, else None."""
         return reference_data_set(self.name) or ((self.meta.get("config") or {}).get("data") or {}).get("name")
 
     @property
@@ -121,8 +111,7 @@ PHOTOS_REFERENCE_COUNT = {"train": 10000, "test": 5000}   # images of photos:tra
 
 
 def photos_uint8(split: str, count: int | None = None, data_seed: int = DIGITS_DATA_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``count`` (default PHOTOS_REFERENCE_COUNT[split]) photo crops of ``split`` at 32 px
-    (mutor2d.data.photos): uint8 (n, 32, 32, 3) and labels (n,)."""
+    """The first ``count`` (default PHOTOS_REFERENCE_COUNT) 32 px crops: uint8 (n, 32, 32, 3), labels (n,)."""
     if split not in PHOTOS_REFERENCE_COUNT:
         raise MetricsError(f"photos:{split}: expected photos:train or photos:test")
     return photo_crops(split, count or PHOTOS_REFERENCE_COUNT[split], PHOTOS_SIDE, data_seed)
@@ -130,10 +119,7 @@ def photos_uint8(split: str, count: int | None = None, data_seed: int = DIGITS_D
 
 def open_images(spec: str | os.PathLike, data_seed: int = DIGITS_DATA_SEED,
                 lazy_bytes: int = LAZY_BYTES) -> ImageSource:
-    """A sample file, an npz (images/arr_0 and/or mu/sigma), a folder of images, digits:SPLIT or
-    photos:SPLIT (mutor2d.evaluation.photos).
-    npz image arrays larger than ``lazy_bytes`` are streamed from the file (NpzImages), smaller
-    ones are read into memory."""
+    """The ImageSource of ``spec`` (module doc); npz arrays over ``lazy_bytes`` stream (NpzImages)."""
     spec = str(spec)
     if spec.startswith("photos:"):
         images, labels = photos_uint8(spec.split(":", 1)[1], data_seed=data_seed)
@@ -198,9 +184,7 @@ def _open_npz(spec: str, path: Path, npz, lazy_bytes: int) -> ImageSource:
 
 
 def load_tensors(path: str | os.PathLike, what: str):
-    """``torch.load(path, weights_only=True)`` on the CPU: tensors and plain containers only. A file
-    that needs more (a pickle payload, a pickled module) is refused, an unreadable one reported: a
-    one-line error naming the file either way."""
+    """``torch.load(path, weights_only=True)`` on the CPU; else a one-line MetricsError naming the file."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -214,8 +198,8 @@ def load_tensors(path: str | os.PathLike, what: str):
 
 
 def _unpickler_reason(error: Exception) -> str:
-    """The line of torch's weights-only refusal that says what it met (e.g. 'Unsupported global: GLOBAL
-    exec ...'), without the advice around it."""
+    """The line of torch's weights-only refusal saying what it met, without the advice."""
+
     text = str(error).split("WeightsUnpickler error:", 1)[-1]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0].split(" Please ")[0].rstrip(".") if lines else type(error).__name__
