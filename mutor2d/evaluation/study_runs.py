@@ -1,7 +1,5 @@
-"""One run of the image study (mutor2d.evaluation.study): train it, score the validation NLL of its
-checkpoints and select a step on it (RUN/val_nll.json), sample and score each eval step (one record per
-(step, cfg) in RUN/eval/); the held-out floor; runs in a pool of processes that a stop signal ends after a
-checkpoint."""
+"""One run of the image study: train, select a step on validation NLL, sample and score; the floor; a pool."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +35,7 @@ SAMPLE_METRICS = ("fid", "is", "prc", "kid")
 
 
 def train_seconds(run_dir: Path) -> tuple[float, int]:
-    """(seconds, steps) of pure training from RUN/log.jsonl (each record covers the steps since the
-    previous one at its images_per_s; checkpoint and sampling time are left out)."""
+    """(seconds, steps) of pure training from RUN/log.jsonl's images_per_s."""
     from ..engine.runlog import read_log
     secs, prev = 0.0, 0
     B = config_lib.load(run_dir / "config.yaml").train.batch_size
@@ -50,9 +47,7 @@ def train_seconds(run_dir: Path) -> tuple[float, int]:
 
 
 def heldout_nll(model, data_cfg, split: str = "test") -> float:
-    """Teacher-forced next-token cross-entropy (nats per token) of a held-out split ("test", or "val"
-    when data.val_fraction > 0): the model's NTP head on the regular sequence, registers absent
-    (extrapolation.grid_token_nll, averaged over every body token), in batches of 256 images."""
+    """Teacher-forced NTP cross-entropy (nats per token, registers absent) of a held-out split."""
     from ..data.tokens import build_dataset, collate
     ds = build_dataset(data_cfg, split)
     total = 0.0
@@ -79,10 +74,8 @@ def score(samples, ref, features: str, weights, cache: Path, device: str = "cpu"
 def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label: str, study: dict,
              cache: Path, batch_size: int = 250, seed: int = 0, tag: str = "", ema: bool = True,
              folder: str = "eval", device: str = "cpu") -> list[Path]:
-    """Sample, score and record checkpoint ``step`` of ``run_dir`` at each CFG scale on ``device``, with EMA
-    weights when the run kept them and ``ema``; records go to RUN/``folder`` (the study's tables read RUN/eval). ``tag``
-    goes into the sample file name (and so the record's), keeping records of another label (or sampling
-    seed, or raw weights) apart."""
+    """Sample, score and record checkpoint ``step`` at each CFG scale into RUN/``folder``; ``tag`` goes
+    into the file names, keeping records of another label, seed or weights apart."""
     names = [f"eval_{tag}step{step:08d}_cfg{s:g}" for s in cfg_scales]
     found = [sorted((run_dir / folder).glob(f"{n}__*.json")) for n in names]
     if all(found):                                       # scored before: keep those records
@@ -137,8 +130,7 @@ def read_curve(run_dir: Path) -> dict:
 
 
 def val_curve(run_dir: Path, steps: list[int]) -> dict:
-    """The validation NLL of the run's checkpoints at ``steps`` (weights as sampled: EMA when kept),
-    computed once each and kept in RUN/val_nll.json."""
+    """The validation NLL of the run's checkpoints at ``steps``, computed once each into RUN/val_nll.json."""
     curve = read_curve(run_dir)
     for step in steps:
         if step not in curve["nll"]:
@@ -157,8 +149,7 @@ def write_curve(run_dir: Path, curve: dict) -> None:
 
 
 def run_unit(unit: dict) -> dict:
-    """Train one (label, seed) run (resuming if needed); with val_every, score the validation NLL of its
-    checkpoints up to its horizon and add the lowest one's step to the eval steps; evaluate them."""
+    """Train one (label, seed) run, add its lowest-validation-NLL step (val_every) and evaluate the steps."""
     torch.set_num_threads(1)
     run_dir = Path(unit["run_dir"])
     cfg = run_config(unit["method"], unit["seed"], unit["steps"], unit["ckpt_every"], unit["overrides"], unit["base"])
@@ -186,9 +177,7 @@ def run_unit(unit: dict) -> dict:
 
 
 def hold_samples(folder: Path, poll_s: float = 10.0) -> Owner:
-    """Take FOLDER/run.lock, waiting (one line said) while another live process holds it: a second
-    study driver over the same seed scores a run after the first has (finding its records) instead of
-    making the same sample shards beside it."""
+    """Take FOLDER/run.lock, waiting (one line said) while another live process holds it."""
     said = False
     while True:
         try:
@@ -202,8 +191,7 @@ def hold_samples(folder: Path, poll_s: float = 10.0) -> Owner:
 
 
 def follow_driver(driver_pid: int) -> None:
-    """Pool-worker initializer: once the driver process is gone (killed, or stopped by a signal of its
-    own), give this worker a stop signal, so that it checkpoints and ends instead of training on alone."""
+    """Pool-worker initializer: SIGTERM this worker once the driver process is gone."""
     def watch():
         while os.getppid() == driver_pid:
             time.sleep(1)
@@ -212,8 +200,7 @@ def follow_driver(driver_pid: int) -> None:
 
 
 def pool_unit(unit: dict) -> dict:
-    """run_unit in a pool worker. A stop signal ends the worker after its checkpoint (exit PREEMPTED_EXIT)
-    rather than letting it start the next queued unit; the pool then stops the study."""
+    """run_unit in a pool worker; a stop signal exits PREEMPTED_EXIT after its checkpoint."""
     try:
         load_plugins()                    # a spawned worker: the objectives of MUTOR2D_PLUGINS again
         return run_unit(unit)
@@ -222,9 +209,7 @@ def pool_unit(unit: dict) -> dict:
 
 
 def run_all(units: list[dict], jobs: int) -> list[dict]:
-    """Units in order, ``jobs`` processes at a time (in this process when jobs == 1). A stop signal to
-    the driver or a worker (or the driver's death) stops every worker at its next step boundary, after
-    a checkpoint; rerunning the same command resumes."""
+    """Units in order, ``jobs`` processes at a time; a stop signal stops every worker after a checkpoint."""
     if jobs == 1:
         return [run_unit(u) for u in units]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=follow_driver,
@@ -240,8 +225,7 @@ def run_all(units: list[dict], jobs: int) -> list[dict]:
 
 def floor_records(out: Path, num: int, draws: int, cache: Path, data_seed: int = DIGITS_DATA_SEED,
                   data_name: str = "digits") -> list[dict]:
-    """Real held-out images (DATA:test) against DATA:train: as is, and ``draws`` resamples (with
-    replacement) of ``num`` images."""
+    """DATA:test against DATA:train: as is, and ``draws`` resamples (with replacement) of ``num`` images."""
     old = sorted((out / "floor" / "eval").glob("*.json"))
     if len(old) == draws + 1:                            # made before with these settings
         recs = [json.loads(p.read_text()) for p in old]
