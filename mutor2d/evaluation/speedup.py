@@ -1,20 +1,7 @@
-"""The image study's pre-registered convergence test (docs/RESULTS.md, "The convergence study"): does a
-register method reach in T steps what next-token reaches in 2T?
-
-Primary statistic, one value per training seed (the two arms share the seed: the same initialisation and
-data order):
-
-    D = mean log-FID of METHOD at {0.8T, 0.9T, T}  -  mean log-FID of next-token at {1.6T, 1.8T, 2T}
-
-Decision on the mean of D over seeds and its 95 % t-interval [lo, hi]: "converges at least 2x faster" is
-confirmed if mean <= 0 and hi < +MARGIN, refuted if lo > 0, otherwise not decided.
-Secondary (:func:`convergence_ratio`): the step at which next-token's mean log-FID curve (linear between
-scored steps) first reaches METHOD's late level, as 0.9T over that step, with a seed-bootstrap interval,
-beside next-token's ratio against its own late level (1 for a curve read without bias).
-Power (:func:`seeds_needed`, :func:`resolvable_gap`): a paired two-sided t-test at alpha 0.05.
-The window fractions are the protocol, not flags (mutor2d.evaluation.plan: the study's flags are checked
-against them before torch is imported). No torch here.
-"""
+"""The pre-registered convergence test (docs/RESULTS.md): per seed, D = mean log-FID of METHOD at
+{0.8T, 0.9T, T} minus next-token's at {1.6T, 1.8T, 2T}; on D's mean and 95 % t-interval [lo, hi]:
+confirmed if mean <= 0 and hi < +MARGIN, refuted if lo > 0, else not decided. Secondary: the
+interpolated convergence ratio with a seed bootstrap; power of a paired t-test. No torch here."""
 from __future__ import annotations
 
 import math
@@ -28,8 +15,7 @@ GAP = 0.163                # the gap the study is sized for: 15 % in FID, log(1 
 
 
 def window_log_fid(groups: dict, label: str, steps: list[int], cfg: float) -> dict:
-    """{seed: mean log-FID of ``label`` over ``steps``} for the seeds scored at every one of them
-    (``groups``: mutor2d.evaluation.study_tables.summarise)."""
+    """{seed: mean log-FID of ``label`` over ``steps``} for the seeds scored at all of them."""
     per_step = [groups.get((label, s), {}).get("by_seed", {}).get(cfg, {}).get("fid", {}) for s in steps]
     seeds = set.intersection(*(set(p) for p in per_step)) if per_step else set()
     return {seed: statistics.fmean(math.log(p[seed]) for p in per_step) for seed in seeds}
@@ -47,9 +33,7 @@ def decide(diffs: list[float]) -> dict:
 
 
 def speedup_test(groups: dict, cfg: float, method: str, T: int, reference: str = "next-token") -> dict:
-    """The primary statistic and its decision, with each seed's D; ``reference_gain``: next-token's own
-    log-FID gain from its window at T to its window at 2T (mean, 95 % interval), which says whether the
-    test can tell speeds apart at all (no gain: both arms may simply have stopped improving)."""
+    """The primary statistic, its decision, each seed's D and next-token's own gain from T to 2T."""
     mine = window_log_fid(groups, method, method_steps(T), cfg)
     ref = window_log_fid(groups, reference, reference_steps(T), cfg)
     early = window_log_fid(groups, reference, method_steps(T), cfg)
@@ -61,8 +45,7 @@ def speedup_test(groups: dict, cfg: float, method: str, T: int, reference: str =
 
 
 def crossing(curve: list[tuple[int, float]], level: float) -> float | None:
-    """The first step at which a piecewise-linear curve [(step, value)] is at or below ``level`` (its
-    first step if it starts there); None if it never is."""
+    """The first step a piecewise-linear curve [(step, value)] is at or below ``level``, else None."""
     for (s0, v0), (s1, v1) in zip([(None, None)] + curve[:-1], curve):
         if v1 <= level:
             return s1 if s0 is None or v0 == v1 else s0 + (s1 - s0) * (v0 - level) / (v0 - v1)
@@ -88,10 +71,8 @@ def _ratios(groups: dict, cfg: float, method: str, T: int, reference: str, seeds
 
 def convergence_ratio(groups: dict, cfg: float, method: str, T: int, reference: str = "next-token",
                       draws: int = 2000, seed: int = 0) -> dict:
-    """Interpolated convergence ratio (0.9T over the step where next-token's mean log-FID reaches the
-    method's mean late level; never reached counts as its last scored step, so the ratio is then an upper
-    bound) and next-token's self-ratio, each with a 95 % percentile interval over ``draws`` resamples of
-    the seeds with replacement."""
+    """Convergence ratio (0.9T over the step next-token's curve reaches the method's late level) and
+    next-token's self-ratio, each with a 95 % seed-bootstrap percentile interval."""
     seeds = sorted(set(window_log_fid(groups, method, method_steps(T), cfg))
                    & set(window_log_fid(groups, reference, method_steps(T), cfg)), key=str)
     if not seeds:
@@ -114,8 +95,8 @@ def _power(gap: float, sd: float, n: int, alpha: float = 0.05) -> float:
 
 
 def seeds_needed(sd: float, gap: float = GAP, power: float = 0.8, most: int = 200) -> int | None:
-    """The fewest seeds (>= 2) with which a paired t-test on D of standard deviation ``sd`` detects a mean
-    of ``gap`` with probability ``power``; None if more than ``most``."""
+    """The fewest seeds (2..most) for a paired t-test on D (sd ``sd``) to detect ``gap`` with ``power``."""
+
     return next((n for n in range(2, most + 1) if _power(gap, sd, n) >= power), None)
 
 

@@ -1,6 +1,4 @@
-"""The image study's records summarised (mutor2d.evaluation.study): grouped per (label, step) over
-seeds, the markdown table (mean ± sd), any metric (FID, KID, class accuracy, test NLL) paired by seed
-against next-token with its 95% t-interval, and the step at which a method first reaches next-token's final FID."""
+"""The image study's records grouped per (label, step): mean ± sd tables, paired-by-seed differences."""
 from __future__ import annotations
 
 import math
@@ -15,8 +13,7 @@ VAL_BEST = "val-best"       # the step of a run picked by validation NLL (a tabl
 
 
 def collect(out: Path) -> list[dict]:
-    """The study's records; each run's record at a label's validation-selected step (RUN/val_nll.json)
-    also carries ``study["val_best"] = True``."""
+    """The study's records; those at a label's validation-selected step get ``study["val_best"]``."""
     runs = sorted(p for p in out.glob("*/*") if (p / "eval").is_dir())
     recs = []
     for run in runs:
@@ -45,10 +42,8 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 
 def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
-    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values over seeds]}}, "by_seed": {cfg: {metric: {seed:
-    value}}}, "nll", "nll_val", "s_per_step", "steps": {seed: step}, "skips": {seed: updates skipped up to
-    the step}, "commits": {its runs' commit cells}}}; step None for the floor, VAL_BEST for the
-    validation-selected step of each seed (its records also count at their own step)."""
+    """{(label, step): {"seeds", "cfg": {cfg: {metric: [values]}}, "by_seed": {cfg: {metric: {seed: value}}},
+    "nll", "nll_val", "s_per_step", "steps", "skips", "commits"}}; step None: floor, VAL_BEST: selected."""
     groups: dict = {}
     for r in recs:
         run = r["study"]          # the run's study settings: label, seed, cfg scale, timing
@@ -77,8 +72,7 @@ def summarise(recs: list[dict], cfg_scales: list[float]) -> dict:
 
 
 def method_order(name: str) -> tuple:
-    """Table order: full-data labels by METHODS (the compute-matched runs last), then the data-fraction
-    labels by method and falling fraction."""
+    """Full-data labels by METHODS (compute-matched last), then fraction labels by falling fraction."""
     method, frac = label_parts(name)
     names = list(METHODS) + [COMPUTE_MATCHED]
     return (frac < 1, names.index(method) if method in names else len(names), -frac, name)
@@ -90,10 +84,7 @@ def row_order(key: tuple) -> tuple:
 
 
 def table(groups: dict, cfg_scales: list[float]) -> str:
-    """Mean ± sd over seeds per (label, step); a "val-best" row per label when steps were selected on
-    validation (its step column: the selected steps' mean ± sd); a "val NLL" column when any record has one;
-    the updates each seed's run skipped up to the step (the blow-up guard: mutor2d/engine/health.py); the
-    runs' commits (records.commit_text) last."""
+    """Mean ± sd over seeds per (label, step), a "val-best" row per label, the floor rows last."""
     guided_scales = [s for s in cfg_scales if s != 1.0]
     val = any(g["nll_val"] for g in groups.values())
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
@@ -143,9 +134,7 @@ def paired_row(label: str, steps: str, diffs: list[float], metric: str) -> str:
 
 
 def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric: str = "fid") -> str:
-    """Markdown: per label and step, ``metric`` (a key of PAIRED) at ``cfg`` minus ``reference``'s at the
-    same step, paired by seed (the same data order), with its 95% t-interval and wins / losses over seeds
-    (a win: lower FID or NLL, higher accuracy)."""
+    """Markdown: per label and step, ``metric`` at ``cfg`` minus ``reference``'s, paired by seed."""
     name = PAIRED[metric][0]
     lines = [f"| method | step | seeds | {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
@@ -159,10 +148,7 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
 
 
 def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
-    """Markdown: ``metric`` averaged per seed over the last ``last`` steps that a label and ``reference``
-    both scored, minus ``reference``'s average over the same steps, paired by seed, with its 95%
-    t-interval and wins / losses: a steadier reading than one checkpoint where scores swing between
-    neighbouring checkpoints."""
+    """Markdown: per seed, ``metric`` averaged over the last ``last`` shared steps minus ``reference``'s."""
     name = PAIRED[metric][0]
     lines = [f"| method | steps | seeds | mean {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for label in sorted({k[0] for k in groups if isinstance(k[1], int)} - {reference}, key=method_order):
@@ -180,9 +166,8 @@ def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-t
 
 
 def convergence(groups: dict, cfg: float, method: str, reference: str = "next-token") -> dict | None:
-    """The first scored step at which ``method``'s mean FID (at ``cfg``) is at most ``reference``'s
-    final one (its mean at its last scored step), and that step over the reference's final step
-    (the paper's "MuToR-2D at 100K beats next-token at 200K" is a ratio of 0.5); None without both."""
+    """The first step ``method``'s mean FID is at most ``reference``'s final one, and its ratio to that step."""
+
     def curve(label):
         return sorted((k[1], statistics.fmean(fids.values())) for k, g in groups.items()
                       if k[0] == label and isinstance(k[1], int)
