@@ -1,9 +1,6 @@
-"""What the classifiers trained here share (digits, photos): training on one CPU thread with the
-global RNG untouched, a cache file named by the settings' hash, loading with ``weights_only=True``,
-and the torch-fidelity feature extractor over them (``feat`` for FID/KID/PRC, ``logits`` for IS and
-the samples' class accuracy). Each data set's module gives its network, its input transform and its
-training data.
-"""
+"""What the classifiers trained here (digits, photos) share: one-thread training with the global RNG
+untouched, a cache file named by the settings' hash, and the torch-fidelity extractor (``feat``, ``logits``)."""
+
 from __future__ import annotations
 
 import hashlib

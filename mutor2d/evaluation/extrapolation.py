@@ -1,17 +1,8 @@
-"""Position extrapolation: teacher-forced regular-token NLL by position, past the trained length
-(docs/METHOD.md, "Position extrapolation").
+"""Position extrapolation (docs/METHOD.md): teacher-forced regular-token NLL by position (a grid row, or
+an answer position for text), registers absent, cut by the trained limits into inside / beyond. Images:
+``stack`` test images of one class stacked into one grid; the control ``wrap`` reuses the trained rows'
+position ids (row mod H). A model with 1D RoPE or another width is refused."""
 
-A ``Curve`` holds one run's next-token NLL (nats per token, the regular pathway only: registers are
-absent, as at sampling) summed per position, with the trained limits ("edges") that cut the positions
-into ranges: inside the trained range, beyond it. Position means a grid row for images and an answer
-position for text (mutor2d.lm.extrapolation, a run kind's module: it reads LM run folders).
-
-Images (``image_curve``): a grid of height ``stack`` x H stacks ``stack`` test images of one class
-(``stacked_grids``), conditioned on that class. Every test image appears once at every block, so
-"beyond minus inside" is the cost of the new positions and of the context above, on the same tokens;
-the control ``wrap`` gives every block the trained rows' position ids (row mod H): the context above
-without new positions. A model with 1D RoPE (``model.rope: 1d``) or another width is refused.
-"""
 from __future__ import annotations
 
 import math
