@@ -1,15 +1,9 @@
-"""Synthetic multi-step arithmetic word problems in GSM8K's format, for CPU-scale language studies.
-
-A problem starts from a count and applies ``steps`` changes (gets / gives a number); the question
-asks for the final count. Its answer is one worked line per step, then GSM8K's final line (short
-sentences keep a character-level model's sequences short):
+"""Synthetic multi-step arithmetic word problems in GSM8K's raw {"question", "answer"} format.
 
     question: "Ann has 7 coins. She gets 5. She gives 3. How many coins?"
     answer:   "7+5=12\\n12-3=9\\n#### 9"
 
-Difficulty is the number of steps. Counts stay in 0..``max_value``; each change is 1..``max_change``.
-Lines are GSM8K's raw {"question", "answer"} objects, so ``data.name: gsm8k`` reads them and
-mutor2d.lm.accuracy scores them; every problem is a pure function of (seed, index).
+Counts stay in 0..``max_value``; each change is 1..``max_change``; a problem is a pure function of (seed, index).
 """
 from __future__ import annotations
 

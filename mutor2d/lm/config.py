@@ -1,13 +1,7 @@
 """Config of a language-model fine-tuning run: a YAML file with top-level ``task: lm``.
 
-Built on mutor2d.config, which holds every shared rule: YAML reading, ``section.key=value``
-overrides, type checks, one-line :class:`ConfigError` messages, the ``objective`` variants and the
-optimiser section. Only the LM sections live here: model, data and eval (their classes below);
-objective: any registered variant, as in an image run (an answer is a 1 x N line, where both ``edge``
-rules agree), with its ``line_defaults()`` (multihead: layout 1d), default mutor-1d; one that cannot
-train on a line (2D offsets) is a one-line error; optim: the shared OptimConfig plus ``register_lr``,
-with fine-tuning defaults; train: the engine's shared TrainConfig (EMA, sample grids, init_from and
-compile are image-run settings and refused; ``train.eval_every`` needs ``eval.path``).
+Built on mutor2d.config (shared rules); only the model, data and eval sections live here. objective:
+any registered variant that trains on a 1 x N line (default mutor-1d).
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""Position extrapolation of a fine-tuned language model: teacher-forced NLL per answer position.
+"""Position extrapolation of a fine-tuned language model: teacher-forced NLL (nats) per answer position.
 
-``answer_curve`` scores held-out (prompt, answer) lines (e.g. arithmetic problems with more steps than
-the fine-tuning data) with the run's saved model: the NLL (nats) of answer token k, predicted from the
-prompt and answer tokens 0..k-1 (EOS included when the run trained with it), at answer position k.
-Registers are absent: the regular pathway only, under the run's prompt attention (causal, or
-bidirectional prompts as the run was trained).
-
-The trained limits (``trained_lengths``): the longest answer, in tokens as training cut them
-(data.max_answer_len, EOS), of the run's training file, then of its base's when ``model.hf`` is itself
-a language-model run folder (config.yaml with task lm), and so on down the chain. Position k is past a
-limit L iff k >= L; the bins are "inside" (below the run's own limit), "base range" (below a base's
-longer limit) and "beyond" (past every answer the model was ever trained on).
+Regular pathway only (no registers), under the run's prompt attention. Trained limits
+(``trained_lengths``): the longest training answer of the run, then of each base run down the chain;
+bins "inside" (k < own limit), "base range" (k < a base's limit) and "beyond".
 """
 from __future__ import annotations
 

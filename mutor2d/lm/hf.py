@@ -1,15 +1,7 @@
 """Loading, adapting, saving and generating with transformers models for MuToR-1D fine-tuning.
 
-Models and tokenizers load from a local folder or a hub name already in the local Hugging Face cache
-(``local_files_only``: nothing is downloaded; a missing one is a one-line LMModelError naming where it
-looked), the name passed on as given, so the model's ``name_or_path`` and a saved adapter's base reference
-keep it. :func:`save` writes a folder that loads in plain transformers
-(``AutoModelForCausalLM.from_pretrained(folder)``; an adapter folder needs peft and its base in place):
-LoRA -> the peft adapter (adapter_model.safetensors + adapter_config.json); full -> model.safetensors;
-both + ``register_embedding.safetensors`` (read only by register decoding, mutor2d.lm.speculative) + the
-tokenizer. :func:`load_for_inference` / :func:`generate`: the saved model (LoRA merged) and batched greedy
-decoding through the model's own ``generate``, or register-drafted with the same tokens
-(``decode="registers"``).
+Loads are ``local_files_only`` (a missing model is a one-line LMModelError). :func:`save`: LoRA -> peft
+adapter, full -> model.safetensors, both + ``register_embedding.safetensors`` + the tokenizer.
 """
 from __future__ import annotations
 

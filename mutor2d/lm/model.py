@@ -1,21 +1,9 @@
 """A transformers causal LM with one register embedding, as the objectives' model (no loss here).
 
-:class:`MutorLM` holds what is specific to transformers models: the causal LM (possibly wrapped by
-peft), the shared register embedding (one vector of the hidden size, not a new vocabulary entry)
-and the multi-head baseline's extra decoder layers. It runs a physical sequence (regular slots,
-then extra slots) through the model's own decoder as ``inputs_embeds`` with explicit
-``position_ids`` and a 4D additive mask (B, 1, L, L) built from the visibility rule (0 = may attend,
-dtype min = blocked), or the rule's FlexAttention BlockMask when the model runs
-``flex_attention``; without a rule a 2D padding mask (the model's own causal path). Any causal LM
-whose decoder accepts ``inputs_embeds``, ``position_ids`` and a 4D mask works (Llama, Gemma,
-Qwen, Mistral, GPT-2 families). :class:`FramedLM`: a MutorLM on one batch's
-:class:`~mutor2d.lm.packing.Frame`, the objectives' ``TokenModel``, so every objective (NTP, MuToR-1D,
-the multi-head baseline, a plugin) computes its loss on text as on an image.
-
-The multi-head baseline: the trunk is every decoder layer but the last; the model's own last layer +
-final norm + LM head is the d = 1 head, head k an extra decoder layer on the same trunk output (the last
-layer's input, with its mask and rotary embeddings) followed by the shared final norm and LM head
-(:func:`head_layers`).
+:class:`MutorLM`: the causal LM (maybe peft-wrapped), the register embedding (one hidden-size vector) and
+the multi-head baseline's extra decoder layers (:func:`head_layers`); runs ``inputs_embeds`` with
+``position_ids`` and a 4D additive mask (B, 1, L, L) or a FlexAttention BlockMask from the visibility rule.
+:class:`FramedLM`: a MutorLM on one batch's Frame, the objectives' ``TokenModel``.
 """
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 """A batch of (prompt, answer) pairs in the canonical frame the objectives see, and where each of its
-slots sits in the shorter physical sequence the transformers model runs on.
+slots sits in the shorter physical sequence the transformers model runs on (rules: mutor2d.objectives.layout).
 
-Rules come from mutor2d.objectives.layout; nothing here restates them. A sample is prompt p_0..p_{P-1}
-(the prefix) and answer a_0..a_{N-1} (the body, a 1 x N line). Its regular inputs are
-prompt + a_0..a_{N-2} (P + N - 1 tokens); regular input j predicts a_{j-P+1} (loss only on the
-answer). A MuToR-1D register anchored at answer token t (t = -1: the last prompt token) predicts
-a_{t+d}; it sees the regular inputs up to its anchor and itself, nothing later, no other register;
-its position id is that of the regular input predicting its target under next-token prediction.
-
-Canonical frame (:func:`canonical`). Every prompt left-padded to P_max and every answer right-padded
-to the line width W (:func:`line_width`), so all answers start at column P_max and one prefix length
-is exact for every sample (answer lengths go in ``lengths``): a mutor2d.objectives.base.Batch on the grid
-1 x W, on which an objective draws its layout and takes its loss exactly as on an image. Canonical
-index of a real token = its real index + P_max - P_b.
-
-Physical sequence (:class:`Frame`). The attention rule (attention.Visibility) names tokens by rank,
-not by place, so each real token keeps its canonical rank wherever it physically sits; padding slots
-get rank NEVER (no one sees them) and limit -1 (they see only themselves). That lets the physical
-sequence be padded on either side (``padding_side``) and be as short as max_b(P_b + N_b - 1)
-regular slots, with the extra (register) slots appended after the regular block unchanged. Position
-ids are the canonical ones minus P_max - P_b, i.e. counted from each sequence's first real token (as
-a left-padded HF model would). No grouping by length is needed and no canonical padding slot is ever
-computed.
+Canonical frame (:func:`canonical`): prompts left-padded to P_max, answers right-padded to the line width
+W, so all answers start at column P_max (a Batch on the grid 1 x W). Canonical index = real index + P_max - P_b.
+Physical sequence (:class:`Frame`): real tokens keep their canonical rank; padding slots get rank NEVER and
+limit -1; max_b(P_b + N_b - 1) regular slots, then the register slots. Position ids = canonical - (P_max - P_b).
 """
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """LM data lines -> records (no torch); records become token ids in mutor2d.lm.prompts.
 
-Line formats of ``data.name: jsonl`` (recognised per line; each line is checked before any model loads,
-a bad one is a one-line DataError naming file, line and the problem):
-
-* ``{"prompt": str, "answer": str}`` and TRL's ``{"prompt": str, "completion": str}``: the prompt is
-  tokenized with the tokenizer's special tokens (BOS), the answer without, plus EOS when ``add_eos``;
-* chat ``{"messages": [{"role", "content"}, ...]}`` (and TRL's conversational ``{"prompt": [...],
-  "completion": [...]}``): rendered with the tokenizer's chat template, which must exist. Loss only on
-  assistant turns: each assistant turn (of the completion, for prompt/completion) is one example whose
-  prompt is the rendered conversation before it (with the generation prompt) and whose answer is the
-  rest of the rendering up to the end of that turn (the template's end-of-turn marks the end; no EOS
-  is added). The template must render each earlier part as a prefix of the whole;
-* any line may carry ``"gold"``: the final answer that eval/lm_accuracy.py compares with.
-
-``gsm8k``: GSM8K's {"question", "answer"} lines -> prompt "Question: {q}\\n\\nAnswer:", answer " {a}",
-gold = the ``#### N`` number (:func:`gsm8k_record`). ``math``: MATH's {"problem", "solution"} lines (or
-OpenMathInstruct-2's {"problem", "generated_solution", "expected_answer"}) -> the same prompt form,
-answer " {solution}", gold = the answer field, else the last ``\\boxed{}`` (:func:`math_record`).
+``jsonl`` lines: {"prompt","answer"}, TRL's {"prompt","completion"}, or chat {"messages": [...]} (chat
+template; loss only on assistant turns); any line may carry ``"gold"``. A bad line is a one-line DataError.
+``gsm8k`` (:func:`gsm8k_record`) and ``math`` (:func:`math_record`): prompt "Question: {q}\\n\\nAnswer:".
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """The language-model run kind: a Hugging Face causal LM fine-tuned by the engine with any objective.
 
-Parts (mutor2d.engine.setup.RunKind): the data are read, tokenized and checked against the model's
-position limit before any weights load; the networks are the LM (LoRA or full) with its register
-embedding and extra head layers (mutor2d.lm.hf.build); a step puts a padded batch in the canonical
-frame (mutor2d.lm.packing) and takes the objective's loss on it, as an image run does on a grid.
-Checkpoints keep the trainable parameters only (LoRA: adapters and register embedding; full:
-everything; the objective's own, if any; the frozen base is reloaded from ``model.hf``) with the
-optimizer and RNG streams, so ``--resume auto`` continues exactly. ``RUN/step_N/`` at each checkpoint
-step, and the run folder after the last, get the model in the transformers layout (mutor2d.lm.hf.save);
-with ``eval.path`` set, :class:`OnlineAccuracy` answers the evaluation file greedily every
-``train.eval_every`` steps and after the last step.
+Data are checked before weights load; checkpoints keep the trainable parameters only (the frozen base
+reloads from ``model.hf``); ``RUN/step_N/`` and the run folder get the transformers layout.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Decoding a Hugging Face causal LM by the image decoder's round loop (mutor2d.sampling.rounds): plain
-(K = 0) or exact speculative decoding with a MuToR-1D checkpoint's registers as the drafter
-(``sampling.drafters.RegisterDrafter``; the embedding: ``drafter.Registers``); docs/METHOD.md, section 9.
+(K = 0) or exact speculative decoding with a MuToR-1D checkpoint's registers as the drafter.
 
-A text batch's frame (``HFStep.frame``): left-padded prompts at Hugging Face's positions (mask cumsum
-- 1), then the new tokens on a line (1, max_new_tokens) from position prompt_len on; drafts past the
-model's positions are absent. After each forward the KV cache keeps the regular inputs some row kept
-(never registers); a draft one row rejected and another kept is a masked hole in the first (batch 1:
-the cache is exactly plain decoding's). Rows end at EOS, a stop string or ``max_new_tokens``
-(``rows.Rows``) and leave the batch (``TextEnds``; ``synced``, FSDP2: they stay until every process is
-done). The 4D additive mask applies sliding windows from position ids: ``sdpa`` or ``eager``, not flex.
+Frame (``HFStep.frame``): left-padded prompts at HF's positions (mask cumsum - 1), then new tokens on a
+line (1, max_new_tokens). The KV cache keeps regular inputs only; the 4D mask needs ``sdpa`` or ``eager``.
 
     ids = generate_ids(model, input_ids, attention_mask, 40, registers=load_registers(run), eos=[eos])
 """
