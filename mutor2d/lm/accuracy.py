@@ -1,28 +1,9 @@
 """Final-answer extraction and exact-match accuracy for GSM8K- and MATH-style outputs and word paths (pure Python).
 
-GSM8K (``kind="gsm8k"``): the answer is the number on the last ``#### N`` line, else the last number
-of the text. A number is read with an optional sign and ``$``, thousands separators (``1,234``) and
-decimals, and written canonically (``$1,200.00`` -> ``1200``, ``12.50`` -> ``12.5``, ``-0`` -> ``0``);
-words, units and punctuation around it are ignored.
-
-MATH (``kind="math"``): the answer is the content of the last ``\\boxed{...}`` / ``\\fbox{...}``
-(balanced braces; also ``\\boxed 5``), normalised (:func:`normalize_math`): spaces, ``$``, ``\\!``,
-``\\,``, ``\\left``/``\\right``, ``\\displaystyle``, degrees, percent signs, trailing units in
-``\\text{}``, a trailing ``.`` and a short ``x =`` are dropped; ``\\dfrac``/``\\tfrac`` become
-``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``. Two answers are equal when their normalised
-strings are, or when both read as exact rationals (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``-\\frac12``)
-of equal value. A gold answer goes through the same rules (a full solution text gives its own
-``#### N`` / boxed answer).
-
-Path (``kind="path"``): the answer is the whole output as a sequence of nodes (separated by whitespace
-or commas, so a star-graph path ``3 17 8 41 5`` or, in Bachmann & Nagarajan's format, ``3,17,8,41,5``);
-it matches when the gold's nodes are the same nodes in the same order: a missing, extra or changed
-node is wrong. An output with no node has no answer.
-
-Prediction files (eval/lm_accuracy.py): one JSON object per line with ``index``, ``prompt``,
-``output``, ``extracted``, ``gold``, ``correct``. Several processes each write a part file of their
-share (index % world == rank); :func:`merge_parts` joins them into the output file.
-"""
+gsm8k: the number on the last ``#### N`` line, else the text's last number, canonical (``$1,200.00`` -> ``1200``).
+math: the last ``\\boxed{...}`` / ``\\fbox{...}``, normalised (:func:`normalize_math`); equal when the
+normalised strings are, or both are equal exact rationals. path: the whole output as nodes, same order.
+Prediction files: JSON lines ``index, prompt, output, extracted, gold, correct``; part files per rank."""
 from __future__ import annotations
 
 import datetime
@@ -178,8 +159,7 @@ def math_equal(a: str, b: str) -> bool:
 # ----------------------------------------------------------------------------- path
 
 def path_answer(text: str) -> str | None:
-    """The nodes of the whole text, split at whitespace and commas (Bachmann & Nagarajan's format),
-    joined by single spaces (" 3 17\n 8 " and "3,17,8" -> "3 17 8"); None if none."""
+    """The nodes of the whole text, split at whitespace and commas, joined by single spaces; None if none."""
     return " ".join(w for w in re.split(r"[\s,]+", text) if w) or None
 
 
@@ -236,8 +216,7 @@ def scored_item(index: int, prompt: str, output: str, gold: str, kind: str) -> d
 # ----------------------------------------------------------------------------- prediction files
 
 def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "gold")) -> list[dict]:
-    """Lines of a prediction file; a last line cut short by a killed writer (no final newline) is
-    skipped, any other bad line is a one-line ValueError naming file and line."""
+    """Lines of a prediction file (a cut-short last line skipped); a bad line is a one-line ValueError."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{io.shown_path(path)}: no such prediction file")
@@ -275,8 +254,7 @@ def part_path(out: str | Path, rank: int, world: int) -> Path:
 
 
 def shard(indices: list[int], rank: int, world: int) -> list[int]:
-    """The share of process ``rank`` of ``world``: indices i with i % world == rank (independent of
-    what is already done, so every process agrees on it)."""
+    """The share of process ``rank`` of ``world``: indices i with i % world == rank."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} of world {world}: expected 0 <= rank < world")
     return [i for i in indices if i % world == rank]
@@ -290,8 +268,7 @@ def done_items(out: str | Path) -> dict[int, dict]:
 
 
 def merge_parts(out: str | Path) -> list[dict]:
-    """Join the output file and its part files into the output file (sorted by index, one line per
-    index); the part files are then removed. Returns the merged items."""
+    """Join the output file and its part files into the output file (sorted by index); remove the parts."""
     out = Path(out)
     items = [it for _, it in sorted(done_items(out).items())]
     io.write_text_atomic(out, "".join(json.dumps(it) + "\n" for it in items))    # on error the part files stay
@@ -309,13 +286,8 @@ def _keep_whole_lines(path: Path) -> None:
 def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int = 0, world: int = 1,
             batch_size: int = 8, agree=None) -> int:
     """Generate and score this process's share of ``items`` not yet in ``out`` or its part files,
-    appending each finished batch to its part file (so a killed run resumes where it stopped).
-
-    items: [{"prompt": text, "prompt_ids": ids, "gold": str}] (index = position); generate: list of
-    items -> list of output texts. Batches hold prompts of similar length (longest first), a
-    deterministic order. ``agree``: a collective, this process's batch count -> the count every
-    process runs (the largest); a process with fewer pads with batches of item 0 whose outputs are
-    dropped (a sharded model's forward needs every process). Returns how many items were generated."""
+    appending each finished batch to its part file (resumable). items: [{"prompt", "prompt_ids", "gold"}];
+    ``agree``: batch count -> the count every process runs (padded with dropped batches of item 0)."""
     done = done_items(out)
     for i, item in done.items():
         if i < len(items) and item.get("prompt") != items[i]["prompt"]:
@@ -363,8 +335,7 @@ def make_record(result: dict, *, run_config: dict, step: int | None, data: str, 
 
 def write_scores(out: str | Path, n: int, kind: str, eval_dir: str | Path, *, run_config: dict, step: int | None,
                  data: str, checkpoint: str, generation: dict) -> tuple[dict, Path]:
-    """Merge the processes' part files of ``out``, score its ``n`` items and write the evaluation
-    record into ``eval_dir`` (greedy decoding with the ``generation`` settings) -> (result, record path)."""
+    """Merge the part files of ``out``, score its ``n`` items, write the record -> (result, record path)."""
     from ..evaluation.records import write_record
     merge_parts(out)
     result = score(collect(out, n), kind)

@@ -38,8 +38,7 @@ class LMModelError(ValueError):
 
 def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("config.json", ADAPTER_CONFIG),
           **kwargs):
-    """``cls.from_pretrained(ref)`` from a local folder (holding one of ``markers``, if any are given)
-    or the local hub cache, ``ref`` passed as given."""
+    """``cls.from_pretrained(ref)`` from a local folder (holding one of ``markers``) or the local hub cache."""
     folder = Path(ref).expanduser()
     local = folder.is_dir()
     where = f"no {what} at {folder.resolve()}"
@@ -63,8 +62,7 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
 
 @contextmanager
 def refusing_pickles(key: str, ref):
-    """A weights file that ``torch.load(weights_only=True)`` refuses (transformers' and peft's loaders of
-    ``.bin`` files use it) becomes one LMModelError line naming ``key=ref``; nothing of it ran."""
+    """A weights file ``torch.load(weights_only=True)`` refuses becomes one LMModelError line."""
     try:
         yield
     except pickle.UnpicklingError:
@@ -88,9 +86,7 @@ def load_model_config(path: str | Path, key: str = "model.hf"):
 
 
 def check_weights_fit(path: str | Path, dtype: str, key: str = "model.hf") -> None:
-    """The model's weights alone, at ``dtype``, must fit this machine's memory: else one ConfigError line
-    before anything is loaded (its parameters counted on the meta device from its config; a folder
-    without a config, a LoRA adapter's, is left to the load)."""
+    """The weights alone at ``dtype`` must fit this machine (counted on meta): else one ConfigError line."""
     from transformers import AutoModelForCausalLM
     if Path(path).expanduser().is_dir() and not (Path(path).expanduser() / "config.json").is_file():
         return
@@ -113,8 +109,7 @@ def with_pad_token(tok):
 
 
 def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], base_ref: str | None = None):
-    """Wrap ``lm`` with peft LoRA adapters on modules named in ``targets``; the base is frozen.
-    ``base_ref``: the base model reference the adapter config stores (default: ``lm.name_or_path``)."""
+    """Wrap ``lm`` with peft LoRA on ``targets`` (base frozen); ``base_ref``: the stored base reference."""
     from peft import LoraConfig, get_peft_model
     try:
         with warnings.catch_warnings():     # peft asks transformers' deprecated is_gradient_checkpointing
@@ -129,11 +124,8 @@ def apply_lora(lm, r: int, alpha: float, dropout: float, targets: list[str], bas
 
 
 def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
-    """Wrap a loaded causal LM per the config: LoRA or full fine-tuning, register embedding when the
-    objective uses registers, its extra head layers (``objective_cfg.num_head_layers()``, e.g.
-    multihead; mutor2d.lm.model.head_layers, always fully trainable), optional (non-reentrant)
-    gradient checkpointing. With LoRA only adapters + register embedding (+ heads) require grad;
-    ``base_ref`` is the base reference saved with the adapters (default: the name ``lm`` was loaded under)."""
+    """Wrap a loaded causal LM per the config: LoRA or full, register embedding, extra head layers
+    (always trainable), optional non-reentrant gradient checkpointing."""
     count = objective_cfg.num_head_layers()
     heads = head_layers(lm, count) if count else None          # copied before LoRA adapts the last layer
     if model_cfg.gradient_checkpointing:
@@ -151,9 +143,7 @@ def build(lm, model_cfg, objective_cfg, base_ref: str | None = None) -> MutorLM:
 
 
 def save(model: MutorLM, out_dir: str | Path, tokenizer=None, state: dict | None = None) -> Path:
-    """Write adapters (or the full model), the register embedding and the tokenizer as safetensors.
-    ``state``: the MutorLM's full state dict when its own parameters are shards (FSDP2, gathered by
-    the caller); else the parameters are read from ``model``."""
+    """Write adapters (or the full model), register embedding and tokenizer; ``state``: a gathered state dict."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lm_state = {k[len("lm."):]: v for k, v in state.items() if k.startswith("lm.")} if state else None
@@ -177,9 +167,7 @@ def write_checksums(folder: Path) -> Path:
 
 
 def verify_checksums(folder: Path) -> None:
-    """Every weight file ``save`` recorded in FOLDER/mutor2d_checksums.json has that SHA-256: else one
-    LMModelError naming the file. A folder without the record (not written by this project's training)
-    loads, said once."""
+    """Each weight file recorded in mutor2d_checksums.json has that SHA-256, else one LMModelError."""
     record = folder / CHECKSUMS_FILE
     if not record.is_file():
         io.warn(f"{str(folder)!r} has no {CHECKSUMS_FILE} (not written by mutor2d's training): its weights "
@@ -204,9 +192,7 @@ RUN_RECORDS = frozenset({"config.yaml", "log.jsonl", "provenance.json", "run.loc
 
 
 def base_fingerprint(ref: str) -> dict:
-    """model.hf's fingerprint (mutor2d.provenance): of a local folder, its top-level files but a run
-    folder's records (RUN_RECORDS; its subfolders: checkpoints, eval, step_N, are not the model
-    either); a hub name by name."""
+    """model.hf's fingerprint: a local folder's top-level files but RUN_RECORDS; a hub name by name."""
     folder = Path(ref)
     if not folder.is_dir():
         return provenance.named(str(ref))
@@ -230,16 +216,8 @@ def saved_prompt_attention(folder: str | Path) -> str:
 
 def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool = True,
                        attn_implementation: str = "sdpa"):
-    """The fine-tuned model of a saved folder (a run folder or its step_N/), in eval mode, its weight
-    files checked against the checksums ``save`` recorded (:func:`verify_checksums`).
-
-    Full fine-tuning: the saved transformers model. LoRA (adapter_config.json): its base
-    (``base_model_name_or_path``: a folder, relative ones from the working directory, or a cached hub
-    name) with the adapters, folded into the base weights (``merge=True``: a plain ``PreTrainedModel``)
-    or not (``merge=False``: the peft ``PeftModel``). The register embedding is not part of it
-    (``drafter.load_registers(folder)``). A model trained with ``prompt_attention: bidirectional``
-    comes back with its ``generate`` prefilling the prompt that way (:func:`with_prompt_attention`);
-    plain transformers loading cannot know it."""
+    """The fine-tuned model of a saved folder in eval mode, its checksums verified; LoRA: the base plus
+    adapters (merged when ``merge``); bidirectional-trained models prefill prompts that way."""
     folder = Path(folder)
     adapter = folder / ADAPTER_CONFIG
     if folder.is_dir():
@@ -256,8 +234,7 @@ def load_for_inference(folder: str | Path, dtype: str = "float32", merge: bool =
 
 
 def with_prompt_attention(model, rule: str):
-    """``model`` whose ``generate`` prefills prompts under ``rule`` (bidirectional: with
-    :func:`prefill_prompts`, unless a cache is given) and then decodes as usual; causal: as it is."""
+    """``model`` whose ``generate`` prefills prompts under ``rule`` (bidirectional), else as it is."""
     setattr(model, PROMPT_ATTR, rule)
     if rule == "causal":
         return model
@@ -273,10 +250,8 @@ def with_prompt_attention(model, rule: str):
 
 @torch.no_grad()
 def prefill_prompts(lm, input_ids, mask):
-    """A DynamicCache of left-padded prompts ``input_ids`` (B, L) (``mask`` 1 on real tokens) without
-    their last token, each prompt token having seen the whole prompt (padding excluded). ``generate``
-    then runs the last prompt token over it: that token sees the whole prompt either way, so the cache
-    and its logits are those of a bidirectional prefill of the whole prompt."""
+    """A DynamicCache of left-padded prompts (B, L) without their last token, each prompt token having
+    seen the whole prompt (padding excluded): a bidirectional prefill once ``generate`` runs the last token."""
     real, L = mask.bool(), input_ids.shape[1]
     vis = Visibility(torch.where(real, torch.arange(L, device=real.device), NEVER), torch.where(real, L - 1, -1))
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -289,8 +264,7 @@ def prefill_prompts(lm, input_ids, mask):
 
 
 def maps_stop_strings(tokenizer, stop) -> bool:
-    """Whether transformers can build its stop-string criteria for ``stop`` on this vocabulary (then
-    plain ``generate`` ends at them; else the text is only cut)."""
+    """Whether transformers can build its stop-string criteria for ``stop`` on this vocabulary."""
     from transformers import StopStringCriteria
     try:
         StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stop))
@@ -308,16 +282,9 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
              stop: list[str] = (), synced: bool = False, prompt_attention: str | None = None,
              decode: str = "plain", registers=None, stats=None) -> list[str]:
-    """Greedy continuations of a batch of prompts (token ids, left-padded here) through ``lm.generate``:
-    each stops at EOS, at a stop string (the text is cut before it) or after ``max_new_tokens``.
-    ``synced``: collective (transformers' ``synced_gpus``): every process keeps stepping until all
-    are done, as a sharded (FSDP2) forward needs. ``prompt_attention``: the run's rule (None: the
-    one :func:`load_for_inference` gave ``lm``, else causal); bidirectional prefills with
-    :func:`prefill_prompts`. ``decode="registers"``: the same tokens, register-drafted
-    (mutor2d.lm.speculative; ``registers``: a run folder or its ``drafter.Registers``); ``"auto"``:
-    registers where ``registers`` drafts (a folder that can, or a Registers), else plain; ``stats``: a
-    ``DecodeStats`` that receives the counts. -> the decoded new text of each prompt
-    (special tokens skipped)."""
+    """Greedy continuations (decoded new text) of a batch of prompt ids (left-padded here), ending at
+    EOS, a stop string (cut before it) or ``max_new_tokens``. ``synced``: transformers' ``synced_gpus``;
+    ``decode``: plain, registers (exact, register-drafted) or auto; ``stats``: a ``DecodeStats``."""
     if decode not in decode_modes("text"):
         raise ValueError(f"decode={decode!r}: expected one of {', '.join(decode_modes('text'))}")
     if decode == "auto":
