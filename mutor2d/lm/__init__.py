@@ -11,9 +11,8 @@ from __future__ import annotations
 
 
 def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, tokenizer=None):
-    """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir`` with the engine
-    (mutor2d.engine.loop.train; ``resume``: None, "auto" or a checkpoint / run folder), optionally on a
-    given transformers ``model`` / ``tokenizer`` object instead of loading ``model.hf``."""
+    """Fine-tune per ``cfg`` (YAML path/name, dict or LMRunConfig) into ``out_dir`` with the engine,
+    optionally on a given ``model`` / ``tokenizer`` instead of ``model.hf``."""
     from ..engine.loop import train as engine_train
     from .config import load as load_config
     from .run import LMRun

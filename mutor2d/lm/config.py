@@ -28,10 +28,8 @@ LORA_R_LIMIT = 8192         # model.lora_r: the width of Llama-3-70B
 
 @dataclass
 class LMModelConfig:
-    """hf: local folder (or cached hub name) of a transformers causal LM, loaded with local_files_only;
-    may be left empty when ``train()`` is given a model object (then its ``name_or_path`` is used).
-    prompt_attention: causal (the model's own) or bidirectional (prompt tokens see the whole prompt,
-    never the answer; training, online evaluation and every generation path of a saved run apply it)."""
+    """hf: local folder (or cached hub name) of a causal LM (empty when ``train()`` gets a model object);
+    prompt_attention: causal or bidirectional (prompt tokens see the whole prompt, never the answer)."""
     hf: str = ""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     finetune: Literal["lora", "full"] = "lora"
@@ -52,10 +50,7 @@ class LMModelConfig:
 
 @dataclass
 class LMDataConfig:
-    """jsonl: {"prompt","answer"}, {"prompt","completion"} or chat {"messages"} lines; gsm8k:
-    {"question","answer"} lines; math: {"problem","solution"} lines (both converted; mutor2d.lm.data).
-    Batches are padded on ``padding_side``; ``group_by_length`` draws each step's batch among examples
-    of similar length (mutor2d.engine.data_order)."""
+    """name: jsonl, gsm8k or math lines (mutor2d.lm.data); ``group_by_length``: mutor2d.engine.data_order."""
     name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
     path: str = ""
     max_prompt_len: int = 512
@@ -75,13 +70,8 @@ class LMDataConfig:
 
 @dataclass
 class LMEvalConfig:
-    """Online accuracy (mutor2d.lm.run.OnlineAccuracy): the first ``limit`` (0 = all) items of
-    ``path`` (a file of the formats of ``name``, as data.name; each needs a gold answer) answered
-    greedily, ``batch_size`` prompts per generate call, stopping at EOS, a ``stop`` string or after
-    ``max_new_tokens``; scored under ``kind`` ("" = gsm8k or math from the file; path: the whole answer
-    word for word, e.g. a star-graph path). Runs every ``train.eval_every`` steps and after the last
-    step when ``path`` is set ("" = off). ``decode``: a text mode of ``sampling.decode_modes``: plain,
-    registers (the same outputs, register-drafted; mutor2d.lm.speculative) or auto (``AutoDecode``)."""
+    """Online accuracy (OnlineAccuracy) on the first ``limit`` (0 = all) items of ``path`` ("" = off),
+    scored under ``kind`` ("" = from the file); ``decode``: plain, registers or auto."""
     path: str = ""
     name: Literal["jsonl", "gsm8k", "math"] = "jsonl"
     kind: Literal["", "gsm8k", "math", "path"] = ""

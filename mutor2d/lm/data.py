@@ -24,12 +24,8 @@ STARGRAPH_FORMATS = ("words", "bn")
 
 def stargraph_records(degree: int, path_len: int, num_nodes: int, count: int, seed: int,
                       fmt: str = "words") -> list[dict]:
-    """Star-graph pairs as text (node ids as numbers), in one of two formats:
-
-    * ``words``: prompt "u v | ... / s g =", answer " s a1 ... g" (one word per node or delimiter);
-    * ``bn``: Bachmann & Nagarajan's own text, prompt "u,v|u,v|...|u,v/s,g=", answer "s,a1,...,g"
-      (through a BPE tokenizer such as GPT-2's the commas are tokens, so register offsets count
-      tokens, not nodes)."""
+    """Star-graph pairs as text: ``words`` (prompt "u v | ... / s g =", answer " s a1 ... g") or ``bn``
+    (Bachmann & Nagarajan's "u,v|...|u,v/s,g=", answer "s,a1,...,g")."""
     from ..data.stargraph import NUM_SPECIAL, StarGraphShape, make_graphs
     if fmt not in STARGRAPH_FORMATS:
         raise DataError(f"--format {fmt!r}: expected one of {', '.join(STARGRAPH_FORMATS)}")
@@ -68,9 +64,7 @@ CHECK_CHARS = 16_384        # ``check`` without a model: characters of one line'
 
 
 def check_file(src: str, name: str, tokenizer: str | None) -> str:
-    """``check``: every line valid and not too long: at most the positions of the model in the
-    --tokenizer folder (its config.json's max_position_embeddings) in tokens, else CHECK_CHARS
-    characters; a one-line DataError naming the first bad line."""
+    """``check``: every line valid and within the model's positions (else CHECK_CHARS); a one-line DataError."""
     located = load_located(name, src)
     positions = model_positions(tokenizer) if tokenizer else None
     if positions is None:

@@ -66,9 +66,7 @@ def load_registers(folder: str | Path, draft: int | None = None, objective=None)
 
 
 def folder_mode(decode: str, folder: str | Path) -> str:
-    """The mode a saved folder decodes with under ``--decode`` (a text mode of ``decode_modes``):
-    ``auto`` is registers when the folder has a register embedding whose objective drafts, else plain
-    (``AutoDecode``)."""
+    """The mode a saved folder decodes with under ``--decode``: auto = registers when it drafts, else plain."""
     if decode != "auto":
         return decode
     objective = run_objective(folder) if (Path(folder) / REGISTER_FILE).is_file() else None
@@ -87,9 +85,7 @@ def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None
 
 
 def record_fields(mode: str, registers: Registers | None, stats: DecodeStats) -> dict:
-    """An evaluation record's decoding settings (its ``sampling``): decode, decode_options, decode_stats
-    (forwards_per_token among them; 1.0 for plain; without the register_ counts, which on text are
-    all the counts: every text draft is a register's)."""
+    """An evaluation record's decoding settings (its ``sampling``): decode, decode_options, decode_stats."""
     options = {"draft": registers.draft, "offsets": list(registers.offsets)} if registers is not None else {}
     summary = {k: v for k, v in stats.summary().items() if not k.startswith("register_")}
     return {"decode": mode, "decode_options": options, "decode_stats": summary}

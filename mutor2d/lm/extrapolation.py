@@ -75,9 +75,7 @@ def edges_and_bins(chain: list[dict]) -> tuple[list[int], list[str]]:
 
 
 def prompt_visibility(prompt_len: Tensor, length: Tensor, L: int, rule: str) -> Visibility:
-    """The rule over right-padded (prompt + answer) rows of width L: causal, with each row's prompt opened
-    under "bidirectional" (attention.open_prefix, a length per row); padding seen by no one and seeing
-    only itself."""
+    """The rule over right-padded rows of width L: causal, each prompt opened under "bidirectional"."""
     i = torch.arange(L)[None]
     real = i < length[:, None]
     causal = Visibility(torch.where(real, i, NEVER), torch.where(real, i, -1))

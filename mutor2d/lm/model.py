@@ -100,10 +100,8 @@ class MutorLM(nn.Module):
 
     def decode(self, embeds: Tensor, position_ids: Tensor, vis: Visibility | None, real: Tensor,
                trunk: dict | None = None) -> Tensor:
-        """(B, L, D) last hidden states (after the final norm) of the physical slots ``embeds``
-        (B, L, D). vis: the rule over all L slots, None = causal over the T = L regular slots with
-        ``real`` (B, T) the non-padding ones. ``trunk``: a dict that receives the positional ("args")
-        and keyword ("kwargs") inputs of the last decoder layer."""
+        """(B, L, D) last hidden states (after the final norm) of slots ``embeds`` (B, L, D); vis None = causal
+        over ``real`` (B, T); ``trunk``: receives the last decoder layer's "args" and "kwargs"."""
         lm = self.causal_lm
         mask = real.long() if vis is None else attention_mask(lm.config, vis, position_ids, embeds.dtype)
         grab = None
@@ -129,13 +127,9 @@ class MutorLM(nn.Module):
 
 
 class FramedLM:
-    """A MutorLM on one batch's frame: the objectives' TokenModel over the canonical frame.
-
-    Sequences an objective builds hold the T_can canonical regular slots (prefix = left-padded
-    prompts, then the answer line), then E extra slots. ``hidden`` places them in the physical
-    sequence (:class:`Frame`), runs the model there and hands the hidden states back in the
-    canonical frame (zeros on canonical padding, which no valid target reads). Logits are taken only
-    at valid rows (``sparse_logits``): an LM's vocabulary is large."""
+    """A MutorLM on one batch's frame: the objectives' TokenModel over the canonical frame (T_can regular
+    slots, then E extra); ``hidden`` runs the physical sequence and returns canonical hidden states (zeros
+    on canonical padding); logits only at valid rows."""
     sparse_logits = True
 
     def __init__(self, model: MutorLM, frame: Frame, prefix_width: int):
@@ -221,27 +215,16 @@ def decoder_part(lm: nn.Module, names: tuple[str, ...]) -> nn.Module:
 
 
 def head_layers(lm: nn.Module, count: int) -> nn.ModuleList:
-    """``count`` extra decoder layers, each a trainable copy of the model's own last layer.
-
-    Why a copy: head k sits where the last layer sits (on the trunk output, before the shared final
-    norm and LM head), so at the first step every head is the pretrained next-token head and training
-    moves it to its offset from a working predictor; a random layer would feed the pretrained norm
-    and LM head noise and, through a = reg_weight, pull the shared trunk hard at the start. Call
-    before LoRA wraps ``lm`` (the copies are plain, fully trainable layers; the trunk gets the adapters)."""
+    """``count`` extra decoder layers, each a trainable copy of the model's own last layer (so every head
+    starts as the pretrained next-token head). Call before LoRA wraps ``lm``."""
     last = decoder_part(lm, LAYERS)[-1]
     heads = nn.ModuleList(copy.deepcopy(last) for _ in range(count))
     return heads.requires_grad_(True)
 
 
 def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype, key_pos: Tensor | None = None):
-    """The mask a transformers model of ``config`` takes for rule ``vis``: its FlexAttention BlockMask
-    when the model runs flex_attention, else the additive 4D mask.
-
-    Sliding-window models: a 4D mask replaces the model's own, so the window is applied here
-    (query position - key position < window; query positions ``pos`` (B, Lq), key positions
-    ``key_pos`` (B, Lk), default ``pos``: queries and keys one sequence; an extra slot counts at its
-    own position id): for every layer (Mistral), or for the "sliding_attention" layers through the
-    per-layer-type dict the model accepts (Gemma 2/3, Qwen2 layer_types)."""
+    """The FlexAttention BlockMask (flex_attention models) or additive 4D mask for rule ``vis``; sliding
+    windows applied here from positions ``pos`` (B, Lq) and ``key_pos`` (B, Lk) (default ``pos``)."""
     if getattr(config, "_attn_implementation", None) == "flex_attention":
         return vis.block_mask()
     allowed = vis.dense_mask()

@@ -27,10 +27,7 @@ class LMBatch:
 
 
 def line_width(spec: RegisterSpec, longest: int) -> int:
-    """The narrowest line (1, width), width >= ``longest`` (the longest answer), that ``spec`` accepts
-    (RegisterSpec.check_layout: d_min columns for 1D offsets, and for sparse placement num_registers
-    anchors, counted by objectives.spec.num_anchors). Columns past an answer's length are padding, masked
-    by ``lengths``."""
+    """The narrowest line (1, width), width >= ``longest``, that ``spec`` accepts (RegisterSpec.check_layout)."""
     width = max(longest, getattr(spec, "d_min", 0))
     if spec.uses_registers() and spec.placement == "sparse":
         width += max(0, spec.num_registers - num_anchors(spec.kind, (1, width)))
@@ -50,11 +47,8 @@ def canonical(batch: LMBatch, width: int) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class Frame:
-    """Where the T_can = P_max + W - 1 canonical regular slots of a batch sit among the T physical ones.
-
-    index (B, T): canonical index of each physical regular slot (0 where padding); real (B, T) bool:
-    physical slots holding a real token; slot (B, T_can): physical slot of each canonical one (T, a
-    row of zeros, where it has none); shift (B, 1): P_max - P_b, taken off every position id."""
+    """Where the T_can = P_max + W - 1 canonical regular slots sit among the T physical ones: index (B, T),
+    real (B, T) bool, slot (B, T_can) (T where none), shift (B, 1) = P_max - P_b."""
     index: Tensor
     real: Tensor
     slot: Tensor

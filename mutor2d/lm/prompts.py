@@ -63,9 +63,7 @@ def tokenize(records: list[dict], tokenizer, max_prompt_len: int, max_answer_len
 
 
 def eval_prompts(located: list[tuple[str, dict]], tokenizer) -> list[dict]:
-    """Evaluation items: {"prompt" text, "prompt_ids", "gold"} per record. A chat record is asked its
-    conversation before its last assistant turn (or all of it, when it ends with no assistant turn);
-    gold: the "gold" field, else the answer / last assistant turn (a solution text is allowed)."""
+    """Evaluation items {"prompt", "prompt_ids", "gold"} per record (chat: before its last assistant turn)."""
     items = []
     for where, rec in located:
         if "messages" in rec:

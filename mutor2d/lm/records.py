@@ -97,9 +97,8 @@ def gsm8k_record(rec: dict, where: str = "gsm8k record") -> dict:
 
 
 def math_record(rec: dict, where: str = "MATH record") -> dict:
-    """MATH {"problem", "solution"} or OpenMathInstruct-2 {"problem", "generated_solution"} -> {"prompt",
-    "answer", "gold"}; gold: the line's ``expected_answer`` or ``answer`` string, else the solution's
-    last boxed answer. The prompt is GSM8K's (``QA_PROMPT``), as the paper formats both."""
+    """MATH / OpenMathInstruct-2 line -> {"prompt", "answer", "gold"}; gold: ``expected_answer`` /
+    ``answer``, else the solution's last boxed answer."""
     solution_key = "generated_solution" if "generated_solution" in rec else "solution"
     _strings(rec, ("problem", solution_key), where)
     given = [rec[k] for k in ("expected_answer", "answer") if isinstance(rec.get(k), str) and rec[k].strip()]

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 
 class Rows:
-    """A row ends at the token that is EOS, that completes a stop string (an occurrence overlapping this
-    token) or that reaches ``max_new_tokens``. ``raw_stop``: stop strings are matched as transformers'
-    StopStringCriteria matches them in plain ``generate`` (special tokens' text included, and the
-    prompt's end, ``prompts`` the real prompt ids of each row); else in the generated text without
-    special tokens (where plain ``generate`` had no criteria and the caller cuts the text). Only a
-    window of the last tokens is decoded."""
+    """A row ends at EOS, at the token completing a stop string, or at ``max_new_tokens``. ``raw_stop``:
+    match as transformers' StopStringCriteria does (``prompts``: real prompt ids), else in the decoded text."""
 
     def __init__(self, B: int, max_new_tokens: int, eos=(), stop=(), tokenizer=None, prompts=None,
                  raw_stop: bool = False):

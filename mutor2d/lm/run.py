@@ -58,9 +58,7 @@ def build_optimizer(cfg: LMOptimConfig, module: nn.Module, device_type: str) -> 
 
 
 class LMTrainModule(nn.Module):
-    """MutorLM and its objective as one module: (padded LMBatch, layout generator) -> ObjectiveResult.
-    The objective sees the batch in the canonical frame and the model as a FramedLM on it
-    (mutor2d.lm.model.frame_batch), as an image objective sees a grid and the GPT."""
+    """MutorLM and its objective as one module: (padded LMBatch, layout generator) -> ObjectiveResult."""
 
     def __init__(self, model: MutorLM, objective_cfg: ObjectiveConfig, padding_side: str):
         super().__init__()
@@ -192,13 +190,9 @@ def read_eval_items(cfg: LMRunConfig, tokenizer) -> tuple[list[dict], str]:
 
 
 class OnlineAccuracy:
-    """Every train.eval_every steps and after the last step: greedy answers to the evaluation items
-    (mutor2d.lm.hf.generate, as eval/lm_accuracy.py), exact-match accuracy (mutor2d.lm.accuracy).
-    Writes RUN/eval/predictions_<file>_stepN.jsonl, an evaluation record in RUN/eval/ (shown by
-    eval/leaderboard.py) and ``eval_accuracy`` into log.jsonl. Collective: every process answers its
-    share of the items, then one barrier, then the main process scores and writes. Sharded (FSDP2):
-    every process runs as many generate calls (:func:`accuracy.predict`'s ``agree``) and forwards
-    (``synced``) as the busiest one, so the per-item outputs are those of an unsharded run."""
+    """Every train.eval_every steps and after the last: greedy answers to the evaluation items, exact-match
+    accuracy, predictions + an evaluation record in RUN/eval/ and ``eval_accuracy`` in log.jsonl.
+    Collective; sharded (FSDP2): every process runs as many generate calls and forwards as the busiest."""
 
     def __init__(self, items: list[dict], kind: str, tokenizer, log):
         self.items, self.kind, self.tokenizer, self.log = items, kind, tokenizer, log
@@ -244,9 +238,7 @@ class OnlineAccuracy:
 
 @contextmanager
 def generating(run, sharded: bool):
-    """The model in eval mode (no LoRA dropout) and, when ``sharded``, the FSDP2 root's own parameters
-    (embeddings, final norm, head, register embedding) gathered, as the root's forward would, since
-    generation calls the causal LM inside it (each decoder layer gathers its own); both undone after."""
+    """The model in eval mode and, when ``sharded``, the FSDP2 root's own parameters gathered; both undone after."""
     was_training = run.model.training
     run.model.eval()
     if sharded:

@@ -35,11 +35,8 @@ def new_cache():
 
 
 class HFStep:
-    """A transformers causal LM (in a peft wrapper, its adapted base model) over left-padded prompts
-    ``input_ids`` / ``attention_mask`` (B, P) being decoded (``rounds.Step``): outputs are last hidden
-    states (``logits``: Gemma 2's soft-capping included); ``register`` (D,): the registers' embedding;
-    ``bidirectional``: the prefill opens the prompt to itself. Cached slot l is ``ok`` (b, L) (a real
-    token, not padding or a hole) at position id ``key_pos`` (b, L)."""
+    """A transformers causal LM over left-padded prompts (B, P) being decoded (``rounds.Step``); ``register``
+    (D,): the registers' embedding; cached slot l is ``ok`` (b, L) at position id ``key_pos`` (b, L)."""
 
     def __init__(self, lm, input_ids: Tensor, attention_mask: Tensor, register: Tensor | None = None,
                  bidirectional: bool = False):
@@ -150,12 +147,8 @@ def generate_ids(lm, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: 
                  registers: Registers | None = None, rules: SamplingRules = GREEDY, eos=(), stop=(),
                  tokenizer=None, generator: torch.Generator | None = None, stats: DecodeStats | None = None,
                  synced: bool = False, raw_stop: bool = False, prompt_attention: str | None = None) -> list[list[int]]:
-    """New tokens of each left-padded prompt (input_ids, attention_mask (B, P)), register-drafted
-    (``registers`` None: plain decoding, one token per forward, by the same loop) -> per row its
-    tokens, ending at the first ``eos`` id (kept), at the token completing a ``stop`` string (decoded
-    with ``tokenizer``, matched as ``raw_stop`` says: Rows; the caller cuts the text) or after
-    ``max_new_tokens``. ``prompt_attention`` bidirectional (None: the rule load_for_inference gave
-    ``lm``, else causal): the prefill opens the prompt to itself (registers and decoding as before)."""
+    """New tokens of each left-padded prompt (B, P), register-drafted (``registers`` None: plain) -> per row
+    its tokens, ending at the first ``eos`` (kept), a completed ``stop`` string (Rows) or ``max_new_tokens``."""
     t0 = time.perf_counter()
     prompts = [row[keep.bool()].tolist() for row, keep in zip(input_ids, attention_mask)] if raw_stop else None
     state = Rows(input_ids.shape[0], max_new_tokens, eos, stop, tokenizer, prompts, raw_stop)
