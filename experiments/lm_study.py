@@ -62,8 +62,7 @@ STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """argparse's one-line error for a flag that would be taken as not given ('', 0) or run for ever,
-    or a folder flag naming a file; before anything is written."""
+    """argparse's one-line error for a flag taken as not given ('', 0), running for ever, or a file for a folder."""
     if not 0 <= args.skip_tolerance < 1:
         ap.error(f"--skip-tolerance {args.skip_tolerance}: expected a share of the steps in [0, 1)")
     if args.max_steps is not None and not 1 <= args.max_steps <= STEPS_LIMIT:

@@ -154,8 +154,7 @@ STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The flags; argparse's one-line error for a value that would be taken as not given ('', 0), run for
-    ever, or name a file where a folder goes (and a folder where a file goes), before anything is made."""
+    """The flags; argparse's one-line error for a value '' / 0, running for ever, or a file / folder mix-up."""
     ap = build_parser()
     args = ap.parse_args(argv)
     size = SIZES[args.size]

@@ -50,8 +50,7 @@ def init_of(run: Path) -> str | None:
 
 
 def check_bases(runs: dict[str, dict[int, Path]], allow_mixed: bool) -> dict[int, str | None]:
-    """Seed -> the initial weights' sha256 all its arms started from (arms are paired by seed); a
-    seed whose arms' runs differ is a StudyError unless ``allow_mixed`` (then its value is None)."""
+    """Seed -> the sha256 of its arms' initial weights; differing arms: StudyError unless ``allow_mixed``."""
     by_seed: dict[int, set] = {}
     for by in runs.values():
         for seed, run in by.items():
@@ -67,8 +66,7 @@ def check_bases(runs: dict[str, dict[int, Path]], allow_mixed: bool) -> dict[int
 
 def write_summary(out: Path, task_name: str, runs: dict, size: Size, bases: dict, shared: Path | None,
                   boot: dict | None = None) -> Path:
-    """OUT/summary.json: the table's rows, the initial weights of each seed's arms (the shared base's
-    folder and key when there is one) and the provenance of the study process and of each run."""
+    """OUT/summary.json: the table's rows, each seed's initial weights and the study's and runs' provenance."""
     from mutor2d.lm.hf import base_fingerprint
     summary = {"task": task_name, "rows": table_rows(runs, size.max_steps),
                "base": {"folder": str(shared), "key12": shared.name,
@@ -109,8 +107,7 @@ def skipped(run: Path) -> int:
 
 
 def check_skips(runs: dict[str, dict[int, Path]], max_steps: int, reference: str, tolerance: float) -> None:
-    """Refuse (one line) to pair an arm with its reference when, for some seed, their runs' skipped
-    updates differ by more than ``tolerance`` x ``max_steps``: the guard filtered their data unevenly."""
+    """One-line refusal when an arm's and its reference's skipped updates differ by > ``tolerance`` x ``max_steps``."""
     for arm, by_seed in runs.items():
         ref = runs.get(reference_arm(arm, reference), {})
         for seed, run in by_seed.items():
@@ -122,11 +119,8 @@ def check_skips(runs: dict[str, dict[int, Path]], max_steps: int, reference: str
 
 
 def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, reference: str = "next-token") -> str:
-    """Markdown: per arm, final test accuracy with its 95% CI over seeds; the paired difference to
-    the ``reference`` arm (same seed, hence the same data order, and the same prompt attention) with
-    its 95% CI and wins / ties / losses; CPU seconds per run; forwards per generated token of the
-    final evaluation (mean over seeds: below 1 where register drafts were accepted); the updates the
-    blow-up guard skipped, per seed."""
+    """Markdown: per arm, final accuracy (95% CI over seeds), the paired difference to ``reference`` with CI and
+    wins / ties / losses, CPU seconds per run, forwards per token, and skipped updates per seed."""
     from mutor2d.evaluation.study_tables import t95     # imports torch
     final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
     acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
@@ -206,10 +200,8 @@ def correctness(run: Path, step: int) -> np.ndarray:
 
 
 def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -> dict:
-    """{step: {arm: {"acc": (mean, lo, hi), "diff": (mean, lo, hi) or None}}}: 95% percentile
-    intervals from one bootstrap over seeds and test items together. Each draw resamples the seeds
-    (with replacement) and the items (with replacement) once, shared by every arm, so an arm's
-    difference to ``reference`` is paired by seed and by item."""
+    """{step: {arm: {"acc": (mean, lo, hi), "diff": (mean, lo, hi) or None}}}: 95% percentile intervals of one
+    bootstrap resampling seeds and items together, shared by every arm (paired by seed and item)."""
     steps = sorted(set.intersection(*(set(records_of(r)) for by in runs.values() for r in by.values())))
     seeds = sorted(set.intersection(*(set(by) for by in runs.values())))
     rng = np.random.default_rng(seed)

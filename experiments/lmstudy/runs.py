@@ -37,9 +37,7 @@ def write_base(folder: Path, task: Task, size: Size, seed: int) -> Path:
 
 
 def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, str]:
-    """The shared base's pretraining (its config; writes OUT/data/pretrain.jsonl, the task's corpus
-    with the lines whose key is in ``exclude`` dropped, and OUT/pretrain_init, a random Llama of seed
-    1000) and its cache key (:func:`base_key`)."""
+    """The shared base's pretraining config (writes OUT/data/pretrain.jsonl and OUT/pretrain_init) and its key."""
     corpus = [r for r in task.corpus(size, size.pretrain_count, 7) if task.key(r) not in exclude]
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "data" / "pretrain.jsonl")
@@ -50,9 +48,7 @@ def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, 
 
 
 def base_key(cfg: dict, corpus: Path, init: Path) -> str:
-    """sha256 of what makes a base: its pretraining config (without the paths of its corpus and initial
-    weights, which name this study's folder), their content (fingerprints) and the code identity
-    (commit and diff hash, or the package version): equal recipes share one base, whatever the study."""
+    """sha256 of the base's pretraining config (paths dropped), its inputs' fingerprints and the code identity."""
     recipe = {k: v for k, v in cfg.items() if k not in ("model", "data")}
     recipe["model"] = {k: v for k, v in cfg["model"].items() if k != "hf"}
     recipe["data"] = {k: v for k, v in cfg["data"].items() if k != "path"}
@@ -63,9 +59,7 @@ def base_key(cfg: dict, corpus: Path, init: Path) -> str:
 
 
 def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry, bases: Path) -> Path:
-    """The shared base: a random Llama (seed 1000) trained once with next-token prediction on the
-    task's corpus, through train.py, into BASES/KEY12 (KEY: :func:`base_key`); a finished one there is
-    reused (said in one line), an unfinished one resumed."""
+    """The shared base, trained once with next-token prediction into BASES/KEY12; reused or resumed."""
     cfg, key = base_recipe(out, task, size, exclude)
     run = bases / key[:12]
     if finished(run, size.pretrain_steps, records=False):
@@ -126,8 +120,7 @@ def run_name(objective: dict, mode: str, seed: int, task: Task) -> str:
 
 
 def run_all(out: Path, task: Task, size: Size, seeds: list[int], bases: Path) -> tuple[dict[str, dict[int, Path]], Path | None]:
-    """Train every (arm, seed) not yet finished through train.py (a shared base: in ``bases``); -> (run
-    folders by arm, seed; the shared base's folder or None)."""
+    """Train every unfinished (arm, seed) through train.py -> (run folders by arm, seed; the base's folder or None)."""
     train, test = write_data(out / "data", task, size)
     entry, runs = train_py(), {}
     shared = None
@@ -151,8 +144,7 @@ def load_jsonl(path: Path) -> list[dict]:
 
 
 def timed(entry, config: Path, cfg: dict, run: Path, out: Path) -> None:
-    """train.py on ``cfg`` (written to ``config``) into ``run``, resumed if begun; its wall and CPU
-    seconds appended to OUT/costs.jsonl."""
+    """train.py on ``cfg`` (written to ``config``) into ``run``, resumed; seconds into OUT/costs.jsonl."""
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     t0, c0 = time.time(), time.process_time()

@@ -13,8 +13,7 @@ from mutor2d.lm.offline_tokenizers import char_tokenizer, word_tokenizer
 
 @dataclass
 class Size:
-    """The study's scale: data, model, training and evaluation. ``shape``: the task's difficulty
-    (arith: steps per problem, cycled; stargraph: degree, path_len, num_nodes)."""
+    """The study's scale; ``shape``: difficulty (arith: steps, cycled; stargraph: degree, path_len, num_nodes)."""
     train: int = 4000
     test: int = 200
     shape: tuple[int, ...] = (2,)
@@ -66,8 +65,7 @@ def graph_key(line: dict) -> tuple:
 
 
 def walk(edges: str, start: str, rng) -> list[str]:
-    """The walk from ``start`` along the edges "u v | ..." to a node without out-edges, a random
-    out-edge wherever there are several (at a star graph's source: a random arm)."""
+    """The walk from ``start`` along "u v | ..." edges to a node without out-edges (a random out-edge where several)."""
     out = {}
     for u, v in (e.split() for e in edges.split("|") if e.strip()):
         out.setdefault(u, []).append(v)
@@ -78,9 +76,8 @@ def walk(edges: str, start: str, rng) -> list[str]:
 
 
 def stargraph_corpus(size: Size, count: int, seed: int) -> list[dict]:
-    """The pretraining corpus over fresh star graphs (seed stream ``seed`` + 100), in the task's words
-    but never its query: alternately a random walk from a random non-leaf node "EDGES / v =" -> " v ... leaf"
-    and the path read from the leaf side "EDGES / g / s =" -> " g ... s" (each node's one predecessor)."""
+    """The pretraining corpus over fresh star graphs (seed + 100), never the task's query: alternately a random
+    walk "EDGES / v =" -> " v ... leaf" and the path from the leaf side "EDGES / g / s =" -> " g ... s"."""
     rng, lines = random.Random(seed), []
     for k, line in enumerate(stargraph_records(size, count, seed + 100)):
         edges, path = line["prompt"].split("/")[0], line["answer"].split()
@@ -99,8 +96,7 @@ def stargraph_tokenizer(size: Size):
 
 @dataclass(frozen=True)
 class Task:
-    """What a study runs on: data lines, tokenizer, answer rules (the eval section's format keys),
-    methods (name -> objective section) and scale."""
+    """What a study runs on: data lines, tokenizer, answer rules, methods (name -> objective section) and scale."""
     records: Callable[[Size, int, int], list[dict]]     # (size, count, seed) -> jsonl lines
     key: Callable[[dict], object]                       # a line -> what a held-out test line must not share
     tokenizer: Callable[[Size], object]

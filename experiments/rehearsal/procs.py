@@ -20,9 +20,7 @@ class StageError(RuntimeError):
 
 
 def launcher(kind: str, script_is_python: bool = True) -> list[str]:
-    """The 2-process launch prefix a user types on CPUs (README: accelerate launch --multi_gpu
-    --num_processes 2 ...; torchrun --nproc_per_node 2 works the same), on a free port (port 0 /
-    --standalone), so that two rehearsals or test files run side by side."""
+    """The 2-process CPU launch prefix a user types (accelerate launch / torchrun), on a free port."""
     if kind == "accelerate":
         return [PY, "-m", "accelerate.commands.launch", "--main_process_port", "0", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -90,9 +88,8 @@ def log_steps(run_dir: Path) -> list[dict]:
 
 
 def stop_mid_run(cmd: list[str], env: dict, run_dir: Path, stop_at: int, log: Path, target: str) -> dict:
-    """Start training, and once log.jsonl reaches ``stop_at`` send SIGTERM to the training processes
-    (``target`` "workers": the launcher's children, as a preemption notice; "group": the launcher's
-    whole process group, as a scheduler that signals every process). Returns what happened."""
+    """Start training and SIGTERM it once log.jsonl reaches ``stop_at`` (``target`` "workers": the launcher's
+    children; "group": its whole process group). Returns what happened."""
     print(f"[rehearse] $ {shown(cmd)}   (SIGTERM at step {stop_at})", flush=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -112,7 +109,6 @@ def stop_mid_run(cmd: list[str], env: dict, run_dir: Path, stop_at: int, log: Pa
 
 
 def worker_exit_codes(output: str) -> dict[int, int]:
-    """rank -> exit code, from torchrun's failure report ("rank : 0 (local_rank: 0)" then
-    "exitcode  : 75 (pid: ...)"); ranks that exited 0 are not listed there."""
+    """rank -> exit code, from torchrun's failure report (ranks that exited 0 are not listed)."""
     found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)
     return {int(rank): int(code) for rank, code in found}

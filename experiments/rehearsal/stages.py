@@ -14,8 +14,7 @@ from .procs import StageError, log_steps, worker_exit_codes
 
 @dataclass
 class RehearsalSize:
-    """Sizes of one rehearsal. ``sets``: extra train.py --set items (empty: the config's GPT-B and
-    sample grid)."""
+    """Sizes of one rehearsal; ``sets``: extra train.py --set items."""
     per_class: int            # images per class folder
     vq_ch: int                # VQ base channels (LlamaGen VQ-16: 128)
     crops: int                # extract_codes.py --crops (x2 with the default --flip)
@@ -39,8 +38,7 @@ SIZES = {
 
 
 def make_images(root: Path, per_class: int, seed: int = 0) -> dict:
-    """root/CLASS/NNN.jpg: ``per_class`` random square crops (side >= 128 px) of each scikit-learn
-    sample photo, resized to 256x256 (bicubic). Classes: the photos' names."""
+    """root/CLASS/NNN.jpg: ``per_class`` random square crops of each scikit-learn sample photo, at 256x256."""
     from PIL import Image
     from sklearn.datasets import load_sample_images
     photos = load_sample_images()
@@ -58,8 +56,7 @@ def make_images(root: Path, per_class: int, seed: int = 0) -> dict:
 
 
 def make_vq(path: Path, ch: int) -> dict:
-    """A VQ-16-layout tokenizer (LlamaGen's module names) with random weights, saved as LlamaGen
-    ships vq_ds16_c2i.pt: {"model": state dict}. The loader infers the architecture from the weights."""
+    """A random-weight VQ-16 tokenizer (LlamaGen's module names), saved as LlamaGen ships vq_ds16_c2i.pt."""
     import torch
     from mutor2d.tokenizer.config import vq_config
     from mutor2d.tokenizer.vq_model import VQModel
@@ -96,8 +93,7 @@ def write_reference(images: Path, out: Path) -> dict:
 
 
 def make_standin_inception(path: Path) -> None:
-    """torch-fidelity's Inception network with random (He-initialised) weights, saved as a plain state
-    dict that eval/fid.py --inception-weights loads like the real pt_inception-2015-12-05 file."""
+    """torch-fidelity's Inception with random weights, saved as a plain state dict for --inception-weights."""
     from unittest import mock
     import torch
     import torch.nn as nn
@@ -126,9 +122,8 @@ def checkpoint_of(run_dir: Path, step: int, sharding: str) -> Path:
 
 
 def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str, sharding: str = "ddp") -> dict:
-    """The training processes took the stop path (exit 75, see LAUNCHER_KILLED) after writing a complete
-    checkpoint of the step they stopped at. torchrun itself exits 1 and lists the ranks' codes; when
-    the launcher was signalled it lists none (it died of the signal)."""
+    """The training processes took the stop path (exit 75) after a complete checkpoint of their stop step;
+    torchrun exits 1 and lists the ranks' codes (none when the launcher was signalled)."""
     out, step = res["output"], res["signal_after_step"]
     codes = worker_exit_codes(out)
     killed = "closing signal SIGTERM" in out
@@ -149,8 +144,7 @@ def check_stop(res: dict, run_dir: Path, size: RehearsalSize, target: str, shard
 
 
 def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int, sharding: str = "ddp") -> dict:
-    """The resumed run continued from the stop checkpoint: one resume marker at that step, then the
-    steps stopped+1 .. max_steps once each, and the last checkpoint is step max_steps."""
+    """One resume marker at the stop step, then steps stopped+1 .. max_steps once each, last checkpoint max_steps."""
     recs = log_steps(run_dir)
     marks = [i for i, r in enumerate(recs) if r.get("event") == "resume"]
     after = [r["step"] for r in recs[marks[-1] + 1:]] if marks else []
@@ -164,8 +158,7 @@ def check_resume(out: str, run_dir: Path, stopped: int, max_steps: int, sharding
 
 
 def seconds_per_step(recs: list[dict], batch_size: int) -> float | None:
-    """Median seconds per training step from log.jsonl rates (step time = batch / images_per_s),
-    leaving out the first step after each start (process start-up, allocator warm-up)."""
+    """Median seconds per step from log.jsonl rates, leaving out the first step after each start."""
     times, first = [], True
     for r in recs:
         if r.get("event") == "resume":
