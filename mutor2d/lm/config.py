@@ -94,8 +94,7 @@ class LMEvalConfig:
 @register("optim.lm", "mutor2d.lm.run:build_optimizer")
 @dataclass
 class LMOptimConfig(OptimConfig):
-    """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` for the register
-    embedding (None: optim.lr)."""
+    """The shared optimiser fields (fine-tuning defaults) plus ``register_lr`` (None: optim.lr)."""
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -138,8 +137,7 @@ class LMRunConfig(ConfigRoot):
 
 
 def _objective(data: Any) -> ObjectiveConfig:
-    """The objective variant of ``data`` (default mutor-1d) with its line defaults, checked to train on
-    a line."""
+    """The objective variant of ``data`` (default mutor-1d) with its line defaults, checked to train on a line."""
     if isinstance(data, dict):
         data = {"name": DEFAULT_OBJECTIVE, **data}
         data = {**variant_class("objective", data["name"]).line_defaults(), **data}
@@ -157,6 +155,5 @@ def is_lm_config(name: str | os.PathLike) -> bool:
 
 
 def load(cfg: str | os.PathLike | dict | LMRunConfig, overrides: list[str] | None = None) -> LMRunConfig:
-    """A YAML path/name, a dict (``task`` may be left out; not modified) or an LMRunConfig
-    (+ ``section.key=value`` overrides) -> checked LMRunConfig."""
+    """A YAML path/name, a dict or an LMRunConfig (+ ``section.key=value`` overrides) -> checked LMRunConfig."""
     return LMRunConfig.load(cfg, overrides)

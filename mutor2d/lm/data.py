@@ -51,8 +51,7 @@ def _stargraph_bn(prompt: list[int], answer: list[int], node: list[str]) -> dict
 
 
 def check_output(dst: str, src: str | None = None) -> None:
-    """DataError (one line) for an output path that is a folder or the input file itself (resolved:
-    the same file through a symlink or hard link too), which the conversion would destroy."""
+    """DataError (one line) for an output path that is a folder or (resolved) the input file itself."""
     if Path(dst).is_dir():
         raise DataError(f"{dst}: is a folder; expected the path of the jsonl file to write")
     if src is not None and Path(dst).exists() and Path(src).exists() and os.path.samefile(src, dst):
@@ -87,8 +86,7 @@ def check_file(src: str, name: str, tokenizer: str | None) -> str:
 
 
 def model_positions(folder: str | Path) -> int | None:
-    """max_position_embeddings of the model in ``folder``: its config.json, else that of the base model
-    its adapter_config.json names (relative paths from the working directory); None when neither says."""
+    """max_position_embeddings from ``folder``'s config.json, else its adapter's base's; None if neither says."""
     config = Path(folder) / "config.json"
     try:
         if not config.is_file():

@@ -23,8 +23,7 @@ from .model import REGISTER_FILE
 
 @dataclass(frozen=True)
 class Registers:
-    """A MuToR-1D checkpoint's registers at decoding: ``embedding`` (D,), the ``spec`` its objective
-    trained, ``draft`` K drafts per round (at most the spec's useful draft length)."""
+    """A checkpoint's registers at decoding: ``embedding`` (D,), the trained ``spec``, ``draft`` K per round."""
     embedding: Tensor
     spec: RegisterSpec
     draft: int
@@ -36,14 +35,12 @@ class Registers:
 
 
 def registers_of(embedding: Tensor, objective, draft: int | None = None) -> Registers:
-    """The Registers of an objective config section trained with ``embedding`` (``draft`` default: all
-    useful, d_max - 1); a one-line ConfigError when it cannot draft or ``draft`` is too long."""
+    """The Registers of an objective section (``draft`` default d_max - 1); ConfigError if it cannot draft."""
     return Registers(embedding, checkpoint_spec(objective), useful_draft(objective, draft, "draft", "decode"))
 
 
 def run_objective(folder: str | Path):
-    """The objective config section of a saved folder: config.yaml in it or, for RUN/step_N, in RUN;
-    None when neither has one."""
+    """The objective section of a saved folder's config.yaml (for RUN/step_N: RUN's); None if none."""
     folder = Path(folder)
     for where in (folder, folder.parent):
         if (where / "config.yaml").is_file():
@@ -53,8 +50,7 @@ def run_objective(folder: str | Path):
 
 
 def load_registers(folder: str | Path, draft: int | None = None, objective=None) -> Registers:
-    """The drafter of a saved run folder (or RUN/step_N): its register embedding and the draft offsets
-    of ``objective`` (default: the run's config.yaml)."""
+    """The drafter of a saved run folder (or RUN/step_N): its register embedding and ``objective``'s offsets."""
     folder = Path(folder)
     if not (folder / REGISTER_FILE).is_file():
         raise ValueError(f"{folder}: no {REGISTER_FILE} (trained without registers); decode plain")
@@ -74,8 +70,7 @@ def folder_mode(decode: str, folder: str | Path) -> str:
 
 
 def model_decoding(decode: str, model, objective) -> tuple[str, Registers | None]:
-    """(mode, drafter) of a MutorLM being trained under ``objective`` for ``eval.decode``: ``auto`` is
-    registers when the model has a register embedding whose objective drafts, else plain."""
+    """(mode, drafter) of a MutorLM trained under ``objective`` for ``eval.decode`` (auto: registers if it drafts)."""
     drafts = model.has_registers and objective_drafts(objective)
     mode = ("registers" if drafts else "plain") if decode == "auto" else decode
     if mode != "registers":

@@ -23,8 +23,7 @@ from .records import load_records
 
 
 def run_config(run: Path):
-    """The config of a language-model run folder (RUN/config.yaml through the config system, so its
-    defaults are the run's; one-line errors for anything else)."""
+    """The config of a language-model run folder (RUN/config.yaml; one-line errors otherwise)."""
     path = Path(run) / "config.yaml"
     if not path.is_file():
         raise ExtrapolationError(f"--run {run}: no config.yaml (not a train.py run folder)")
@@ -35,8 +34,7 @@ def run_config(run: Path):
 
 
 def trained_lengths(run: Path, tokenizer) -> list[dict]:
-    """[{"run", "data", "longest_answer"}] of the run and of each base down its ``model.hf`` chain that is
-    a language-model run folder; answers tokenized as that run's training did."""
+    """[{"run", "data", "longest_answer"}] of the run and each LM-run base down its ``model.hf`` chain."""
     chain, run = [], Path(run)
     while True:
         cfg = run_config(run)

@@ -29,23 +29,20 @@ def base_model(lm: nn.Module) -> nn.Module:
 
 
 def lm_logits(lm: nn.Module, hidden: Tensor) -> Tensor:
-    """hidden (..., D) -> logits (..., V) through the transformers model's output head (Gemma 2's
-    soft-capping included)."""
+    """hidden (..., D) -> logits (..., V) through the model's output head (Gemma 2's soft-capping included)."""
     logits = lm.get_output_embeddings()(hidden)
     cap = getattr(lm.config, "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def cache_kwarg(module) -> str:
-    """The name a transformers model (inside a peft wrapper, its base model) or decoder takes its KV
-    cache under: ``cache`` since transformers 5.24, ``past_key_values`` before."""
+    """The KV cache keyword of a model or decoder: ``cache`` since transformers 5.24, ``past_key_values`` before."""
     forward = type(base_model(module)).forward
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def position_limit(config) -> int | None:
-    """The number of positions a transformers model ``config`` declares (max_position_embeddings, or
-    GPT-2's n_positions); None if none."""
+    """The positions ``config`` declares (max_position_embeddings or n_positions); None if none."""
     config = getattr(config, "text_config", None) or config
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
@@ -168,8 +165,7 @@ class FramedLM:
         return self.model.logits(h)
 
     def _physical(self, h: Tensor, positions: Tensor, vis: Visibility | None):
-        """(embeddings (B, T + E, D), position ids (B, T + E), rule or None, real (B, T)) of the physical
-        sequence."""
+        """(embeddings (B, T + E, D), position ids (B, T + E), rule or None, real (B, T)) of the physical sequence."""
         f = self.frame
         T_can = f.num_canonical
         regular = vis.num_regular if vis is not None and vis.num_regular is not None else h.shape[1]
@@ -195,8 +191,7 @@ class FramedLM:
 
 def frame_batch(model: MutorLM, batch: LMBatch, spec: RegisterSpec, padding_side: str,
                 device) -> tuple[FramedLM, Batch]:
-    """(the model on ``batch``'s frame, the batch in the canonical frame), on ``device``; the line is
-    as wide as ``spec`` needs (:func:`~mutor2d.lm.packing.line_width`)."""
+    """(the model on ``batch``'s frame, the batch in the canonical frame) on ``device``, as wide as ``spec`` needs."""
     width = line_width(spec, int(batch.answer_len.max()))
     prefix, body = canonical(batch, width)
     f = frame(batch.prompt_len, batch.answer_len, width, padding_side).to(device)

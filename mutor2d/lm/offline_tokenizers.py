@@ -19,15 +19,13 @@ def _offline_tokenizer(symbols: list[str], split, decoder, model_max_length: int
 
 
 def char_tokenizer(chars: str, model_max_length: int = 4096):
-    """An offline character-level tokenizer: one id per character of ``chars`` (after the specials
-    of :func:`_offline_tokenizer`)."""
+    """An offline character-level tokenizer: one id per character of ``chars`` after the specials."""
     from tokenizers import Regex, decoders, pre_tokenizers
     every_character = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")    # newlines too
     return _offline_tokenizer(list(chars), every_character, decoders.Fuse(), model_max_length)
 
 
 def word_tokenizer(words: list[str], model_max_length: int = 4096):
-    """An offline word-level tokenizer: one id per word of ``words`` (text is split at whitespace,
-    which is dropped; decoding joins the words with single spaces)."""
+    """An offline word-level tokenizer: one id per word of ``words`` (split at whitespace, joined by spaces)."""
     from tokenizers import pre_tokenizers
     return _offline_tokenizer(words, pre_tokenizers.WhitespaceSplit(), None, model_max_length)

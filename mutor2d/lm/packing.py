@@ -77,14 +77,12 @@ class Frame:
         return padded.gather(1, self.slot[..., None].expand(-1, -1, x.shape[2]))
 
     def positions(self, col: Tensor) -> Tensor:
-        """Canonical position ids (B, T_can + E) of a line -> physical (B, T + E): regular slots placed,
-        extra slots kept, all counted from each sequence's first real token (padding slots 0)."""
+        """Canonical position ids (B, T_can + E) -> physical (B, T + E), counted from each first real token."""
         T_can = self.num_canonical
         return torch.cat([self.regular(col[:, :T_can] - self.shift, 0), col[:, T_can:] - self.shift], 1)
 
     def visibility(self, vis: Visibility) -> Visibility:
-        """A canonical rule over T_can + E slots -> the same rule over the physical T + E: ranks and
-        limits kept (the extra pair too), padding slots NEVER seen and seeing only themselves."""
+        """A canonical rule over T_can + E slots -> the physical T + E: ranks and limits kept, padding NEVER seen."""
         T_can = self.num_canonical
 
         def place(rank: Tensor, limit: Tensor) -> tuple[Tensor, Tensor]:

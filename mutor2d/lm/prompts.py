@@ -18,8 +18,7 @@ def chat_prompt(messages: list[dict], tokenizer) -> str:
 
 
 def render(rec: dict, tokenizer, where: str) -> list[tuple[str, str, bool]]:
-    """A record -> [(prompt text, answer text, templated)]; chat records give one per trained
-    assistant turn (templated: the text carries its special tokens)."""
+    """A record -> [(prompt text, answer text, templated)]; chat records give one per trained assistant turn."""
     if "messages" not in rec:
         return [(rec["prompt"], rec["answer"], False)]
     check_chat_template(tokenizer, where)
@@ -45,8 +44,7 @@ def encode_prompt(text: str, tokenizer, templated: bool) -> list[int]:
 
 def tokenize(records: list[dict], tokenizer, max_prompt_len: int, max_answer_len: int,
              add_eos: bool = True, where: list[str] | None = None) -> list[tuple[list[int], list[int]]]:
-    """-> [(prompt ids, answer ids)]; raises DataError for an empty prompt or a < 2 token answer.
-    ``where``: the "FILE:LINE" of each record, for messages."""
+    """-> [(prompt ids, answer ids)]; DataError (at ``where``'s "FILE:LINE") for an empty prompt or < 2 token answer."""
     out = []
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
     for n, rec in enumerate(records):

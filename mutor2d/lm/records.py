@@ -23,8 +23,7 @@ class DataError(ValueError):
 
 
 def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
-    """[("FILE:LINE", object)] of the non-blank lines; DataError for a missing file, a line that is
-    not a JSON object, or no lines."""
+    """[("FILE:LINE", object)] of the non-blank lines; DataError for a missing file, a non-object or no lines."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data.path={io.shown_path(path)}: no such file")
@@ -113,8 +112,7 @@ OPENMATH_SOURCES = {"math": ("math", "augmented_math"), "gsm": ("gsm8k", "augmen
 
 
 def openmath_records(src: str | Path, split: str) -> list[dict]:
-    """The paper's 1M-MATH / 1M-GSM splits: OpenMathInstruct-2 lines whose ``problem_source`` is one of
-    ``OPENMATH_SOURCES[split]``, converted by :func:`math_record`."""
+    """OpenMathInstruct-2 lines whose ``problem_source`` is in ``OPENMATH_SOURCES[split]``, via :func:`math_record`."""
     keep = OPENMATH_SOURCES[split]
     located = [(w, r) for w, r in read_jsonl(src) if r.get("problem_source") in keep]
     if not located:

@@ -17,8 +17,7 @@ class Rows:
         self.context = [list(p) for p in prompts] if raw_stop else [[] for _ in range(B)]
 
     def _completes_stop(self, row: int) -> bool:
-        """Whether a stop string occurs in the text of the row's last tokens ending past the text
-        before its last token (overlapping that token)."""
+        """Whether a stop string occurs in the row's last tokens' text, overlapping its last token."""
         seq = (self.context[row] + self.out[row])[-self.window:]
         now, before = (self.tokenizer.decode(s, skip_special_tokens=not self.raw) for s in (seq, seq[:-1]))
         return any(now.find(s, max(len(before) - len(s) + 1, 0)) >= 0 for s in self.stop)

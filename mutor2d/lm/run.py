@@ -47,8 +47,7 @@ class Examples(Dataset):
 
 
 def build_optimizer(cfg: LMOptimConfig, module: nn.Module, device_type: str) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; the register embedding gets ``optim.register_lr`` (if set)
-    and no weight decay."""
+    """AdamW over the trainable parameters; the register embedding: ``optim.register_lr``, no weight decay."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     reg = [p for n, p in named if n.endswith("register_embedding")]
     groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]
@@ -73,17 +72,14 @@ class LMTrainModule(nn.Module):
 
 
 class LMRun:
-    """The parts of a language-model run for the engine. ``model`` / ``tokenizer``: transformers
-    objects to fine-tune instead of loading ``model.hf`` (which then only names the base; default:
-    the model's ``name_or_path``)."""
+    """The parts of a language-model run; ``model`` / ``tokenizer``: objects to fine-tune instead of ``model.hf``."""
 
     def __init__(self, model=None, tokenizer=None):
         self.given_model, self.tokenizer, self.trainable = model, tokenizer, set()
         self.eval_items, self.eval_kind = [], ""
 
     def prepare_data(self, cfg: LMRunConfig):
-        """(Examples, cfg): every line read and validated, tokenized, and checked against the model's
-        positions, all before any weights load (one-line errors name file and line)."""
+        """(Examples, cfg): every line read, validated, tokenized and position-checked before any weights load."""
         d = cfg.data
         cfg.model.hf = base_reference(cfg, self.given_model, self.tokenizer)
         try:
@@ -137,8 +133,7 @@ class LMRun:
         return [self.snapshot, *online]
 
     def snapshot(self, run, status) -> None:
-        """At every checkpoint step before the last: RUN/step_N/ in the transformers layout (for
-        eval/lm_accuracy.py --ckpt RUN/step_N); the last step's goes into the run folder (``finish``)."""
+        """RUN/step_N/ in the transformers layout at every checkpoint before the last (the last: ``finish``)."""
         skip = status.last or status.stopping or not status.healthy
         if skip or not due(run.cfg.train.ckpt_every, status, at_end=False):
             return
@@ -156,8 +151,7 @@ class LMRun:
         self.save_folder(run, run.run_dir)
 
     def finished(self, run_dir) -> bool:
-        """The saved model is in the run folder: its config (or adapter config) and the inference record,
-        which hf.save writes last."""
+        """The saved model is in the run folder: its (adapter) config and the inference record hf.save writes last."""
         run_dir = Path(run_dir)
         model = (run_dir / "config.json").is_file() or (run_dir / ADAPTER_CONFIG).is_file()
         return model and (run_dir / INFERENCE_FILE).is_file()
@@ -167,8 +161,7 @@ class LMRun:
         return provenance.fingerprint(cfg.data.path) or provenance.named(cfg.data.name), base_fingerprint(cfg.model.hf)
 
     def save_folder(self, run, folder) -> None:
-        """Collective: the model in the transformers layout into ``folder`` (main process); a sharded
-        model's full state is gathered first."""
+        """Collective: the model in the transformers layout into ``folder`` (main process; sharded: gathered first)."""
         state = None
         if is_sharded(run.module):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -180,8 +173,7 @@ class LMRun:
 
 
 def read_eval_items(cfg: LMRunConfig, tokenizer) -> tuple[list[dict], str]:
-    """(items, answer kind) of the online evaluation: the first eval.limit records of eval.path as
-    {"prompt", "prompt_ids", "gold"} (every line checked before the model loads)."""
+    """(items, answer kind): the first eval.limit records of eval.path as {"prompt", "prompt_ids", "gold"}."""
     e = cfg.eval
     located = load_located(e.name, e.path)
     items = eval_prompts(located[:e.limit or None], tokenizer)
@@ -252,8 +244,7 @@ def generating(run, sharded: bool):
 
 
 def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
-    """model.hf as given, else the model object's ``name_or_path``. Needed unless both objects are
-    given to a full fine-tuning (a LoRA adapter folder names the base it loads on)."""
+    """model.hf as given, else the model object's ``name_or_path`` (needed unless both objects are given, full)."""
     ref = cfg.model.hf or (getattr(model, "name_or_path", "") if model is not None else "")
     if not ref and (model is None or tokenizer is None or cfg.model.finetune == "lora"):
         fail("model.hf", "a local folder or cached hub name of the base model (a LoRA run on a model "
@@ -262,8 +253,7 @@ def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
 
 
 def check_positions(pairs: list, limit: int | None, where: str) -> None:
-    """A prompt + answer longer than the model's positions is a one-line error naming the line
-    (never silent training past the position limit)."""
+    """A prompt + answer longer than the model's positions is a one-line error naming the line."""
     for p, a in pairs if limit is not None else []:
         if len(p) + len(a) > limit:
             raise ConfigError(f"{where}: {len(p)} + {len(a)} = {len(p) + len(a)} prompt + answer tokens, more "

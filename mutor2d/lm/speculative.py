@@ -28,8 +28,7 @@ GREEDY = SamplingRules(temperature=0.0)
 
 
 def new_cache():
-    """An empty DynamicCache of full-attention layers (a sliding-window layer would drop keys the
-    holes' bookkeeping counts; the window is in the mask)."""
+    """An empty DynamicCache of full-attention layers (the sliding window is in the mask)."""
     from transformers import DynamicCache
     return DynamicCache()
 
@@ -86,8 +85,7 @@ class HFStep:
         self.ok, self.key_pos = torch.cat([self.ok, ok], 1), torch.cat([self.key_pos, pos], 1)
 
     def frame(self, max_new_tokens: int, K: int) -> Frame:
-        """Where the batch's tokens sit (module doc): each row's prompt positions, then new token t at
-        prompt_len + t, clamped to the model's positions; ``room``: the new tokens within them."""
+        """Each row's prompt positions, then new token t at prompt_len + t, clamped; ``room``: those that fit."""
         limit, length = position_limit(self.config) or 1 << 30, self.real.sum(1)
         new = (length[:, None] + torch.arange(max_new_tokens + K, device=self.device)).clamp(max=limit - 1)
         line = torch.cat([self.pos, new], 1)
@@ -98,8 +96,7 @@ class HFStep:
         self.ok, self.key_pos = self.ok[index], self.key_pos[index]
 
     def _run(self, ids: Tensor, pos: Tensor, real: Tensor, extras: Extras | None, open_prefix_len: int = 0) -> Tensor:
-        """R regular inputs ids / pos / real (b, R) after the cached keys, then the registers of ``extras``
-        -> last hidden states (b, R + E, D); the cache receives all R + E keys."""
+        """Regular ids / pos / real (b, R), then ``extras``' registers -> hidden (b, R + E, D); all keys cached."""
         embeds, (b, R), L = self.embed(ids), ids.shape, self.ok.shape[1]
         j = L + torch.arange(R, device=ids.device).expand(b, R)
         rank = torch.cat([torch.where(self.ok, 0, NEVER), torch.where(real, j, NEVER)], 1)
@@ -120,8 +117,7 @@ class HFStep:
 
 
 class TextEnds(Ends):
-    """Rows end where ``state`` (rows.Rows, on the host) says: EOS, a stop string, ``max_new_tokens``.
-    Done rows leave the batch, unless ``synced``: then they stay until every process is done."""
+    """Rows end where ``state`` (rows.Rows) says and leave the batch, unless ``synced``."""
 
     def __init__(self, state: Rows, K: int, synced: bool = False):
         super().__init__(state.max_new, K)

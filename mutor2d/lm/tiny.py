@@ -19,9 +19,7 @@ DEFAULT_POSITIONS = 256    # positions of a tiny model (prompt and answer togeth
 
 def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layers: int = 2, heads: int = 4,
                      seed: int = 0, max_positions: int = DEFAULT_POSITIONS, init_std: float = 0.02) -> Path:
-    """Write the model (initialised from ``seed``, weights drawn with std ``init_std``) and ``tokenizer``
-    (default: the arithmetic problems' character tokenizer) to ``folder``; an existing model folder is
-    kept as it is."""
+    """Write the model (``seed``, std ``init_std``) and ``tokenizer`` (default: arithmetic characters) to ``folder``."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from .arith import arith_alphabet
     from .offline_tokenizers import char_tokenizer
@@ -43,8 +41,7 @@ def write_tiny_gpt2(folder: str | Path, tokenizer, hidden: int = 64, layers: int
 
 
 def _write(folder: str | Path, model_class, config, tokenizer, seed: int) -> Path:
-    """``model_class(config)`` initialised from ``seed``, and ``tokenizer``, into ``folder`` (kept if it
-    already holds a model)."""
+    """``model_class(config)`` initialised from ``seed``, and ``tokenizer``, into ``folder`` (kept if full)."""
     import torch
     folder = Path(folder)
     if (folder / "config.json").is_file():
