@@ -2,7 +2,9 @@
 (K = 0) or exact speculative decoding with a MuToR-1D checkpoint's registers as the drafter.
 
 Frame (``HFStep.frame``): left-padded prompts at HF's positions (mask cumsum - 1), then new tokens on a
-line (1, max_new_tokens). The KV cache keeps regular inputs only; the 4D mask needs ``sdpa`` or ``eager``.
+line (1, max_new_tokens). The KV cache keeps the regular inputs some row kept, never registers: a draft one
+row rejected and another kept is a masked hole in the first (batch 1: exactly plain decoding's cache).
+The 4D additive mask applies sliding windows from position ids: ``sdpa`` or ``eager``, not flex.
 
     ids = generate_ids(model, input_ids, attention_mask, 40, registers=load_registers(run), eos=[eos])
 """
