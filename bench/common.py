@@ -1,24 +1,10 @@
 """Shared helpers of the benchmarks: timing, the machine's own limits, peak memory, JSON output.
 
-Timing rule: cases are run round-robin (one repetition of every case, then the next round) so slow
-phases of a shared machine hit all cases alike; a case's time is the median of its repetitions.
-Clock: "wall" (perf_counter, the default) or "cpu" (this process's CPU time, process_time): on a
-machine shared with other jobs, wall time also measures the neighbours, while the CPU time of a
-single-threaded run (--threads 1) measures only this work. Use "cpu" with one thread only: with
-more, idle threads spinning at barriers are counted too.
-
-Machine limits, measured in the same process as the benchmark:
-* matmul rate: FLOP/s of a large square ``torch.mm`` (fp32 on CPU; the benchmark dtype on GPU);
-* read bandwidth: bytes/s of ``tensor.sum()`` over a tensor far larger than the caches.
-
-Peak memory of a CPU case: a fresh subprocess (glibc told to unmap every freed block of 64 KiB or
-more, so RSS follows live memory) builds the model and optimizer, materialises the gradients and
-optimizer state, runs the step once (one-off thread pools, library workspaces), resets the kernel's
-peak-RSS counter (/proc/self/clear_refs), reads its resident set size (RSS, /proc/self/statm), runs
-the step again, then reads the peak RSS (VmHWM, /proc/self/status). Step peak = peak - resident
-before the step: the activations and temporaries of the step, nothing static. On CUDA the same quantity
-comes from ``torch.cuda.max_memory_allocated`` in process.
-
+Timing: cases run round-robin (one repetition of each per round), a case's time is the median.
+Clock "wall" (perf_counter) or "cpu" (process_time: with --threads 1 only, on a shared machine).
+Machine limits: FLOP/s of a large ``torch.mm``; bytes/s of ``x.sum()`` over a tensor beyond the caches.
+Step peak memory on CPU: in a fresh subprocess (EXACT_RSS_ENV), peak RSS (VmHWM) of a second step
+minus the RSS before it, the peak counter reset in between; on CUDA ``max_memory_allocated``.
 Torch is imported by the helpers that use it, so a script's command line parses without it.
 """
 from __future__ import annotations
@@ -211,12 +197,12 @@ def check_at_most(ap: argparse.ArgumentParser, args: argparse.Namespace, high: i
 
 
 def check_reps(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--reps above REPS_LIMIT: argparse's one-line error (10**12 timed for ever)."""
+    """--reps above REPS_LIMIT, --threads beyond this machine's cores: argparse's one-line error."""
     check_at_most(ap, args, REPS_LIMIT, "more only wait longer for the same median", "reps")
+    check_threads(ap, args)
 
 
 def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--threads beyond this machine's cores: argparse's one-line error (10**12 overflowed in torch)."""
     cores = os.cpu_count() or 1
     if args.threads is not None and args.threads > cores:
         ap.error(f"--threads {args.threads}: expected at most {cores}, this machine's cores")
@@ -261,7 +247,6 @@ def check_llama_size(ap: argparse.ArgumentParser, hidden: int, layers: int, voca
 # ----------------------------------------------------------------------------- output
 
 def rounded(obj, digits: int = 4):
-    """Round floats in nested dicts/lists for a readable JSON line."""
     if isinstance(obj, float):
         return float(f"{obj:.{digits}g}")
     if isinstance(obj, dict):

@@ -146,7 +146,6 @@ def parse(argv=None):
     common.check_at_least(ap, args, 1, "steps", "hidden", "layers", "answers", "max_new_tokens", "reps", "threads")
     common.check_at_most(ap, args, DEFAULT_POSITIONS, "the tiny model's positions", "max_new_tokens")
     common.check_reps(ap, args)
-    common.check_threads(ap, args)
     if args.hidden % 8:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 8 (4 heads of an even size)")
     common.check_llama_size(ap, args.hidden, args.layers, 0)

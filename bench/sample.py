@@ -1,27 +1,13 @@
 """Sampling benchmark: KV-cache decoding vs full recompute, with and without CFG, torch.compile
 on and off; and the GPT-B decode step against the machine's memory-bandwidth floor.
 
-* ``kv`` / ``kv_cfg``: ``mutor2d.sampling.decoding.generate`` (KV cache) for ``--images`` images of
-  H*W tokens, without and with classifier-free guidance (CFG doubles the decoded batch).
-* ``recompute``: the same sampling rule, but every step runs the whole prefix again (no cache).
-* ``*_compiled``: after ``mutor2d.sampling.decoding.compile_decoder`` (compile time reported apart).
-* ``speculative``: exact speculative decoding side by side with plain decoding on the same
-  model, seed and labels: register drafts (``--drafts`` K, drafts after every verified input;
-  ``--last`` K, after the last one only) and Jacobi (``--windows`` K); per row: median time,
-  tokens/s, wall speedup over plain, forward passes per image, forward reduction, tokens per
-  forward, acceptance by draft distance (all drafts, and register drafts alone). Random weights
-  (the GPT-B-width model, no CFG) give near-uniform target and draft distributions, so their
-  acceptance says nothing about a trained checkpoint: those rows measure the cost of a round.
-  ``--ckpt`` adds the same table for a trained checkpoint (e.g. the digits MuToR-2D run) at
-  ``--spec-cfg`` / ``--spec-temperature``, once per batch size in ``--spec-images``; with
-  ``--crossover JSON`` the modes at their defaults, and the fastest per batch size is written to JSON
-  (``mutor2d/sampling/crossover.json``: what ``--decode auto`` picks from).
-* decode step: GPT-B at full depth, batch 4 (= 2 images with CFG), ``model.decode`` over all H*W
-  positions, eager and (unless --compile off) compiled; mean time per step against the floor =
-  bytes of the weights one step reads (every parameter but the embedding tables) / read bandwidth
-  measured in the same run (a large sum).
-
-Side by side in one process, round-robin, median of ``--reps``. The last stdout line is JSON.
+Rows: ``kv`` / ``kv_cfg`` (``generate`` with a KV cache, without / with CFG), ``recompute`` (no cache),
+``*_compiled`` (``compile_decoder``), ``*_captured`` (CUDA graphs); ``speculative``: plain vs register
+drafts (``--drafts``, ``--last``) and Jacobi (``--windows``) on the same model, seed and labels (random
+weights: the cost of a round, not a trained acceptance); ``--ckpt`` adds that table for a checkpoint per
+``--spec-images``, and ``--crossover JSON`` writes the fastest mode per batch size (what ``--decode auto``
+reads). Decode step: GPT-B, batch 4, all H*W positions, against weight bytes / read bandwidth.
+Round-robin, median of ``--reps``; the last stdout line is JSON.
 
     python bench/sample.py                 # CPU: GPT-B width, 2 layers, 256 tokens; GPT-B step
     python bench/sample.py --quick         # seconds, for CI (no compile)
@@ -80,8 +66,9 @@ def recompute(model: GPT, labels: torch.Tensor, grid: tuple[int, int], generator
     return out
 
 
-def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> callable:
-    """A closure running the model alone over all H*W decode positions (no sampling)."""
+def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device, captured: bool = False) -> callable:
+    """A closure running the model alone over all H*W decode positions (no sampling); ``captured``:
+    through mutor2d.sampling.captured's CapturedStep (one CUDA graph, captured at the first call)."""
     import torch
 
     from mutor2d.objectives.layout import regular_position_ids
@@ -89,35 +76,18 @@ def decode_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> calla
     pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)
     labels = torch.arange(batch, device=device)
     tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=device)
-
-    @torch.no_grad()
-    def run():
+    if captured:
+        from mutor2d.sampling.captured import CapturedStep, CudaGraphs
         model.setup_cache(batch, N)
-        model.decode(None, pos[:, :1], 0, prefix=labels)
-        for t in range(1, N):
-            model.decode(tok, pos[:, t:t + 1], t)
-    return run
-
-
-def captured_steps(model: GPT, batch: int, grid: tuple[int, int], device) -> callable:
-    """``decode_steps`` through the captured step (mutor2d.sampling.captured: one CUDA graph replayed
-    at every position); the graph is captured at the first call."""
-    import torch
-
-    from mutor2d.objectives.layout import regular_position_ids
-    from mutor2d.sampling.captured import CapturedStep, CudaGraphs
-    N = grid[0] * grid[1]
-    pos = regular_position_ids(grid, 1, N).to(device).expand(batch, N, 2)
-    labels = torch.arange(batch, device=device)
-    tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=device)
-    model.setup_cache(batch, N)
-    step = CapturedStep(model, batch, CudaGraphs())
+        graph = CapturedStep(model, batch, CudaGraphs())
 
     @torch.no_grad()
     def run():
+        if not captured:
+            model.setup_cache(batch, N)
         model.decode(None, pos[:, :1], 0, prefix=labels)
         for t in range(1, N):
-            step(tok, pos[:, t:t + 1], t)
+            (graph if captured else model.decode)(tok, pos[:, t:t + 1], t)
     return run
 
 
@@ -259,7 +229,6 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "images", "threads", "reps")
     common.check_reps(ap, args)
-    common.check_threads(ap, args)
     common.check_at_least(ap, args, 0, "step_layers")
     if args.quick:
         args.dim, args.heads, args.vocab, args.grid, args.reps = 64, 2, 512, (8, 8), 2
@@ -361,7 +330,7 @@ def main(argv=None) -> None:
             step.update(step_s_compiled=per_step, step_vs_floor_compiled=per_step / (wb / bw))
         if args.capture == "on":
             big.decode_step = None
-            steps = captured_steps(big, 4, grid, device)
+            steps = decode_steps(big, 4, grid, device, captured=True)
             steps()
             per_step = time_step()
             step.update(step_s_captured=per_step, step_vs_floor_captured=per_step / (wb / bw))

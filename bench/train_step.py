@@ -1,26 +1,12 @@
 """Training-step benchmark: next-token (NTP) vs MuToR-2D sparse (K registers) vs dense registers.
 
-One step = forward + backward + gradient clipping + AdamW step of the real objective
-(mutor2d.objectives) on random tokens, as mutor2d.engine runs it, at GPT-B width (depth reducible
-on CPU). Cases run side by side in one process, round-robin, median of several repetitions.
-Per attention backend:
-  time and peak-memory ratios against NTP, and against the token-count ideal (T + R) / T,
-  where T = regular inputs and R = register slots actually processed (padded to the batch maximum).
-Backends: "sdpa" (appended layout: causal block + register block, the CPU training path),
-"flex" (FlexAttention block mask; CUDA only, it has no backward on CPU) and "sdpa-mask" (reference:
-one SDPA call over a dense (B, 1, L, L) boolean mask, what the interleaved layout would cost).
-
-MFU: an NTP step at full depth against the machine's fp32 (CPU) / benchmark-dtype (GPU) matmul rate,
-measured in the same run. Model FLOPs = 3 x forward FLOPs, forward = 2 x matmul parameters x tokens
-+ causal attention (2 x T^2 x dim per layer and sample); embeddings and elementwise work not counted.
-
-Peak memory (activations and temporaries of one step, above the static parameters, gradients and
-optimizer state): a fresh process per case on CPU, its peak RSS above its RSS before the step (see
-bench/common.py); torch.cuda.max_memory_allocated on GPU. The last stdout line is one JSON object.
-
-With ``--self-distill`` the register cases also run with ``objective.reg_target: self_distill``
-(cases sparse_distill, dense_distill, side by side with the others): ratios ``{sparse,dense}_distill_time``
-(and ``_mem``) against the same placement under ``reg_target: token``.
+One step = forward + backward + clipping + AdamW of the real objective on random tokens, as
+mutor2d.engine runs it, at GPT-B width; round-robin, median of --reps. Per attention backend ("sdpa":
+appended layout; "flex": CUDA only; "sdpa-mask": one SDPA over a dense boolean mask): time and step
+peak memory against NTP and against the token-count ideal (T + R) / T (R: register slots processed).
+MFU: an NTP step at full depth against the measured matmul rate (model FLOPs: mutor2d.engine.speed).
+Peak memory: see bench/common.py. ``--self-distill`` adds sparse_distill / dense_distill
+(reg_target self_distill) and their ratios against reg_target token. The last stdout line is JSON.
 
     python bench/train_step.py            # CPU: GPT-B width, 2 layers, batch 4, T = 256 inputs
     python bench/train_step.py --quick    # seconds, for CI
@@ -301,7 +287,6 @@ def parse(argv=None):
     common.check_at_least(ap, args, 1, "dim", "heads", "vocab", "layers", "batch", "registers", "dmax2d",
                           "threads", "reps")
     common.check_reps(ap, args)
-    common.check_threads(ap, args)
     common.check_at_least(ap, args, 0, "mfu_layers", "profile")
     if args.quick:
         args.dim, args.heads, args.vocab, args.batch, args.reps = 64, 2, 512, 2, 2
