@@ -168,6 +168,14 @@ def run_children(script: str, arg_lists: list[list[str]], parallel: int = 1, tim
 
 # ----------------------------------------------------------------------------- command line
 
+def add_timing_options(ap: argparse.ArgumentParser, reps: int, threads: int | None = None, clock: str = "wall") -> None:
+    """--reps, --threads and --clock of a timed benchmark."""
+    ap.add_argument("--threads", type=int, default=threads, help="torch intra-op threads (default: torch's; 1 with --quick)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default=clock,
+                    help="cpu = process CPU time, for a shared machine (with --threads 1)")
+    ap.add_argument("--reps", type=int, default=reps, help="timed repetitions per case; the median is reported")
+
+
 def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: int, *dests: str) -> None:
     """argparse's one-line error (usage, exit 2) for an option among ``dests`` given below ``low``."""
     for dest in dests:

@@ -1,15 +1,10 @@
 """Peak memory per process of sharded (FSDP2) against replicated (DDP) training, on CPU processes over
 gloo, at a width where weights and optimizer states dominate (a batch of a few short sequences).
 
-Each case is a fresh ``torchrun`` launch of this file (glibc told to unmap freed blocks: RSS follows
-live memory, bench/common.py). Every process reads its RSS before the run is built (imports, process
-group and data only), builds it (model, sharding, optimizer), runs ``--steps`` training steps, and
-reports its peak RSS above that baseline; the table gives the largest over the processes.
-
-Theory, P parameters over N processes, fp32: DDP holds weights, gradients and two AdamW moments
-(16P bytes) plus its gradient buckets (4P); FSDP holds 16P/N of sharded states plus, while a block
-runs, its gathered weights, their gradients and the reduce-scatter input (about 12 bytes per
-parameter of the largest block or root group).
+Each case is a fresh ``torchrun`` launch of this file (EXACT_RSS_ENV, bench/common.py); each process
+reports its peak RSS over ``--steps`` steps above its RSS before the run is built; the table gives the
+largest. Theory (P parameters, N processes, fp32): DDP 16P + 4P of gradient buckets; FSDP 16P/N plus
+about 12 bytes per parameter of the largest block.
 
     python bench/fsdp_memory.py [--dim 1024] [--layers 4] [--heads 8] [--steps 3] [--processes 2]
 """

@@ -1,18 +1,12 @@
 """Register-drafted decoding of a fine-tuned language model against plain decoding and prompt lookup,
 side by side in one process (mutor2d.lm.speculative).
 
-The model: the tiny character-level Llama (mutor2d.lm.tiny; --hidden / --layers for a wider one)
-fine-tuned with MuToR-1D (d_max 4, dense registers, a = 0.3) on 2-step arithmetic word problems
-(mutor2d.lm.arith) for --steps steps, kept in --work and reused when it is already there. Then
---answers test prompts are answered (at most --max-new-tokens each) at batch 1 and batch 8, greedy and at
-temperature 1, by: plain ``model.generate``, transformers' prompt-lookup decoding
-(``prompt_lookup_num_tokens``; batch 1 only, as transformers allows), and register drafts K = 1..d_max-1.
-Cases run round-robin, median of --reps (bench/common.py). Reported per case: forward calls, forwards
-per answer token (forward calls x answers per batch / tokens: 1 for plain at batch 1), CPU (or wall)
-time per answer and per token, the per-token time against plain generate and prompt lookup,
-acceptance by distance; greedy cases check that every output equals plain greedy's. Also: one
-plain decode step against its weight-bytes / read-bandwidth floor. The last stdout line is one JSON
-object.
+The tiny character-level Llama (mutor2d.lm.tiny), fine-tuned with MuToR-1D (d_max 4, dense, a = 0.3) on
+2-step arithmetic problems for --steps steps (kept in --work), answers --answers test prompts at batch 1
+and 8, greedy and at temperature 1: plain ``generate``, prompt lookup (batch 1 only) and register drafts
+K = 1..d_max-1. Per case: forward calls and forwards per token, time per answer and per token, against
+plain and prompt lookup, acceptance by distance; greedy outputs checked equal to plain greedy's. Also one
+decode step against its weight-bytes / read-bandwidth floor. The last stdout line is one JSON object.
 
     python bench/lm_decode.py --threads 1 --clock cpu       # trains ~400 steps once, then benchmarks
     python bench/lm_decode.py --quick                       # seconds, for CI
@@ -43,10 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     ap.add_argument("--answers", type=int, default=16, help="test prompts answered per case (default 16)")
     ap.add_argument("--max-new-tokens", type=int, default=40, help="answer length limit (default 40)")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu", help="what a case's time measures")
     ap.add_argument("--quick", action="store_true", help="a few training steps and answers, for CI")
+    common.add_timing_options(ap, 3, threads=1, clock="cpu")
     return ap
 
 

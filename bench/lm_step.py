@@ -1,20 +1,12 @@
 """LM fine-tuning step benchmark (mutor2d.lm): plain SFT (NTP) vs MuToR-1D sparse / dense, and a
-padded batch of B vs a batch-1 loop over the same B samples (the authors' released code trains at
-batch size 1 with no padding).
+padded batch of B vs a batch-1 loop over the same B samples (the authors' code trains at batch 1).
 
-One step = forward + backward + AdamW step of MutorLM on one batch of random (prompt, answer) token
-pairs with GSM8K-like ragged lengths, through a randomly initialised Llama of the given size (full
-fine-tuning, or LoRA with --lora). "b1loop" cases accumulate gradients over B batch-1 forward/backward
-passes, then step once: the same samples and the same update rule. Cases run round-robin, median of
---reps (bench/common.py). A step is the training one (mutor2d.lm.run.LMTrainModule: the objective on
-the batch's canonical frame, layout drawn each step). Reported per case: seconds per step, slots
-(regular + register slots of the canonical frame, padding included), real tokens (prompt + answer),
-time ratio vs the padded NTP step, and answer tokens/s; then the batch-B vs batch-1-loop speed-up for
-NTP and dense MuToR.
-The last stdout line is one JSON object.
-
-With ``--self-distill`` a case dense_distill (dense MuToR-1D under ``objective.reg_target: self_distill``)
-runs beside the others, and ``distill_vs_token`` is its time over the dense case's.
+One step = forward + backward + AdamW of MutorLM (mutor2d.lm.run.LMTrainModule) on random ragged
+(prompt, answer) pairs through a random Llama (full fine-tuning, or --lora); "b1loop" cases accumulate
+over B batch-1 passes, then step once. Per case: seconds per step, slots (padding included), real tokens,
+time vs padded NTP, answer tokens/s; then the batch-B vs b1loop speed-up for NTP and dense. With
+``--self-distill``: dense_distill (reg_target self_distill) and ``distill_vs_token``. Round-robin, median
+of --reps; the last stdout line is one JSON object.
 
     python bench/lm_step.py                 # hidden 512, 4 layers, vocab 32000, batch 8
     python bench/lm_step.py --quick         # seconds, for CI
@@ -98,13 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="answer lengths drawn uniformly in MIN..MAX (default 80 160)")
     ap.add_argument("--sparse", type=int, default=16, help="K registers of the sparse case")
     ap.add_argument("--lora", action="store_true", help="LoRA adapters instead of full fine-tuning")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a step's time measures")
     ap.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     ap.add_argument("--self-distill", action="store_true",
                     help="also time dense MuToR-1D under objective.reg_target=self_distill (distill_vs_token)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
+    common.add_timing_options(ap, 3)
     return ap
 
 

@@ -80,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heads", type=int, default=12, help="attention heads")
     ap.add_argument("--tokens", type=int, default=256, help="regular tokens T (16 x 16 grid: 256)")
     ap.add_argument("--sparse", type=int, default=80, help="registers of the sparse case (the paper's 80)")
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per case; the median is reported")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu = process CPU time (with --threads 1)")
+    common.add_timing_options(ap, 5)
     return ap
 
 

@@ -216,10 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", choices=["on", "off"], default=None, help="default: on, off with --quick")
     ap.add_argument("--capture", choices=["on", "off"], default=None,
                     help="also time the plain rounds replayed as a CUDA graph (default: on on CUDA, else off)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: 1 with --quick, else torch's)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu = process CPU time, for a shared machine (with --threads 1)")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per case; the median is reported")
+    common.add_timing_options(ap, 3)
     return ap
 
 

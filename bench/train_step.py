@@ -262,10 +262,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--registers", type=int, default=80, help="K of the sparse case")
     ap.add_argument("--dmax2d", type=int, default=4, help="D of the 2D offsets")
     ap.add_argument("--backends", default="sdpa,flex,sdpa-mask", help="comma-separated attention backends to time")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: 1 with --quick, else torch's)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu = process CPU time, for a shared machine (with --threads 1)")
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per case; the median is reported")
     ap.add_argument("--compile", choices=["off", "mfu", "all"], default="off",
                     help="torch.compile each transformer block (as train.compile) in the MFU run / all runs")
     ap.add_argument("--peak-tflops", type=float, default=None,
@@ -277,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one step per case and report its N slowest operators (0 = off)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    common.add_timing_options(ap, 5)
     return ap
 
 
