@@ -1,16 +1,13 @@
 """Register attention alone, forward + backward, side by side: which way of computing the registers'
 attention is cheapest, measured against next-token's causal attention of the same body.
 
-The rule (mutor2d.model.extras): T regular tokens attend causally and never see a register; register e
-sees the regular keys up to its anchor and itself. Cases, each the whole layer's attention of one
-sample batch (q, k, v: (B, heads, T + E, head_dim)):
-  ntp      next-token: causal SDPA over the T regular tokens (the body alone)
-  split    the model's path (attention._split_attend): causal SDPA over the body, then one SDPA of
-           the E register queries over all T + E keys with a (B, 1, E, T + E) boolean mask
-  lse      the registers over the T body keys only (scores, mask, softmax written out), their own key
-           merged through the log-sum-exp: no register-register block, no fused kernel
-Dense: E = T (every token anchors a register, D = 4's case); sparse: E = --sparse. Outputs and
-gradients of split and lse are checked against each other (max |diff| in the JSON).
+Rule (mutor2d.model.extras): T regular tokens attend causally and never see a register; register e sees
+the regular keys up to its anchor and itself. Cases (q, k, v: (B, heads, T + E, head_dim)):
+  ntp      causal SDPA over the T regular tokens (the body alone)
+  split    the model's path: causal SDPA over the body, then one SDPA of the E register queries over
+           all T + E keys with a (B, 1, E, T + E) boolean mask
+  lse      the registers over the T body keys written out, their own key merged by log-sum-exp
+Dense: E = T; sparse: E = --sparse. split and lse are checked against each other (max |diff|).
 
     python bench/register_attention.py --threads 1 --clock cpu
 """

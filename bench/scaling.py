@@ -2,24 +2,15 @@
 time per 1,000 steps of LlamaGen's GPT presets at the paper's global batch, for NTP and MuToR-2D, with
 DDP and with FSDP2; and memory per GPU of Llama-3-8B fine-tuning (full under FSDP2, LoRA under DDP).
 
-Memory per GPU = states + activations, all computed, not measured:
-  * states: fp32 weights, fp32 gradients, AdamW's two fp32 moments = 16 bytes per parameter
-    (bf16 autocast keeps fp32 master weights; DDP replicates them, FSDP divides them by the GPU count);
-  * activations kept for backward under bf16 autocast with a fused attention kernel (no L x L
-    scores): 34 x dim bytes per token and layer (Korthikanti et al. 2022, table 2 without the
-    attention-score terms), plus the fp32 logits, their bf16 copy and gradient: 10 x vocab bytes per token.
-Time per 1,000 steps = training FLOPs (mutor2d.engine.speed.train_flops) / (GPUs x peak x MFU), with
-the peak of mutor2d.engine.peaks.PEAK_BF16_FLOPS and an assumed MFU (``--mfu``, default 0.40).
+Memory per GPU = states (16 bytes per parameter: fp32 weights, gradients, two AdamW moments; divided by
+the GPU count under FSDP) + activations (bf16, fused attention: 34 x dim bytes per token and layer,
+Korthikanti et al. 2022, plus 10 x vocab bytes per token of logits; 6 x vocab for --lm). LoRA (r = 16,
+every projection) keeps the bf16 base (2 bytes per parameter) and 16 bytes per adapter parameter.
+Time per 1,000 steps = train_flops (mutor2d.engine.speed) / (GPUs x PEAK_BF16_FLOPS x --mfu).
 
     python bench/scaling.py [--gpus 8] [--batch 1024] [--gpu H100] [--mfu 0.4]
     python bench/scaling.py --presets XL,XXL,3B --grid 24 --batch 256      # LlamaGen's 384-px recipes
     python bench/scaling.py --lm                                            # Llama-3-8B fine-tuning
-
-Language models (``--lm``): parameters counted on the meta device from Llama-3-8B's shape. Full
-fine-tuning keeps 16 bytes per parameter of states (divided by the GPU count under FSDP2); LoRA
-(r = 16 on every projection) keeps the bf16 base (2 bytes per parameter, replicated under DDP) and 16
-bytes per adapter parameter. Activations: 34 x hidden bytes per token and layer (bf16, fused
-attention, no recomputation), plus 6 x vocab bytes per token for the logits.
 """
 from __future__ import annotations
 

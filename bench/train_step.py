@@ -106,8 +106,6 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
 
     from mutor2d.objectives.token_prediction import TokenPrediction
     from mutor2d.objectives.base import TargetRule, target_rule
-    for layer in model.layers:
-        layer.attention.backend = "sdpa" if backend == "sdpa-mask" else backend
     cfg = objective_config(case, args)
     target = target_rule(cfg) if case != "ntp" else TargetRule()
     objective = mask_objective() if backend == "sdpa-mask" else TokenPrediction
@@ -169,13 +167,9 @@ def profile_steps(steps: dict, device: torch.device, top: int) -> dict:
 
 
 def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], dict]:
-    run, skipped = [], {}
-    for b in wanted:
-        if b == "flex" and device.type != "cuda":
-            skipped[b] = "FlexAttention has no backward pass on CPU (a torch limit)"
-        else:
-            run.append(b)
-    return run, skipped
+    skipped = {b: "FlexAttention has no backward pass on CPU (a torch limit)"
+               for b in wanted if b == "flex" and device.type != "cuda"}
+    return [b for b in wanted if b not in skipped], skipped
 
 
 # ----------------------------------------------------------------------------- memory
