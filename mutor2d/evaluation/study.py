@@ -63,7 +63,7 @@ def run_study(study: Study) -> dict:
     for cfg in study.cfg_scales:
         for metric, (name, _, _) in PAIRED.items():
             rows = paired_table(groups, cfg, metric=metric)
-            if rows.count("\n") < 2:      # no run scored this metric (the digits study has no KID)
+            if not rows:      # no run scored this metric (the digits study has no KID)
                 continue
             md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + rows
             md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, cfg {cfg:g}:\n\n"

@@ -134,7 +134,7 @@ def paired_row(label: str, steps: str, diffs: list[float], metric: str) -> str:
 
 
 def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric: str = "fid") -> str:
-    """Markdown: per label and step, ``metric`` at ``cfg`` minus ``reference``'s, paired by seed."""
+    """Markdown: per label and step, ``metric`` at ``cfg`` minus ``reference``'s, paired by seed ("": none pairs)."""
     name = PAIRED[metric][0]
     lines = [f"| method | step | seeds | {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
     for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
@@ -144,7 +144,7 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
         if not diffs:
             continue
         lines.append(paired_row(key[0], str(key[1]), diffs, metric))
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
