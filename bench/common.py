@@ -10,6 +10,7 @@ Torch is imported by the helpers that use it, so a script's command line parses 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -47,7 +48,7 @@ def setup(threads: int | None, clock: str, device: torch.device) -> None:
 
 
 def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
-                     device: torch.device | None = None) -> dict[str, dict]:
+                     device: torch.device | None = None) -> dict[str, float]:
     """Median time (s, on the chosen clock) of each callable; cases interleaved per repetition
     (``device`` None: the CPU)."""
     for _ in range(warmup):
@@ -62,8 +63,7 @@ def time_round_robin(fns: dict[str, Callable[[], object]], reps: int, warmup: in
             fn()
             sync(device)
             times[name].append(_clock() - t0)
-    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "reps": len(ts)}
-            for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype | None = None, n: int = 2048,
@@ -76,7 +76,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype | None = None, n: int =
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     t = time_round_robin({"mm": lambda: torch.mm(a, b, out=out)}, reps, warmup=1, device=device)
-    return 2 * n ** 3 / t["mm"]["median_s"]
+    return 2 * n ** 3 / t["mm"]
 
 
 def read_bandwidth(device: torch.device, nbytes: int = 512 << 20, reps: int = 5) -> float:
@@ -84,7 +84,7 @@ def read_bandwidth(device: torch.device, nbytes: int = 512 << 20, reps: int = 5)
     import torch
     x = torch.ones(nbytes // 4, device=device)
     t = time_round_robin({"sum": lambda: x.sum()}, reps, warmup=1, device=device)
-    return x.numel() * 4 / t["sum"]["median_s"]
+    return x.numel() * 4 / t["sum"]
 
 
 def machine(device: torch.device) -> dict:
@@ -94,23 +94,18 @@ def machine(device: torch.device) -> dict:
             "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu": _cpu_model(), "torch": torch.__version__, "python": platform.python_version(),
             "device": str(device)}
-    try:
+    with contextlib.suppress(OSError):
         info["loadavg_1m"] = round(os.getloadavg()[0], 2)
-    except OSError:
-        pass
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
 
 

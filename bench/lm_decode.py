@@ -80,15 +80,15 @@ def plain_case(lm, batches, eos: int, max_new: int, sample: bool, lookup: int = 
     (sampling seeded: every repetition draws the same answers)."""
     import torch
 
+    options = {"do_sample": sample, **({"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {})}
+    options.update({"prompt_lookup_num_tokens": lookup} if lookup else {})
+
     def run():
         out = []
         torch.manual_seed(0)
         for ids, mask in batches:
-            extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else \
-                {"do_sample": False}
-            gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=0, **sampling,
-                              **extra)
+            gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=0,
+                              **options)
             out += [row[:(row.index(eos) + 1) if eos in row else None] for row in gen[:, ids.shape[1]:].tolist()]
         return out
     return run
@@ -126,7 +126,7 @@ def decode_step_floor(lm) -> dict:
         def step():
             lm(input_ids=torch.ones(1, 1, dtype=torch.long), **kw)
             cache.crop(-1)
-        t = common.time_round_robin({"step": step}, 20, warmup=3)["step"]["median_s"]
+        t = common.time_round_robin({"step": step}, 20, warmup=3)["step"]
     floor = weight_bytes / common.read_bandwidth(torch.device("cpu"), nbytes=256 << 20, reps=3)
     return {"weight_bytes": weight_bytes, "step_s": t, "floor_s": floor, "step_vs_floor": t / floor}
 
@@ -184,14 +184,14 @@ def main(argv=None) -> None:
     times = common.time_round_robin(cases, args.reps, warmup=0)
     result = {"bench": "lm_decode", "machine": common.machine(torch.device("cpu")), "args": vars(args),
               "run": str(run), "d_max": d_max, "answers": len(prompts), "cases": {}}
-    per_token = {k: times[k]["median_s"] / answer_tokens(outputs[k], tok.eos_token_id) for k in times}
+    per_token = {k: times[k] / answer_tokens(outputs[k], tok.eos_token_id) for k in times}
     for name, t in times.items():
         method, temp, b = name.split("/")
         rows = len(prompts) / len(batches_of[int(b[1:])])              # answers per batch
         tokens = answer_tokens(outputs[name], tok.eos_token_id)
         plain, lookup = per_token[f"plain/{temp}/{b}"], per_token.get(f"prompt_lookup/{temp}/{b}")
         row = {"forward_calls": calls[name], "forwards_per_token": calls[name] * rows / tokens, "tokens": tokens,
-               "s_per_answer": t["median_s"] / len(prompts), "s_per_token": per_token[name],
+               "s_per_answer": t / len(prompts), "s_per_token": per_token[name],
                "time_vs_plain": per_token[name] / plain,
                "time_vs_prompt_lookup": per_token[name] / lookup if lookup else None}
         if temp == "greedy":

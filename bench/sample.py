@@ -129,10 +129,10 @@ def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, de
                                 generator=torch.Generator(device=device).manual_seed(0), decode=mode,
                                 objective=objective, stats=stats[name], **options)
     times = common.time_round_robin({n: case(n, *m) for n, m in modes.items()}, args.reps, 1, device)
-    n, N, plain = labels.shape[0], grid[0] * grid[1], times["plain"]["median_s"]
+    n, N, plain = labels.shape[0], grid[0] * grid[1], times["plain"]
     rows = {}
     for name, counts in stats.items():
-        t, st = times[name]["median_s"], counts.summary()
+        t, st = times[name], counts.summary()
         rows[name] = {"time_s": t, "tokens_per_s": n * N / t, "wall_speedup": plain / t,
                       "forwards_per_image": st["forwards_per_sequence"],
                       "forward_reduction": N / st["forwards_per_sequence"],
@@ -267,7 +267,7 @@ def main(argv=None) -> None:
         "recompute": lambda: recompute(model, labels, grid, gen()),
     }
     common.log(f"timing {list(cases)} x {args.reps} reps")
-    times = {k: v["median_s"] for k, v in common.time_round_robin(cases, args.reps, 1, device).items()}
+    times = common.time_round_robin(cases, args.reps, 1, device)
 
     common.log("speculative rows, random weights")
     offsets = make("objective", name="mutor-2d", d_max=max(args.drafts + args.last) + 2)   # K <= D - 2
@@ -280,9 +280,8 @@ def main(argv=None) -> None:
         cases["kv"]()
         cases["kv_cfg"]()
         compile_s = time.perf_counter() - t0
-        compiled = {"kv_compiled": cases["kv"], "kv_cfg_compiled": cases["kv_cfg"]}
-        times.update({k: v["median_s"] for k, v in
-                      common.time_round_robin(compiled, args.reps, 0, device).items()})
+        compiled = {f"{k}_compiled": cases[k] for k in ("kv", "kv_cfg")}
+        times.update(common.time_round_robin(compiled, args.reps, 0, device))
     capture_s = None
     if args.capture == "on":                # what `sample.py` runs on CUDA by default
         from mutor2d.sampling.captured import capture_decoder
@@ -290,8 +289,8 @@ def main(argv=None) -> None:
         capture_decoder(model)
         cases["kv"]()
         capture_s = model.decode_graphs.seconds
-        captured = {"kv_captured": cases["kv"], "kv_cfg_captured": cases["kv_cfg"]}
-        times.update({k: v["median_s"] for k, v in common.time_round_robin(captured, args.reps, 1, device).items()})
+        captured = {f"{k}_captured": cases[k] for k in ("kv", "kv_cfg")}
+        times.update(common.time_round_robin(captured, args.reps, 1, device))
     del model
 
     throughput = {k: {"images_per_s": n / t, "tokens_per_s": n * N / t, "time_s": t} for k, t in times.items()}
@@ -308,29 +307,26 @@ def main(argv=None) -> None:
         common.log(f"decode step at {args.step_layers} layers, batch 4")
         big = build(args, args.step_layers, device)
         bw = common.read_bandwidth(device, nbytes=(64 << 20) if args.quick else (1 << 30))
-        steps = decode_steps(big, 4, grid, device)
-
-        def time_step() -> float:
-            return common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"]["median_s"] / N
-        per_step = time_step()
-        wb = weight_bytes(big)
-        s = big.shape
+        steps, wb, s = decode_steps(big, 4, grid, device), weight_bytes(big), big.shape
         kv_bytes = 2 * s.n_layer * 4 * s.n_head * s.head_dim * (N / 2) * 4   # mean cache read
-        step = {"layers": args.step_layers, "batch": 4, "step_s": per_step, "weight_bytes": wb,
+        step = {"layers": args.step_layers, "batch": 4, "step_s": None, "weight_bytes": wb,  # None: time_step
                 "mean_kv_cache_bytes": kv_bytes, "read_bandwidth_bytes_per_s": bw,
-                "floor_s": wb / bw, "step_vs_floor": per_step / (wb / bw)}
+                "floor_s": wb / bw, "step_vs_floor": None}
+
+        def time_step(suffix: str = "") -> None:
+            per_step = common.time_round_robin({"steps": steps}, args.reps, 1, device)["steps"] / N
+            step.update({f"step_s{suffix}": per_step, f"step_vs_floor{suffix}": per_step / (wb / bw)})
+        time_step()
         if args.compile == "on":            # what `sample.py --compile` runs
             compile_decoder(big)
             common.log("compiling the GPT-B decode step")
             steps()
-            per_step = time_step()
-            step.update(step_s_compiled=per_step, step_vs_floor_compiled=per_step / (wb / bw))
+            time_step("_compiled")
         if args.capture == "on":
             big.decode_step = None
             steps = decode_steps(big, 4, grid, device, captured=True)
             steps()
-            per_step = time_step()
-            step.update(step_s_captured=per_step, step_vs_floor_captured=per_step / (wb / bw))
+            time_step("_captured")
         del big
 
     targets = {f"kv_speedup_ge_{TARGETS['kv_speedup_ge']:g}": ratios["kv_speedup"] >= TARGETS["kv_speedup_ge"],

@@ -100,8 +100,6 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     """A closure running one training step of ``case`` on ``backend`` as the training loop does:
     forward, backward, gradient clipping at 1.0, AdamW. ``keep_grads``: gradients stay allocated
     between steps (zeroed, not freed), so a memory measurement sees only the step's own memory."""
-    import contextlib
-
     import torch
 
     from mutor2d.objectives.token_prediction import TokenPrediction
@@ -110,8 +108,7 @@ def make_step(model, opt, batch, backend: str, case: str, args, device, keep_gra
     target = target_rule(cfg) if case != "ntp" else TargetRule()
     objective = mask_objective() if backend == "sdpa-mask" else TokenPrediction
     loss_fn = objective(cfg.register_spec(), 0.5, None, target)
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16"
-           else contextlib.nullcontext())
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
     def step():
         for layer in model.layers:
@@ -174,51 +171,20 @@ def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], di
 
 # ----------------------------------------------------------------------------- memory
 
-def memory_child(args) -> dict:
-    """Runs in a fresh process: peak RSS of one step above the static state."""
-    import torch
-    device = torch.device("cpu")
-    backend, case = args.memory_child.split(":")
-    model, opt, batch = build(args, args.layers, device, args.compile == "all")
-    step = make_step(model, opt, batch, backend, case, args, device, keep_grads=True)
-    step()                                  # one-off allocations happen here
-    if not common.reset_peak_rss():
-        raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); use --no-memory")
-    before = common.rss_bytes()
-    step()
-    peak = common.peak_rss_bytes()
-    return {"step_peak_bytes": peak - before, "rss_before": before, "peak_rss": peak}
-
-
-def child_args(args) -> list[str]:
-    import torch
-    return ["--dim", str(args.dim), "--heads", str(args.heads), "--vocab", str(args.vocab),
-            "--layers", str(args.layers), "--batch", str(args.batch),
-            "--grid", f"{args.grid[0]}x{args.grid[1]}", "--registers", str(args.registers),
-            "--dmax2d", str(args.dmax2d), "--dtype", args.dtype, "--compile", args.compile,
-            "--threads", str(torch.get_num_threads())]
-
-
-def measure_memory(args, backends: list[str], device) -> dict:
-    """Step peak memory per backend and case (quick mode: the first backend only)."""
-    out = {}
-    for b in backends[:1] if args.quick else backends:
-        if device.type == "cuda":
-            out[b] = {c: cuda_step_peak(args, b, c, device) for c in cases(args)}
-        else:
-            common.log(f"memory: {b}, one fresh process per case")
-            names = cases(args)
-            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in names],
-                                       parallel=len(names) if args.quick else 1)
-            out[b] = dict(zip(names, runs))
-    return out
-
-
-def cuda_step_peak(args, backend: str, case: str, device) -> dict:
+def step_peak(args, backend: str, case: str, device) -> dict:
+    """Peak memory of a second step above the state before it (one-off allocations happen in the
+    first): on CUDA ``max_memory_allocated``; on the CPU, in a fresh process, its peak RSS."""
     import torch
     model, opt, batch = build(args, args.layers, device, args.compile == "all")
     step = make_step(model, opt, batch, backend, case, args, device, keep_grads=True)
     step()
+    if device.type != "cuda":
+        if not common.reset_peak_rss():
+            raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); use --no-memory")
+        before = common.rss_bytes()
+        step()
+        peak = common.peak_rss_bytes()
+        return {"step_peak_bytes": peak - before, "rss_before": before, "peak_rss": peak}
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -230,10 +196,32 @@ def cuda_step_peak(args, backend: str, case: str, device) -> dict:
     return {"step_peak_bytes": peak}
 
 
+def child_args(args) -> list[str]:
+    import torch
+    flags = ("dim", "heads", "vocab", "layers", "batch", "registers", "dmax2d", "dtype", "compile")
+    return [*(x for k in flags for x in (f"--{k}", str(getattr(args, k)))),
+            "--grid", f"{args.grid[0]}x{args.grid[1]}", "--threads", str(torch.get_num_threads())]
+
+
+def measure_memory(args, backends: list[str], device) -> dict:
+    """Step peak memory per backend and case (quick mode: the first backend only)."""
+    out = {}
+    for b in backends[:1] if args.quick else backends:
+        if device.type == "cuda":
+            out[b] = {c: step_peak(args, b, c, device) for c in cases(args)}
+        else:
+            common.log(f"memory: {b}, one fresh process per case")
+            names = cases(args)
+            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in names],
+                                       parallel=len(names) if args.quick else 1)
+            out[b] = dict(zip(names, runs))
+    return out
+
+
 def distill_ratios(backend: str, case: str, times: dict, memory: dict) -> dict:
     """Time (and step peak memory) of ``case`` under reg_target self_distill over the same under token."""
     distill = f"{case}{DISTILL}"
-    out = {f"{distill}_time": times[f"{backend}/{distill}"]["median_s"] / times[f"{backend}/{case}"]["median_s"]}
+    out = {f"{distill}_time": times[f"{backend}/{distill}"] / times[f"{backend}/{case}"]}
     if backend in memory:
         out[f"{distill}_mem"] = memory[backend][distill]["step_peak_bytes"] / memory[backend][case]["step_peak_bytes"]
     return out
@@ -300,7 +288,7 @@ def main(argv=None) -> None:
         args.layers = 12 if args.device.startswith("cuda") else 2
     common.setup(args.threads, args.clock, torch.device(args.device))
     if args.memory_child:
-        common.emit(memory_child(args))
+        common.emit(step_peak(args, *args.memory_child.split(":"), torch.device("cpu")))   # a fresh process
         return
     device = torch.device(args.device)
     backends, skipped = backends_for(device, args.backends.split(","))
@@ -323,7 +311,7 @@ def main(argv=None) -> None:
         r = {}
         for c in ("sparse", "dense"):
             ideal = (T + slots[c][0]) / T
-            r[f"{c}_time"] = times[f"{b}/{c}"]["median_s"] / times[f"{b}/ntp"]["median_s"]
+            r[f"{c}_time"] = times[f"{b}/{c}"] / times[f"{b}/ntp"]
             r[f"{c}_ideal"] = ideal
             r[f"{c}_time_vs_ideal"] = r[f"{c}_time"] / ideal
             if b in memory:
@@ -340,7 +328,7 @@ def main(argv=None) -> None:
         model, opt, batch = build(args, args.mfu_layers, device, args.compile != "off")
         default = "flex" if device.type == "cuda" else "sdpa"
         t = common.time_round_robin({"ntp": make_step(model, opt, batch, default, "ntp", args, device)},
-                                    max(2, args.reps - 2), warmup=1, device=device)["ntp"]["median_s"]
+                                    max(2, args.reps - 2), warmup=1, device=device)["ntp"]
         flops = step_flops(model, args.batch, T)
         del model, opt, batch
         mm_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -351,13 +339,9 @@ def main(argv=None) -> None:
             mfu["fraction_of_peak"] = flops / t / (args.peak_tflops * 1e12)
 
     main_backend = "flex" if device.type == "cuda" and "flex" in backends else backends[0]
-    targets = {}
-    if main_backend in ratios:
-        r = ratios[main_backend]
-        for c, bound in TARGETS.items():
-            targets[f"{c}_time_le_{bound}"] = r[f"{c}_time"] <= bound
-            if f"{c}_mem" in r:
-                targets[f"{c}_mem_le_{bound}"] = r[f"{c}_mem"] <= bound
+    r = ratios[main_backend]            # time, and memory where measured, of each register case
+    targets = {f"{c}_{k}_le_{bound}": r[f"{c}_{k}"] <= bound
+               for c, bound in TARGETS.items() for k in ("time", "mem") if f"{c}_{k}" in r}
     if mfu:
         targets[f"mfu_ge_{MFU_TARGET}"] = mfu["fraction_of_matmul"] >= MFU_TARGET
 
@@ -371,7 +355,7 @@ def main(argv=None) -> None:
                      "dtype": args.dtype, "compile": args.compile, "reps": args.reps, "quick": args.quick,
                      "threads": torch.get_num_threads(), "clock": args.clock},
         "backends": backends, "skipped": skipped, "main_backend": main_backend,
-        "time_s": {k: v["median_s"] for k, v in times.items()},
+        "time_s": times,
         "step_peak_mb": {b: {c: m["step_peak_bytes"] / 2 ** 20 for c, m in d.items()} for b, d in memory.items()},
         "ratios": ratios, "mfu": mfu, "targets": targets, "profile": profiles,
     })
