@@ -233,11 +233,6 @@ def check_memory(flag: str, value: int, images: int, side: int) -> None:
         raise SampleFileError(f"{flag} {value}: {images} images of {side}x{side} pixels, {short}")
 
 
-def decode_options(mode) -> dict:
-    """The fields of a decoding mode, as a sample file's meta records them."""
-    return {k: v for k, v in config.section_dict(mode).items() if k != "name"}
-
-
 SHOWN_CLASSES = 6     # a file name lists at most this many classes (more: their count)
 
 
@@ -248,24 +243,20 @@ def class_part(classes: list[int], num_choices: int) -> str:
     return f"cls{'-'.join(map(str, classes))}" if len(classes) <= SHOWN_CLASSES else f"{len(classes)}cls"
 
 
-def settings_hash(settings: dict) -> str:
-    """6 hex digits of the SHA-256 of ``settings`` (JSON, keys sorted)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
-
-
 def output_name(src: Loaded, s, seed: int, ema: bool, suffix: str, classes: list[int], count: str,
                 batch_size: int) -> str:
     """The default output name (the module doc's pattern, never a training grid's): step, CFG scale, seed,
     decoding mode, temperature / top-k / top-p when on, ``raw`` for --no-ema, ``class_part``, ``count``
-    (``x8`` per class, ``n1000`` samples), then the ``settings_hash`` of everything that shapes the output,
-    e.g. step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
+    (``x8`` per class, ``n1000`` samples), then 6 hex digits of the SHA-256 of everything that shapes the
+    output (JSON, keys sorted), e.g. step_00001000_cfg1_seed3_registers_t0.9_raw_all_n1000_HASH.npz."""
     parts = [f"step_{src.step:08d}", f"cfg{s.cfg_scale:g}", f"seed{seed}", s.decode.name]
     parts += [f"{k}{v:g}" for k, v, off in (("t", s.temperature, 1), ("k", s.top_k, 0), ("p", s.top_p, 1)) if v != off]
     parts += [] if ema else ["raw"]
     section = {k: v for k, v in config.section_dict(s).items() if k not in ("classes", "per_class", "seed")}
     shaping = {"sample": section, "seed": seed, "classes": list(classes), "count": count, "batch_size": batch_size,
                "grid": list(src.grid), "ema": ema, "suffix": suffix}
-    return "_".join([*parts, class_part(classes, src.num_choices), count, settings_hash(shaping)]) + suffix
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return "_".join([*parts, class_part(classes, src.num_choices), count, digest]) + suffix
 
 
 def output_folder(path: Path) -> Path:
@@ -275,24 +266,6 @@ def output_folder(path: Path) -> Path:
     if path.name == locate.HUB_WEIGHTS and locate.is_hub_folder(hub):
         return hub.parent / f"{hub.name}_samples"
     return locate.output_dir(path)
-
-
-class CountingSampler:
-    """A sampler (``images.make_sampler``) that adds up the decoding counts and seconds of its calls
-    (``stats``, a DecodeStats) for ``speed_line``; ``last`` is the latest call's, as the sampler's."""
-
-    def __init__(self, sampler):
-        from mutor2d.sampling.stats import DecodeStats
-        self.sampler, self.stats = sampler, DecodeStats()
-
-    def __call__(self, prefixes, seed: int):
-        images = self.sampler(prefixes, seed)
-        self.stats.merge(self.sampler.last)
-        return images
-
-    @property
-    def last(self):
-        return self.sampler.last
 
 
 def speed_line(stats, mode: str, processes: int = 1) -> str:
@@ -324,7 +297,7 @@ def write_png(args, src: Loaded, s, sampler, path: Path, seed: int) -> None:
                                                         args.batch_size)
     with io.exit_on_write_error(str(out)):
         out = generation.save_grid(images, per_class, out, rows, labels=s.labels)
-    print(speed_line(sampler.stats, s.decode.name))
+    print(speed_line(sampler.total, s.decode.name))
     print(f"wrote {out} ({len(classes)} rows x {per_class}: {', '.join(rows)}; step {src.step})")
 
 
@@ -336,10 +309,11 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
     classes = parse_classes(args.classes, n) if args.classes else list(range(n))
     check_memory("--num", args.num, args.num, src.tokenizer.image_size)
     prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, args.num, classes)
+    options = {k: v for k, v in config.section_dict(s.decode).items() if k != "name"}   # the mode's fields
     meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
                                  settings=generation.sampling_settings(s), seed=seed, classes=classes, num=args.num,
                                  batch_size=args.batch_size, ema=src.ema, grid=src.grid, decode=s.decode.name,
-                                 decode_options=decode_options(s.decode))
+                                 decode_options=options)
     out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
                                                         args.batch_size)
     job = npz_files.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
@@ -368,7 +342,7 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
     if state.is_main_process:
         with io.exit_on_write_error(str(job.out)):
             job.assemble()
-        print(speed_line(sampler.stats, s.decode.name, state.num_processes))
+        print(speed_line(sampler.total, s.decode.name, state.num_processes))
         print(f"wrote {job.out} ({args.num} samples, {len(classes)} classes, step {src.step})")
 
 
@@ -391,8 +365,8 @@ def run(argv=None) -> None:
         compile_decoder(src.model)
     if args.capture or (args.capture is None and device.type == "cuda" and not args.compile):
         capture_decoder(src.model)
-    sampler = CountingSampler(generation.make_sampler(src.model, src.tokenizer, src.grid, s,
-                                                      objective=src.cfg.objective, device=device))
+    sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
+                                      device=device)
     if args.npz is not None:
         write_npz(args, src, s, sampler, path, seed, state)
     elif state.is_main_process:

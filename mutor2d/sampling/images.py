@@ -127,7 +127,7 @@ def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objecti
     ``objective``, the checkpoint's objective section) of ``sample_cfg``, a checked ``sample``
     section; decode them with ``tokenizer`` on the tokenizer's device; ``progress`` sees the codes as
     they are emitted. The sampler's ``last`` holds the latest call's decoding counts and seconds (a
-    DecodeStats)."""
+    DecodeStats), its ``total`` those of all its calls."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rules = SamplingRules.of(**sampling_settings(sample_cfg))
     mode = decoding_mode(sample_cfg.decode, objective, grid)
@@ -138,12 +138,13 @@ def make_sampler(model, tokenizer, grid: tuple[int, int], sample_cfg, *, objecti
         tokens = run_decoder(model, prefixes.to(device), grid, rules, mode, objective, gen, stats, progress=progress)
         stats.seconds = time.perf_counter() - start
         sample.last = stats
+        sample.total.merge(stats)
         tokens = tokens.view(-1, *grid)
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(tokenizer_device(tokenizer) or tokens.device))
         return to_uint8(images)
 
-    sample.last = DecodeStats()
+    sample.last, sample.total = DecodeStats(), DecodeStats()
     return sample
 
 
