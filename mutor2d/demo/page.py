@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -212,31 +213,15 @@ class Demo:
         sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
                                           device=self.device, progress=watch)
         prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, B, st["classes"])
-        with self.lock:
+        with self.lock, ThreadPoolExecutor(1) as worker:    # a closed page frees the model once decoding is done
             self.requests += 1
-            result, start = {}, time.perf_counter()
-            worker = threading.Thread(target=_call, args=(sampler, prefixes, generation.shard_seed(s.seed, 0), result))
-            worker.start()
-            try:
-                while worker.is_alive():
-                    worker.join(FRAME_S)
-                    if worker.is_alive():
-                        yield self.save(partial_images(src, *watch.snapshot()), st, "partial"), None
-            finally:
-                worker.join()          # a closed page frees the model only once its decoding is done
-        if "error" in result:
-            raise result["error"]
-        stats = sampler.last.summary()
-        yield self.save(result["images"], st, "grid"), stats_table(st, s, stats, N, time.perf_counter() - start,
-                                                                  self.command(st, s))
-
-
-def _call(sampler, prefixes, seed: int, result: dict) -> None:
-    """The worker thread: the sampler's images, or the exception it raised, into ``result``."""
-    try:
-        result["images"] = sampler(prefixes, seed)
-    except Exception as e:          # handed to the request's thread
-        result["error"] = e
+            start = time.perf_counter()
+            decoding = worker.submit(sampler, prefixes, generation.shard_seed(s.seed, 0))
+            while wait([decoding], FRAME_S).not_done:
+                yield self.save(partial_images(src, *watch.snapshot()), st, "partial"), None
+        grid = self.save(decoding.result(), st, "grid")           # result(): raises the sampler's exception
+        seconds = time.perf_counter() - start
+        yield grid, stats_table(st, s, sampler.last.summary(), N, seconds, self.command(st, s))
 
 
 # ----------------------------------------------------------------------------- the page
