@@ -268,6 +268,7 @@ def main(argv=None) -> None:
     }
     common.log(f"timing {list(cases)} x {args.reps} reps")
     times = common.time_round_robin(cases, args.reps, 1, device)
+    ratios = {"kv_speedup": times["recompute"] / times["kv"], "cfg_cost": times["kv_cfg"] / times["kv"]}
 
     common.log("speculative rows, random weights")
     offsets = make("objective", name="mutor-2d", d_max=max(args.drafts + args.last) + 2)   # K <= D - 2
@@ -282,6 +283,8 @@ def main(argv=None) -> None:
         compile_s = time.perf_counter() - t0
         compiled = {f"{k}_compiled": cases[k] for k in ("kv", "kv_cfg")}
         times.update(common.time_round_robin(compiled, args.reps, 0, device))
+        ratios["compile_speedup"] = times["kv"] / times["kv_compiled"]
+        ratios["cfg_cost_compiled"] = times["kv_cfg_compiled"] / times["kv_compiled"]
     capture_s = None
     if args.capture == "on":                # what `sample.py` runs on CUDA by default
         from mutor2d.sampling.captured import capture_decoder
@@ -291,16 +294,11 @@ def main(argv=None) -> None:
         capture_s = model.decode_graphs.seconds
         captured = {f"{k}_captured": cases[k] for k in ("kv", "kv_cfg")}
         times.update(common.time_round_robin(captured, args.reps, 1, device))
+        ratios["capture_speedup"] = times["kv"] / times["kv_captured"]
+        ratios["capture_speedup_cfg"] = times["kv_cfg"] / times["kv_cfg_captured"]
     del model
 
     throughput = {k: {"images_per_s": n / t, "tokens_per_s": n * N / t, "time_s": t} for k, t in times.items()}
-    ratios = {"kv_speedup": times["recompute"] / times["kv"], "cfg_cost": times["kv_cfg"] / times["kv"]}
-    if "kv_compiled" in times:
-        ratios["compile_speedup"] = times["kv"] / times["kv_compiled"]
-        ratios["cfg_cost_compiled"] = times["kv_cfg_compiled"] / times["kv_compiled"]
-    if "kv_captured" in times:
-        ratios["capture_speedup"] = times["kv"] / times["kv_captured"]
-        ratios["capture_speedup_cfg"] = times["kv_cfg"] / times["kv_cfg_captured"]
 
     step = None
     if args.step_layers:
