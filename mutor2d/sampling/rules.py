@@ -45,11 +45,8 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One token per row of ``probs`` (..., V) -> (...,) long, drawn with ``generator``."""
     flat = probs.reshape(-1, probs.shape[-1])
-    if generator is not None and generator.device != flat.device:
-        out = torch.multinomial(flat.to(generator.device), 1, generator=generator).to(flat.device)
-    else:
-        out = torch.multinomial(flat, 1, generator=generator)
-    return out.view(probs.shape[:-1])
+    at = generator.device if generator is not None else flat.device      # drawn where the generator lives
+    return torch.multinomial(flat.to(at), 1, generator=generator).to(flat.device).view(probs.shape[:-1])
 
 
 def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
