@@ -317,12 +317,12 @@ def write_npz(args, src: Loaded, s, sampler, path: Path, seed: int, state) -> No
     out = args.npz or output_folder(path) / output_name(src, s, seed, args.ema, ".npz", classes, f"n{args.num}",
                                                         args.batch_size)
     job = npz_files.NpzJob(out, prefixes, args.batch_size, seed, meta, kind=src.kind)
-    if job.is_complete():
+    differ = job.differing_settings()          # []: the file holds this very job
+    if differ == []:
         if state.is_main_process:
             print(f"{job.out} is already complete")
         return
     if job.out.exists() and not args.force:
-        differ = job.differing_settings()
         what = "not a sample file of this tool" if differ is None else f"made with other settings: {', '.join(differ)}"
         raise SampleFileError(f"{job.out} holds other samples ({what}); pass --force to replace "
                               f"it, or write to another --npz")
