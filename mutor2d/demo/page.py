@@ -83,14 +83,12 @@ def settings_from_query(query: dict, defaults: dict) -> dict:
     """URL query parameters (strings) -> settings, missing ones from ``defaults``; one-line DemoError
     for a value of the wrong type (ranges are checked by ``sample_config``)."""
     out = dict(defaults)
-    for key, text in query.items():
-        if key not in DEFAULTS:
-            continue
+    for key, text in query.items():            # other keys are not settings
         if key == "classes":
             out[key] = [_number("classes", c, int) for c in str(text).split(",") if c.strip()]
         elif key == "decode":
             out[key] = str(text)
-        else:
+        elif key in DEFAULTS:
             out[key] = _number(key, text, float if key in ("cfg", "temperature", "top_p") else int)
     return out
 
