@@ -46,10 +46,9 @@ def worker(args) -> None:
     from mutor2d import config as C
     from mutor2d.engine.loop import train_step
     from mutor2d.run_configs import run_kind
-    from mutor2d.engine.setup import build_run
     torch.set_num_threads(1)
     from mutor2d.data.tokens import build_dataset
-    from mutor2d.engine.setup import build_scheduler, make_accelerator  # noqa: F401 (imports timm)
+    from mutor2d.engine.setup import build_run, build_scheduler, make_accelerator  # noqa: F401 (imports timm)
     import timm.utils  # noqa: F401
     cfg = C.from_dict(C.apply_overrides({}, overrides(args, args.sharding)))
     tmp = tempfile.mkdtemp()

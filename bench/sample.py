@@ -104,13 +104,11 @@ def int_list(text: str) -> list[int]:
 
 def spec_modes(args) -> dict[str, tuple[str, dict]]:
     """Row name -> (decode mode, its options); with --crossover the three modes at their defaults."""
-    modes = {"plain": ("plain", {})}
     if args.crossover:
-        return {**modes, "registers": ("registers", {}), "jacobi": ("jacobi", {})}
-    modes.update({f"registers_k{k}": ("registers", dict(draft=k)) for k in args.drafts})
-    modes.update({f"registers_last_k{k}": ("registers", dict(draft=k, anchors="last")) for k in args.last})
-    modes.update({f"jacobi_k{k}": ("jacobi", dict(window=k)) for k in args.windows})
-    return modes
+        return {mode: (mode, {}) for mode in ("plain", "registers", "jacobi")}
+    return {"plain": ("plain", {}), **{f"registers_k{k}": ("registers", dict(draft=k)) for k in args.drafts},
+            **{f"registers_last_k{k}": ("registers", dict(draft=k, anchors="last")) for k in args.last},
+            **{f"jacobi_k{k}": ("jacobi", dict(window=k)) for k in args.windows}}
 
 
 def spec_table(model: GPT, labels: torch.Tensor, grid: tuple[int, int], args, device, *,
