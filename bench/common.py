@@ -211,16 +211,21 @@ def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None
         ap.error(f"--threads {args.threads}: expected at most {cores}, this machine's cores")
 
 
-def device_name(text: str | None) -> str:
+def open_device(args: argparse.Namespace) -> torch.device:
     """--device after parsing (torch imported): the default (cuda when available, else cpu), or a torch
-    device string; anything else is one line, exit 2 (was: torch's RuntimeError traceback)."""
+    device string; anything else is one line, exit 2 (was: torch's RuntimeError traceback). Also sets a
+    --layers not given (12 on CUDA, 2 on the CPU), and --threads and --clock (``setup``)."""
     import torch
-    text = text or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        torch.device(text)
+        device = torch.device(args.device)
     except RuntimeError:
-        raise SystemExit(f"error: --device {text!r}: not a torch device; expected e.g. cpu, cuda or cuda:1") from None
-    return text
+        raise SystemExit(f"error: --device {args.device!r}: not a torch device; expected e.g. cpu, cuda or "
+                         "cuda:1") from None
+    if "layers" in vars(args) and args.layers is None:
+        args.layers = 12 if device.type == "cuda" else 2
+    setup(args.threads, args.clock, device)
+    return device
 
 
 def check_gpt_size(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -131,9 +131,7 @@ def main(argv=None) -> None:
 
     from mutor2d.config import make
     from mutor2d.lm.run import LMTrainModule
-    args.device = common.device_name(args.device)
-    device = torch.device(args.device)
-    common.setup(args.threads, args.clock, device)
+    device = common.open_device(args)
     model = build_model(args, device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = ragged_batch(args, torch.Generator().manual_seed(0))

@@ -89,8 +89,7 @@ def main(argv=None) -> None:
     if args.dim % args.heads:
         ap.error(f"--dim {args.dim}: expected a multiple of --heads {args.heads}")
     import torch
-    device = torch.device(common.device_name(args.device))
-    common.setup(args.threads, args.clock, device)
+    device = common.open_device(args)
     result = {}
     for name, E in (("dense", args.tokens), ("sparse", args.sparse)):
         cases, diff = cases_for(E, args, device)

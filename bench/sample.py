@@ -243,14 +243,10 @@ def main(argv=None) -> None:
 
     from mutor2d.config import make
     from mutor2d.sampling.decoding import compile_decoder, generate
-    args.device = common.device_name(args.device)
-    if args.layers is None:
-        args.layers = 12 if args.device.startswith("cuda") else 2
-    args.capture = args.capture or ("on" if args.device.startswith("cuda") else "off")
-    if args.capture == "on" and not args.device.startswith("cuda"):
+    device = common.open_device(args)
+    args.capture = args.capture or ("on" if device.type == "cuda" else "off")
+    if args.capture == "on" and device.type != "cuda":
         raise SystemExit(f"error: --capture on: CUDA graphs need a CUDA device, got --device {args.device}")
-    common.setup(args.threads, args.clock, torch.device(args.device))
-    device = torch.device(args.device)
     grid, n = args.grid, args.images
     N = grid[0] * grid[1]
     labels = torch.arange(n, device=device)

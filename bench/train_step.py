@@ -147,19 +147,18 @@ def profile_steps(steps: dict, device: torch.device, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     gpu = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    kind = "CUDA" if gpu else "CPU"           # GPU: the kernels themselves, not the ops launching them
+    self_us = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
     out = {}
     for name, step in steps.items():
         with profile(activities=acts) as prof:
             step()
             common.sync(device)
-        kind = "CUDA" if gpu else "CPU"           # GPU: the kernels themselves, not the ops launching them
         events = [e for e in prof.key_averages() if e.device_type.name == kind]
-        self_us = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
-        ranked = sorted(events, key=self_us, reverse=True)
         out[name] = {"self_ms": sum(map(self_us, events)) / 1e3,
                      "kernels": sum(e.count for e in events) if gpu else None,
                      "top": [{"op": e.key[:80], "self_ms": self_us(e) / 1e3, "count": e.count}
-                             for e in ranked[:top]]}
+                             for e in sorted(events, key=self_us, reverse=True)[:top]]}
     return out
 
 
@@ -283,14 +282,10 @@ def main(argv=None) -> None:
     import torch
 
     from mutor2d.model.config import ModelConfig, model_shape
-    args.device = common.device_name(args.device)
-    if args.layers is None:
-        args.layers = 12 if args.device.startswith("cuda") else 2
-    common.setup(args.threads, args.clock, torch.device(args.device))
+    device = common.open_device(args)
     if args.memory_child:
         common.emit(step_peak(args, *args.memory_child.split(":"), torch.device("cpu")))   # a fresh process
         return
-    device = torch.device(args.device)
     backends, skipped = backends_for(device, args.backends.split(","))
     H, W = args.grid
     T = 1 + H * W - 1
