@@ -114,11 +114,9 @@ def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
                 objective=None, generator: torch.Generator | None = None,
                 stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
     """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
-    a caller sampling many batches checks its settings once. The prefix is checked by the model's
-    conditioning kind; the model runs in eval mode (its training flag is restored after). The mode's
-    builder makes the drafter (``drafters``) for the register rules of ``objective`` (the checkpoint's
-    section, ``config.checkpoint_spec``); ``progress`` (``rounds.Progress``) sees the tokens as they are
-    emitted."""
+    a caller sampling many batches checks its settings once; the drafter follows the register rules of
+    ``objective`` (the checkpoint's section); ``progress`` (``rounds.Progress``) sees the tokens as they
+    are emitted."""
     model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
     if rules.guided and not model.conditioning.guidable:

@@ -45,9 +45,8 @@ class Drafts:
 
     def select(self, index: Tensor) -> "Drafts":
         """The drafts of the rows ``index`` (b',)."""
-        def rows(t):
-            return None if t is None else t[index]
-        return Drafts(self.tokens[index], rows(self.probs), self.valid[index], rows(self.register))
+        parts = (self.tokens, self.probs, self.valid, self.register)       # the fields, in order
+        return Drafts(*(None if t is None else t[index] for t in parts))
 
 
 def pick(p: Tensor, greedy: bool, generator) -> Tensor:
