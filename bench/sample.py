@@ -158,7 +158,7 @@ def checkpoint_tables(args, device) -> dict:
     return out
 
 
-def write_crossover(path: str, tables: dict, device: torch.device, machine: dict) -> dict:
+def write_crossover(path: str, tables: dict, device: torch.device, machine: dict) -> None:
     """The fastest mode at each batch size of ``checkpoint_tables`` (all three; plain and jacobi only)
     into ``path`` (mutor2d/sampling/crossover.json, read by ``auto_decode``) for this device type;
     other device types' rows are kept."""
@@ -180,7 +180,6 @@ def write_crossover(path: str, tables: dict, device: torch.device, machine: dict
                                      "checkpoint": tables["checkpoint"], "step": tables["step"],
                                      "machine": machine}
     out.write_text(json.dumps(data, indent=1) + "\n")
-    return data
 
 
 def weight_bytes(model: GPT) -> int:
