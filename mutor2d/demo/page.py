@@ -211,7 +211,7 @@ class Demo:
         sampler = generation.make_sampler(src.model, src.tokenizer, src.grid, s, objective=src.cfg.objective,
                                           device=self.device, progress=watch)
         prefixes = generation.balanced_prefixes(src.kind, src.cfg.model, B, st["classes"])
-        with self.lock, ThreadPoolExecutor(1) as worker:    # a closed page frees the model once decoding is done
+        with self.lock, ThreadPoolExecutor(1) as worker:    # leaving waits for the decoding to end
             self.requests += 1
             start = time.perf_counter()
             decoding = worker.submit(sampler, prefixes, generation.shard_seed(s.seed, 0))
