@@ -211,17 +211,24 @@ def check_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None
         ap.error(f"--threads {args.threads}: expected at most {cores}, this machine's cores")
 
 
-def open_device(args: argparse.Namespace) -> torch.device:
+def device_name(text: str | None) -> str:
     """--device after parsing (torch imported): the default (cuda when available, else cpu), or a torch
-    device string; anything else is one line, exit 2 (was: torch's RuntimeError traceback). Also sets a
-    --layers not given (12 on CUDA, 2 on the CPU), and --threads and --clock (``setup``)."""
+    device string; anything else is one line, exit 2 (was: torch's RuntimeError traceback)."""
     import torch
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    text = text or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(args.device)
+        torch.device(text)
     except RuntimeError:
-        raise SystemExit(f"error: --device {args.device!r}: not a torch device; expected e.g. cpu, cuda or "
-                         "cuda:1") from None
+        raise SystemExit(f"error: --device {text!r}: not a torch device; expected e.g. cpu, cuda or cuda:1") from None
+    return text
+
+
+def open_device(args: argparse.Namespace) -> torch.device:
+    """The device of --device (``device_name``); also a --layers not given (12 on CUDA, 2 on the CPU),
+    and --threads and --clock (``setup``)."""
+    import torch
+    args.device = device_name(args.device)
+    device = torch.device(args.device)
     if "layers" in vars(args) and args.layers is None:
         args.layers = 12 if device.type == "cuda" else 2
     setup(args.threads, args.clock, device)
