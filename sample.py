@@ -220,7 +220,7 @@ def pick_auto(args, src: Loaded, device) -> None:
     from mutor2d.sampling.auto import auto_decode, can_draft
     s = src.cfg.sample
     rows = len(args.classes.split(",")) if args.classes else len(generation.grid_classes(s, src.num_choices))
-    total = args.num if args.npz else pick(args.per_class, s.per_class) * rows
+    total = args.num if args.npz is not None else pick(args.per_class, s.per_class) * rows
     images = min(args.batch_size, total)
     args.decode = auto_decode(images, device, can_draft(src.cfg.objective))
     print(f"--decode auto: {args.decode} (batches of {images} images on {device.type})")
