@@ -14,20 +14,16 @@ from .. import provenance as provenance_lib
 from ..io import shown_path, write_text_atomic
 from .options import reference_data_set
 
-# The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0.
-PAPER_ROWS = [  # method, objective, step, fid, is
-    ("next-token", "paper", 100_000, 7.71, 146.5),
-    ("MuToR-1D", "paper", 100_000, 7.01, 155.6),
-    ("MuToR-2D", "paper, 256 reg.", 100_000, 6.57, 163.2),
-    ("MuToR-2D", "paper, sparse 80 reg.", 100_000, 6.87, 162.1),
-    ("next-token", "paper", 200_000, 6.83, 158.4),
-    ("MuToR-1D", "paper", 200_000, 6.43, 163.0),
-    ("MuToR-2D", "paper, 256 reg.", 200_000, 5.65, 183.5),
-    ("MuToR-2D", "paper, sparse 80 reg.", 200_000, 5.89, 175.6),
-    ("next-token", "paper", 360_000, 6.18, 171.5),
-    ("MuToR-1D", "paper", 360_000, 5.79, 178.3),
-    ("MuToR-2D", "paper, 256 reg.", 360_000, 5.09, 195.3),
-    ("MuToR-2D", "paper, sparse 80 reg.", 360_000, 5.03, 195.6),
+# The MuToR paper's reported numbers: LlamaGen-B, ImageNet 256x256, ADM evaluator, 50K samples, cfg 2.0;
+# its curves: step -> (fid, is) of each of PAPER_METHODS.
+PAPER_METHODS = [("next-token", "paper"), ("MuToR-1D", "paper"), ("MuToR-2D", "paper, 256 reg."),
+                 ("MuToR-2D", "paper, sparse 80 reg.")]
+PAPER_SCORES = {100_000: [(7.71, 146.5), (7.01, 155.6), (6.57, 163.2), (6.87, 162.1)],
+                200_000: [(6.83, 158.4), (6.43, 163.0), (5.65, 183.5), (5.89, 175.6)],
+                360_000: [(6.18, 171.5), (5.79, 178.3), (5.09, 195.3), (5.03, 195.6)]}
+PAPER_ROWS = [  # method, objective, step, fid, is: the curves of PAPER_SCORES, then single points
+    *((method, objective, step, fid, is_) for step, scores in PAPER_SCORES.items()
+      for (method, objective), (fid, is_) in zip(PAPER_METHODS, scores)),
     ("next-token", "paper", 500_000, 5.82, 175.8),
     ("MuToR-2D", "paper, sparse 80 reg., D=3", 360_000, 5.56, None),
     ("MuToR-2D", "paper, sparse 80 reg., D=5", 360_000, 5.53, None),
@@ -170,20 +166,13 @@ def read_records(paths) -> tuple[list[dict], list[str]]:
     return records, notes
 
 
-def objective_config(objective: dict):
-    """The checked objective config of a record's settings, or None when no registered objective reads them."""
-    try:
-        return config.make("objective", **objective)
-    except config.ConfigError:
-        return None
-
-
 def objective_summary(objective: dict) -> str:
-    """The objective config's ``describe()``, else the settings' key=value list."""
-    cfg = objective_config(objective)
-    if cfg is not None:
-        return cfg.describe()
-    return ", ".join(f"{k}={v}" for k, v in objective.items() if k != "name")
+    """The objective config's ``describe()``, else (no registered objective reads them) the key=value list."""
+    try:
+        cfg = config.make("objective", **objective)
+    except config.ConfigError:
+        return ", ".join(f"{k}={v}" for k, v in objective.items() if k != "name")
+    return cfg.describe()
 
 
 def show_paper(records: list[dict], paper: bool | None) -> bool:
@@ -241,17 +230,13 @@ def sort_key(rec: dict):
             rec.get("step") if rec.get("step") is not None else -1)
 
 
-def _table_rows(records: list[dict], extra: list[str]) -> list[list[str]]:
-    rows = []
-    for rec in sorted(records, key=sort_key):
-        m = rec["metrics"]
-        rows.append([run_name(rec), rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
-                     "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2),
-                     _num(m.get("is"), 1), _num(m.get("precision"), 3), _num(m.get("recall"), 3),
-                     *(_num(m.get(k), 3) for k in extra), commit_text(rec),
-                     _evaluator_text(rec.get("evaluator")), _reference_text(rec), str(rec.get("n", "?")),
-                     _decode_text(rec), skips_text(run_folder(rec), rec.get("step"))])
-    return rows
+def _table_row(rec: dict, extra: list[str]) -> list[str]:
+    m = rec["metrics"]
+    return [run_name(rec), rec.get("method", "?"), objective_summary(rec.get("objective") or {}),
+            "–" if rec.get("step") is None else str(rec["step"]), _num(m.get("fid"), 2), _num(m.get("is"), 1),
+            _num(m.get("precision"), 3), _num(m.get("recall"), 3), *(_num(m.get(k), 3) for k in extra),
+            commit_text(rec), _evaluator_text(rec.get("evaluator")), _reference_text(rec),
+            str(rec.get("n", "?")), _decode_text(rec), skips_text(run_folder(rec), rec.get("step"))]
 
 
 def skips_text(run_dir: Path | None, step=None) -> str:
@@ -288,12 +273,16 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
                                if k not in std and isinstance(v, (int, float)) and not isinstance(v, bool)))
     head = ["run", "method", "objective", "step", "FID", "IS", "precision", "recall", *extra, "commit", "evaluator",
             "reference", "n", "decoding", "skipped"]
-    rows = _table_rows(records, extra)
+    rows = [_table_row(rec, extra) for rec in sorted(records, key=sort_key)]
     if show_paper(records, paper):
         rows += _paper_rows(extra)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown(head, [[cell.replace("|", "/") for cell in row] for row in rows])
+
+
+def markdown(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the ``head`` row, its rule, then one line per row of cells."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def run_name(rec: dict) -> str:
@@ -321,11 +310,9 @@ def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = N
     for label, pts in sorted(series.items()):
         ax.plot(*zip(*sorted(pts)), marker="o", label=label)
     if show_paper(records, paper):
-        curves: dict[str, list[tuple[int, float]]] = {}
-        for method, objective, step, fid, _ in PAPER_ROWS[:12]:
-            curves.setdefault(f"{method} ({objective})", []).append((step, fid))
-        for label, pts in curves.items():
-            ax.plot(*zip(*pts), linestyle="--", marker="x", alpha=0.7, label=label)
+        for k, (method, objective) in enumerate(PAPER_METHODS):
+            ax.plot(list(PAPER_SCORES), [scores[k][0] for scores in PAPER_SCORES.values()], linestyle="--",
+                    marker="x", alpha=0.7, label=f"{method} ({objective})")
     ax.set(xlabel="training step", ylabel="FID")
     ax.grid(alpha=0.3)
 
