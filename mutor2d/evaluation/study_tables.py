@@ -90,7 +90,7 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
     head = ["method", "step", "seeds"] + [f"FID cfg {s:g}" for s in cfg_scales] + \
         [f"accuracy cfg {s:g}" for s in cfg_scales] + ["IS cfg 1"] + (["val NLL"] if val else []) + \
         ["test NLL (nats/token)", "train s/step", "skipped updates per seed", "commit"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    rows = []
     for key in sorted((k for k in groups if k[1] is not None), key=row_order):
         g = groups[key]
         step = f"{VAL_BEST} ({fmt(list(g['steps'].values()), 0)})" if key[1] == VAL_BEST else str(key[1])
@@ -101,15 +101,15 @@ def table(groups: dict, cfg_scales: list[float]) -> str:
         row += [fmt(list(g["nll_val"].values()), 4)] if val else []
         row += [fmt(list(g["nll"].values()), 4), fmt(list(g["s_per_step"].values()), 3)]
         row += [", ".join(g["skips"][seed] for seed in sorted(g["skips"], key=str)) or "–", ", ".join(sorted(g["commits"]))]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
     for key in sorted(k for k in groups if k[1] is None):
         g = groups[key]
         c = g["cfg"].get(None, {})
-        row = [key[0], "–", str(len(g["seeds"]))] + [fmt(c.get("fid", []))] + ["″"] * len(guided_scales) + \
-            [fmt(c.get("accuracy", []), 3)] + ["″"] * len(guided_scales) + [fmt(c.get("is", []))] + \
-            (["–"] if val else []) + ["–", "–", "–", "–"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        same = ["″"] * len(guided_scales)
+        rows.append([key[0], "–", str(len(g["seeds"])), fmt(c.get("fid", [])), *same,
+                     fmt(c.get("accuracy", []), 3), *same, fmt(c.get("is", [])), *(["–"] if val else []),
+                     "–", "–", "–", "–"])
+    return records.markdown(head, rows)
 
 
 def t95(values: list[float]) -> tuple[float, float]:
@@ -125,53 +125,55 @@ PAIRED = {"fid": ("FID", 2, -1), "kid": ("KID", 3, -1), "accuracy": ("class accu
           "nll_test": ("test NLL", 4, -1)}  # name, digits, better sign
 
 
-def paired_row(label: str, steps: str, diffs: list[float], metric: str) -> str:
-    """One markdown row of per-seed differences: their mean, 95% t-interval and wins / losses."""
+def paired_cells(label: str, steps: str, diffs: list[float], metric: str) -> list[str]:
+    """The cells of a row of per-seed differences: their mean, 95% t-interval and wins / losses."""
     _, digits, better = PAIRED[metric]
     m, h = t95(diffs)
-    return (f"| {label} | {steps} | {len(diffs)} | {m:+.{digits}f} [{m - h:+.{digits}f}, {m + h:+.{digits}f}] | "
-            f"{sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)} |")
+    return [label, steps, str(len(diffs)), f"{m:+.{digits}f} [{m - h:+.{digits}f}, {m + h:+.{digits}f}]",
+            f"{sum(d * better > 0 for d in diffs)} / {sum(d * better < 0 for d in diffs)}"]
+
+
+def step_values(groups: dict, label: str, cfg: float, metric: str) -> dict[int, dict]:
+    """{fixed step: {seed: ``metric`` at ``cfg``}} of one label."""
+    return {k[1]: g["by_seed"].get(cfg, {}).get(metric, {}) for k, g in groups.items()
+            if k[0] == label and isinstance(k[1], int)}
+
+
+def paired_rows(groups: dict, cfg: float, reference: str, metric: str, windows) -> list[list[str]]:
+    """Per label and window (``windows``: the shared steps -> lists of steps), the row of cells of each seed's
+    ``metric`` averaged over the window minus ``reference``'s (seeds scored at every step of the window)."""
+    ref, rows = step_values(groups, reference, cfg, metric), []
+    for label in sorted({k[0] for k in groups if isinstance(k[1], int)} - {reference}, key=method_order):
+        mine = step_values(groups, label, cfg, metric)
+        for steps in windows(sorted(set(mine) & set(ref))):
+            seeds = sorted(set.intersection(*[set(mine[s]) & set(ref[s]) for s in steps]), key=str)
+            diffs = [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in seeds]
+            if diffs:
+                rows.append(paired_cells(label, ", ".join(map(str, steps)), diffs, metric))
+    return rows
 
 
 def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric: str = "fid") -> str:
     """Markdown: per label and step, ``metric`` at ``cfg`` minus ``reference``'s, paired by seed ("": none pairs)."""
-    name = PAIRED[metric][0]
-    lines = [f"| method | step | seeds | {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
-    for key in sorted((k for k in groups if isinstance(k[1], int) and k[0] != reference), key=row_order):
-        ref = groups.get((reference, key[1]), {}).get("by_seed", {}).get(cfg, {}).get(metric, {})
-        mine = groups[key]["by_seed"].get(cfg, {}).get(metric, {})
-        diffs = [mine[seed] - ref[seed] for seed in sorted(mine, key=str) if seed in ref]
-        if not diffs:
-            continue
-        lines.append(paired_row(key[0], str(key[1]), diffs, metric))
-    return "\n".join(lines) if len(lines) > 2 else ""
+    rows = paired_rows(groups, cfg, reference, metric, lambda steps: [[s] for s in steps])
+    head = ["method", "step", "seeds", f"{PAIRED[metric][0]} minus {reference} [95% CI]", "wins / losses"]
+    return records.markdown(head, rows) if rows else ""
 
 
 def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
     """Markdown: per seed, ``metric`` averaged over the last ``last`` shared steps minus ``reference``'s."""
+    rows = paired_rows(groups, cfg, reference, metric, lambda steps: [steps[-last:]] if steps else [])
     name = PAIRED[metric][0]
-    lines = [f"| method | steps | seeds | mean {name} minus {reference} [95% CI] | wins / losses |", "|---|---|---|---|---|"]
-    for label in sorted({k[0] for k in groups if isinstance(k[1], int)} - {reference}, key=method_order):
-        def per_step(lab):
-            return {k[1]: groups[k]["by_seed"].get(cfg, {}).get(metric, {}) for k in groups
-                    if k[0] == lab and isinstance(k[1], int)}
-        mine, ref = per_step(label), per_step(reference)
-        steps = sorted(set(mine) & set(ref))[-last:]
-        seeds = set.intersection(*[set(mine[s]) & set(ref[s]) for s in steps]) if steps else set()
-        if not seeds:
-            continue
-        diffs = [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in sorted(seeds, key=str)]
-        lines.append(paired_row(label, ", ".join(map(str, steps)), diffs, metric))
-    return "\n".join(lines)
+    head = ["method", "steps", "seeds", f"mean {name} minus {reference} [95% CI]", "wins / losses"]
+    return records.markdown(head, rows)
 
 
 def convergence(groups: dict, cfg: float, method: str, reference: str = "next-token") -> dict | None:
     """The first step ``method``'s mean FID is at most ``reference``'s final one, and its ratio to that step."""
 
     def curve(label):
-        return sorted((k[1], statistics.fmean(fids.values())) for k, g in groups.items()
-                      if k[0] == label and isinstance(k[1], int)
-                      for fids in [g["by_seed"].get(cfg, {}).get("fid")] if fids)
+        return sorted((step, statistics.fmean(fids.values()))
+                      for step, fids in step_values(groups, label, cfg, "fid").items() if fids)
     ref, mine = curve(reference), curve(method)
     if not ref or not mine:
         return None
