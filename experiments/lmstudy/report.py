@@ -9,6 +9,7 @@ import numpy as np
 from mutor2d import provenance
 from mutor2d.engine.runlog import read_log, skip_counts
 from mutor2d.evaluation.plan import StudyError
+from mutor2d.evaluation.records import markdown
 from mutor2d.io import write_json_atomic
 
 from .runs import load_jsonl, records_of
@@ -34,13 +35,11 @@ def table_rows(runs: dict[str, dict[int, Path]], max_steps: int) -> list[dict]:
 
 def table(runs: dict[str, dict[int, Path]], max_steps: int) -> str:
     """Markdown: final test accuracy (mean ± std over seeds, each seed) and final next-token loss."""
-    lines = ["| method | seeds | test accuracy (mean ± std) | per seed | final train CE_ntp |",
-             "|---|---|---|---|---|"]
-    for row in table_rows(runs, max_steps):
-        ce = f"{row['final_ce_ntp']:.3f}" if row["final_ce_ntp"] is not None else "-"
-        lines.append(f"| {row['arm']} | {row['seeds']} | {row['accuracy_mean']:.3f} ± {row['accuracy_sd']:.3f} | "
-                     f"{', '.join(f'{a:.3f}' for a in row['accuracy_per_seed'])} | {ce} |")
-    return "\n".join(lines)
+    head = ["method", "seeds", "test accuracy (mean ± std)", "per seed", "final train CE_ntp"]
+    return markdown(head, [[r["arm"], str(r["seeds"]), f"{r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f}",
+                            ", ".join(f"{a:.3f}" for a in r["accuracy_per_seed"]),
+                            "-" if r["final_ce_ntp"] is None else f"{r['final_ce_ntp']:.3f}"]
+                           for r in table_rows(runs, max_steps)])
 
 
 def init_of(run: Path) -> str | None:
@@ -125,8 +124,9 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, 
     final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
     acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
     cpu = cpu_seconds(out)
-    lines = [f"| arm | seeds | accuracy [95% CI] | minus {reference} [95% CI] | wins / ties / losses | CPU s per run "
-             "| forwards per token | skipped updates per seed |", "|---|---|---|---|---|---|---|---|"]
+    head = ["arm", "seeds", "accuracy [95% CI]", f"minus {reference} [95% CI]", "wins / ties / losses",
+            "CPU s per run", "forwards per token", "skipped updates per seed"]
+    rows = []
     for arm, by_seed in acc.items():
         mean, half = t95(list(by_seed.values()))
         ref = acc.get(reference_arm(arm, reference), {})
@@ -142,9 +142,9 @@ def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, 
         fpt = [f for f in map(forwards_per_token, final[arm].values()) if f is not None]
         fpt_text = f"{statistics.mean(fpt):.3f}" if fpt else "-"
         skips = ", ".join(str(skipped(runs[arm][s])) for s in sorted(by_seed))
-        lines.append(f"| {arm} | {len(by_seed)} | {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] | {diff} | "
-                     f"{record} | {cost} | {fpt_text} | {skips} |")
-    return "\n".join(lines)
+        rows.append([arm, str(len(by_seed)), f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]", diff,
+                     record, cost, fpt_text, skips])
+    return markdown(head, rows)
 
 
 def accuracy_curves(by_seed: dict[int, Path]) -> list[dict[int, float]]:
@@ -156,10 +156,9 @@ def curve_table(runs: dict[str, dict[int, Path]]) -> str:
     """Markdown: mean test accuracy over seeds at every evaluated step."""
     curves = {m: accuracy_curves(by_seed) for m, by_seed in runs.items()}
     steps = sorted(set.intersection(*(set(c) for cs in curves.values() for c in cs)))
-    lines = ["| method | " + " | ".join(f"step {s}" for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
-    for method, cs in curves.items():
-        lines.append(f"| {method} | " + " | ".join(f"{statistics.mean(c[s] for c in cs):.3f}" for s in steps) + " |")
-    return "\n".join(lines)
+    rows = [[method, *(f"{statistics.mean(c[s] for c in cs):.3f}" for s in steps)]
+            for method, cs in curves.items()]
+    return markdown(["method", *(f"step {s}" for s in steps)], rows)
 
 
 def figure(path: Path, title: str, draw) -> Path:
@@ -226,13 +225,10 @@ def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -
 
 def bootstrap_table(boot: dict, reference: str) -> str:
     """Markdown: per step and arm, accuracy and the paired difference to ``reference`` [95% CI]."""
-    lines = [f"| step | arm | accuracy [95% CI] | minus {reference} [95% CI] |", "|---|---|---|---|"]
-    for step, row in boot.items():
-        for arm, v in row.items():
-            m, lo, hi = v["acc"]
-            diff = "—" if v["diff"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*v["diff"])
-            lines.append(f"| {step} | {arm} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {diff} |")
-    return "\n".join(lines)
+    rows = [[str(step), arm, "{:.3f} [{:.3f}, {:.3f}]".format(*v["acc"]),
+             "—" if v["diff"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*v["diff"])]
+            for step, row in boot.items() for arm, v in row.items()]
+    return markdown(["step", "arm", "accuracy [95% CI]", f"minus {reference} [95% CI]"], rows)
 
 
 def plot_bands(boot: dict, path: Path, title: str) -> Path:
