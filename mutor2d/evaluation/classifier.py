@@ -26,17 +26,17 @@ def settings_key(settings) -> str:
     return hashlib.sha1(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def fit(make_net: Callable[[], nn.Module], x: Tensor, y: Tensor, settings, flip: bool = False) -> nn.Module:
-    """``make_net()`` trained with Adam (``settings.lr``, cosine to 0) for ``settings.epochs`` epochs of
-    batches of ``settings.batch_size`` (seeded by ``settings.seed``; ``flip``: each image mirrored with
-    probability 1/2). Deterministic; the global RNG untouched; one CPU thread (these ops are too
-    small to gain from more, and lose a lot on a busy machine)."""
+def fit(net_class: type, x: Tensor, y: Tensor, settings, flip: bool = False) -> nn.Module:
+    """``net_class(settings.width, settings.feat_dim)`` trained with Adam (``settings.lr``, cosine to 0) for
+    ``settings.epochs`` epochs of batches of ``settings.batch_size`` (seeded by ``settings.seed``; ``flip``:
+    each image mirrored with probability 1/2). Deterministic; the global RNG untouched; one CPU thread
+    (these ops are too small to gain from more, and lose a lot on a busy machine)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed)
-            net = make_net()
+            net = net_class(settings.width, settings.feat_dim)
             opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
             gen = torch.Generator().manual_seed(settings.seed)
             steps = settings.epochs * -(-len(y) // settings.batch_size)
@@ -58,22 +58,22 @@ def fit(make_net: Callable[[], nn.Module], x: Tensor, y: Tensor, settings, flip:
         torch.set_num_threads(threads)
 
 
-def cached(name: str, settings, train: Callable[[], nn.Module], cache_dir: str | os.PathLike | None = None) -> Path:
-    """CACHE/NAME_classifier_KEY.pt for ``settings``, trained with ``train()`` and written on first use.
-    File: {"settings": dict, "state": state dict}."""
+def cached(name: str, settings, train: Callable, cache_dir: str | os.PathLike | None = None) -> Path:
+    """CACHE/NAME_classifier_KEY.pt for ``settings``, trained with ``train(settings)`` and written on first
+    use. File: {"settings": dict, "state": state dict}."""
     path = Path(cache_dir or DEFAULT_CACHE).expanduser() / f"{name}_classifier_{settings_key(settings)}.pt"
     if not path.is_file():
-        net = train()
+        net = train(settings)
         write_atomic(path, lambda f: torch.save({"settings": asdict(settings), "state": net.state_dict()}, f))
     return path
 
 
-def load(path: str | os.PathLike, name: str, make_net: Callable[[dict], nn.Module]) -> nn.Module:
-    """The classifier of a file written by :func:`cached` (read with weights_only=True); ``make_net``
-    builds the network from the file's settings."""
+def load(path: str | os.PathLike, name: str, net_class: type) -> nn.Module:
+    """The classifier of a file written by :func:`cached` (read with weights_only=True): a ``net_class``
+    of the file's settings' width and feat_dim."""
     obj = load_tensors(path, f"{name} classifier file")
     try:
-        net = make_net(obj["settings"])
+        net = net_class(obj["settings"]["width"], obj["settings"]["feat_dim"])
         net.load_state_dict(obj["state"])
     except (KeyError, RuntimeError, TypeError) as e:
         raise MetricsError(f"{path}: not a {name} classifier file ({type(e).__name__}: {e})") from None
@@ -96,8 +96,7 @@ class ClassifierFeatures(FeatureExtractorBase):
         self.requires_grad_(False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
-        feat, logits = self.net(type(self).prepare(x))
-        out = {"feat": feat, "logits": logits}
+        out = dict(zip(("feat", "logits"), self.net(type(self).prepare(x))))
         return tuple(out[name].float() for name in self.features_list)
 
     @staticmethod

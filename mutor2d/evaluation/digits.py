@@ -60,9 +60,7 @@ class DigitsNet(nn.Module):
 def digits_input(images: Tensor) -> Tensor:
     """uint8 (B, 3, H, W) -> grey float (B, 1, 8, 8) in [0, 1] (area-resized when not 8x8)."""
     x = images.float().mean(1, keepdim=True) / 255.0
-    if x.shape[-2:] != (8, 8):
-        x = F.interpolate(x, size=(8, 8), mode="area")
-    return x
+    return F.interpolate(x, size=(8, 8), mode="area") if x.shape[-2:] != (8, 8) else x
 
 
 def train_digits_classifier(settings: DigitsClassifierSettings) -> DigitsNet:
@@ -70,19 +68,19 @@ def train_digits_classifier(settings: DigitsClassifierSettings) -> DigitsNet:
     for given settings (classifier.fit)."""
     images, labels = digits_uint8("train", settings.data_seed)
     x = digits_input(torch.from_numpy(images).permute(0, 3, 1, 2))
-    return classifier.fit(lambda: DigitsNet(settings.width, settings.feat_dim), x, torch.from_numpy(labels), settings)
+    return classifier.fit(DigitsNet, x, torch.from_numpy(labels), settings)
 
 
 def digits_classifier_path(settings: DigitsClassifierSettings | None = None,
                            cache_dir: str | os.PathLike | None = None) -> Path:
     """Path of the cached classifier for ``settings``, training and writing it on first use."""
-    settings = settings or DigitsClassifierSettings()
-    return classifier.cached("digits", settings, lambda: train_digits_classifier(settings), cache_dir)
+    return classifier.cached("digits", settings or DigitsClassifierSettings(), train_digits_classifier,
+                             cache_dir)
 
 
 def load_digits_classifier(path: str | os.PathLike) -> DigitsNet:
     """The classifier of a file written by ``digits_classifier_path`` (read with weights_only=True)."""
-    return classifier.load(path, "digits", lambda s: DigitsNet(s["width"], s["feat_dim"]))
+    return classifier.load(path, "digits", DigitsNet)
 
 
 class DigitsFeatureExtractor(classifier.ClassifierFeatures):

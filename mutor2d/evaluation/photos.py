@@ -74,20 +74,19 @@ def train_photos_classifier(settings: PhotosClassifierSettings) -> PhotosNet:
     """Train on the first ``train_images`` crops of the train split, mirrored at random (classifier.fit)."""
     images, labels = photos_uint8("train", settings.train_images, settings.data_seed)
     x = photos_input(torch.from_numpy(images).permute(0, 3, 1, 2))
-    return classifier.fit(lambda: PhotosNet(settings.width, settings.feat_dim), x, torch.from_numpy(labels),
-                          settings, flip=True)
+    return classifier.fit(PhotosNet, x, torch.from_numpy(labels), settings, flip=True)
 
 
 def photos_classifier_path(settings: PhotosClassifierSettings | None = None,
                            cache_dir: str | os.PathLike | None = None) -> Path:
     """Path of the cached classifier for ``settings``, trained and written on first use."""
-    settings = settings or PhotosClassifierSettings()
-    return classifier.cached("photos", settings, lambda: train_photos_classifier(settings), cache_dir)
+    return classifier.cached("photos", settings or PhotosClassifierSettings(), train_photos_classifier,
+                             cache_dir)
 
 
 def load_photos_classifier(path: str | os.PathLike) -> PhotosNet:
     """The classifier of a file written by ``photos_classifier_path`` (read with weights_only=True)."""
-    return classifier.load(path, "photos", lambda s: PhotosNet(s["width"], s["feat_dim"]))
+    return classifier.load(path, "photos", PhotosNet)
 
 
 class PhotosFeatureExtractor(classifier.ClassifierFeatures):
