@@ -15,6 +15,7 @@ from torch import Tensor
 from ..checkpoint import inference, locate
 from ..data.tokens import build_dataset, collate
 from ..objectives.layout import regular_position_ids
+from .records import markdown
 
 
 class ExtrapolationError(ValueError):
@@ -42,11 +43,8 @@ class Curve:
 
     def binned(self) -> dict[str, float | None]:
         """Bin name -> NLL pooled over its tokens (None when it holds none)."""
-        out = {}
-        for name, (a, b) in zip(self.bins, self.ranges()):
-            n = sum(self.count[a:b])
-            out[name] = sum(self.nll_sum[a:b]) / n if n else None
-        return out
+        sums = [(sum(self.nll_sum[a:b]), sum(self.count[a:b])) for a, b in self.ranges()]
+        return {name: nll / n if n else None for name, (nll, n) in zip(self.bins, sums)}
 
     def to_dict(self) -> dict:
         return {"nll": self.nll(), "count": self.count, "edges": self.edges, "binned": self.binned()}
@@ -163,11 +161,9 @@ def table(summary: dict[str, dict], unit: str) -> str:
     over runs, nats per token); "limits": the trained limits (positions at or past them are beyond)."""
     keys = list(dict.fromkeys(k for s in summary.values() for k in s if isinstance(s[k], dict)))
     cols = sorted(keys, key=lambda k: {"inside": 0, "beyond": 2, "beyond - inside": 3}.get(k, 1))
-    lines = [f"| run | runs | limits ({unit}s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 3) + "|"]
-    for label, s in summary.items():
-        cells = [fmt(s.get(c)) for c in cols]
-        lines.append(f"| {label} | {s['runs']} | {', '.join(map(str, s['edges']))} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown(["run", "runs", f"limits ({unit}s)", *cols],
+                    [[label, str(s["runs"]), ", ".join(map(str, s["edges"])), *(fmt(s.get(c)) for c in cols)]
+                     for label, s in summary.items()])
 
 
 def fmt(cell: dict | None) -> str:
