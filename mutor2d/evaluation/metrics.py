@@ -35,12 +35,9 @@ MIN_SIDE = 8         # smallest image side scored: the digits' 8x8 (the digits c
 def check_image_sizes(features: str, *sources: ImageSource) -> None:
     """MetricsError unless each source's images are at least MIN_SIDE pixels a side."""
     for source in sources:
-        if source.image_size is None:
-            continue
-        h, w = source.image_size
-        if min(h, w) < MIN_SIDE:
-            raise MetricsError(f"{source.name}: images of {h}x{w} pixels; --features {features} needs at least "
-                               f"{MIN_SIDE}x{MIN_SIDE}")
+        if (size := source.image_size) is not None and min(size) < MIN_SIDE:
+            raise MetricsError(f"{source.name}: images of {size[0]}x{size[1]} pixels; --features {features} "
+                               f"needs at least {MIN_SIDE}x{MIN_SIDE}")
 
 
 def check_comparable(samples: ImageSource, reference: ImageSource) -> None:
@@ -273,8 +270,7 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     labels = features in EMBEDDED and samples.labels is not None
     if labels and len(samples.labels) != samples.n:
         raise MetricsError(f"{samples.name}: {len(samples.labels)} labels for {samples.n} images")
-    layers = ({layer[m] for m in ("fid", "kid", "prc") if m in want} | ({layer["isc"]} if "is" in want else set())
-              | ({"logits"} if labels else set()))
+    layers = {layer["isc" if m == "is" else m] for m in want} | ({"logits"} if labels else set())
     if not layers:
         raise MetricsError(f"nothing to compute: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
     need_ref = bool(want & {"prc", "kid"}) or ("fid" in want and reference.mu is None)

@@ -68,8 +68,7 @@ class NpzImages(Dataset):
             self._handle = zipfile.ZipFile(self.path).open(f"{self.key}.npy")
             self._pid = os.getpid()
         self._handle.seek(self.offset + i * self.item_bytes)
-        buf = self._handle.read(self.item_bytes)
-        img = np.frombuffer(buf, dtype=np.uint8).reshape(self.shape[1:])
+        img = np.frombuffer(self._handle.read(self.item_bytes), dtype=np.uint8).reshape(self.shape[1:])
         return torch.from_numpy(img.copy()).permute(2, 0, 1)
 
 

@@ -33,8 +33,7 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
     register token) of registers at each offset d, by target position. This is the diagnostic
     that moves first when registers start to plan. Returns {"ntp": [acc per position],
     "reg": {d: [acc per target position, None where no register targets it]}}."""
-    N = dataset.shape.path_len
-    P = dataset.shape.prompt_len
+    N, P = dataset.shape.path_len, dataset.shape.prompt_len
     ntp_hits, n = torch.zeros(N), 0
     reg_hits = {d: torch.zeros(N) for d in offsets}
     reg_count = {d: torch.zeros(N) for d in offsets}
@@ -56,8 +55,6 @@ def teacher_forced_accuracy(model, dataset: StarGraphs, offsets: list[int], batc
                 ok = ((pred[:, T:] == reg_t) & lay.reg_valid).float()
                 reg_hits[d].index_add_(0, lay.reg_target[0].cpu(), ok.sum(0).cpu())
                 reg_count[d].index_add_(0, lay.reg_target[0].cpu(), lay.reg_valid.float().sum(0).cpu())
-    out = {"ntp": (ntp_hits / max(n, 1)).tolist(), "reg": {}}
-    if model.has_register_token:
-        out["reg"] = {d: [None if c == 0 else round(float(h / c), 4) for h, c in zip(reg_hits[d], reg_count[d])]
-                      for d in offsets}
-    return out
+    reg = {d: [None if c == 0 else round(float(h / c), 4) for h, c in zip(reg_hits[d], reg_count[d])]
+           for d in offsets} if model.has_register_token else {}
+    return {"ntp": (ntp_hits / max(n, 1)).tolist(), "reg": reg}

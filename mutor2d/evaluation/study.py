@@ -36,9 +36,7 @@ def compute_matched(study: Study, done: list[dict]) -> tuple[dict, list[dict]]:
           f"{cm_step}{note}", flush=True)
     point = {"method": cm, "ratio": ratio, "measured_ratio": measured, "step": cm_step, "s_per_step": per_step,
              "capped": bool(note)}
-    if not study.constant:
-        return point, []
-    return point, run_all(study.cm_units(cm_step), study.jobs)
+    return point, run_all(study.cm_units(cm_step), study.jobs) if study.constant else []
 
 
 def run_study(study: Study) -> dict:
@@ -63,11 +61,10 @@ def run_study(study: Study) -> dict:
     for cfg in study.cfg_scales:
         for metric, (name, _, _) in PAIRED.items():
             rows = paired_table(groups, cfg, metric=metric)
-            if not rows:      # no run scored this metric (the digits study has no KID)
-                continue
-            md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + rows
-            md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, cfg {cfg:g}:\n\n"
-                   + late_table(groups, cfg, LATE_STEPS, metric=metric))
+            if rows:      # else no run scored this metric (the digits study has no KID)
+                md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + rows
+                md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, "
+                       f"cfg {cfg:g}:\n\n" + late_table(groups, cfg, LATE_STEPS, metric=metric))
     summary["convergence"] = [c for cfg in study.cfg_scales for m in study.methods if m != "next-token"
                               for c in [convergence(groups, cfg, m)] if c]
     for c in summary["convergence"]:
@@ -80,8 +77,7 @@ def run_study(study: Study) -> dict:
             ratio = speedup.convergence_ratio(groups, cfg, study.speedup, study.steps)
             summary.setdefault("speedup", []).append({**test, "convergence_ratio": ratio})
             md += f"\n\nThe pre-registered test, cfg {cfg:g}:\n\n" + speedup.report(test, ratio)
-    differ = records.provenance_warning(recs)
-    if differ:
+    if differ := records.provenance_warning(recs):
         warn(differ)
     summary["provenance"] = {"study": provenance.provenance(), "runs": {
         str(records.run_folder(r)): records.record_provenance(r) for r in recs if records.record_provenance(r)}}

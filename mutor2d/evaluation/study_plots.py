@@ -32,9 +32,7 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
                             color=line.get_color(), alpha=0.2, linewidth=0)
         if floor:
             ax.axhline(statistics.fmean(floor), color="grey", linestyle="--", label="real held-out (floor)")
-        ax.set_title(f"cfg {s:g}")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("FID (the data's classifier)")
+        ax.set(title=f"cfg {s:g}", xlabel="training step", ylabel="FID (the data's classifier)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save_figure(fig, out)
@@ -91,8 +89,7 @@ def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
                     ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                                 capsize=3, linestyle=style, color=f"C{i}", label=f"{method}, {tag}")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("share of the training images")
-        ax.set_title(title)
+        ax.set(xlabel="share of the training images", title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save_figure(fig, out)
