@@ -121,8 +121,7 @@ class Study:
         for flag, value in (("--cm-max", self.cm_max), ("--cm-ratio", self.cm_ratio)):
             if value is not None and not math.isfinite(value):
                 raise StudyError(f"{flag} {value}: expected a finite number")
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad:
+        if bad := [m for m in self.methods if m not in METHODS]:
             raise StudyError(f"--methods: {bad[0]!r} is not a method (expected some of {', '.join(METHODS)})")
         if (not self.eval_steps or any(not 1 <= s <= self.steps for s in self.eval_steps)
                 or self.steps % math.gcd(*self.eval_steps)):
@@ -130,8 +129,7 @@ class Study:
                              f"{self.steps}] on a checkpoint grid that ends at --steps (their gcd divides it)")
         if self.val_every < 0 or (self.val_every and self.steps % self.val_every):
             raise StudyError(f"--val-every {self.val_every}: expected 0 (off) or a divisor of --steps {self.steps}")
-        bad = [f for f in self.fractions if not 0 < f < 1]
-        if bad:
+        if bad := [f for f in self.fractions if not 0 < f < 1]:
             raise StudyError(f"--fractions {bad[0]:g}: expected shares in (0, 1) (the --methods runs use all images)")
         bad = [m for m in self.fraction_methods if m not in self.methods]
         if self.fractions and (bad or not self.fraction_methods):

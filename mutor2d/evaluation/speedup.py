@@ -26,10 +26,10 @@ def decide(diffs: list[float]) -> dict:
     from .study_tables import t95
     m, h = t95(diffs)
     lo, hi = m - h, m + h
-    verdict = ("confirmed" if m <= 0 and hi < MARGIN else "refuted" if lo > 0 else "not decided")
+    verdict = ("not decided" if len(diffs) < 2 else "confirmed" if m <= 0 and hi < MARGIN else
+               "refuted" if lo > 0 else "not decided")
     sd = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
-    return {"n": len(diffs), "mean": m, "lo": lo, "hi": hi, "sd": sd, "verdict": verdict if len(diffs) > 1 else
-            "not decided"}
+    return {"n": len(diffs), "mean": m, "lo": lo, "hi": hi, "sd": sd, "verdict": verdict}
 
 
 def speedup_test(groups: dict, cfg: float, method: str, T: int, reference: str = "next-token") -> dict:
@@ -54,19 +54,16 @@ def crossing(curve: list[tuple[int, float]], level: float) -> float | None:
 
 def _ratios(groups: dict, cfg: float, method: str, T: int, reference: str, seeds: list) -> tuple[float, float]:
     """(method's ratio, reference's self-ratio) over the given seeds (repeats allowed)."""
-    def level(label, steps):
-        per_seed = window_log_fid(groups, label, steps, cfg)
-        return statistics.fmean(per_seed[s] for s in seeds)
     scored = sorted(k[1] for k in groups if k[0] == reference and isinstance(k[1], int))
     curve = [(s, statistics.fmean(math.log(groups[(reference, s)]["by_seed"][cfg]["fid"][seed]) for seed in seeds))
              for s in scored if all(seed in groups[(reference, s)]["by_seed"].get(cfg, {}).get("fid", {})
                                     for seed in seeds)]
-    centre = WINDOW[1] * T
-    out = []
+    centre, ratios = WINDOW[1] * T, []
     for label in (method, reference):
-        step = crossing(curve, level(label, method_steps(T)))
-        out.append(centre / (step if step is not None else curve[-1][0]))   # never reached: at most this
-    return out[0], out[1]
+        late = window_log_fid(groups, label, method_steps(T), cfg)
+        step = crossing(curve, statistics.fmean(late[s] for s in seeds))
+        ratios.append(centre / (step if step is not None else curve[-1][0]))   # never reached: at most this
+    return ratios[0], ratios[1]
 
 
 def convergence_ratio(groups: dict, cfg: float, method: str, T: int, reference: str = "next-token",
