@@ -94,8 +94,7 @@ def curves(args) -> list[dict]:
     if args.kind == "lm":
         from mutor2d.lm.extrapolation import answer_curve
         from mutor2d.lm.records import load_records
-        records = load_records(args.data_name, args.data)
-        records = records[:args.limit] if args.limit else records
+        records = load_records(args.data_name, args.data)[:args.limit or None]
         out = []
         for label, run in args.run:
             curve, chain = answer_curve(run, records)

@@ -94,11 +94,9 @@ def score(args, metrics: list[str]) -> tuple:
     reference = open_images(args.ref, data_seed)
     M.check_comparable(samples, reference)          # what the user paired; before a classifier is loaded
     cache = Path(args.cache_dir).expanduser()
-    weights = args.inception_weights
-    if features in EMBEDDED:
-        weights = M.embedded_weights(features, data_seed, cache)
-    result = M.compute_metrics(samples, reference, features=features, weights_path=weights,
-                               metrics=metrics,
+    weights = (M.embedded_weights(features, data_seed, cache) if features in EMBEDDED
+               else args.inception_weights)
+    result = M.compute_metrics(samples, reference, features=features, weights_path=weights, metrics=metrics,
                                device=args.device, batch_size=args.batch_size, cache_root=cache / "fidelity_cache",
                                use_cache=not args.no_cache, verbose=not args.quiet)
     return result, samples, reference

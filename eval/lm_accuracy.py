@@ -152,8 +152,7 @@ def evaluate(args) -> dict | None:
     from mutor2d.lm import records as lm_records
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
-    located = lm_records.load_located(args.data_name, args.data)
-    located = located[:args.limit] if args.limit else located
+    located = lm_records.load_located(args.data_name, args.data)[:args.limit or None]
     kind = args.kind or guess_kind(located, args.data_name)
     suffix = f"_step{step}" if ckpt != run_dir else ""
     out = Path(args.out) if args.out else run_dir / "eval" / f"predictions_{Path(args.data).stem}{suffix}.jsonl"
@@ -171,12 +170,9 @@ def evaluate(args) -> dict | None:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    if args.score:
-        result = accuracy.score_file(args.score, args.kind)
-    else:
-        result = evaluate(args)
-        if result is None:                       # not the main process
-            return None
+    result = accuracy.score_file(args.score, args.kind) if args.score else evaluate(args)
+    if result is None:                           # not the main process
+        return None
     print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}, {result['kind']})",
           file=sys.stderr)
     print(json.dumps(result))
