@@ -53,8 +53,7 @@ def study_flags(block: int, per_block: int, out: Path, scale: str, extra: list[s
              "--steps", str(s["T"]), "--eval-steps", ",".join(map(str, evals)),
              "--ntp-eval-steps", ",".join(map(str, ntp)), "--speedup", "mutor-2d-D4", "--num", str(s["num"]),
              "--cfg", "2.0", "--compute-matched", "", "--jobs", str(max(1, s["jobs"] * per_block)),
-             "--device", s["device"],
-             "--floor-draws", "2"]
+             "--device", s["device"], "--floor-draws", "2"]
     return flags + [f for o in s["overrides"] for f in ("--set", o)] + extra
 
 

@@ -24,7 +24,7 @@ if __name__ == "__main__":       # before the other imports: a Ctrl-C while they
     exit_on_ctrl_c()
 
 from mutor2d.cli import HelpFormatter
-from mutor2d.evaluation.plan import StudyError
+from mutor2d.evaluation.plan import STEPS_LIMIT, StudyError
 
 if (HERE := str(Path(__file__).resolve().parent)) not in sys.path:     # lmstudy/, also when loaded by path
     sys.path.insert(0, HERE)
@@ -56,9 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-mixed-bases", action="store_true",
                     help="pair arms whose runs fine-tuned different initial weights (refused by default)")
     return ap
-
-
-STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

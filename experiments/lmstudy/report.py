@@ -163,16 +163,14 @@ def curve_table(runs: dict[str, dict[int, Path]]) -> str:
 
 def figure(path: Path, title: str, draw) -> Path:
     """``draw(ax)`` on a new figure of test accuracy against training step, saved to ``path``."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    from matplotlib.figure import Figure     # no pyplot: no global backend or figure state
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     draw(ax)
     ax.set(xlabel="training step", ylabel="test accuracy (exact match)", title=title)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
@@ -211,15 +209,14 @@ def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -
         s_idx = rng.integers(0, n_seeds, (BOOTSTRAP_DRAWS, n_seeds))
         i_idx = rng.integers(0, n_items, (BOOTSTRAP_DRAWS, n_items))
         draws = {arm: np.array([m[si][:, ii].mean() for si, ii in zip(s_idx, i_idx)]) for arm, m in c.items()}
-        row = {}
+        out[step] = {}
         for arm, d in draws.items():
             acc = (float(c[arm].mean()), *map(float, np.percentile(d, [2.5, 97.5])))
             diff = None
             if arm != reference and reference in draws:
-                dd = d - draws[reference]
-                diff = (float(c[arm].mean() - c[reference].mean()), *map(float, np.percentile(dd, [2.5, 97.5])))
-            row[arm] = {"acc": acc, "diff": diff}
-        out[step] = row
+                diff = (float(c[arm].mean() - c[reference].mean()),
+                        *map(float, np.percentile(d - draws[reference], [2.5, 97.5])))
+            out[step][arm] = {"acc": acc, "diff": diff}
     return out
 
 

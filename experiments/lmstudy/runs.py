@@ -49,12 +49,11 @@ def base_recipe(out: Path, task: Task, size: Size, exclude: set) -> tuple[dict, 
 
 def base_key(cfg: dict, corpus: Path, init: Path) -> str:
     """sha256 of the base's pretraining config (paths dropped), its inputs' fingerprints and the code identity."""
-    recipe = {k: v for k, v in cfg.items() if k not in ("model", "data")}
-    recipe["model"] = {k: v for k, v in cfg["model"].items() if k != "hf"}
-    recipe["data"] = {k: v for k, v in cfg["data"].items() if k != "path"}
-    code = provenance.code_identity()
+    recipe = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k != "hf"},
+              "data": {k: v for k, v in cfg["data"].items() if k != "path"}}
     ident = {"config": recipe, "corpus": provenance.fingerprint(corpus)["sha256"],
-             "init": provenance.fingerprint(init)["sha256"], "code": provenance.code_key(code)}
+             "init": provenance.fingerprint(init)["sha256"],
+             "code": provenance.code_key(provenance.code_identity())}
     return provenance.text_sha256(json.dumps(ident, sort_keys=True))
 
 
@@ -64,8 +63,8 @@ def pretrained_base(out: Path, task: Task, size: Size, exclude: set, entry, base
     run = bases / key[:12]
     if finished(run, size.pretrain_steps, records=False):
         print(f"reusing the shared base {key[:12]} ({run})", flush=True)
-        return run
-    timed(entry, out / "configs" / "pretrain.yaml", cfg, run, out)
+    else:
+        timed(entry, out / "configs" / "pretrain.yaml", cfg, run, out)
     return run
 
 
@@ -122,8 +121,7 @@ def run_name(objective: dict, mode: str, seed: int, task: Task) -> str:
 def run_all(out: Path, task: Task, size: Size, seeds: list[int], bases: Path) -> tuple[dict[str, dict[int, Path]], Path | None]:
     """Train every unfinished (arm, seed) through train.py -> (run folders by arm, seed; the base's folder or None)."""
     train, test = write_data(out / "data", task, size)
-    entry, runs = train_py(), {}
-    shared = None
+    entry, runs, shared = train_py(), {}, None
     if size.pretrain_steps:
         seen = {task.key(r) for r in load_jsonl(train) + load_jsonl(test)}
         shared = pretrained_base(out, task, size, seen, entry, bases)
