@@ -259,12 +259,6 @@ def _decode_text(rec: dict) -> str:
     return text
 
 
-def _paper_rows(extra: list[str]) -> list[list[str]]:
-    return [["paper", method, objective, "–" if step is None else str(step), _num(fid, 2), _num(is_, 1), "–", "–",
-             *("–" for _ in extra), "–", PAPER_EVALUATOR, PAPER_REFERENCE, "50000", "plain", "–"]
-            for method, objective, step, fid, is_ in PAPER_ROWS]
-
-
 def markdown_table(records: list[dict], paper: bool | None = None) -> str:
     """Markdown table of the records (columns: ``head``; other scalar metrics after recall), plus
     PAPER_ROWS when ``paper`` (default: any ImageNet record)."""
@@ -275,7 +269,9 @@ def markdown_table(records: list[dict], paper: bool | None = None) -> str:
             "reference", "n", "decoding", "skipped"]
     rows = [_table_row(rec, extra) for rec in sorted(records, key=sort_key)]
     if show_paper(records, paper):
-        rows += _paper_rows(extra)
+        rows += [["paper", method, objective, "–" if step is None else str(step), _num(fid, 2), _num(is_, 1),
+                  "–", "–", *("–" for _ in extra), "–", PAPER_EVALUATOR, PAPER_REFERENCE, "50000",
+                  "plain", "–"] for method, objective, step, fid, is_ in PAPER_ROWS]
     return markdown(head, [[cell.replace("|", "/") for cell in row] for row in rows])
 
 
