@@ -5,7 +5,7 @@ position ids (row mod H). A model with 1D RoPE or another width is refused."""
 
 from __future__ import annotations
 
-import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -149,11 +149,7 @@ def summarise(results: list[dict]) -> dict[str, dict]:
 def mean_sd(values: list[float | None]) -> dict:
     """{"mean", "sd"} over the values that exist (sd None for fewer than two; both None for none)."""
     v = [x for x in values if x is not None]
-    if not v:
-        return {"mean": None, "sd": None}
-    m = sum(v) / len(v)
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else None
-    return {"mean": m, "sd": sd}
+    return {"mean": statistics.fmean(v) if v else None, "sd": statistics.stdev(v) if len(v) > 1 else None}
 
 
 def table(summary: dict[str, dict], unit: str) -> str:
