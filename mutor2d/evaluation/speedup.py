@@ -9,6 +9,7 @@ import random
 import statistics
 
 from .plan import WINDOW, method_steps, reference_steps
+from .records import markdown
 
 MARGIN = 0.05              # confirmed needs the upper bound below +0.05 (5 % in FID)
 GAP = 0.163                # the gap the study is sized for: 15 % in FID, log(1 / 0.85)
@@ -114,8 +115,7 @@ def report(test: dict, ratio: dict) -> str:
              f"{test['mean']:+.3f} [{test['lo']:+.3f}, {test['hi']:+.3f}] (sd {test['sd']:.3f}) -> "
              f"**{test['verdict']}** (confirmed if D <= 0 and its upper bound < +{MARGIN}; refuted if its lower "
              "bound > 0)", "",
-             "| seed | D (log-FID) |", "|---|---|"]
-    lines += [f"| {s} | {d:+.3f} |" for s, d in test["per_seed"].items()]
+             markdown(["seed", "D (log-FID)"], [[str(s), f"{d:+.3f}"] for s, d in test["per_seed"].items()])]
     g = test["reference_gain"]
     if g:
         lines += ["", f"{test['reference']}'s own gain from T to 2T (its window at T minus its window at 2T, "

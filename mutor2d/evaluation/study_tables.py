@@ -14,9 +14,8 @@ VAL_BEST = "val-best"       # the step of a run picked by validation NLL (a tabl
 
 def collect(out: Path) -> list[dict]:
     """The study's records; those at a label's validation-selected step get ``study["val_best"]``."""
-    runs = sorted(p for p in out.glob("*/*") if (p / "eval").is_dir())
     recs = []
-    for run in runs:
+    for run in sorted(p for p in out.glob("*/*") if (p / "eval").is_dir()):
         selected = read_curve(run)["selected"]
         for r in records.read_records([run])[0]:
             if "study" in r:
