@@ -28,14 +28,13 @@ from mutor2d.evaluation.plan import STEPS_LIMIT, StudyError
 
 if (HERE := str(Path(__file__).resolve().parent)) not in sys.path:     # lmstudy/, also when loaded by path
     sys.path.insert(0, HERE)
-from lmstudy.report import (BOOTSTRAP_DRAWS, SKIP_TOLERANCE, bootstrap, bootstrap_table, check_bases, check_skips,
-                            curve_table, interval_table, plot, plot_bands, table, write_summary)
-from lmstudy.runs import run_all
-from lmstudy.tasks import TASKS
-# the parts the tests reach through the script
-from lmstudy.report import reference_arm  # noqa: F401
-from lmstudy.runs import arms, base_recipe, load_jsonl, records_of, run_name, write_data  # noqa: F401
-from lmstudy.tasks import graph_edges, graph_key, stargraph_records, stargraph_tokenizer  # noqa: F401
+# with the parts the tests reach through the script (the names not used here: hence noqa)
+from lmstudy.report import (BOOTSTRAP_DRAWS, SKIP_TOLERANCE, bootstrap, bootstrap_table,  # noqa: F401
+                            check_bases, check_skips, curve_table, interval_table, plot, plot_bands,
+                            reference_arm, table, write_summary)
+from lmstudy.runs import (arms, base_recipe, load_jsonl, records_of, run_all, run_name,  # noqa: F401
+                          write_data)
+from lmstudy.tasks import TASKS, graph_edges, graph_key, stargraph_records, stargraph_tokenizer  # noqa: F401
 
 
 def build_parser() -> argparse.ArgumentParser:
