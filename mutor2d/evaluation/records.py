@@ -313,8 +313,12 @@ def plot_fid(records: list[dict], out: str | os.PathLike, paper: bool | None = N
     ax.grid(alpha=0.3)
 
     ax.legend(fontsize=7)
+    return save_figure(fig, out, dpi=120)
+
+
+def save_figure(fig, out: str | os.PathLike, dpi: int) -> Path:
+    """Lay out ``fig`` and write it to ``out`` (folders made); returns ``out``."""
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    return out
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    return Path(out)

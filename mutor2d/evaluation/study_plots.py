@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from .plan import COMPUTE_MATCHED, label_parts
+from .records import save_figure
 from .study_tables import VAL_BEST, mean_sd, method_order
 
 
@@ -35,15 +36,7 @@ def plot(groups: dict, cfg_scales: list[float], out: Path) -> Path:
         ax.set(title=f"cfg {s:g}", xlabel="training step", ylabel="FID (the data's classifier)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save_figure(fig, out)
-
-
-def _save_figure(fig, out: Path) -> Path:
-    """Lay out ``fig`` and write it to ``out`` (folders made); returns ``out``."""
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, out, dpi=110)
 
 
 def fraction_points(groups: dict, method: str, name: str, step=VAL_BEST) -> list[tuple]:
@@ -92,4 +85,4 @@ def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:
         ax.set(xlabel="share of the training images", title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save_figure(fig, out)
+    return save_figure(fig, out, dpi=110)
