@@ -79,8 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.ckpt and not args.data:
         ap.error("--ckpt needs --data FILE.jsonl")
     for flag, low in (("draft", 1), ("limit", 0), ("max_new_tokens", 1), ("batch_size", 1)):
-        value = getattr(args, flag)
-        if value is not None and value < low:
+        if (value := getattr(args, flag)) is not None and value < low:
             ap.error(f"--{flag.replace('_', '-')} {value}: expected >= {low}")
     check_paths(args)
     return args

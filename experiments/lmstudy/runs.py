@@ -130,10 +130,9 @@ def run_all(out: Path, task: Task, size: Size, seeds: list[int], bases: Path) ->
         for arm, (objective, mode) in arms(task).items():
             run = out / "runs" / run_name(objective, mode, seed, task)
             runs.setdefault(arm, {})[seed] = run
-            if finished(run, size.max_steps):
-                continue
-            cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode, task.decode)
-            timed(entry, out / "configs" / f"{run.name}.yaml", cfg, run, out)
+            if not finished(run, size.max_steps):
+                cfg = run_config(base, train, test, objective, size, seed, task.scoring, mode, task.decode)
+                timed(entry, out / "configs" / f"{run.name}.yaml", cfg, run, out)
     return runs, shared
 
 

@@ -187,9 +187,7 @@ def embedded_weights(features: str, data_seed: int = DIGITS_DATA_SEED, cache_dir
 
 def default_weights(features: str, weights_path):
     """The embedded classifier's default cached file when none is given; Inception's as given."""
-    if features in EMBEDDED and weights_path is None:
-        return embedded_weights(features)
-    return weights_path
+    return embedded_weights(features) if features in EMBEDDED and weights_path is None else weights_path
 
 
 def extract_features(source: ImageSource, *, features: str = "inception", weights_path=None, layers=None,
