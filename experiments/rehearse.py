@@ -22,6 +22,7 @@ if __name__ == "__main__":       # before the other imports: a Ctrl-C while they
 
 from mutor2d.cli import HelpFormatter
 from mutor2d.config_files import parse_override
+from mutor2d.evaluation.plan import STEPS_LIMIT
 
 from rehearsal.procs import PY, ROOT, StageError, child_env, launcher, log_steps, run, stop_mid_run
 from rehearsal.stages import (SIZES, RehearsalSize, check_board, check_codes, check_npz, check_record, check_resume,
@@ -41,10 +42,8 @@ def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
             f"train.ckpt_every={size.ckpt_every}", f"train.sample_every={size.max_steps}", "train.log_every=1",
             "model.num_classes=2", "sample.classes=[0,1]",     # the data has 2 classes, the config 1000
             f"train.sharding={args.sharding}", *size.sets, *args.overrides]
-    cmd = launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd
+    return (launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
+            + [word for s in sets for word in ("--set", s)])
 
 def data_dir(args, w: Path) -> Path:
     """Where the ImageFolder, the VQ file and the codes are: --reuse DIR, else the workdir."""
@@ -148,9 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one more train.py --set item (experiments, e.g. data.num_workers=0)")
     ap.add_argument("--json", help="also write the summary here (default: stdout only)")
     return ap
-
-
-STEPS_LIMIT = 10 ** 7     # --max-steps (10**12 trained for ever)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
