@@ -70,7 +70,6 @@ def digits_floor(n: int | None = None, data_seed: int = DIGITS_DATA_SEED, cache_
             raise MetricsError(f"n={n}: expected 5..{len(test.dataset)} (the size of the digits test split)")
         idx = np.random.default_rng(0).permutation(len(test.dataset))[:n]
         test = ImageSource(test.name, ArrayImages(test.dataset.images[idx]), test.labels[idx])
-    weights = embedded_weights("digits", data_seed, cache_dir)
-    res = compute_metrics(test, open_images("digits:train", data_seed), features="digits", weights_path=weights,
-                          metrics=("fid", "is", "prc"), use_cache=False)
-    return res.metrics
+    return compute_metrics(test, open_images("digits:train", data_seed), features="digits",
+                           weights_path=embedded_weights("digits", data_seed, cache_dir),
+                           metrics=("fid", "is", "prc"), use_cache=False).metrics

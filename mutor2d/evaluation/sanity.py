@@ -26,9 +26,8 @@ def sanity_check(n: int = 2000, settings: PhotosClassifierSettings | None = None
     reference = open_images("photos:train", settings.data_seed)
 
     def score(arr, lab):
-        res = compute_metrics(ImageSource("check", ArrayImages(arr), lab), reference, features="photos",
-                              weights_path=weights, metrics=("fid",), use_cache=False)
-        return res.metrics
+        return compute_metrics(ImageSource("check", ArrayImages(arr), lab), reference, features="photos",
+                               weights_path=weights, metrics=("fid",), use_cache=False).metrics
     real, blur, shuf = score(images, labels), score(blurred, labels), score(images, shuffled)
     return {"fid_real": real["fid"], "fid_blurred": blur["fid"], "accuracy_real": real["accuracy"],
             "accuracy_shuffled": shuf["accuracy"], "n": n}
