@@ -183,8 +183,7 @@ def hold_samples(folder: Path, poll_s: float = 10.0) -> Owner:
         try:
             return acquire(folder)
         except RunLocked:
-            owner = read_owner(folder / LOCK_NAME)
-            if not said and owner:
+            if not said and (owner := read_owner(folder / LOCK_NAME)):
                 print(f"{folder.parent}: scored by {owner.describe()} now; waiting for it", flush=True)
                 said = True
             time.sleep(poll_s)
