@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from .. import config
 from ..evaluation.extrapolation import Curve, ExtrapolationError, curve_from
@@ -89,10 +90,8 @@ def answer_token_nll(lm, examples: list[tuple[list[int], list[int]]], rule: str,
         part = examples[i:i + batch_size]
         P = torch.tensor([len(p) for p, _ in part])
         N = torch.tensor([len(p) + len(a) for p, a in part])
-        L = int(N.max())
-        ids = torch.zeros(len(part), L, dtype=torch.long)
-        for b, (p, a) in enumerate(part):
-            ids[b, :N[b]] = torch.tensor(p + a)
+        ids = pad_sequence([torch.tensor(p + a, dtype=torch.long) for p, a in part], batch_first=True)
+        L = ids.shape[1]
         pos = torch.arange(L).expand(len(part), -1)
         dtype = lm.get_input_embeddings().weight.dtype
         mask = attention_mask(lm.config, prompt_visibility(P, N, L, rule), pos, dtype)
@@ -115,7 +114,6 @@ def answer_curve(run: str, records: list[dict]) -> tuple[Curve, list[dict]]:
         raise ExtrapolationError(f"--data: sequences up to {longest} tokens, the model in {run} declares {limit} "
                                  "positions (max_position_embeddings)")
     nll = answer_token_nll(lm, examples, hf.saved_prompt_attention(run))
-    width = max(len(x) for x in nll)
-    padded = torch.stack([F.pad(x, (0, width - len(x))) for x in nll])
-    valid = torch.arange(width)[None] < torch.tensor([len(x) for x in nll])[:, None]
+    padded = pad_sequence(nll, batch_first=True)
+    valid = torch.arange(padded.shape[1])[None] < torch.tensor([len(x) for x in nll])[:, None]
     return curve_from(padded, valid, *edges_and_bins(chain)), chain

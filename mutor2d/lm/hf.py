@@ -294,32 +294,25 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     device = next(lm.parameters()).device
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     rule = prompt_attention or getattr(lm, PROMPT_ATTR, "causal")
-    eos = speculative.eos_ids(lm)
+    eos, raw_stop = speculative.eos_ids(lm), maps_stop_strings(tokenizer, stop)
     if decode == "registers":
         regs = registers if isinstance(registers, drafter.Registers) else drafter.load_registers(registers)
         new = speculative.generate_ids(lm, ids, mask, max_new_tokens, registers=regs, eos=eos, stop=stop,
-                                       tokenizer=tokenizer, stats=stats, synced=synced,
-                                       raw_stop=maps_stop_strings(tokenizer, stop), prompt_attention=rule)
-        return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
-
-    t0 = time.perf_counter()
-    # stop strings end generation early where transformers can map them onto the vocabulary (not
-    # character-level ones); the cut below gives the same text either way
-    extra = {"stop_strings": list(stop), "tokenizer": tokenizer} if maps_stop_strings(tokenizer, stop) else {}
-    if rule == "bidirectional":
-        extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
-    out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                      pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
-    new = out[:, ids.shape[1]:]
-    if stats is not None:
-        tokens = int(_lengths(new, [*eos, tokenizer.pad_token_id]).sum())
-        stats.add_plain(len(new), tokens, new.shape[1], tokens)     # one token per forward per row
-        stats.seconds += time.perf_counter() - t0
-    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-    return [cut_at_stop(t, list(stop)) for t in texts]
-
-
-def _lengths(new: torch.Tensor, ends) -> torch.Tensor:
-    """New tokens (B, T) -> each row's length (B,): up to its first id in ``ends`` (counted), else T."""
-    hit = torch.isin(new, torch.tensor(list(ends), dtype=new.dtype, device=new.device))
-    return torch.where(hit.any(1), hit.long().argmax(1) + 1, torch.full_like(hit[:, 0], new.shape[1], dtype=torch.long))
+                                       tokenizer=tokenizer, stats=stats, synced=synced, raw_stop=raw_stop,
+                                       prompt_attention=rule)
+    else:
+        t0 = time.perf_counter()
+        # stop strings end generation early where transformers can map them onto the vocabulary (not
+        # character-level ones); the cut below gives the same text either way
+        extra = {"stop_strings": list(stop), "tokenizer": tokenizer} if raw_stop else {}
+        if rule == "bidirectional":
+            extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
+        out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                          pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
+        new = out[:, ids.shape[1]:]
+        if stats is not None:       # each row's tokens up to its first EOS or padding (counted), else all
+            ends = torch.isin(new, torch.tensor([*eos, tokenizer.pad_token_id], device=new.device)).long()
+            tokens = int((ends.cumsum(1) - ends == 0).sum())
+            stats.add_plain(len(new), tokens, new.shape[1], tokens)     # one token per forward per row
+            stats.seconds += time.perf_counter() - t0
+    return [cut_at_stop(t, list(stop)) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -73,14 +74,10 @@ class MutorLM(nn.Module):
     def has_registers(self) -> bool:
         return hasattr(self, "register_embedding")
 
-    @property
-    def has_heads(self) -> bool:
-        return hasattr(self, "heads")
-
     def head_layers(self, count: int) -> None:
         """The extra head layers an objective asks for: this model holds its own (built with it,
         before LoRA, :func:`head_layers`), so None; a ValueError if it holds another number."""
-        have = len(self.heads) if self.has_heads else 0
+        have = len(getattr(self, "heads", ()))
         if count != have:
             raise ValueError(f"the objective asks for {count} extra head layers, the model was built with "
                              f"{have} (ObjectiveConfig.num_head_layers)")
@@ -101,16 +98,11 @@ class MutorLM(nn.Module):
         over ``real`` (B, T); ``trunk``: receives the last decoder layer's "args" and "kwargs"."""
         lm = self.causal_lm
         mask = real.long() if vis is None else attention_mask(lm.config, vis, position_ids, embeds.dtype)
-        grab = None
-        if trunk is not None:
-            grab = decoder_part(lm, LAYERS)[-1].register_forward_pre_hook(
-                lambda module, args, kwargs: trunk.update(args=args, kwargs=kwargs), with_kwargs=True)
-        try:
+        grab = nullcontext() if trunk is None else decoder_part(lm, LAYERS)[-1].register_forward_pre_hook(
+            lambda module, args, kwargs: trunk.update(args=args, kwargs=kwargs), with_kwargs=True)
+        with grab:                                  # a hook handle removes itself on exit
             out = lm.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
                                    use_cache=False)
-        finally:
-            if grab is not None:
-                grab.remove()
         return out[0]
 
     def head_hidden(self, k: int, trunk: dict) -> Tensor:
@@ -148,16 +140,14 @@ class FramedLM:
                prefix_len: int | None = None) -> Tensor:
         """Embeddings (B, T_can + E, D), line position ids (B, T_can + E, 2), rule (None: causal, E = 0)
         -> last hidden states (B, T_can + E, D). The prefix is the frame's (``prefix_len`` unused)."""
-        embeds, pos, physical, real = self._physical(h, positions, vis)
-        return self._canonical(self.model.decode(embeds, pos, physical, real))
+        return self._canonical(self.model.decode(*self._physical(h, positions, vis)))
 
     def hidden_with_heads(self, h: Tensor, positions: Tensor, heads: None = None,
                           prefix_len: int | None = None) -> tuple[Tensor, list[Tensor]]:
         """Causal (prompt rule as ``hidden``), no extra slots: (last hidden states (B, T_can, D),
         [head k's (B, T_can, D)]) of the model's own heads (``heads`` is None: :meth:`MutorLM.head_layers`)."""
         trunk = {}
-        embeds, pos, physical, real = self._physical(h, positions, None)
-        out = self.model.decode(embeds, pos, physical, real, trunk)
+        out = self.model.decode(*self._physical(h, positions, None), trunk)
         heads = [self.model.head_hidden(k, trunk) for k in range(len(self.model.heads))]
         return self._canonical(out), [self._canonical(x) for x in heads]
 

@@ -9,9 +9,11 @@ limit -1; max_b(P_b + N_b - 1) regular slots, then the register slots. Position 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from ..model.attention import NEVER, Visibility
 from ..objectives.spec import RegisterSpec, num_anchors
@@ -114,11 +116,7 @@ def frame(prompt_len: Tensor, answer_len: Tensor, width: int, padding_side: str 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = 0) -> LMBatch:
     """Right-pad prompts and answers into an LMBatch."""
-    P = torch.tensor([len(p) for p, _ in examples])
-    N = torch.tensor([len(a) for _, a in examples])
-    prompt = torch.full((len(examples), int(P.max())), pad_id, dtype=torch.long)
-    answer = torch.full((len(examples), int(N.max())), pad_id, dtype=torch.long)
-    for b, (p, a) in enumerate(examples):
-        prompt[b, :len(p)] = torch.tensor(p)
-        answer[b, :len(a)] = torch.tensor(a)
-    return LMBatch(prompt, P, answer, N)
+    prompts, answers = ([torch.tensor(x, dtype=torch.long) for x in side] for side in zip(*examples))
+    P, N = (torch.tensor([len(x) for x in side]) for side in (prompts, answers))
+    pad = partial(pad_sequence, batch_first=True, padding_value=pad_id)
+    return LMBatch(pad(prompts), P, pad(answers), N)
