@@ -38,15 +38,12 @@ def _numbers(text: str) -> list[str]:
 def gsm8k_answer(text: str) -> str | None:
     """The number of the last ``#### N`` line (its first number), else the text's last number."""
     finals = [n for line in _FINAL_LINE.findall(text) for n in _numbers(line)[:1]]
-    if finals:
-        return finals[-1]
-    numbers = _numbers(text)
-    return numbers[-1] if numbers else None
+    return (finals or _numbers(text) or [None])[-1]
 
 
 # ----------------------------------------------------------------------------- MATH
 
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])( *)")       # group 1: the spaces after it
 
 
 def _braced(text: str, start: int) -> tuple[str, int] | None:
@@ -63,13 +60,11 @@ def boxed_answer(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed 5``); None if none is closed."""
     for match in reversed(list(_BOX.finditer(text))):
         rest = match.end()
-        while rest < len(text) and text[rest] == " ":
-            rest += 1
-        if rest < len(text) and text[rest] == "{":
+        if text.startswith("{", rest):
             found = _braced(text, rest)
             if found:
                 return found[0]
-        elif rest > match.end():
+        elif match.group(1):
             token = re.match(r"[^\s$]+", text[rest:])
             if token:
                 return token.group(0)
@@ -150,10 +145,8 @@ def as_rational(text: str) -> Fraction | None:
 
 def math_equal(a: str, b: str) -> bool:
     na, nb = normalize_math(a), normalize_math(b)
-    if na == nb:
-        return True
-    ra, rb = as_rational(na), as_rational(nb)
-    return ra is not None and ra == rb
+    ra = as_rational(na)
+    return na == nb or (ra is not None and ra == as_rational(nb))
 
 
 # ----------------------------------------------------------------------------- path
@@ -178,12 +171,8 @@ def extract(text: str, kind: str) -> str | None:
 
 def gold_answer(gold: str, kind: str) -> str:
     """A gold answer as given, or the final answer of a gold solution text."""
-    if check_kind(kind) == "gsm8k":
-        return gsm8k_answer(gold) or gold.strip()
-    if kind == "path":
-        return path_answer(gold) or ""
-    boxed = boxed_answer(gold)
-    return gold.strip() if boxed is None else boxed
+    found = extract(gold, kind)
+    return ("" if kind == "path" else gold.strip()) if found is None else found
 
 
 def is_correct(output: str, gold: str, kind: str) -> bool:
@@ -318,27 +307,21 @@ def collect(out: str | Path, n: int) -> list[dict]:
     return [by_index[i] for i in range(n)]
 
 
-def make_record(result: dict, *, run_config: dict, step: int | None, data: str, predictions: str,
-                checkpoint: str, sampling: dict) -> dict:
-    """An evaluation record (mutor2d.evaluation.records' keys) of an LM run's accuracy."""
+def write_scores(out: str | Path, n: int, kind: str, eval_dir: str | Path, *, run_config: dict,
+                 step: int | None, data: str, checkpoint: str, generation: dict) -> tuple[dict, Path]:
+    """Merge the part files of ``out``, score its ``n`` items, write the evaluation record
+    (mutor2d.evaluation.records' keys) -> (result, record path)."""
+    from ..evaluation.records import write_record
+    merge_parts(out)
+    result = score(collect(out, n), kind)
     objective = run_config.get("objective") or {}
-    return {
+    record = {
         "method": objective.get("name", "unknown"), "objective": objective, "step": step,
         "metrics": {"accuracy": result["accuracy"]},
         "detail": {k: result[k] for k in ("correct", "no_answer")},
         "evaluator": f"{result['kind']} exact match", "reference": data, "n": result["n"],
-        "sampling": sampling, "seed": None, "samples": predictions, "checkpoint": checkpoint,
-        "run_config": run_config,
+        "sampling": {"temperature": 0.0, **generation}, "seed": None, "samples": str(out),
+        "checkpoint": checkpoint, "run_config": run_config,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def write_scores(out: str | Path, n: int, kind: str, eval_dir: str | Path, *, run_config: dict, step: int | None,
-                 data: str, checkpoint: str, generation: dict) -> tuple[dict, Path]:
-    """Merge the part files of ``out``, score its ``n`` items, write the record -> (result, record path)."""
-    from ..evaluation.records import write_record
-    merge_parts(out)
-    result = score(collect(out, n), kind)
-    record = make_record(result, run_config=run_config, step=step, data=data, predictions=str(out),
-                         checkpoint=checkpoint, sampling={"temperature": 0.0, **generation})
     return result, write_record(record, eval_dir)

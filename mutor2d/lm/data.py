@@ -149,14 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    if args.kind in ("stargraph", "arith"):
-        check_generator_args(ap, args)
-    return args
-
-
 def check_generator_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--count, --seed, stargraph's --num-nodes and arith's --steps: one-line errors naming the flag."""
     from ..data.config import STARGRAPH_GRAPHS_LIMIT, STARGRAPH_NODES_LIMIT
@@ -172,8 +164,9 @@ def check_generator_args(ap: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def run(args: argparse.Namespace) -> str:
-    if args.kind != "check":
-        check_output(args.dst, getattr(args, "src", None))
+    if args.kind == "check":
+        return check_file(args.src, args.name, args.tokenizer)
+    check_output(args.dst, getattr(args, "src", None))
     if args.kind == "stargraph":
         records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed, args.format)
     elif args.kind == "arith":
@@ -181,21 +174,18 @@ def run(args: argparse.Namespace) -> str:
         records = arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)
     elif args.kind == "openmath":
         records = openmath_records(args.src, args.split)
-    elif args.kind == "check":
-        return check_file(args.src, args.name, args.tokenizer)
     else:
         records = load_records(args.kind, args.src)
-    try:
+    with io.exit_on_write_error(args.dst):
         write_jsonl(records, args.dst)
-    except OSError as e:             # disk full, read-only folder, a file where a folder should be
-        why = "no space left on the device" if io.is_disk_full(e) else (e.strerror or str(e))
-        print(f"error: could not write {args.dst} ({why}); no partial file is left", file=sys.stderr)
-        raise SystemExit(74 if io.is_disk_full(e) else 2) from None
     return f"wrote {len(records)} records to {args.dst}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.kind in ("stargraph", "arith"):
+        check_generator_args(ap, args)
     try:
         print(run(args))
     except ValueError as e:          # DataError, LMModelError

@@ -76,12 +76,10 @@ def jsonl_record(rec: dict, where: str) -> dict:
         prompt = _messages(rec["prompt"], where, "prompt")
         return {"messages": prompt + _messages(rec["completion"], where, "completion"),
                 "train_from": len(prompt), **_gold(rec, where)}
-    if "completion" in rec:
-        _strings(rec, ("prompt", "completion"), where)
-        return {"prompt": rec["prompt"], "answer": rec["completion"], **_gold(rec, where)}
-    if "prompt" in rec and "answer" in rec:
-        _strings(rec, ("prompt", "answer"), where)
-        return {"prompt": rec["prompt"], "answer": rec["answer"], **_gold(rec, where)}
+    answer = "completion" if "completion" in rec else "answer"
+    if answer == "completion" or {"prompt", "answer"} <= rec.keys():
+        _strings(rec, ("prompt", answer), where)
+        return {"prompt": rec["prompt"], "answer": rec[answer], **_gold(rec, where)}
     hint = "".join(f" (raw {name} lines: data.name {name})" for key, name in RAW_KEYS.items() if key in rec)
     raise DataError(f"{where}: expected {LINE_FORMATS}, got keys {sorted(rec)}{hint}")
 
