@@ -64,8 +64,7 @@ class TrainConfig:
     def check(self) -> None:
         for k in ("batch_size", "grad_accum", "log_every", "blowup_window"):
             at_least(f"train.{k}", getattr(self, k), 1)
-        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "eval_every",
-                  "max_nonfinite"):
+        for k in ("max_steps", "ckpt_every", "keep_ckpts", "keep_every", "eval_every", "max_nonfinite"):
             at_least(f"train.{k}", getattr(self, k), 0)
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum: {self.grad_accum} does not divide "

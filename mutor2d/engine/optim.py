@@ -36,17 +36,16 @@ def build_optimizer(cfg: OptimConfig, module: nn.Module, device_type: str) -> to
 def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
     """timm scheduler driven per update (``step_update(n)`` before update n-1)."""
     from timm.scheduler import CosineLRScheduler, PolyLRScheduler, StepLRScheduler
-    warm = optim_cfg.warmup_steps
+    warmup = {"warmup_t": optim_cfg.warmup_steps, "warmup_lr_init": 0.0, "warmup_prefix": True,
+              "t_in_epochs": False}
+    decay = {"t_initial": max(1, max_steps - optim_cfg.warmup_steps), "lr_min": optim_cfg.min_lr, **warmup}
     if optim_cfg.schedule == "linear":                  # decay as Hugging Face's "linear" schedule
-        return PolyLRScheduler(optimizer, t_initial=max(1, max_steps - warm), power=1.0, lr_min=optim_cfg.min_lr,
-                               warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+        return PolyLRScheduler(optimizer, power=1.0, **decay)
     if optim_cfg.schedule == "cosine":
         quiet = logging.getLogger("timm.scheduler.cosine_lr")   # a run shorter than its warmup has no cosine
         level, quiet.level = quiet.level, logging.ERROR       # part: timm's warning says only that
         try:
-            return CosineLRScheduler(optimizer, t_initial=max(1, max_steps - warm), lr_min=optim_cfg.min_lr,
-                                     warmup_t=warm, warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+            return CosineLRScheduler(optimizer, **decay)
         finally:
             quiet.level = level
-    return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, warmup_t=warm,
-                           warmup_lr_init=0.0, warmup_prefix=True, t_in_epochs=False)
+    return StepLRScheduler(optimizer, decay_t=float("inf"), decay_rate=1.0, **warmup)

@@ -21,6 +21,7 @@ Rules:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -199,15 +200,11 @@ def make_accelerator(cfg, run_dir: Path):
     if precision == "bf16" and not torch.cuda.is_available() and os.environ.get("RANK", "0") == "0":
         warn("train.mixed_precision=bf16 on CPU: bf16 autocast matmuls are far slower than fp32 on CPUs "
              "without bf16 units (about 10x here); --set train.mixed_precision=no for CPU runs")
-    tracker = None if t.tracker == "none" else t.tracker
-    if tracker == "wandb":
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ConfigError("train.tracker=wandb: the wandb package is not installed "
-                              "(pip install wandb, or use tensorboard/none)") from None
+    if t.tracker == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("train.tracker=wandb: the wandb package is not installed "
+                          "(pip install wandb, or use tensorboard/none)")
     acc = Accelerator(cpu=cpu_ddp, mixed_precision=precision, gradient_accumulation_steps=t.grad_accum,
-                      log_with=tracker, project_dir=str(run_dir))
+                      log_with=None if t.tracker == "none" else t.tracker, project_dir=str(run_dir))
     if acc.distributed_type.name == "FSDP":                    # an FSDP plugin from anywhere else
         raise ConfigError(FSDP_REFUSED)
     return acc
@@ -270,8 +267,8 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         sharding.checkpoint_activations(kind.blocks(module))
     sharded = sharding.wants_fsdp(cfg.train, acc.num_processes, acc.is_main_process)
     if sharded:                                # before the optimizer: it holds the sharded parameters
-        sharding.shard_blocks(module, kind.blocks(module), acc.device,
-                              sharding.precision_policy(cfg.train.mixed_precision, acc.device), cfg.train.fsdp_offload)
+        policy = sharding.precision_policy(acc.mixed_precision)
+        sharding.shard_blocks(module, kind.blocks(module), acc.device, policy, cfg.train.fsdp_offload)
     optimizer = build(cfg.optim, module, acc.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     if sharded:                                # the accelerator keeps process group, device and logging
@@ -282,12 +279,15 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, cfg.optim.grad_clip)
     run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
                    None, start, health)
-    if saved is not None:        # a .pt file's model and objective: loaded by the kind, before sharding
-        resume_parts(run, saved, ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",))
+    # the checkpoint's parts (those it holds), each read through the run's state as it is then: a .pt
+    # file's model and objective were loaded by the kind before sharding; the EMA exists once they are
+    if saved is not None:
+        first = ("model", "objective", "optimizer") if "dcp" in saved else ("optimizer",)
+        run.checkpoint_state("dcp" in saved).restore(saved, first)
     if cfg.train.ema:            # a copy of the (restored) weights, then the checkpoint's EMA when it has one
         run.ema = sharding.build_ema(model, cfg.train, sharded)
     if saved is not None:
-        resume_parts(run, saved, ("ema", "rng", "health"))
+        run.checkpoint_state("dcp" in saved).restore(saved, ("ema", "rng", "health"))
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
             _note_schedule_change(saved["config"], cfg)
@@ -306,12 +306,6 @@ def record_provenance(run: RunState) -> dict:
         warn(f"this session's {', '.join(changed)} differ from the run's first session "
              f"({run.run_dir / provenance.RUN_FILE})")
     return prov
-
-
-def resume_parts(run: RunState, saved: dict, names: tuple[str, ...]) -> None:
-    """The parts ``names`` of ``run`` from the checkpoint ``saved`` (those it holds; mutor2d.checkpoint.state),
-    read through the run's state as it is now (the EMA exists only after the weights are restored)."""
-    run.checkpoint_state(sharded="dcp" in saved).restore(saved, names)
 
 
 def _note_schedule_change(saved: dict, cfg) -> None:

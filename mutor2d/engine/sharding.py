@@ -40,11 +40,9 @@ def wants_fsdp(train_cfg, num_processes: int, main: bool) -> bool:
     return True
 
 
-def precision_policy(mixed_precision: str, device: torch.device):
-    """MixedPrecisionPolicy for train.mixed_precision (None: fp32 throughout)."""
+def precision_policy(mixed_precision: str):
+    """MixedPrecisionPolicy for the accelerator's resolved train.mixed_precision (None: fp32 throughout)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    if mixed_precision == "auto":
-        mixed_precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "no"
     if mixed_precision == "fp16":
         raise ConfigError("train.mixed_precision=fp16 with train.sharding=fsdp: expected bf16 or no "
                           "(fp16 needs a gradient scaler that sharded training does not have here)")
@@ -62,12 +60,10 @@ def shard_blocks(root: nn.Module, blocks: list[nn.Module], device: torch.device,
     kind; ``mp_policy``: :func:`precision_policy`'s; ``offload``: parameters, gradients and optimizer
     states on the CPU."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    kwargs = {"mesh": mesh, "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
-              if offload else OffloadPolicy()}
-    if mp_policy is not None:
-        kwargs["mp_policy"] = mp_policy
+    offloading = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    kwargs = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy(), "offload_policy": offloading}
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(root, **kwargs)
