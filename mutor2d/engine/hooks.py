@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class Logger:
 
     def __init__(self, run: RunState):
         self.main = run.main
-        self.session_skips: dict[str, int] = {}
+        self.session_skips: Counter[str] = Counter()
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
         self.tracker = run.cfg.train.tracker != "none"
         self.start_step, self.max_steps, self.bar = run.start, run.cfg.train.max_steps, None
@@ -69,23 +70,21 @@ class Logger:
     def _reset(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.steps = self.applied = 0
-        self.skipped: dict[str, int] = {}
+        self.skipped: Counter[str] = Counter()
         self.t0 = time.perf_counter()
 
-    def observe(self, sums: dict, applied: bool, reason: str | None = "nonfinite", step: int | None = None,
-                judged: dict | None = None) -> None:
-        """One step's statistics; a skipped update is counted under ``skipped_<reason>`` and, given its
-        ``step``, written as a skip line with what the guard ``judged`` (Health.judged)."""
+    def observe(self, sums: dict, applied: bool, reason: str | None, step: int, judged: dict) -> None:
+        """Step ``step``'s statistics; a skipped update is counted under ``skipped_<reason>`` and written
+        as a skip line with what the guard ``judged`` (Health.judged)."""
         self.steps += 1
         self.applied += int(applied)
         if applied:
             for k, v in sums.items():
                 self.sums[k] = self.sums.get(k, 0.0) + v
         else:
-            self.skipped[reason] = self.skipped.get(reason, 0) + 1
-            self.session_skips[reason] = self.session_skips.get(reason, 0) + 1
-            if step is not None:
-                self.log.write({"event": "skip", "step": step, "reason": reason, **(judged or {})})
+            self.skipped[reason] += 1
+            self.session_skips[reason] += 1
+            self.log.write({"event": "skip", "step": step, "reason": reason, **judged})
             self.bar.set_postfix({"skipped": self.skip_text()}, refresh=False)
         self.bar.update(1)
 
@@ -138,9 +137,8 @@ class Logger:
             keys = sorted(self.sums)
             vals = run.acc.reduce(torch.stack([self.sums[k] for k in keys]).to(run.device), reduction="sum")
             vals = dict(zip(keys, vals.tolist()))
-            for k in keys:
-                if k != "seq_tokens":
-                    rec[k] = vals[k] / (self.applied * run.acc.num_processes)
+            per_update = self.applied * run.acc.num_processes
+            rec.update({k: v / per_update for k, v in vals.items() if k != "seq_tokens"})
         rec.update(run.kind.rates(run, self.steps, self.applied, dt, vals))
         rec.update({f"skipped_{why}": n for why, n in self.skipped.items()})
         return rec

@@ -77,10 +77,8 @@ class Owner:
             return False
         except PermissionError:                    # alive, another user's
             pass
-        proc = _start_ticks(self.pid)
-        if proc is None:
-            return True
-        return proc[0] != "Z" and (self.ticks is None or proc[1] == self.ticks)
+        proc = _start_ticks(self.pid)               # None off Linux: running
+        return proc is None or (proc[0] != "Z" and (self.ticks is None or proc[1] == self.ticks))
 
 
 def read_owner(path: Path) -> Owner | None:
@@ -111,18 +109,13 @@ def _create(path: Path, me: Owner) -> bool:
 @contextlib.contextmanager
 def _folder_mutex(folder: Path):
     """flock on the folder for the duration (a no-op where the file system refuses folder locks)."""
-    try:
-        import fcntl
-        fd = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(ImportError, OSError):
+            import fcntl
+            fd = os.open(folder, os.O_RDONLY)
+            stack.callback(os.close, fd)           # closing releases the flock
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
-    finally:
-        os.close(fd)                               # closing releases the flock
 
 
 def _is_stale(path: Path, owner: Owner | None) -> bool:

@@ -26,12 +26,12 @@ Rules:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -56,8 +56,7 @@ class StopSignals:
     other ranks when the first exits 75 must not turn their 75 into a death by signal."""
 
     def __init__(self, acc):
-        self.acc, self.signum, self.old = acc, None, {}
-        self.saved = False
+        self.acc, self.signum, self.old, self.saved = acc, None, {}, False
 
     def _handle(self, signum, frame):
         if self.saved:
@@ -68,10 +67,8 @@ class StopSignals:
 
     def __enter__(self):
         for s in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
                 self.old[s] = signal.signal(s, self._handle)
-            except ValueError:                     # not the main thread: no handlers
-                pass
         return self
 
     def __exit__(self, *exc):
@@ -127,24 +124,16 @@ def weight_norm(module: torch.nn.Module) -> torch.Tensor:
     return global_tensor(torch.nn.utils.get_total_norm(trained))
 
 
-@dataclass
 class Hooks:
     """The loop's periodic jobs by name, run in this order after every step: the logger, the
-    checkpointer, then the run kind's own (sample writer, evaluator)."""
-    logger: Logger
-    checkpointer: CheckpointHook
-    kind_hooks: list
+    checkpointer, then the run kind's own (sample writer, evaluator); ConfigError if one cannot run."""
+
+    def __init__(self, run: RunState):
+        self.logger, self.checkpointer = Logger(run), CheckpointHook(run)
+        self.kind_hooks = run.kind.hooks(run, self.logger.log)
 
     def __iter__(self):
-        yield self.logger
-        yield self.checkpointer
-        yield from self.kind_hooks
-
-
-def build_hooks(run: RunState) -> Hooks:
-    """The run's hooks; ConfigError if one cannot run."""
-    logger = Logger(run)
-    return Hooks(logger, CheckpointHook(run), run.kind.hooks(run, logger.log))
+        return iter([self.logger, self.checkpointer, *self.kind_hooks])
 
 
 def train(cfg, run_dir, resume: str | None = None, kind=None, resume_with: ResumeWith | None = None) -> Path:
@@ -194,7 +183,7 @@ def _train(cfg, run_dir, resume: str | None, kind, resume_with) -> Path:
     run = build_run(cfg, run_dir, resume, kind, resume_with)
     if run is None:                                # resumed at train.max_steps: nothing is rewritten
         return Path(run_dir)
-    hooks = build_hooks(run)
+    hooks = Hooks(run)
     if run.main:
         print(startup_line(run), flush=True)
         from .. import config as config_lib

@@ -94,14 +94,13 @@ def summary(run_dir, first: int, last: int, seconds: float, checkpoint: Path | N
     loss = next((r["loss"] for r in reversed(records) if r.get("loss") is not None), None)
     evaluated = next((r for r in reversed(records) if describe(r)), None)
     minutes, secs = divmod(round(seconds), 60)
+    samples = Path(run_dir) / "samples"
     parts = [f"done: steps {first}-{last} in {minutes} min {secs} s",
              f"last logged loss {loss:.4f}" if loss is not None else "no loss logged",
              f"evaluation at step {evaluated['step']}: {describe(evaluated)}" if evaluated else "",
              f"newest checkpoint {Path(checkpoint).absolute()}" if checkpoint else "",
-             f"run folder {Path(run_dir).absolute()}"]
-    samples = Path(run_dir) / "samples"
-    if samples.is_dir():
-        parts.append(f"sample grids {samples.absolute()}")
+             f"run folder {Path(run_dir).absolute()}",
+             f"sample grids {samples.absolute()}" if samples.is_dir() else ""]
     return "; ".join(p for p in parts if p)
 
 
