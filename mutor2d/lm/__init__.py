@@ -16,5 +16,4 @@ def train(cfg, out_dir, overrides=None, resume: str | None = None, model=None, t
     from ..engine.loop import train as engine_train
     from .config import load as load_config
     from .run import LMRun
-    cfg = load_config(cfg, overrides)
-    return engine_train(cfg, out_dir, resume=resume, kind=LMRun(model, tokenizer))
+    return engine_train(load_config(cfg, overrides), out_dir, resume=resume, kind=LMRun(model, tokenizer))

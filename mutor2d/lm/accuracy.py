@@ -61,23 +61,18 @@ def boxed_answer(text: str) -> str | None:
     for match in reversed(list(_BOX.finditer(text))):
         rest = match.end()
         if text.startswith("{", rest):
-            found = _braced(text, rest)
-            if found:
+            if found := _braced(text, rest):
                 return found[0]
-        elif match.group(1):
-            token = re.match(r"[^\s$]+", text[rest:])
-            if token:
-                return token.group(0)
+        elif match.group(1) and (token := re.match(r"[^\s$]+", text[rest:])):
+            return token.group(0)
     return None
 
 
 def _fix_frac_args(text: str) -> str:
     """``\\frac12`` / ``\\frac1{2}`` / ``\\frac{1}2`` -> ``\\frac{1}{2}`` (also ``\\sqrt2`` -> ``\\sqrt{2}``)."""
     def arg(s: str, i: int) -> tuple[str, int]:
-        if i < len(s) and s[i] == "{":
-            found = _braced(s, i)
-            if found:
-                return "{" + _fix_frac_args(found[0]) + "}", found[1]
+        if s.startswith("{", i) and (found := _braced(s, i)):
+            return "{" + _fix_frac_args(found[0]) + "}", found[1]
         return ("{" + s[i] + "}", i + 1) if i < len(s) else ("", i)
 
     out, i = [], 0
@@ -136,11 +131,9 @@ def as_rational(text: str) -> Fraction | None:
         if m:
             value = Fraction(m.group(2)) / Fraction(m.group(3))
             return -value if m.group(1) == "-" else value
-        if re.fullmatch(r"[-+]?\d+(?:\.\d+)?", text):
-            return Fraction(text)
+        return Fraction(text) if re.fullmatch(r"[-+]?\d+(?:\.\d+)?", text) else None
     except (ZeroDivisionError, ValueError):
         return None
-    return None
 
 
 def math_equal(a: str, b: str) -> bool:
@@ -178,9 +171,7 @@ def gold_answer(gold: str, kind: str) -> str:
 def is_correct(output: str, gold: str, kind: str) -> bool:
     """Exact match of the output's final answer with the gold answer, under ``kind``'s rules."""
     pred, ref = extract(output, kind), gold_answer(gold, kind)
-    if pred is None:
-        return False
-    return math_equal(pred, ref) if kind == "math" else pred == ref
+    return pred is not None and (math_equal(pred, ref) if kind == "math" else pred == ref)
 
 
 def guess_kind(golds: list[str]) -> str:
@@ -231,15 +222,13 @@ def read_predictions(path: str | Path, required: tuple[str, ...] = ("output", "g
 
 def score_file(path: str | Path, kind: str) -> dict:
     """``score`` of a prediction file's lines; a file without a single prediction is a one-line ValueError."""
-    items = read_predictions(path)
-    if not items:
+    if not (items := read_predictions(path)):
         raise ValueError(f"{path}: no prediction lines (expected JSON objects with string fields output and gold)")
     return score(items, kind)
 
 
 def part_path(out: str | Path, rank: int, world: int) -> Path:
-    out = Path(out)
-    return out.with_name(f"{out.name}.part{rank}of{world}")
+    return Path(f"{out}.part{rank}of{world}")
 
 
 def shard(indices: list[int], rank: int, world: int) -> list[int]:
@@ -301,8 +290,7 @@ def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int =
 def collect(out: str | Path, n: int) -> list[dict]:
     """The merged items 0..n-1 of a finished prediction file (merge_parts first); ValueError if any is missing."""
     by_index = {it["index"]: it for it in read_predictions(out, ("output", "gold"))}
-    missing = [i for i in range(n) if i not in by_index]
-    if missing:
+    if missing := [i for i in range(n) if i not in by_index]:
         raise ValueError(f"{out}: {len(missing)} of {n} items missing (first: {missing[0]}); rerun to finish")
     return [by_index[i] for i in range(n)]
 

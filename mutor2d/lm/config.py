@@ -106,11 +106,6 @@ class LMOptimConfig(OptimConfig):
             fail("optim.register_lr", "> 0 or null", self.register_lr)
 
 
-def lm_train_config(**fields) -> TrainConfig:
-    """The shared TrainConfig with fine-tuning defaults."""
-    return TrainConfig(**{"batch_size": 8, "ckpt_every": 500, "max_nonfinite": 20, **fields})
-
-
 @register_run_config(TASK, kind="mutor2d.lm.run:LMRun")
 @dataclass
 class LMRunConfig(ConfigRoot):
@@ -119,7 +114,8 @@ class LMRunConfig(ConfigRoot):
     data: LMDataConfig = field(default_factory=LMDataConfig)
     objective: ObjectiveConfig = field(default_factory=lambda: _objective({}))
     optim: LMOptimConfig = field(default_factory=LMOptimConfig)
-    train: TrainConfig = field(default_factory=lm_train_config)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=8, ckpt_every=500,
+                                                                   max_nonfinite=20))  # fine-tuning defaults
     eval: LMEvalConfig = field(default_factory=LMEvalConfig)
 
     def check(self) -> "LMRunConfig":

@@ -68,8 +68,7 @@ def check_file(src: str, name: str, tokenizer: str | None) -> str:
     positions = model_positions(tokenizer) if tokenizer else None
     if positions is None:
         for where, rec in located:
-            chars = len(json.dumps(rec, ensure_ascii=False))
-            if chars > CHECK_CHARS:
+            if (chars := len(json.dumps(rec, ensure_ascii=False))) > CHECK_CHARS:
                 raise DataError(f"{where}: {chars} characters, expected at most {CHECK_CHARS} (pass --tokenizer "
                                 f"MODEL_FOLDER to check tokens against the model's positions)")
     if not tokenizer:

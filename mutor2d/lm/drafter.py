@@ -57,8 +57,7 @@ def load_registers(folder: str | Path, draft: int | None = None, objective=None)
     objective = objective if objective is not None else run_objective(folder)
     if objective is None:
         raise ValueError(f"{folder}: no config.yaml naming the objective (its d_max sets the draft length)")
-    embedding = load_file(str(folder / REGISTER_FILE))["register_embedding"]
-    return registers_of(embedding, objective, draft)
+    return registers_of(load_file(str(folder / REGISTER_FILE))["register_embedding"], objective, draft)
 
 
 def folder_mode(decode: str, folder: str | Path) -> str:

@@ -6,6 +6,7 @@ bins "inside" (k < own limit), "base range" (k < a base's limit) and "beyond".
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -65,10 +66,7 @@ def longest_answer(d, tokenizer) -> int:
 
 def edges_and_bins(chain: list[dict]) -> tuple[list[int], list[str]]:
     """The trained limits (the longest answer so far down the chain, where it grows) and the bin names."""
-    edges = []
-    for link in chain:
-        if not edges or link["longest_answer"] > edges[-1]:
-            edges.append(link["longest_answer"])
+    edges = list(dict.fromkeys(accumulate((link["longest_answer"] for link in chain), max)))   # each once
     middle = ["base range"] if len(edges) == 2 else [f"base range {k}" for k in range(1, len(edges))]
     return edges, ["inside", *middle[:len(edges) - 1], "beyond"]
 

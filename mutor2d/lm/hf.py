@@ -307,9 +307,8 @@ def generate(lm, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
         extra = {"stop_strings": list(stop), "tokenizer": tokenizer} if raw_stop else {}
         if rule == "bidirectional":
             extra[cache_kwarg(lm)] = prefill_prompts(lm, ids, mask)
-        out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                          pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)
-        new = out[:, ids.shape[1]:]
+        new = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                          pad_token_id=tokenizer.pad_token_id, synced_gpus=synced, **extra)[:, ids.shape[1]:]
         if stats is not None:       # each row's tokens up to its first EOS or padding (counted), else all
             ends = torch.isin(new, torch.tensor([*eos, tokenizer.pad_token_id], device=new.device)).long()
             tokens = int((ends.cumsum(1) - ends == 0).sum())

@@ -56,8 +56,7 @@ class MutorLM(nn.Module):
     def __init__(self, lm: nn.Module, registers: bool = True, heads: nn.ModuleList | None = None,
                  prompt_attention: str = "causal"):
         super().__init__()
-        self.lm = lm
-        self.prompt_attention = prompt_attention
+        self.lm, self.prompt_attention = lm, prompt_attention
         if heads is not None:
             self.heads = heads
         if registers:
@@ -101,9 +100,8 @@ class MutorLM(nn.Module):
         grab = nullcontext() if trunk is None else decoder_part(lm, LAYERS)[-1].register_forward_pre_hook(
             lambda module, args, kwargs: trunk.update(args=args, kwargs=kwargs), with_kwargs=True)
         with grab:                                  # a hook handle removes itself on exit
-            out = lm.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-                                   use_cache=False)
-        return out[0]
+            return lm.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                                    use_cache=False)[0]
 
     def head_hidden(self, k: int, trunk: dict) -> Tensor:
         """(B, L, D) head k's normed output on the trunk output (the last layer's inputs ``trunk``)."""
@@ -156,8 +154,7 @@ class FramedLM:
 
     def _physical(self, h: Tensor, positions: Tensor, vis: Visibility | None):
         """(embeddings (B, T + E, D), position ids (B, T + E), rule or None, real (B, T)) of the physical sequence."""
-        f = self.frame
-        T_can = f.num_canonical
+        f, T_can = self.frame, self.frame.num_canonical
         regular = vis.num_regular if vis is not None and vis.num_regular is not None else h.shape[1]
         if regular != T_can or (vis is None and h.shape[1] != T_can):
             raise ValueError(f"{h.shape[1]} slots with {regular} regular ones: expected the {T_can} canonical "
@@ -203,8 +200,7 @@ def head_layers(lm: nn.Module, count: int) -> nn.ModuleList:
     """``count`` extra decoder layers, each a trainable copy of the model's own last layer (so every head
     starts as the pretrained next-token head). Call before LoRA wraps ``lm``."""
     last = decoder_part(lm, LAYERS)[-1]
-    heads = nn.ModuleList(copy.deepcopy(last) for _ in range(count))
-    return heads.requires_grad_(True)
+    return nn.ModuleList(copy.deepcopy(last) for _ in range(count)).requires_grad_(True)
 
 
 def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype, key_pos: Tensor | None = None):
@@ -213,8 +209,7 @@ def attention_mask(config, vis: Visibility, pos: Tensor, dtype: torch.dtype, key
     if getattr(config, "_attn_implementation", None) == "flex_attention":
         return vis.block_mask()
     allowed = vis.dense_mask()
-    window = getattr(config, "sliding_window", None)
-    if not window:
+    if not (window := getattr(config, "sliding_window", None)):
         return _additive(allowed, dtype)
     key_pos = pos if key_pos is None else key_pos
     windowed = _additive(allowed & ((pos[:, None, :, None] - key_pos[:, None, None, :]) < window), dtype)

@@ -44,14 +44,12 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
 
 
 def _strings(rec: dict, keys: tuple[str, ...], where: str) -> None:
-    bad = [k for k in keys if not isinstance(rec.get(k), str)]
-    if bad:
+    if bad := [k for k in keys if not isinstance(rec.get(k), str)]:
         raise DataError(f"{where}: expected string fields {list(keys)}; missing or not a string: {bad}")
 
 
 def _gold(rec: dict, where: str) -> dict:
-    gold = rec.get("gold")
-    if gold is None:
+    if (gold := rec.get("gold")) is None:
         return {}
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
         raise DataError(f"{where}: 'gold' must be a string or a number, got {gold!r}")
@@ -99,8 +97,7 @@ def math_record(rec: dict, where: str = "MATH record") -> dict:
     solution_key = "generated_solution" if "generated_solution" in rec else "solution"
     _strings(rec, ("problem", solution_key), where)
     given = [rec[k] for k in ("expected_answer", "answer") if isinstance(rec.get(k), str) and rec[k].strip()]
-    gold = given[0] if given else boxed_answer(rec[solution_key])
-    if gold is None:
+    if (gold := given[0] if given else boxed_answer(rec[solution_key])) is None:
         raise DataError(f"{where}: the MATH solution has no \\boxed{{...}} answer and no 'answer' field")
     return {"prompt": QA_PROMPT.format(rec["problem"].strip()), "answer": " " + rec[solution_key].strip(),
             "gold": gold}
@@ -112,8 +109,7 @@ OPENMATH_SOURCES = {"math": ("math", "augmented_math"), "gsm": ("gsm8k", "augmen
 def openmath_records(src: str | Path, split: str) -> list[dict]:
     """OpenMathInstruct-2 lines whose ``problem_source`` is in ``OPENMATH_SOURCES[split]``, via :func:`math_record`."""
     keep = OPENMATH_SOURCES[split]
-    located = [(w, r) for w, r in read_jsonl(src) if r.get("problem_source") in keep]
-    if not located:
+    if not (located := [(w, r) for w, r in read_jsonl(src) if r.get("problem_source") in keep]):
         raise DataError(f"{src}: no line has problem_source in {list(keep)} (OpenMathInstruct-2 lines expected)")
     return [math_record(rec, where) for where, rec in located]
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from .. import provenance, registry
 from ..config import ConfigError, fail
@@ -32,26 +31,19 @@ from .prompts import eval_prompts, tokenize
 from .records import load_located
 
 
-class Examples(Dataset):
-    """Tokenized (prompt ids, answer ids) pairs; ``lengths`` (N,) for length-grouped batches."""
+class Examples(list):
+    """Tokenized (prompt ids, answer ids) pairs, the dataset; ``lengths`` (N,) for length-grouped batches."""
 
     def __init__(self, pairs: list[tuple[list[int], list[int]]]):
-        self.pairs = pairs
+        super().__init__(pairs)
         self.lengths = torch.tensor([len(p) + len(a) for p, a in pairs])
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, i: int):
-        return self.pairs[i]
 
 
 def build_optimizer(cfg: LMOptimConfig, module: nn.Module, device_type: str) -> torch.optim.AdamW:
     """AdamW over the trainable parameters; the register embedding: ``optim.register_lr``, no weight decay."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    reg = [p for n, p in named if n.endswith("register_embedding")]
     groups = [{"params": [p for n, p in named if not n.endswith("register_embedding")]}]
-    if reg:
+    if reg := [p for n, p in named if n.endswith("register_embedding")]:
         groups.append({"params": reg, "weight_decay": 0.0, "lr": cfg.register_lr or cfg.lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
@@ -175,8 +167,7 @@ class LMRun:
 def read_eval_items(cfg: LMRunConfig, tokenizer) -> tuple[list[dict], str]:
     """(items, answer kind): the first eval.limit records of eval.path as {"prompt", "prompt_ids", "gold"}."""
     e = cfg.eval
-    located = load_located(e.name, e.path)
-    items = eval_prompts(located[:e.limit or None], tokenizer)
+    items = eval_prompts(load_located(e.name, e.path)[:e.limit or None], tokenizer)
     kind = e.kind or (e.name if e.name in accuracy.KINDS else accuracy.guess_kind([it["gold"] for it in items]))
     return items, kind
 

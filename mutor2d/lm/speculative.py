@@ -113,9 +113,8 @@ class HFStep:
             vis = open_prefix(vis, L + open_prefix_len)
         q_pos = torch.cat(positions, 1)
         mask = attention_mask(self.config, vis, q_pos, embeds.dtype, key_pos=torch.cat([self.key_pos, q_pos], 1))
-        out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=q_pos, use_cache=True,
-                           **{self.cache_arg: self.cache})
-        return out[0]
+        return self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=q_pos, use_cache=True,
+                            **{self.cache_arg: self.cache})[0]
 
 
 class TextEnds(Ends):
@@ -164,7 +163,6 @@ def generate_ids(lm, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: 
 
 def eos_ids(lm) -> list[int]:
     """The end-of-sequence ids the model's ``generate`` stops at (its generation config's)."""
-    config = getattr(lm, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
+    eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
     eos = getattr(lm.config, "eos_token_id", None) if eos is None else eos
     return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
