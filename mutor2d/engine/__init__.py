@@ -13,5 +13,4 @@ from pathlib import Path
 
 def default_run_dir(config_name) -> Path:
     """runs/<config file stem> (runs/default without a config)."""
-    stem = Path(str(config_name)).stem if config_name else "default"
-    return Path("runs") / stem
+    return Path("runs") / (Path(str(config_name)).stem if config_name else "default")

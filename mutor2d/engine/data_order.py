@@ -41,9 +41,8 @@ class StepBatches:
 
     def _grouped(self, perm: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """``perm`` with each window of ``chunk`` batches sorted by length and its batches shuffled."""
-        out, size = [], self.B * self.chunk
-        for first in range(0, self.n, size):
-            window = perm[first:first + size]
+        out = []
+        for window in perm.split(self.B * self.chunk):
             window = window[self.lengths[window].argsort(descending=True, stable=True)]
             batches = list(window.split(self.B))
             out += [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]

@@ -17,11 +17,9 @@ def exit_code(error: BaseException) -> int | None:
     be written, 2 bad config or input (ConfigError, CheckpointError, a locked run folder, a file that
     cannot be read or written, ...)."""
     from ..checkpoint import WRITE_FAILED_EXIT, CheckpointWriteError
-    for kind, code in ((Preempted, PREEMPTED_EXIT), (Diverged, 1), (CheckpointWriteError, WRITE_FAILED_EXIT),
-                       ((ValueError, OSError), 2)):
-        if isinstance(error, kind):
-            return code
-    return None
+    codes = ((Preempted, PREEMPTED_EXIT), (Diverged, 1), (CheckpointWriteError, WRITE_FAILED_EXIT),
+             ((ValueError, OSError), 2))
+    return next((code for kind, code in codes if isinstance(error, kind)), None)
 
 
 def run_entry(main):
@@ -40,8 +38,7 @@ def run_entry(main):
         print(interrupted_line(e), file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
     except Exception as e:
-        code = exit_code(e)
-        if code is None:
+        if (code := exit_code(e)) is None:
             raise
         if code == 2 and os.environ.get("RANK", "0") != "0":
             time.sleep(ECHO_DELAY_S)

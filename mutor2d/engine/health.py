@@ -76,8 +76,7 @@ class Health:
 
     @staticmethod
     def _verdict(values: dict, limits: dict) -> tuple[str | None, str | None]:
-        bad = [k for k, v in values.items() if not math.isfinite(v)]
-        if bad:
+        if bad := [k for k, v in values.items() if not math.isfinite(v)]:
             return "nonfinite", bad[0]
         for k in ("weight_norm", "grad_norm"):
             if k in values and k in limits and values[k] > limits[k]:

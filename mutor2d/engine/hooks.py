@@ -129,8 +129,7 @@ class Logger:
     def record(self, run: RunState, done: int) -> dict:
         dt = time.perf_counter() - self.t0
         rec = {"step": done, "lr": run.optimizer.param_groups[0]["lr"]}
-        rule = run.step_rule()
-        if rule is not None:                 # a scheduled loss weight: its value at the last update, as lr
+        if (rule := run.step_rule()) is not None:   # a scheduled loss weight: its last update's value, as lr
             rec["reg_weight"] = rule.reg_weight
         vals = {}
         if self.sums:

@@ -88,17 +88,15 @@ def train_step(run: RunState, batches, step: int) -> tuple[dict, bool]:
     t, acc, module = run.cfg.train, run.acc, run.module
     sharded = is_sharded(module)
     run.scheduler.step_update(step + 1)
-    rule = run.step_rule()
-    if rule is not None:
+    if (rule := run.step_rule()) is not None:
         rule.set_step(step, t.max_steps)
     sums: dict[str, torch.Tensor] = {}
     applied = True
     for _ in range(t.grad_accum):
-        batch = next(batches)
         with acc.accumulate(module):
             if sharded:                               # FSDP2: reduce-scatter on the last micro-batch only
                 module.set_requires_gradient_sync(acc.sync_gradients)
-            res = module(batch, run.layout_gen)
+            res = module(next(batches), run.layout_gen)
             acc.backward(res.loss)
             if acc.sync_gradients:
                 clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf

@@ -37,10 +37,9 @@ def _numpy_state() -> dict:
 
 
 def _set_numpy_state(s) -> None:
-    if isinstance(s, tuple):                      # checkpoints written before states were tensors
-        np.random.set_state(s)
-        return
-    np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"]))
+    if not isinstance(s, tuple):                  # a tuple: checkpoints written before states were tensors
+        s = (s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"])
+    np.random.set_state(s)
 
 
 def rng_state(layout_gen: torch.Generator, device: torch.device) -> dict:

@@ -136,8 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> str:
     args = build_parser().parse_args(argv)
-    missing = [f for f in args.runs if not (Path(f) / "log.jsonl").is_file()]
-    if missing:
+    if missing := [f for f in args.runs if not (Path(f) / "log.jsonl").is_file()]:
         print(f"error: {missing[0]!r} is not a run folder (no log.jsonl)", file=sys.stderr)
         raise SystemExit(2)
     text = skip_table(args.runs)

@@ -176,8 +176,7 @@ def resumed_config(cfg, saved: dict, rule: ResumeWith | None, main: bool):
 
 
 def check_resume_config(cfg, saved: dict) -> None:
-    """The model, objective and data sections (those the kind has) of a resumed run must equal the
-    checkpoint's."""
+    """A resumed run's model, objective and data sections (those the kind has) must equal the checkpoint's."""
     old = type(cfg).from_dict(saved)
     for section in (s for s in ("model", "objective", "data") if s in cfg.sections):
         a, b = old.to_dict()[section], cfg.to_dict()[section]
@@ -276,9 +275,8 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
     else:
         module, optimizer = acc.prepare(module, optimizer)
     grid = tuple(int(v) for v in dataset.grid) if hasattr(dataset, "grid") else None
-    health = Health(cfg.train.blowup_factor, cfg.train.blowup_window, cfg.optim.grad_clip)
     run = RunState(cfg, kind, run_dir, acc, dataset, grid, model, module, optimizer, scheduler, None, layout_gen,
-                   None, start, health)
+                   None, start, Health(cfg.train.blowup_factor, cfg.train.blowup_window, cfg.optim.grad_clip))
     # the checkpoint's parts (those it holds), each read through the run's state as it is then: a .pt
     # file's model and objective were loaded by the kind before sharding; the EMA exists once they are
     if saved is not None:
@@ -301,8 +299,7 @@ def record_provenance(run: RunState) -> dict:
     differ from the first session's. Main process only."""
     data, init = run.kind.sources(run.cfg) if hasattr(run.kind, "sources") else (None, None)
     prov = provenance.provenance(data, init, device=str(run.device), threads=torch.get_num_threads())
-    changed = provenance.append_session(run.run_dir, prov, run.start)
-    if changed:
+    if changed := provenance.append_session(run.run_dir, prov, run.start):
         warn(f"this session's {', '.join(changed)} differ from the run's first session "
              f"({run.run_dir / provenance.RUN_FILE})")
     return prov

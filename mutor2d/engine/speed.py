@@ -30,8 +30,7 @@ def train_flops(shape, vocab_size: int, sequences: float, seq_len: float) -> flo
 
 def env_peak() -> float | None:
     """$MUTOR2D_PEAK_TFLOPS in FLOP/s, None when unset or empty; ValueError naming a bad value."""
-    text = os.environ.get(PEAK_ENV, "").strip()
-    if not text:
+    if not (text := os.environ.get(PEAK_ENV, "").strip()):
         return None
     try:
         value = float(text)
@@ -45,8 +44,7 @@ def env_peak() -> float | None:
 def peak_flops(device: torch.device) -> float | None:
     """The bf16 peak FLOP/s of ``device``: $MUTOR2D_PEAK_TFLOPS when set (any device), else the
     datasheet value of a known GPU; None on CPU or an unknown GPU (no MFU is logged then)."""
-    peak = env_peak()
-    if peak is not None or device.type != "cuda":
+    if (peak := env_peak()) is not None or device.type != "cuda":
         return peak
     name = torch.cuda.get_device_name(device).lower()
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k.lower() in name), None)
