@@ -38,7 +38,7 @@ from torch import Tensor
 NEVER = 1 << 30  # key rank of tokens nobody else may see
 
 
-@dataclass(init=False)
+@dataclass
 class Visibility:
     """key_rank (B, Lk) and query_limit (B, Lq) long. num_regular: size of a leading causal
     regular block (same sequence for queries and keys), or None. own_key (B, Lq) long: index
@@ -50,14 +50,7 @@ class Visibility:
     own_key: Tensor | None = None
     extra_rank: Tensor | None = None
     extra_limit: Tensor | None = None
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def __init__(self, key_rank: Tensor, query_limit: Tensor, num_regular: int | None = None,
-                 own_key: Tensor | None = None, extra_rank: Tensor | None = None, extra_limit: Tensor | None = None):
-        self.key_rank, self.query_limit, self.own_key = key_rank, query_limit, own_key
-        self.extra_rank, self.extra_limit = extra_rank, extra_limit
-        self.num_regular = num_regular
-        self._cache = {}
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -85,16 +78,12 @@ class Visibility:
 
     def mask_mod(self):
         """FlexAttention mask_mod implementing the rule (queries and keys one sequence)."""
-        rank, limit = self.key_rank, self.query_limit
-        if self.extra_rank is None:
-            def mask_mod(b, h, q, k):
-                return (rank[b, k] <= limit[b, q]) | (q == k)
-            return mask_mod
-        extra_rank, extra_limit = self.extra_rank, self.extra_limit
+        rank, limit, extra_rank, extra_limit = self.key_rank, self.query_limit, self.extra_rank, self.extra_limit
 
-        def mask_mod_extra(b, h, q, k):
-            return (rank[b, k] <= limit[b, q]) | (q == k) | (extra_rank[b, k] <= extra_limit[b, q])
-        return mask_mod_extra
+        def mask_mod(b, h, q, k):
+            seen = (rank[b, k] <= limit[b, q]) | (q == k)
+            return seen if extra_rank is None else seen | (extra_rank[b, k] <= extra_limit[b, q])
+        return mask_mod
 
     def block_mask(self):
         """FlexAttention BlockMask, built once and reused by every layer."""

@@ -167,9 +167,6 @@ class ClassLabel(Conditioning):
 class Prompt(Conditioning):
     name, guidable, per_class = "prompt", False, False
 
-    def build(self, model):
-        pass
-
     def embed(self, model, prefix):
         return model.tok_embeddings(prefix)
 

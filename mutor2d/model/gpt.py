@@ -73,28 +73,20 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, base: float, mode: str, cls_rope: str):
         super().__init__()
         self.mode, self.cls_rope = mode, cls_rope
-        if mode == "2d":
-            half = head_dim // 2
-            inv = 1.0 / base ** (torch.arange(0, half, 2)[: half // 2].float() / half)
-        else:
-            inv = 1.0 / base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
+        dim = head_dim // 2 if mode == "2d" else head_dim      # 2D: each half of the pairs has its own angles
+        inv = 1.0 / base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim)
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions (B, L, 2) long -> (cos, signed sin), each (B, L, 1, head_dim) float32: the
         angle of pair i repeated on both of its lanes, sin negated on the even lane."""
         pos = positions.float()
+        ang = pos[..., 1:2] * self.inv_freq
         if self.mode == "2d":
-            ang = torch.cat([pos[..., 0:1] * self.inv_freq, pos[..., 1:2] * self.inv_freq], dim=-1)
-        else:
-            ang = pos[..., 1:2] * self.inv_freq
-        cos, sin = ang.cos(), ang.sin()
+            ang = torch.cat([pos[..., 0:1] * self.inv_freq, ang], dim=-1)
         cell_less = (positions[..., :1] < 0)
-        if self.cls_rope == "zeros":
-            cos = cos.masked_fill(cell_less, 0.0)
-        else:
-            cos = cos.masked_fill(cell_less, 1.0)
-        sin = sin.masked_fill(cell_less, 0.0)
+        cos = ang.cos().masked_fill(cell_less, 0.0 if self.cls_rope == "zeros" else 1.0)
+        sin = ang.sin().masked_fill(cell_less, 0.0)
         cos2 = torch.stack([cos, cos], dim=-1).flatten(-2)
         sin2 = torch.stack([-sin, sin], dim=-1).flatten(-2)
         return cos2.unsqueeze(2), sin2.unsqueeze(2)
@@ -321,9 +313,8 @@ class GPT(nn.Module):
         """Static KV cache for decoding (not part of the state dict)."""
         p = self.output.weight
         dtype, device = dtype or p.dtype, device or p.device
-        s = self.shape
+        shape = (batch_size, self.shape.n_head, max_len, self.shape.head_dim)
         for layer in self.layers:
-            shape = (batch_size, s.n_head, max_len, s.head_dim)
             layer.attention.cache = (torch.zeros(shape, dtype=dtype, device=device),
                                      torch.zeros(shape, dtype=dtype, device=device))
             for cache in layer.attention.cache:      # compiled blocks: no recompile per batch size
