@@ -239,19 +239,6 @@ def numpy_globals() -> list:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
-def _qualname(obj) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-def _named_globals(path: Path) -> list[str]:
-    """Callables the pickle inside ``path`` names (read from its opcodes; nothing is executed)."""
-    import torch
-    try:
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except Exception:
-        return []
-
-
 def read_torch_file(path: str | os.PathLike, what: str = "file", allow: Iterable = (), mmap: bool = False):
     """``torch.load(path, weights_only=True)`` on CPU, numpy arrays and ``allow`` (classes or
     functions) permitted; a stored checksum is verified unless ``mmap`` (which reads no tensor data).
@@ -272,8 +259,11 @@ def _load(path: Path, what: str, allow: list, mmap: bool):
         with torch.serialization.safe_globals(allow):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:
-        allowed = {_qualname(g) for g in allow}
-        names = sorted(n for n in _named_globals(path) if n not in allowed)
+        try:              # the callables the pickle names, read from its opcodes: nothing is executed
+            named = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:
+            named = []
+        names = sorted(set(named) - {f"{g.__module__}.{g.__qualname__}" for g in allow})
         if names:
             raise UnsafeFileError(f"{what} {str(path)!r} refused: it is not a plain weights file (its pickle "
                                   f"calls {', '.join(names[:4])}, which could run code); nothing was run") from None

@@ -99,12 +99,6 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def safe_load(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False, allow=()):
-    """torch.load with weights_only=True (numpy arrays of plain dtypes and ``allow`` permitted: older
-    checkpoints pickled their numpy RNG state); any failure is a one-line error naming ``path``."""
-    return io.read_torch_file(path, what, allow=allow, mmap=mmap)
-
-
 def load(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A mutor2d training checkpoint as a dict (see module doc); of a sharded one, its meta
     (mutor2d.checkpoint.sharded: no weights, ``"dcp"`` holds the folder)."""
@@ -113,7 +107,7 @@ def load(path: str | os.PathLike, mmap: bool = False) -> dict:
         if not mmap:                              # a full read: its files' checksums too
             sharded_checkpoint.verify(Path(path), meta)
         return Checkpoint(meta, path)
-    obj = safe_load(path, mmap=mmap)
+    obj = io.read_torch_file(path, "checkpoint", mmap=mmap)     # numpy arrays allowed: older RNG states
     if not isinstance(obj, dict) or "model" not in obj or "config" not in obj:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a mutor2d checkpoint (no 'model'/'config')")
     if not mmap and not io.has_checksum(obj):

@@ -63,6 +63,4 @@ def output_dir(path: str | os.PathLike, what: str = "samples") -> Path:
     RUN/<what>/ for a checkpoint of a run folder (RUN/checkpoints/...), else <dir>/<stem>_<what>/
     beside it (an export, a hub folder's weights, a copied .pt), never the current folder."""
     p = Path(path)
-    if p.parent.name == "checkpoints":
-        return p.parent.parent / what
-    return p.parent / f"{p.stem}_{what}"
+    return p.parent.parent / what if p.parent.name == "checkpoints" else p.parent / f"{p.stem}_{what}"

@@ -35,10 +35,6 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     return Path(path).suffix == SUFFIX and Path(path).is_dir()
 
 
-def temp_folder(final: Path) -> Path:
-    return final.with_name(f".{final.name}{io.TEMP_SUFFIX}")
-
-
 def remove_stale_temps(folder: Path) -> list[Path]:
     """Delete ``.step_*.dcp.tmp/`` folders left by a save that was killed mid-write."""
     removed = [p for p in Path(folder).glob(f".*{SUFFIX}{io.TEMP_SUFFIX}") if p.is_dir()]
@@ -64,7 +60,7 @@ def write(final: Path, state: dict, meta: dict, main: bool) -> Path:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    tmp = temp_folder(final)
+    tmp = final.with_name(f".{final.name}{io.TEMP_SUFFIX}")
     if main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
