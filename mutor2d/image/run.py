@@ -10,8 +10,6 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 
@@ -41,10 +39,8 @@ class TrainModule(nn.Module):
     def forward(self, batch: dict, generator=None):
         """A collated batch {"body", "prefix"[, "lengths"]} -> ObjectiveResult."""
         device = next(self.model.parameters()).device
-        lengths = batch.get("lengths")
-        body = batch["body"].to(device, non_blocking=True)
-        prefix = batch["prefix"].to(device, non_blocking=True)
-        lengths = lengths.to(device, non_blocking=True) if lengths is not None else None
+        body, prefix, lengths = (None if t is None else t.to(device, non_blocking=True)
+                                 for t in (batch["body"], batch["prefix"], batch.get("lengths")))
         return self.objective(self.model, Batch(body, prefix, self.grid, lengths), generator)
 
 
@@ -146,18 +142,10 @@ def init_weights(model: GPT, source: str) -> None:
     GPT checkpoint; optimizer, step and data order start fresh."""
     try:
         path = locate.resolve(source)
-        if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or _is_mutor2d(path):
+        if path.suffix in (".safetensors", sharded_checkpoint.SUFFIX) or ckpt_lib.is_readable(path):
             obj = inference.load_weights(path, use_ema=False)[0]
         else:
             obj = path                                   # load_llamagen reads it with weights_only
         load_llamagen(model, obj)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise ConfigError(f"train.init_from={source!r}: {type(e).__name__}: {e}") from None
-
-
-def _is_mutor2d(path: Path) -> bool:
-    try:
-        ckpt_lib.load(path, mmap=True)
-        return True
-    except ckpt_lib.CheckpointError:
-        return False

@@ -108,10 +108,6 @@ def build_image_data(cfg: VQRunConfig) -> tuple[Dataset, torch.Tensor]:
     return IMAGE_SOURCES[cfg.data.name](cfg.data, cfg.model.image_size)
 
 
-def _first(batch):
-    return batch[0] if isinstance(batch, (list, tuple)) else batch
-
-
 # ----------------------------------------------------------------------------- metrics
 
 @torch.no_grad()
@@ -149,7 +145,8 @@ class VQTrainModule(torch.nn.Module):
         self.model, self.loss, self._perceptual = model, loss, (perceptual,)
 
     def forward(self, batch, generator=None) -> ObjectiveResult:
-        x = _first(batch).to(next(self.model.parameters()).device, non_blocking=True) * 2 - 1
+        images = batch[0] if isinstance(batch, (list, tuple)) else batch      # a TensorDataset's: (images,)
+        x = images.to(next(self.model.parameters()).device, non_blocking=True) * 2 - 1
         rec, _, vq_losses = self.model(x, generator if self.loss.restart_dead_codes else None)
         c = self.loss
         rec_fn = F.mse_loss if c.rec_loss == "l2" else F.l1_loss
@@ -166,9 +163,7 @@ class VQTrainModule(torch.nn.Module):
 class VQRun:
     """The parts of a VQ tokenizer run for the engine (mutor2d.engine.setup.RunKind)."""
     collate = staticmethod(torch.utils.data.default_collate)
-
-    def __init__(self):
-        self.eval_images = None
+    eval_images = None            # (n, 3, S, S) held-out images, set by prepare_data
 
     def prepare_data(self, cfg: VQRunConfig):
         train_set, self.eval_images = build_image_data(cfg)
