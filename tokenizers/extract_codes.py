@@ -47,10 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def check_args(args: argparse.Namespace) -> None:
     """A flag's bad value is a one-line ValueError naming the flag, the value and what was expected;
     checked before torch is imported (CodesError's package, mutor2d.tokenizer, imports it)."""
@@ -84,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         check_args(args)
         load_plugins()

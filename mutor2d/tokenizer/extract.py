@@ -223,9 +223,7 @@ def _store_batch(store: CodeStore, items: list, labels: list[int], tokenizer, ba
     """Encode the readable views of ``items`` [(row, views (A, 3, S, S) or None, error)] into the
     store's rows (``batch_size`` views per tokenizer call); unreadable rows get the UNREADABLE label."""
     good = [(row, views) for row, views, err in items if err is None]
-    for row, _, err in items:
-        if err is not None:
-            store.labels[row] = UNREADABLE
+    store.labels[[row for row, _, err in items if err is not None]] = UNREADABLE
     if not good:
         return
     views = torch.cat([v for _, v in good])  # (n*A, 3, S, S)

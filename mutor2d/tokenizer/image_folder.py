@@ -60,10 +60,7 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
 def augmentation_names(num_crops: int, flip: bool) -> list[str]:
     if not 1 <= num_crops <= len(CROPS):
         raise CodesError(f"num_crops: expected 1..{len(CROPS)}, got {num_crops}")
-    names = []
-    for c in CROPS[:num_crops]:
-        names += [c, f"{c}+flip"] if flip else [c]
-    return names
+    return [name for c in CROPS[:num_crops] for name in ([c, f"{c}+flip"] if flip else [c])]
 
 
 def center_crop_arr(img: Image.Image, size: int) -> Image.Image:

@@ -67,10 +67,8 @@ class LPIPS(nn.Module):
         return out
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        total = 0.0
-        for i, (fx, fy) in enumerate(zip(self._taps(x), self._taps(y))):
-            total = total + getattr(self, f"lin{i}")((fx - fy) ** 2).mean(dim=(1, 2, 3))
-        return total
+        return sum(getattr(self, f"lin{i}")((fx - fy) ** 2).mean(dim=(1, 2, 3))
+                   for i, (fx, fy) in enumerate(zip(self._taps(x), self._taps(y))))
 
 
 def load_lpips(paths: list[str | os.PathLike]) -> LPIPS:
