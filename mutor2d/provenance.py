@@ -201,14 +201,9 @@ def code_key(code: dict | None) -> tuple:
 
 def differences(a: dict, b: dict) -> list[str]:
     """Which of code, versions, data (fingerprint) differ between two provenances, in that order."""
-    found = []
-    if code_key(a.get("code")) != code_key(b.get("code")):
-        found.append("code")
-    if a.get("versions") != b.get("versions"):
-        found.append("versions")
-    if (a.get("data") or {}).get("sha256") != (b.get("data") or {}).get("sha256"):
-        found.append("data")
-    return found
+    keys = {"code": lambda p: code_key(p.get("code")), "versions": lambda p: p.get("versions"),
+            "data": lambda p: (p.get("data") or {}).get("sha256")}
+    return [part for part, key in keys.items() if key(a) != key(b)]
 
 
 def read_sessions(run_dir: str | os.PathLike) -> list[dict]:

@@ -78,7 +78,8 @@ class Visibility:
 
     def mask_mod(self):
         """FlexAttention mask_mod implementing the rule (queries and keys one sequence)."""
-        rank, limit, extra_rank, extra_limit = self.key_rank, self.query_limit, self.extra_rank, self.extra_limit
+        rank, limit = self.key_rank, self.query_limit
+        extra_rank, extra_limit = self.extra_rank, self.extra_limit
 
         def mask_mod(b, h, q, k):
             seen = (rank[b, k] <= limit[b, q]) | (q == k)

@@ -37,9 +37,7 @@ IMAGENET_NAMES = Path(__file__).with_name("imagenet_classes.txt")
 def class_names(num_classes: int) -> list[str]:
     """Names of the classes: ImageNet's 1000 (imagenet_classes.txt, in index order), else the indices
     ("0".."9" for digits)."""
-    if num_classes == 1000:
-        return list(imagenet_names())
-    return [str(i) for i in range(num_classes)]
+    return list(imagenet_names()) if num_classes == 1000 else [str(i) for i in range(num_classes)]
 
 
 @functools.cache

@@ -315,11 +315,9 @@ class GPT(nn.Module):
         dtype, device = dtype or p.dtype, device or p.device
         shape = (batch_size, self.shape.n_head, max_len, self.shape.head_dim)
         for layer in self.layers:
-            layer.attention.cache = (torch.zeros(shape, dtype=dtype, device=device),
-                                     torch.zeros(shape, dtype=dtype, device=device))
+            layer.attention.cache = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in "kv")
             for cache in layer.attention.cache:      # compiled blocks: no recompile per batch size
-                torch._dynamo.maybe_mark_dynamic(cache, 0)
-                torch._dynamo.maybe_mark_dynamic(cache, 2)
+                torch._dynamo.maybe_mark_dynamic(cache, [0, 2])
 
     def clear_cache(self) -> None:
         for layer in self.layers:
