@@ -72,26 +72,17 @@ class AttnBlock(nn.Module):
         return x + self.proj_out(out)
 
 
-class Downsample(nn.Module):
-    """Pad right/bottom by one, 3x3 conv with stride 2."""
+class Resample(nn.Module):
+    """Down: pad right/bottom by one, 3x3 conv with stride 2. Up: nearest-neighbour x2, then 3x3 conv."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, down: bool):
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
+        self.down = down
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2 if down else 1, padding=0 if down else 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class Upsample(nn.Module):
-    """Nearest-neighbour x2, then 3x3 conv."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        x = F.pad(x, (0, 1, 0, 1)) if self.down else F.interpolate(x, scale_factor=2.0, mode="nearest")
+        return self.conv(x)
 
 
 class Level(nn.Module):
@@ -133,7 +124,7 @@ class Encoder(nn.Module):
             block = Level(cin, ch * m, cfg.num_res_blocks, last, g, p)
             cin = ch * m
             if not last:
-                block.downsample = Downsample(cin)
+                block.downsample = Resample(cin, down=True)
             self.conv_blocks.append(block)
         self.mid = nn.Sequential(ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p))
         self.norm_out = group_norm(cin, g)
@@ -158,7 +149,7 @@ class Decoder(nn.Module):
             block = Level(cin, ch * mult[level], cfg.num_res_blocks + 1, level == len(mult) - 1, g, p)
             cin = ch * mult[level]
             if level != 0:
-                block.upsample = Upsample(cin)
+                block.upsample = Resample(cin, down=False)
             self.conv_blocks.append(block)
         self.norm_out = group_norm(cin, g)
         self.conv_out = nn.Conv2d(cin, cfg.in_channels, 3, padding=1)
@@ -182,10 +173,7 @@ class VectorQuantizer(nn.Module):
             self.embedding.weight.uniform_(-1.0 / n_e, 1.0 / n_e)
             if l2_norm:
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
-        if usage_window:
-            self.register_buffer("codebook_used", torch.full((usage_window,), -1.0))
-        else:
-            self.codebook_used = None
+        self.register_buffer("codebook_used", torch.full((usage_window,), -1.0) if usage_window else None)
 
     def codebook(self) -> Tensor:
         """(n_e, e_dim) code vectors as the decoder sees them."""
