@@ -7,6 +7,7 @@ VQ defaults).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from ..checks import ConfigError, at_least, check_workers, fail
@@ -60,15 +61,6 @@ class VQLossConfig:
             at_least(f"objective.{key}", getattr(self, key), 0)
 
 
-def vq_optim(**fields) -> OptimConfig:
-    return OptimConfig(**{"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.05, **fields})
-
-
-def vq_train(**fields) -> TrainConfig:
-    return TrainConfig(**{"log_every": 50, "eval_every": 500, "ckpt_every": 500, "out_dir": "runs/vq",
-                          "tracker": "none", **fields})
-
-
 @register_run_config(TASK, kind="mutor2d.vq.run:VQRun")
 @dataclass
 class VQRunConfig(ConfigRoot):
@@ -76,8 +68,10 @@ class VQRunConfig(ConfigRoot):
     model: VQConfig = field(default_factory=lambda: vq_model({}))
     data: VQDataConfig = field(default_factory=VQDataConfig)
     objective: VQLossConfig = field(default_factory=VQLossConfig)
-    optim: OptimConfig = field(default_factory=vq_optim)
-    train: TrainConfig = field(default_factory=vq_train)
+    optim: OptimConfig = field(default_factory=partial(OptimConfig, lr=1e-4, betas=(0.9, 0.95),
+                                                       weight_decay=0.05))
+    train: TrainConfig = field(default_factory=partial(TrainConfig, log_every=50, eval_every=500,
+                                                       ckpt_every=500, out_dir="runs/vq", tracker="none"))
 
     @classmethod
     def build(cls, section: str, value):
