@@ -149,10 +149,9 @@ class ConfigRoot:
     def from_dict(cls, data: Any, lenient: tuple[str, ...] = ()):
         """A fully checked config of this kind from a plain mapping (a YAML file, a checkpoint's config);
         the tagged sections named in ``lenient`` may hold a variant this process does not know."""
-        data = {} if data is None else data
-        if not isinstance(data, dict):
+        if not isinstance(data, (dict, type(None))):
             fail("config", "a mapping of sections", data)
-        data = dict(data)
+        data = dict(data or {})
         task = data.pop("task", cls.task)
         if task != cls.task:
             fail("task", repr(cls.task), task)

@@ -106,11 +106,10 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
         from .sampling import images as generation
         from .data.tokens import build_tokenizer
         model = inference.open_model(weights, device=next(self.model.parameters()).device)[0]
-        s, grid = self.cfg.sample, tuple(self.meta["grid"])
-        s = replace(s, per_class=min(s.per_class, CARD_PER_CLASS))
+        s = replace(self.cfg.sample, per_class=min(self.cfg.sample.per_class, CARD_PER_CLASS))
         classes = generation.grid_classes(s, len(model.conditioning.choices(self.cfg.model)))
-        generation.write_grid(model, build_tokenizer(self.cfg.data), grid, s, classes, out,
-                              objective=self.cfg.objective)
+        generation.write_grid(model, build_tokenizer(self.cfg.data), tuple(self.meta["grid"]), s, classes,
+                              out, objective=self.cfg.objective)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         return ModelCard(model_card(self.cfg, self.meta, self.run_dir))

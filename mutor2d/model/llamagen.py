@@ -32,10 +32,11 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in llamagen_state_dict(obj).items()}
     sd = {k: v for k, v in sd.items() if k != "freqs_cis" and ".kv_cache." not in k and k != "causal_mask"}
     own = model.state_dict()
-    if not model.has_register_token:    # a MuToR checkpoint into a model without registers
+    if model.has_register_token:        # its init, unless the checkpoint has its own
+        sd.setdefault("register_embedding", own["register_embedding"])
+    else:                               # a MuToR checkpoint into a model without registers
         sd.pop("register_embedding", None)
-    expected = set(own) - {"register_embedding"}
-    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected - {"register_embedding"})
+    missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}"
                          f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
@@ -44,6 +45,4 @@ def load_llamagen(model: GPT, obj, *, use_ema: bool = False) -> None:
     if bad:
         raise ValueError("checkpoint shapes differ: " + ", ".join(
             f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:4]))
-    if model.has_register_token:
-        sd.setdefault("register_embedding", own["register_embedding"])
     model.load_state_dict(sd, strict=True)

@@ -65,9 +65,7 @@ def parse_tokenizer(spec: str) -> tuple[str, str | None]:
     if spec in TOKENIZERS:
         return spec, None
     kind, sep, arg = spec.partition(":")
-    if sep and kind in TOKENIZERS:
-        return kind, arg
-    return DEFAULT_PATH_KIND, spec
+    return (kind, arg) if sep and kind in TOKENIZERS else (DEFAULT_PATH_KIND, spec)
 
 
 def tokenizer_kind(spec: str) -> str:
