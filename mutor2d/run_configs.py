@@ -27,7 +27,6 @@ def run_kind(task: str) -> type:
 
 
 def task_of(data: dict) -> str:
-    """The run kind a config mapping names: ``task``, else the default."""
     return data.get("task", DEFAULT_TASK)
 
 
