@@ -134,7 +134,6 @@ class ConfigRoot:
 
     @classmethod
     def default(cls, section: str):
-        """This kind's default value of ``section``."""
         return {f.name: f for f in dataclasses.fields(cls)}[section].default_factory()
 
     @classmethod

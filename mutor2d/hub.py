@@ -66,8 +66,7 @@ class MutorModel(ModelHubMixin, library_name="mutor2d", tags=["mutor2d", "image-
         """A checkpoint file, run folder, safetensors export or hub folder."""
         path = locate.resolve(path)
         model, cfg, meta = inference.open_model(path, use_ema=use_ema, device=device)
-        meta = {**meta, "has_ema": bool(use_ema and meta["has_ema"])}
-        return cls(model, cfg, meta, run_folder(path))
+        return cls(model, cfg, {**meta, "has_ema": bool(use_ema and meta["has_ema"])}, run_folder(path))
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download, local_files_only, token,

@@ -60,9 +60,8 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> Path:
     """torch.save ``obj`` plus its checksum to a temp file in the same folder, fsync, rename over
     ``path``, fsync the folder. CheckpointWriteError if the disk refuses (the temp file is removed)."""
     path = Path(path)
-    stored = io.with_checksum(obj)
     try:
-        return io.write_atomic(path, lambda f: io.torch_save(stored, f))
+        return io.write_atomic(path, lambda f: io.torch_save(io.with_checksum(obj), f))
     except OSError as e:
         why = "no space left on the device" if io.is_disk_full(e) else f"{e.strerror or e}"
         error = CheckpointWriteError(f"could not write checkpoint {path.name} into {str(path.parent)!r} ({why}); "
@@ -116,7 +115,6 @@ def load(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 
 def remove(path: Path) -> None:
-    """Delete a checkpoint file or sharded checkpoint folder."""
     if path.is_dir():
         shutil.rmtree(path)
     else:

@@ -42,7 +42,6 @@ def class_names(num_classes: int) -> list[str]:
 
 @functools.cache
 def imagenet_names() -> tuple[str, ...]:
-    """imagenet_classes.txt, read once."""
     return tuple(IMAGENET_NAMES.read_text().splitlines())
 
 
@@ -123,8 +122,7 @@ class ClassLabel(Conditioning):
 
     def build(self, model):
         from .embedders import LabelEmbedder
-        cfg = model.cfg
-        model.cls_embedding = LabelEmbedder(cfg.num_classes, model.shape.dim, cfg.class_dropout)
+        model.cls_embedding = LabelEmbedder(model.cfg.num_classes, model.shape.dim, model.cfg.class_dropout)
 
     def embed(self, model, prefix):
         return model.cls_embedding(prefix)

@@ -87,9 +87,8 @@ class Rotary(nn.Module):
         cell_less = (positions[..., :1] < 0)
         cos = ang.cos().masked_fill(cell_less, 0.0 if self.cls_rope == "zeros" else 1.0)
         sin = ang.sin().masked_fill(cell_less, 0.0)
-        cos2 = torch.stack([cos, cos], dim=-1).flatten(-2)
-        sin2 = torch.stack([-sin, sin], dim=-1).flatten(-2)
-        return cos2.unsqueeze(2), sin2.unsqueeze(2)
+        return (torch.stack([cos, cos], dim=-1).flatten(-2).unsqueeze(2),
+                torch.stack([-sin, sin], dim=-1).flatten(-2).unsqueeze(2))
 
 
 def _swap(x: Tensor) -> Tensor:
@@ -231,8 +230,7 @@ class GPT(nn.Module):
         if num_extra:
             if not self.has_register_token:
                 raise ValueError("num_extra > 0 needs a model built with register_token=True")
-            B = parts[0].shape[0]
-            parts.append(self.register_embedding.to(parts[0].dtype).expand(B, num_extra, -1))
+            parts.append(self.register_embedding.to(parts[0].dtype).expand(parts[0].shape[0], num_extra, -1))
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def hidden(self, h: Tensor, positions: Tensor, vis: Visibility | None = None,

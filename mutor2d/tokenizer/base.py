@@ -69,7 +69,6 @@ def parse_tokenizer(spec: str) -> tuple[str, str | None]:
 
 
 def tokenizer_kind(spec: str) -> str:
-    """The TOKENIZERS key that a ``data.tokenizer`` value names."""
     return parse_tokenizer(spec)[0]
 
 

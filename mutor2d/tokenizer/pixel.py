@@ -36,8 +36,7 @@ class PixelTokenizer:
 
     def decode(self, codes: Tensor) -> Tensor:
         """codes (B, H, W) long -> images (B, 3, H, W) float in [0, 1] (grey in every channel)."""
-        img = codes.float() / (self.levels - 1)
-        return img.unsqueeze(1).expand(-1, 3, -1, -1)
+        return (codes.float() / (self.levels - 1)).unsqueeze(1).expand(-1, 3, -1, -1)
 
 
 @register_tokenizer("pixel")

@@ -36,8 +36,7 @@ def _short(keys: list[str], limit: int) -> str:
 def load_vq_state(model: VQModel, state: dict, source: str = "state dict") -> None:
     """Strict load: every key present, none extra, every shape equal; else VQError naming them."""
     own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     shapes = sorted(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
                     for k in set(own) & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
     problems = (("missing keys", missing, 6), ("unexpected keys", unexpected, 6),
@@ -178,7 +177,6 @@ class VQTokenizer:
         return next(self.model.parameters()).device
 
     def to(self, device) -> "VQTokenizer":
-        """Move the VQ weights to ``device``; returns self."""
         self.model.to(device)
         return self
 

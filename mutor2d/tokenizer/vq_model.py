@@ -243,8 +243,7 @@ class VectorQuantizer(nn.Module):
         """Fraction of the codebook among the last ``usage_window`` training codes."""
         if self.codebook_used is None:
             return float("nan")
-        used = self.codebook_used[self.codebook_used >= 0].long().unique()
-        return used.numel() / self.n_e
+        return self.codebook_used[self.codebook_used >= 0].long().unique().numel() / self.n_e
 
     def lookup(self, codes: Tensor) -> Tensor:
         """codes (B, h, w) long -> (B, e_dim, h, w) code vectors."""
