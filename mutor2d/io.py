@@ -170,11 +170,8 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> li
     """Delete temp files left in ``folder`` by killed writes (of ``name`` only, if given).
 
     Call it only when no other process is writing into ``folder``. Returns the removed paths."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
     pattern = f".{name}.*{TEMP_SUFFIX}" if name else f".*{TEMP_SUFFIX}"
-    removed = [p for p in folder.glob(pattern) if p.is_file()]
+    removed = [p for p in Path(folder).glob(pattern) if p.is_file()]      # none where there is no folder
     for p in removed:
         p.unlink()
     return removed

@@ -105,18 +105,14 @@ def init_fingerprint(source: str | None, seed: int) -> dict:
 def resolve_config(cfg: ImageRunConfig, dataset) -> ImageRunConfig:
     """Fill model.vocab_size / num_classes from the dataset and check grid-dependent settings."""
     m, defaults = cfg.model, config_lib.make("model")
-    updates = {}
-    fields = [("vocab_size", int(dataset.vocab_size))]
+    data = {"vocab_size": int(dataset.vocab_size)}
     if m.conditioning_kind().per_class:                                    # num_classes only matters for class labels
-        fields.append(("num_classes", int(dataset.num_classes)))
-    for name, have in fields:
-        value = getattr(m, name)
-        if value != have:
-            if value != getattr(defaults, name):
-                raise ConfigError(f"model.{name}={value} does not match the data ({have}); "
-                                  f"leave it out of the config, it is taken from the dataset")
-            updates[name] = have
-    cfg = replace(cfg, model=replace(m, **updates))
+        data["num_classes"] = int(dataset.num_classes)
+    for name, have in data.items():
+        if getattr(m, name) not in (have, getattr(defaults, name)):
+            raise ConfigError(f"model.{name}={getattr(m, name)} does not match the data ({have}); "
+                              f"leave it out of the config, it is taken from the dataset")
+    cfg = replace(cfg, model=replace(m, **data))
     cfg.check_data(tuple(dataset.grid), int(dataset[0]["prefix"].numel()), int(dataset.num_classes))
     return cfg
 
