@@ -89,7 +89,7 @@ class Level(nn.Module):
     """One resolution of ``conv_blocks``: ``n`` ResnetBlocks (``res``, cin -> cout), each followed by an
     AttnBlock (``attn``) when ``attn``, then the ``downsample`` (encoder) or ``upsample`` (decoder) if any."""
 
-    def __init__(self, cin: int, cout: int, n: int, attn: bool, groups: int, dropout: float):
+    def __init__(self, cin: int, cout: int, n: int, attn: bool, groups: int, dropout: float, resample: str):
         super().__init__()
         self.res, self.attn = nn.ModuleList(), nn.ModuleList()
         for _ in range(n):             # interleaved, as LlamaGen builds them: a seed gives its weights
@@ -97,17 +97,16 @@ class Level(nn.Module):
             cin = cout
             if attn:
                 self.attn.append(AttnBlock(cout, groups))
+        self.resample = resample       # "downsample", "upsample" or "" (none): the module's name
+        if resample:
+            self.add_module(resample, Resample(cout, down=resample == "downsample"))
 
     def forward(self, h: Tensor) -> Tensor:
         for i, res in enumerate(self.res):
             h = res(h)
             if len(self.attn):
                 h = self.attn[i](h)
-        if hasattr(self, "downsample"):
-            h = self.downsample(h)
-        if hasattr(self, "upsample"):
-            h = self.upsample(h)
-        return h
+        return getattr(self, self.resample)(h) if self.resample else h
 
 
 class Encoder(nn.Module):
@@ -120,12 +119,9 @@ class Encoder(nn.Module):
         self.conv_blocks = nn.Sequential()
         cin = ch
         for level, m in enumerate(mult):
-            last = level == len(mult) - 1
-            block = Level(cin, ch * m, cfg.num_res_blocks, last, g, p)
+            down = "" if level == len(mult) - 1 else "downsample"      # attention in the last level only
+            self.conv_blocks.append(Level(cin, ch * m, cfg.num_res_blocks, not down, g, p, down))
             cin = ch * m
-            if not last:
-                block.downsample = Resample(cin, down=True)
-            self.conv_blocks.append(block)
         self.mid = nn.Sequential(ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p))
         self.norm_out = group_norm(cin, g)
         self.conv_out = nn.Conv2d(cin, cfg.z_channels, 3, padding=1)
@@ -146,11 +142,9 @@ class Decoder(nn.Module):
         self.mid = nn.Sequential(ResnetBlock(cin, cin, g, p), AttnBlock(cin, g), ResnetBlock(cin, cin, g, p))
         self.conv_blocks = nn.Sequential()
         for level in reversed(range(len(mult))):
-            block = Level(cin, ch * mult[level], cfg.num_res_blocks + 1, level == len(mult) - 1, g, p)
-            cin = ch * mult[level]
-            if level != 0:
-                block.upsample = Resample(cin, down=False)
-            self.conv_blocks.append(block)
+            cout, last, up = ch * mult[level], level == len(mult) - 1, "upsample" if level else ""
+            self.conv_blocks.append(Level(cin, cout, cfg.num_res_blocks + 1, last, g, p, up))
+            cin = cout
         self.norm_out = group_norm(cin, g)
         self.conv_out = nn.Conv2d(cin, cfg.in_channels, 3, padding=1)
 
