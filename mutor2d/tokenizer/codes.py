@@ -112,7 +112,7 @@ def _check_values(file: Path, arr: np.ndarray, low: int, high: int, what: str, w
         chunk = np.asarray(arr[start:start + rows]).reshape(min(rows, len(arr) - start), -1)
         if chunk.size == 0 or (chunk.min() >= low and chunk.max() <= high):
             continue
-        first = int(np.flatnonzero(((chunk < low) | (chunk > high)).any(1))[0])
-        values = chunk[first]
-        value = int(values[(values < low) | (values > high)][0])
+        bad = (chunk < low) | (chunk > high)
+        first = int(np.flatnonzero(bad.any(1))[0])
+        value = int(chunk[first][bad[first]][0])
         raise CodesError(f"{str(file)!r}: row {start + first} holds {what} {value}; expected {want}")
