@@ -77,8 +77,9 @@ def center_crop_arr(img: Image.Image, size: int) -> Image.Image:
 
 def augment(img: Image.Image, image_size: int, names: list[str], crop_range: float = 1.1) -> torch.Tensor:
     """RGB image -> (len(names), 3, S, S) float in [0, 1], one view per augmentation name."""
+    crops = [n.split("+")[0] for n in names]
     views = {"center": np.asarray(center_crop_arr(img, image_size))}
-    corners = [n.split("+")[0] for n in names if n.split("+")[0] != "center"]
+    corners = [c for c in crops if c != "center"]
     if corners:
         big = max(image_size, round(image_size * crop_range))
         arr = np.asarray(center_crop_arr(img, big))
@@ -87,8 +88,5 @@ def augment(img: Image.Image, image_size: int, names: list[str], crop_range: flo
         for c in corners:
             y, x = at[c]
             views[c] = arr[y:y + image_size, x:x + image_size]
-    out = []
-    for n in names:
-        v = views[n.split("+")[0]]
-        out.append(v[:, ::-1] if n.endswith("+flip") else v)
+    out = [views[c][:, ::-1] if n.endswith("+flip") else views[c] for c, n in zip(crops, names)]
     return torch.from_numpy(np.stack(out).copy()).permute(0, 3, 1, 2).float() / 255.0
