@@ -138,7 +138,6 @@ class ConfigRoot:
 
     @classmethod
     def build(cls, section: str, value: Any):
-        """Section ``section`` of this kind from its mapping ``value``."""
         default = cls.default(section)
         if isinstance(default, Variant):                  # a tagged section: ``name`` picks the variant
             return build_tagged(section, value)
