@@ -51,20 +51,18 @@ def config_from_state_dict(state: dict, image_size: int = 256) -> VQConfig:
     """Infer the architecture of a LlamaGen-layout VQ state dict (channels, levels, codebook)."""
     try:
         emb = state["quantize.embedding.weight"]
-        ch = state["encoder.conv_in.weight"].shape[0]
+        ch, in_channels = state["encoder.conv_in.weight"].shape[:2]
         levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.conv_blocks.")})
         ch_mult = tuple(state[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in levels)
         nres = len({k.split(".")[4] for k in state if k.startswith("encoder.conv_blocks.0.res.")})
         z_channels = state["encoder.conv_out.weight"].shape[0]
-        in_channels = state["encoder.conv_in.weight"].shape[1]
     except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise VQError(f"not a LlamaGen-layout VQ state dict (cannot read {e})") from None
     used = state.get("quantize.codebook_used")
-    # LlamaGen uses 32 groups; smaller models of ours store their config, this is only a fallback.
-    norm_groups = 32 if ch % 32 == 0 else ch
+    # norm_groups: LlamaGen uses 32; smaller models of ours store their config, this is only a fallback.
     return VQConfig(codebook_size=emb.shape[0], codebook_embed_dim=emb.shape[1], ch=ch, ch_mult=ch_mult,
                     num_res_blocks=nres, z_channels=z_channels, in_channels=in_channels,
-                    usage_window=0 if used is None else used.numel(), norm_groups=norm_groups,
+                    usage_window=0 if used is None else used.numel(), norm_groups=32 if ch % 32 == 0 else ch,
                     image_size=image_size)
 
 
