@@ -73,8 +73,7 @@ def make_graphs(shape: StarGraphShape, count: int, seed: int) -> tuple[np.ndarra
     order = rng.random((count, E)).argsort(axis=1)
     edges = np.take_along_axis(edges, order[:, :, None], 1)                # shuffled edge list
     edges = np.concatenate([edges, np.full((count, E, 1), EDGE)], 2)       # "u v |"
-    goal_arm = rng.integers(d, size=count)
-    answers = paths[np.arange(count), goal_arm]                            # (count, L)
+    answers = paths[np.arange(count), rng.integers(d, size=count)]         # (count, L): the goal's arm
     special = np.stack([np.full(count, QUERY), source[:, 0], answers[:, -1], np.full(count, ANSWER)], 1)
     prompts = np.concatenate([edges.reshape(count, 3 * E), special], 1)
     return prompts.astype(np.int64), answers.astype(np.int64)

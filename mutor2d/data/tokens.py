@@ -62,8 +62,7 @@ def digits_indices(split: str, seed: int, val_fraction: float = 0.0, train_fract
     order, so val_fraction 0 and train_fraction 1 give the plain 80% split unchanged."""
     if split not in ("train", "val", "test"):
         raise ValueError(f"split {split!r}: expected 'train', 'val' or 'test'")
-    d = _load_digits()
-    order = np.random.default_rng(seed).permutation(len(d.target))
+    order = np.random.default_rng(seed).permutation(len(_load_digits().target))
     cut = int(round(0.8 * len(order)))
     if split == "test":
         return order[cut:]

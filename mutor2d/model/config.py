@@ -125,8 +125,7 @@ class Shape:
     @property
     def ffn_dim(self) -> int:
         """LlamaGen: 2/3 of 4*dim rounded up to a multiple of 256."""
-        h = int(2 * 4 * self.dim / 3)
-        return -(-h // 256) * 256
+        return -(-int(2 * 4 * self.dim / 3) // 256) * 256
 
     def params(self, vocab_size: int, num_classes: int) -> int:
         """Parameter count of a GPT of this shape (attention, feed-forward and norms per layer; token

@@ -48,8 +48,7 @@ class ResnetBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.conv1(swish(self.norm1(x)))
         h = self.conv2(self.dropout(swish(self.norm2(h))))
-        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
-        return skip + h
+        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
 
 
 class AttnBlock(nn.Module):
