@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..cli import HelpFormatter, grid_arg
+from .spec import MAX_D_1D, MAX_D_2D, LayoutError, RegisterSpec1D, RegisterSpec2D
 
 
 def draw_mask(layout, sample: int, path: str, order: str = "interleaved") -> None:
@@ -23,33 +24,26 @@ def draw_mask(layout, sample: int, path: str, order: str = "interleaved") -> Non
     import torch
 
     T, P = layout.num_regular, layout.prefix_len
-    mask = layout.dense_mask()[sample]
     keep = torch.cat([torch.ones(T, dtype=torch.bool), layout.reg_valid[sample]])
     idx = layout.interleaved_order()[sample] if order == "interleaved" else torch.arange(len(keep))
     idx = idx[keep[idx]]
-    m = mask[idx][:, idx].numpy()
+    m = layout.dense_mask()[sample][idx][:, idx].numpy()
     is_reg = (idx >= T).numpy()
-    labels = []
-    for j in idx.tolist():
-        if j < T:
-            labels.append(f"p{j}" if j < P else f"x{j - P}")
-        else:
-            r = j - T
-            labels.append(f"r{int(layout.reg_anchor[sample, r])}→x{int(layout.reg_target[sample, r])}")
+    anchor, target = layout.reg_anchor[sample].tolist(), layout.reg_target[sample].tolist()
+    labels = [f"p{j}" if j < P else f"x{j - P}" if j < T else f"r{anchor[j - T]}→x{target[j - T]}"
+              for j in idx.tolist()]
     L = len(idx)
-    img = np.ones((L, L, 3))
     blue, orange, purple = np.array([0.2, 0.4, 0.85]), np.array([0.95, 0.55, 0.1]), np.array([0.55, 0.3, 0.7])
     reg_to_reg = (is_reg[:, None] & is_reg[None, :])[..., None]                    # (L, L, 1)
     colour = np.where(reg_to_reg, purple, np.where(is_reg[:, None, None], orange, blue))    # (L, L, 3)
-    img[m] = colour[m]
+    img = np.where(m[..., None], colour, 1.0)                                        # white: hidden
     size = max(4.0, 0.22 * L)
     fig, ax = plt.subplots(figsize=(size, size))
     ax.imshow(img, interpolation="nearest")
     ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
     ax.set_yticks(range(L), labels, fontsize=6)
-    for k, r in enumerate(is_reg):
-        for tick in (ax.get_xticklabels()[k], ax.get_yticklabels()[k]):
-            tick.set_color("darkorange" if r else "navy")
+    for tick, r in zip(ax.get_xticklabels() + ax.get_yticklabels(), np.tile(is_reg, 2)):
+        tick.set_color("darkorange" if r else "navy")
     H, W = layout.grid
     ax.set_title(f"grid {H}x{W}, prefix {P}: rows attend to columns\n"
                  f"blue: regular, orange: register → regular, purple: register → itself", fontsize=8)
@@ -91,7 +85,6 @@ FIGURE_TOKENS = 256      # prefix + grid tokens a figure draws at most: one labe
 
 def check_args(ap: argparse.ArgumentParser, args, kind: str) -> None:
     """Values the layout would accept or fail on deep inside: one-line errors naming the flag."""
-    from .spec import MAX_D_1D, MAX_D_2D
     tokens = args.prefix + args.grid[0] * args.grid[1]
     if tokens > FIGURE_TOKENS:
         ap.error(f"--grid {args.grid[0]}x{args.grid[1]} --prefix {args.prefix}: {tokens} tokens; "
@@ -112,7 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     kind = args.objective or ("mutor-1d" if args.grid[0] == 1 else "mutor-2d")
     check_args(ap, args, kind)
     import torch
-    from .spec import LayoutError, RegisterSpec1D, RegisterSpec2D
     from .layout import make_layout
     rules = dict(placement="sparse" if args.sparse else "dense", num_registers=max(args.sparse, 1),
                  per_register_offsets=args.per_register_offsets, edge=args.edge, register_visibility=args.visibility)
