@@ -185,8 +185,7 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
                  reg_anchor, reg_offset, reg_target, reg_valid, vis.extra_rank, vis.extra_limit)
     for name, value in vars(out).items():
         if isinstance(value, Tensor):
-            value = value.contiguous()
-            setattr(out, name, value.to(device, non_blocking=True) if device is not None else value)
+            setattr(out, name, value.contiguous().to(device, non_blocking=True))   # device None: stays
     return out
 
 
@@ -222,29 +221,25 @@ def _weights_on(spec: RegisterSpec, device: torch.device) -> Tensor:
     return torch.tensor(spec.offset_distribution, dtype=torch.float32, device=device)[None]
 
 
-def offset_weights(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, lengths: Tensor | None) -> Tensor:
-    """(B or 1, C) float weights of the candidate offsets under a non-uniform ``offset_distribution``:
-    the explicit tuple, or for "valid-anchors" the count of ``anchors`` (A,) whose target is valid
-    under each offset, per sample when ``lengths`` (B,) is given."""
-    if spec.offset_distribution != "valid-anchors":
-        return _weights_on(spec, anchors.device)
-    offsets = _offsets_on(spec, anchors.device)
-    rows = 1 if lengths is None else lengths.shape[0]
-    _, valid = offset_targets(grid, anchors.view(1, -1, 1).expand(rows, -1, 1), offsets[None, None],
-                              spec.edge, lengths)                                 # (rows, A, C)
-    return valid.sum(1).float()
-
-
 def _draw_offsets(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, lengths: Tensor | None,
                   shape: tuple[int, int], generator: torch.Generator | None) -> Tensor:
     """(B, n) candidate indices: uniform (one ``randint``, the paper's rule) or one ``rand`` per draw
-    through the inverse CDF of ``offset_weights`` (zero weights never drawn; no host sync)."""
-    C, device = len(_offsets_on(spec, anchors.device)), anchors.device
+    through the inverse CDF of the candidates' weights (zero weights never drawn; no host sync): the
+    explicit tuple, or for "valid-anchors" the count of ``anchors`` (A,) whose target is valid under
+    each offset, per sample when ``lengths`` (B,) is given."""
+    offsets, device = _offsets_on(spec, anchors.device), anchors.device
     if spec.offset_distribution == "uniform":
-        return torch.randint(C, shape, generator=generator, device=device)
-    cdf = offset_weights(spec, grid, anchors, lengths).cumsum(-1)                   # (B or 1, C)
+        return torch.randint(len(offsets), shape, generator=generator, device=device)
+    if spec.offset_distribution == "valid-anchors":
+        rows = 1 if lengths is None else lengths.shape[0]
+        _, valid = offset_targets(grid, anchors.view(1, -1, 1).expand(rows, -1, 1), offsets[None, None],
+                                  spec.edge, lengths)                             # (rows, A, C)
+        weights = valid.sum(1).float()
+    else:
+        weights = _weights_on(spec, device)
+    cdf = weights.cumsum(-1)                                                       # (B or 1, C)
     u = torch.rand(shape, generator=generator, device=device) * cdf[:, -1:]
-    return (cdf[:, None, :] <= u[..., None]).sum(-1).clamp(max=C - 1)
+    return (cdf[:, None, :] <= u[..., None]).sum(-1).clamp(max=len(offsets) - 1)
 
 
 def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generator: torch.Generator | None,
