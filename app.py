@@ -5,11 +5,8 @@
 Choose classes, sampling settings and the decoding mode, watch the images form; the page's URL holds
 the settings. The command line lives in mutor2d/demo/cli.py, the page in mutor2d/demo/page.py.
 """
-from mutor2d.preempt import exit_on_ctrl_c
-if __name__ == "__main__":       # before the other imports: a Ctrl-C while they load is one line, exit 130
-    exit_on_ctrl_c()
-
-from mutor2d.demo.cli import main
-
 if __name__ == "__main__":
+    from mutor2d.preempt import exit_on_ctrl_c
+    exit_on_ctrl_c()             # before the other imports: a Ctrl-C while they load is one line, exit 130
+    from mutor2d.demo.cli import main
     main()
