@@ -45,10 +45,8 @@ def offset_targets(grid: tuple[int, int], anchors: Tensor, offsets: Tensor, edge
         target = anchors + dr * W + dc
         valid = target < N
     else:
-        row = torch.div(anchors, W, rounding_mode="floor")
-        col = anchors - row * W                      # anchor -1 -> cell (-1, W-1)...
-        row = torch.where(anchors < 0, torch.zeros_like(row), row)
-        col = torch.where(anchors < 0, torch.full_like(col, -1), col)  # ...virtual cell (0, -1)
+        row = anchors.clamp(min=0) // W                         # anchor -1: the virtual cell (0, -1)
+        col = torch.where(anchors < 0, -1, anchors % W)
         tr, tc = row + dr, col + dc
         valid = (tr < H) & (tc < W) & (tc >= 0)
         target = tr * W + tc
