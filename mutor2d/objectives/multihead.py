@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .spec import RegisterSpec, first_anchor
-from .layout import make_layout, offset_targets, regular_position_ids
+from .spec import NO_REGISTERS, first_anchor
+from .layout import make_layout, offset_targets
 from .base import Batch, ObjectiveResult, TokenModel, mix, target_rule, token_ce
 from .config import MultiHeadConfig
 
@@ -46,11 +46,9 @@ class MultiHead(nn.Module):
     def forward(self, model: TokenModel, batch: Batch, generator: torch.Generator | None = None) -> ObjectiveResult:
         B, N = batch.body.shape
         P = model.prefix_len(batch.prefix)
-        T = P + N - 1
-        pos = regular_position_ids(batch.grid, P, device=batch.body.device).expand(B, T, 2)
-        h, head_h = model.hidden_with_heads(model.embed(batch.body[:, : N - 1], batch.prefix), pos, self.heads,
-                                            prefix_len=P)
-        lay = make_layout(B, batch.grid, P, RegisterSpec(), None, batch.lengths, batch.body.device)
+        lay = make_layout(B, batch.grid, P, NO_REGISTERS, None, batch.lengths, batch.body.device)
+        inputs = model.embed(batch.body[:, : N - 1], batch.prefix)
+        h, head_h = model.hidden_with_heads(inputs, lay.position_ids, self.heads, prefix_len=P)
         ntp_t, _ = lay.gather_targets(batch.body)
         first = P - 1
         ntp = token_ce(model, h[:, first:], ntp_t[:, first:], lay.ntp_valid[:, first:])
@@ -64,6 +62,6 @@ class MultiHead(nn.Module):
             losses.append(loss_k)
             parts.append(parts_k)
             n_heads = n_heads + n_k
-        tokens = torch.full((), B * T, device=batch.body.device)
+        tokens = torch.full((), B * lay.num_regular, device=batch.body.device)
         mean_parts = {k: torch.stack([p[k] for p in parts]).mean() for k in parts[0]}
         return mix(ntp, (torch.stack(losses).mean(), n_heads), self.reg_weight, tokens, "heads", mean_parts)
