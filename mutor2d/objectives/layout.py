@@ -146,10 +146,10 @@ def make_layout(batch_size: int, grid: tuple[int, int], prefix_len: int, spec: R
 
     lengths: (B,) number of real body tokens per sample (1D padding, right-padded); None = full.
     Offsets: one per sequence drawn from the candidates by ``spec.offset_distribution`` (uniform by
-    default; ``per_register_offsets``: one per
-    anchor). Dense: every anchor with a valid target gets a register; R is fixed by the spec and the
-    grid (``dense_slots``), so shapes never change from batch to batch. Sparse: K anchors drawn
-    without replacement among the valid ones (fewer if fewer are valid); unused slots are padding.
+    default; ``per_register_offsets``: one per anchor). Dense: every anchor with a valid target gets a
+    register; R is fixed by the spec and the grid (``dense_slots``), so shapes never change from batch
+    to batch. Sparse: K anchors drawn without replacement among the valid ones (fewer if fewer are
+    valid); unused slots are padding.
 
     The random draws happen on the generator's device (CPU without one) and every tensor is built
     there, with no host round trip (nothing reads a value back): a CUDA generator keeps the whole
@@ -208,15 +208,12 @@ def dense_slots(spec: RegisterSpec, grid: tuple[int, int]) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _offsets_on(spec: RegisterSpec, device: torch.device) -> Tensor:
-    """The candidate offsets, copied to ``device`` once (not once per batch)."""
-    return spec.offsets().to(device)
-
-
-@functools.lru_cache(maxsize=64)
-def _weights_on(spec: RegisterSpec, device: torch.device) -> Tensor:
-    """The explicit offset weights (1, C) as float32 on ``device``, copied once."""
-    return torch.tensor(spec.offset_distribution, dtype=torch.float32, device=device)[None]
+def _candidates_on(spec: RegisterSpec, device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """(the candidate offsets (C, 2), the explicit offset weights (1, C) float32: None unless
+    ``offset_distribution`` is a tuple of them), copied to ``device`` once (not once per batch)."""
+    dist = spec.offset_distribution
+    weights = torch.tensor([dist], dtype=torch.float32, device=device) if isinstance(dist, tuple) else None
+    return spec.offsets().to(device), weights
 
 
 def _draw_offsets(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, lengths: Tensor | None,
@@ -225,7 +222,7 @@ def _draw_offsets(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, le
     through the inverse CDF of the candidates' weights (zero weights never drawn; no host sync): the
     explicit tuple, or for "valid-anchors" the count of ``anchors`` (A,) whose target is valid under
     each offset, per sample when ``lengths`` (B,) is given."""
-    offsets, device = _offsets_on(spec, anchors.device), anchors.device
+    (offsets, weights), device = _candidates_on(spec, anchors.device), anchors.device
     if spec.offset_distribution == "uniform":
         return torch.randint(len(offsets), shape, generator=generator, device=device)
     if spec.offset_distribution == "valid-anchors":
@@ -233,8 +230,6 @@ def _draw_offsets(spec: RegisterSpec, grid: tuple[int, int], anchors: Tensor, le
         _, valid = offset_targets(grid, anchors.view(1, -1, 1).expand(rows, -1, 1), offsets[None, None],
                                   spec.edge, lengths)                             # (rows, A, C)
         weights = valid.sum(1).float()
-    else:
-        weights = _weights_on(spec, device)
     cdf = weights.cumsum(-1)                                                       # (B or 1, C)
     u = torch.rand(shape, generator=generator, device=device) * cdf[:, -1:]
     return (cdf[:, None, :] <= u[..., None]).sum(-1).clamp(max=len(offsets) - 1)
@@ -245,13 +240,13 @@ def _place_registers(B: int, grid: tuple[int, int], spec: RegisterSpec, generato
     """(anchor (B, R), offset (B, R, 2), target (B, R), valid (B, R)) of the register slots, on ``device``.
 
     Random draws, in this order: the offsets (``randint``; ``rand`` under a non-uniform
-    ``offset_distribution``), then for sparse placement one score per
-    anchor (``rand``); the K lowest-scoring valid anchors get registers, kept in anchor order. Dense:
-    the valid anchors in anchor order, then padding slots up to ``dense_slots``."""
+    ``offset_distribution``), then for sparse placement one score per anchor (``rand``); the K
+    lowest-scoring valid anchors get registers, kept in anchor order. Dense: the valid anchors in
+    anchor order, then padding slots up to ``dense_slots``."""
     if not spec.uses_registers():
         empty = torch.zeros(B, 0, dtype=torch.long, device=device)
         return empty, empty[..., None].expand(B, 0, 2), empty, empty.bool()
-    offsets = _offsets_on(spec, device)
+    offsets, _ = _candidates_on(spec, device)
     anchors = torch.arange(first_anchor(spec.kind), grid[0] * grid[1] - 1, device=device)   # (A,)
     A = anchors.numel()
     pick = _draw_offsets(spec, grid, anchors, lengths, (B, A if spec.per_register_offsets else 1), generator)
