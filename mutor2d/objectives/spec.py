@@ -92,11 +92,9 @@ class RegisterSpec:
             raise LayoutError(f"{name}.d_max={self.d_max} exceeds the grid {H}x{W}")
         if self.kind == "mutor-1d" and self.d_min > (H * W if self.edge == "raster" else W):
             raise LayoutError(f"{name}.d_min={self.d_min}: every 1D target falls off the {H}x{W} grid")
-        if self.placement == "sparse":
-            anchors = num_anchors(self.kind, grid)
-            if self.num_registers > anchors:
-                raise LayoutError(f"{name}.num_registers={self.num_registers} exceeds the "
-                                  f"{anchors} anchors of a {H}x{W} grid")
+        if self.placement == "sparse" and self.num_registers > (anchors := num_anchors(self.kind, grid)):
+            raise LayoutError(f"{name}.num_registers={self.num_registers} exceeds the "
+                              f"{anchors} anchors of a {H}x{W} grid")
 
 
 @dataclass(frozen=True)
