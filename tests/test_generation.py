@@ -243,7 +243,7 @@ TINY_VQ = dict(codebook_size=V, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), num_
 
 def test_training_hooks_decode_on_the_run_device(monkeypatch, tmp_path):
     """Sample grids and online evaluation get the tokenizer with its weights on the run's device (the
-    model's), not where build_hooks made it (the CPU). "meta" stands in for a GPU here."""
+    model's), not where the engine's loop.Hooks made it (the CPU). "meta" stands in for a GPU here."""
     from mutor2d.engine.hooks import StepStatus
     from mutor2d.engine.runlog import JsonLog
     from mutor2d.evaluation import online
