@@ -64,13 +64,12 @@ def shard_dir(npz_path: str | os.PathLike) -> Path:
     return p.with_name(p.stem + "_shards")
 
 
-def _canon(meta: dict) -> str:
-    return json.dumps(meta, sort_keys=True)
+def _canon(value) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _meta_mismatch(found: dict, meta: dict) -> list[str]:
-    keys = sorted(set(found) | set(meta))
-    return [k for k in keys if _canon({"v": found.get(k)}) != _canon({"v": meta.get(k)})]
+    return [k for k in sorted(set(found) | set(meta)) if _canon(found.get(k)) != _canon(meta.get(k))]
 
 
 class NpzJob:

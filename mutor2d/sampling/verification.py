@@ -32,9 +32,7 @@ class Drafts:
     @classmethod
     def drawn(cls, q: Tensor, valid: Tensor, greedy: bool, generator, register: Tensor | None = None) -> "Drafts":
         """Drafts from the distributions q (B, K, V): their argmaxes when ``greedy``, else draws."""
-        if greedy:
-            return cls(q.argmax(-1), None, valid, register)
-        return cls(draw(q, generator), q, valid, register)
+        return cls(pick(q, greedy, generator), None if greedy else q, valid, register)
 
     @classmethod
     def none(cls, B: int, K: int, V: int, greedy: bool, device) -> "Drafts":
@@ -45,8 +43,7 @@ class Drafts:
 
     def select(self, index: Tensor) -> "Drafts":
         """The drafts of the rows ``index`` (b',)."""
-        parts = (self.tokens, self.probs, self.valid, self.register)       # the fields, in order
-        return Drafts(*(None if t is None else t[index] for t in parts))
+        return Drafts(*(None if t is None else t[index] for t in vars(self).values()))    # the fields, in order
 
 
 def pick(p: Tensor, greedy: bool, generator) -> Tensor:
