@@ -19,8 +19,7 @@ def auto_decode(images: int, device, has_registers: bool, table: dict | None = N
     type; among plain and jacobi only when the checkpoint has no registers (``has_registers``).
     A device type with no measurement gets plain. ``table``: crossover.json's content (default: read it)."""
     table = table if table is not None else json.loads(CROSSOVER.read_text())
-    rows = table["devices"].get(str(device).split(":")[0], [])
-    if not rows:
+    if not (rows := table["devices"].get(str(device).split(":")[0], [])):
         return "plain"
     row = min(rows, key=lambda r: abs(math.log(r["images"]) - math.log(max(images, 1))))
     return row["fastest"] if has_registers else row["fastest_without_registers"]

@@ -115,8 +115,7 @@ class SampleConfig:
     def check_classes(self, count: int, what: str) -> None:
         """Every grid row must index one of ``count`` choices (0..count-1); ``what`` names one in the
         message ("a class of the data")."""
-        bad = [c for c in self.classes if c >= count]
-        if bad:
+        if bad := [c for c in self.classes if c >= count]:
             raise ConfigError(f"sample.classes: {bad[0]} is not {what} (0..{count - 1})")
 
 

@@ -69,11 +69,9 @@ def shared_start(start: Tensor, twice) -> int | Tensor:
 
 def unwrap_model(model):
     """The GPT inside DDP / torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
+    while (inner := getattr(model, "module", None) or getattr(model, "_orig_mod", None)) is not None:
         model = inner
+    return model
 
 
 def decoding_mode(decode: str | DecodeConfig, objective, grid: tuple[int, int], **options) -> DecodeConfig:

@@ -106,9 +106,7 @@ def to_uint8(images: Tensor) -> np.ndarray:
 def tokenizer_device(tokenizer) -> torch.device | None:
     """Where a tokenizer with weights (a module, or one held as ``.model``) lives; None without weights."""
     module = tokenizer if isinstance(tokenizer, torch.nn.Module) else getattr(tokenizer, "model", None)
-    if isinstance(module, torch.nn.Module):
-        return next(module.parameters(), torch.empty(0)).device
-    return None
+    return next(module.parameters(), torch.empty(0)).device if isinstance(module, torch.nn.Module) else None
 
 
 def tokenizer_to(tokenizer, device: torch.device):

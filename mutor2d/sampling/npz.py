@@ -36,10 +36,6 @@ def sample_meta(*, checkpoint: str, step: int, config: dict, settings: dict, see
                 ema=ema, grid=list(grid), decode=decode, decode_options=dict(decode_options or {}))
 
 
-def _write_npz_atomic(path: Path, **arrays) -> None:
-    write_atomic(path, lambda f: np.savez(f, **arrays))
-
-
 def read_npz(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, dict]:
     """(images uint8 (N, H, W, 3), labels int64 (N,) or None for prefixes that are not class labels,
     meta dict) of a sample file."""
@@ -109,8 +105,7 @@ class NpzJob:
         found = read_npz_meta(self.shard_path(k))
         if found is None:       # missing, truncated or foreign: make it again
             return False
-        bad = _meta_mismatch(found, self.meta)
-        if bad:
+        if bad := _meta_mismatch(found, self.meta):
             raise SampleFileError(f"{self.dir} holds shards made with other settings (differs in: "
                                   f"{', '.join(bad)}); delete it or write to another --npz")
         return True
@@ -122,9 +117,9 @@ class NpzJob:
     def make_shard(self, sampler: Sampler, k: int) -> None:
         prefixes = self.kind.batch(self.prefixes, k * self.batch_size, (k + 1) * self.batch_size)
         images = sampler(prefixes, shard_seed(self.seed, k))
-        _write_npz_atomic(self.shard_path(k), images=images, **self.kind.npz_arrays(prefixes),
-                          meta=np.array(_canon(self.meta)),
-                          stats=np.array(json.dumps(getattr(sampler, "last", DecodeStats()).state())))
+        arrays = dict(images=images, **self.kind.npz_arrays(prefixes), meta=np.array(_canon(self.meta)),
+                      stats=np.array(json.dumps(getattr(sampler, "last", DecodeStats()).state())))
+        write_atomic(self.shard_path(k), lambda f: np.savez(f, **arrays))
 
     def run(self, sampler: Sampler, shards: list[int], progress: bool = False) -> None:
         """Make the given shards. Processes split ``missing()`` (taken by all of them before any
@@ -149,8 +144,7 @@ class NpzJob:
 
     def assemble(self) -> Path:
         """Join all shards into ``out`` (atomic write) and remove the shard folder."""
-        missing = self.missing()
-        if missing:
+        if missing := self.missing():
             raise SampleFileError(f"{self.dir}: {len(missing)} of {self.num_shards} shards are missing "
                                   f"(first: {missing[0]}); rerun to finish them")
         n, images, prefixes, at, stats = len(self.prefixes), None, {}, 0, DecodeStats()
@@ -168,7 +162,7 @@ class NpzJob:
         if at != n:
             raise SampleFileError(f"{self.dir}: shards hold {at} samples, expected {n}")
         meta = {**self.meta, "decode_stats": stats.summary()}
-        _write_npz_atomic(self.out, images=images, **{k: np.concatenate(v) for k, v in prefixes.items()},
-                          meta=np.array(_canon(meta)))
+        arrays = {k: np.concatenate(v) for k, v in prefixes.items()}
+        write_atomic(self.out, lambda f: np.savez(f, images=images, **arrays, meta=np.array(_canon(meta))))
         shutil.rmtree(self.dir)
         return self.out

@@ -28,8 +28,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     top-p keeps, in order of decreasing probability, every token whose predecessors' mass is
     still below p (so the most likely token always survives and the kept mass is >= p)."""
     out = logits
-    V = logits.shape[-1]
-    if 0 < top_k < V:
+    if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:

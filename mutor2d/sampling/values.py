@@ -12,8 +12,7 @@ class SampleFileError(ValueError):
 def check_classes(classes, num_choices: int, name: str = "--classes") -> list[int]:
     """Each index in 0..num_choices-1 (the conditioning kind's choices: the classes for class labels),
     else a one-line error naming ``name``."""
-    bad = [c for c in classes if not 0 <= c < num_choices]
-    if bad:
+    if bad := [c for c in classes if not 0 <= c < num_choices]:
         raise SampleFileError(f"{name} {','.join(map(str, classes))!r}: class {bad[0]} is out of range "
                               f"0..{num_choices - 1}")
     return list(classes)
