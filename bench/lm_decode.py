@@ -14,6 +14,7 @@ decode step against its weight-bytes / read-bandwidth floor. The last stdout lin
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 from mutor2d.preempt import exit_on_ctrl_c
@@ -60,19 +61,6 @@ def fine_tuned(args) -> Path:
                      "mixed_precision": "no"}}
     common.log(f"fine-tuning {run} ({args.steps} steps)")
     return lm_pkg.train(cfg, run)
-
-
-class ForwardCounter:
-    """Counts the decoder's forward calls (a forward pre-hook)."""
-
-    def __init__(self, lm):
-        self.calls = 0
-        lm.get_decoder().register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
-
-
-def answer_tokens(new: list[list[int]], eos: int) -> int:
-    """Tokens of each answer up to its first EOS (counted)."""
-    return sum(row.index(eos) + 1 if eos in row else len(row) for row in new)
 
 
 def plain_case(lm, batches, eos: int, max_new: int, sample: bool, lookup: int = 0):
@@ -157,10 +145,12 @@ def main(argv=None) -> None:
     from mutor2d.sampling.stats import DecodeStats
     run = fine_tuned(args)
     lm, tok = hf.load_for_inference(run), hf.load_tokenizer(run)
-    test = load_located("gsm8k", _test_file(Path(args.work)))[:args.answers]
+    test_file = Path(args.work) / "test.jsonl"
+    if not test_file.is_file():                           # 200 held-out problems (seed 1), written once
+        write_jsonl(arith_records(200, [2], 1), test_file)
+    test = load_located("gsm8k", test_file)[:args.answers]
     prompts = [it["prompt_ids"] for it in lm_prompts.eval_prompts(test, tok)]
     d_max = drafter.run_objective(run).d_max
-    counter = ForwardCounter(lm)
     cases, stats, batches_of = {}, {}, {}
     for B in (1, 8):
         padded = [tok.pad({"input_ids": prompts[i:i + B]}, padding=True, padding_side="left", return_tensors="pt")
@@ -175,23 +165,22 @@ def main(argv=None) -> None:
                 name = f"registers_K{K}/{temp}/b{B}"
                 stats[name] = DecodeStats()
                 cases[name] = register_case(*settings, drafter.load_registers(run, K), stats[name])
-    calls, outputs = {}, {}
+    calls, outputs = Counter(), {}                       # the decoder's forward calls per case
     for name, fn in cases.items():                       # one counted pass each (also checks exactness)
-        before = counter.calls
-        outputs[name] = fn()
-        calls[name] = counter.calls - before
+        with lm.get_decoder().register_forward_pre_hook(lambda *_, name=name: calls.update([name])):
+            outputs[name] = fn()
     common.log(f"timing {len(cases)} cases x {args.reps} reps")
     times = common.time_round_robin(cases, args.reps, warmup=0)
     result = {"bench": "lm_decode", "machine": common.machine(torch.device("cpu")), "args": vars(args),
               "run": str(run), "d_max": d_max, "answers": len(prompts), "cases": {}}
-    per_token = {k: times[k] / answer_tokens(outputs[k], tok.eos_token_id) for k in times}
+    tokens = {k: sum(map(len, new)) for k, new in outputs.items()}     # every answer ends at its first EOS
+    per_token = {k: times[k] / tokens[k] for k in times}
     for name, t in times.items():
-        method, temp, b = name.split("/")
+        _, temp, b = name.split("/")
         rows = len(prompts) / len(batches_of[int(b[1:])])              # answers per batch
-        tokens = answer_tokens(outputs[name], tok.eos_token_id)
         plain, lookup = per_token[f"plain/{temp}/{b}"], per_token.get(f"prompt_lookup/{temp}/{b}")
-        row = {"forward_calls": calls[name], "forwards_per_token": calls[name] * rows / tokens, "tokens": tokens,
-               "s_per_answer": t / len(prompts), "s_per_token": per_token[name],
+        row = {"forward_calls": calls[name], "forwards_per_token": calls[name] * rows / tokens[name],
+               "tokens": tokens[name], "s_per_answer": t / len(prompts), "s_per_token": per_token[name],
                "time_vs_plain": per_token[name] / plain,
                "time_vs_prompt_lookup": per_token[name] / lookup if lookup else None}
         if temp == "greedy":
@@ -212,14 +201,6 @@ def main(argv=None) -> None:
     result["best_greedy_b1"] = best
     result["decode_step"] = decode_step_floor(lm)
     common.emit(result)
-
-
-def _test_file(work: Path) -> Path:
-    """200 held-out problems (seed 1), written once."""
-    path = work / "test.jsonl"
-    if not path.is_file():
-        write_jsonl(arith_records(200, [2], 1), path)
-    return path
 
 
 if __name__ == "__main__":
