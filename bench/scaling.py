@@ -29,6 +29,7 @@ if __name__ == "__main__":       # before the other imports: a Ctrl-C while they
 from mutor2d.cli import GRID_TOKENS_LIMIT, HelpFormatter  # noqa: E402  (parsed and checked before torch is imported)
 from mutor2d.model.config import PRESETS                 # noqa: E402
 from mutor2d.engine.peaks import PEAK_BF16_FLOPS                 # noqa: E402
+from mutor2d.evaluation.records import markdown                   # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -95,12 +96,6 @@ def lm_rows(args) -> list[dict]:
              "total_GiB_per_gpu": round((states + acts) / GiB, 1)} for case, states in cases.items()]
 
 
-def table(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
-                     ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows])
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--gpus", type=int, default=8, help="GPUs of the estimated run")
@@ -139,7 +134,7 @@ def main(argv=None) -> None:
         rows = lm_rows(args)
     else:
         rows = [row(p, o, args) for p in args.presets.split(",") for o in ("ntp", "sparse", "dense")]
-    print(table(rows))
+    print(markdown(list(rows[0]), [[str(v) for v in r.values()] for r in rows]))
     print(json.dumps({"args": vars(args), "rows": rows}))
 
 
