@@ -31,13 +31,6 @@ from mutor2d.cli import HelpFormatter  # noqa: E402
 MiB = 1024 ** 2
 
 
-def overrides(args, sharding: str) -> list[str]:
-    return ["model.preset=custom", f"model.n_layer={args.layers}", f"model.n_head={args.heads}",
-            f"model.dim={args.dim}", "objective.name=ntp", "data.name=digits", "data.levels=5",
-            f"train.batch_size={2 * args.processes}", f"train.max_steps={args.steps}", "train.tracker=none",
-            "train.mixed_precision=no", f"train.sharding={sharding}", "train.ckpt_every=0"]
-
-
 def worker(args) -> None:
     """One process of a launch: peak RSS above the pre-build baseline -> JSON line (rank 0, all ranks)."""
     import tempfile
@@ -50,7 +43,11 @@ def worker(args) -> None:
     from mutor2d.data.tokens import build_dataset
     from mutor2d.engine.setup import build_run, build_scheduler, make_accelerator  # noqa: F401 (imports timm)
     import timm.utils  # noqa: F401
-    cfg = C.from_dict(C.apply_overrides({}, overrides(args, args.sharding)))
+    cfg = C.from_dict(C.apply_overrides({}, [
+        "model.preset=custom", f"model.n_layer={args.layers}", f"model.n_head={args.heads}",
+        f"model.dim={args.dim}", "objective.name=ntp", "data.name=digits", "data.levels=5",
+        f"train.batch_size={2 * args.processes}", f"train.max_steps={args.steps}", "train.tracker=none",
+        "train.mixed_precision=no", f"train.sharding={args.sharding}", "train.ckpt_every=0"]))
     tmp = tempfile.mkdtemp()
     make_accelerator(cfg, Path(tmp)), build_dataset(cfg.data, "train")   # libraries and data: the baseline
     base = common.rss_bytes()

@@ -103,7 +103,7 @@ def parse(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     common.check_at_least(ap, args, 1, "layers", "batch", "sparse", "reps", "threads")
-    common.check_threads(ap, args)
+    common.check_reps(ap, args)
     if args.hidden < 64 or args.hidden % 64:
         ap.error(f"--hidden {args.hidden}: expected a multiple of 64 (heads of 64)")
     if args.vocab < 4:
@@ -115,7 +115,6 @@ def parse(argv=None):
         ap.error(f"--prompt {args.prompt[1]} + --answer {args.answer[1]}: expected at most {POSITIONS} tokens "
                  f"(the model's positions)")
     common.check_llama_size(ap, args.hidden, args.layers, args.vocab)
-    common.check_reps(ap, args)
     common.check_at_most(ap, args, args.answer[1], "registers of the longest answer, --answer MAX", "sparse")
     logits = 3 * 4 * args.batch * (args.prompt[1] + 2 * args.answer[1]) * args.vocab   # fp32 logits, softmax, grad
     if short := over_memory(logits):

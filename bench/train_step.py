@@ -36,8 +36,6 @@ MFU_TARGET = 0.70
 
 def mask_objective() -> type:
     """TokenPrediction whose layouts' visibility has no fast path: SDPA gets the dense boolean mask."""
-    import dataclasses
-
     from mutor2d.model.attention import Visibility
     from mutor2d.objectives.token_prediction import TokenPrediction
     from mutor2d.objectives.layout import Layout
@@ -51,7 +49,7 @@ def mask_objective() -> type:
     class MaskObjective(TokenPrediction):
         def layout(self, batch, prefix_len, generator):
             lay = super().layout(batch, prefix_len, generator)
-            return MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+            return MaskLayout(**vars(lay))
     return MaskObjective
 
 
@@ -162,12 +160,6 @@ def profile_steps(steps: dict, device: torch.device, top: int) -> dict:
     return out
 
 
-def backends_for(device: torch.device, wanted: list[str]) -> tuple[list[str], dict]:
-    skipped = {b: "FlexAttention has no backward pass on CPU (a torch limit)"
-               for b in wanted if b == "flex" and device.type != "cuda"}
-    return [b for b in wanted if b not in skipped], skipped
-
-
 # ----------------------------------------------------------------------------- memory
 
 def step_peak(args, backend: str, case: str, device) -> dict:
@@ -204,16 +196,14 @@ def child_args(args) -> list[str]:
 
 def measure_memory(args, backends: list[str], device) -> dict:
     """Step peak memory per backend and case (quick mode: the first backend only)."""
-    out = {}
+    out, names = {}, cases(args)
     for b in backends[:1] if args.quick else backends:
         if device.type == "cuda":
-            out[b] = {c: step_peak(args, b, c, device) for c in cases(args)}
+            out[b] = {c: step_peak(args, b, c, device) for c in names}
         else:
             common.log(f"memory: {b}, one fresh process per case")
-            names = cases(args)
-            runs = common.run_children(__file__, [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in names],
-                                       parallel=len(names) if args.quick else 1)
-            out[b] = dict(zip(names, runs))
+            runs = [child_args(args) + ["--memory-child", f"{b}:{c}"] for c in names]
+            out[b] = dict(zip(names, common.run_children(__file__, runs, len(names) if args.quick else 1)))
     return out
 
 
@@ -286,7 +276,9 @@ def main(argv=None) -> None:
     if args.memory_child:
         common.emit(step_peak(args, *args.memory_child.split(":"), torch.device("cpu")))   # a fresh process
         return
-    backends, skipped = backends_for(device, args.backends.split(","))
+    skipped = {b: "FlexAttention has no backward pass on CPU (a torch limit)"
+               for b in args.backends.split(",") if b == "flex" and device.type != "cuda"}
+    backends = [b for b in args.backends.split(",") if b not in skipped]
     H, W = args.grid
     T = 1 + H * W - 1
     slots = {case: register_slots(case, args, device) for case in cases(args)}
@@ -301,9 +293,8 @@ def main(argv=None) -> None:
 
     memory = {} if args.no_memory else measure_memory(args, backends, device)
 
-    ratios = {}
-    for b in backends:
-        r = {}
+    ratios = {b: {} for b in backends}
+    for b, r in ratios.items():
         for c in ("sparse", "dense"):
             ideal = (T + slots[c][0]) / T
             r[f"{c}_time"] = times[f"{b}/{c}"] / times[f"{b}/ntp"]
@@ -314,7 +305,6 @@ def main(argv=None) -> None:
                 r[f"{c}_mem_vs_ideal"] = r[f"{c}_mem"] / ideal
             if args.self_distill:
                 r.update(distill_ratios(b, c, times, memory))
-        ratios[b] = r
 
     # ---- MFU of the NTP step at full depth
     mfu = None
