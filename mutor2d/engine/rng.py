@@ -30,22 +30,13 @@ def seed_process(seed: int, rank: int, device: torch.device | str = "cpu") -> to
     return torch.Generator(device).manual_seed(rank_seed(seed, rank, 1))
 
 
-def _numpy_state() -> dict:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss)}
-
-
-def _set_numpy_state(s) -> None:
-    if not isinstance(s, tuple):                  # a tuple: checkpoints written before states were tensors
-        s = (s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"])
-    np.random.set_state(s)
-
-
 def rng_state(layout_gen: torch.Generator, device: torch.device) -> dict:
     """This process's RNG states: tensors and plain values only."""
-    state = {"torch": torch.get_rng_state(), "layout": layout_gen.get_state(),
-             "numpy": _numpy_state(), "python": random.getstate()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+             "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    state = {"torch": torch.get_rng_state(), "layout": layout_gen.get_state(), "numpy": numpy,
+             "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -58,7 +49,11 @@ def set_rng_state(state: dict, layout_gen: torch.Generator, device: torch.device
     same_kind = state["layout"].numel() == layout_gen.get_state().numel()
     if same_kind:
         layout_gen.set_state(state["layout"])
-    _set_numpy_state(state["numpy"])
+    np_state = state["numpy"]
+    if not isinstance(np_state, tuple):           # a tuple: checkpoints written before states were tensors
+        np_state = (np_state["kind"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                    np_state["has_gauss"], np_state["gauss"])
+    np.random.set_state(np_state)
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     if device.type == "cuda" and "cuda" in state:

@@ -288,7 +288,11 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
         run.checkpoint_state("dcp" in saved).restore(saved, ("ema", "rng", "health"))
         if acc.is_main_process:
             print(f"resuming from step {start} ({resume_path})", flush=True)
-            _note_schedule_change(saved["config"], cfg)
+            old = saved["config"].get("train", {}).get("max_steps")
+            if old is not None and old != cfg.train.max_steps and cfg.optim.schedule == "cosine":
+                print(f"note: train.max_steps changed {old} -> {cfg.train.max_steps}: the cosine schedule is "
+                      f"rebuilt for {cfg.train.max_steps} steps (it ends at optim.min_lr={cfg.optim.min_lr:g})",
+                      flush=True)
     run.loader = build_loader(cfg, kind, dataset, acc, start)
     return run
 
@@ -303,10 +307,3 @@ def record_provenance(run: RunState) -> dict:
         warn(f"this session's {', '.join(changed)} differ from the run's first session "
              f"({run.run_dir / provenance.RUN_FILE})")
     return prov
-
-
-def _note_schedule_change(saved: dict, cfg) -> None:
-    old = saved.get("train", {}).get("max_steps")
-    if old is not None and old != cfg.train.max_steps and cfg.optim.schedule == "cosine":
-        print(f"note: train.max_steps changed {old} -> {cfg.train.max_steps}: the cosine schedule is rebuilt "
-              f"for {cfg.train.max_steps} steps (it ends at optim.min_lr={cfg.optim.min_lr:g})", flush=True)
