@@ -19,7 +19,7 @@ import torch
 from .. import checkpoint as ckpt_lib
 from ..io import say, warn
 from ..checkpoint.resume import Retention
-from .runlog import JsonLog
+from .runlog import JsonLog, skip_words
 from .setup import RunState
 from .sharding import all_finite, is_sharded
 
@@ -85,14 +85,8 @@ class Logger:
             self.skipped[reason] += 1
             self.session_skips[reason] += 1
             self.log.write({"event": "skip", "step": step, "reason": reason, **judged})
-            self.bar.set_postfix({"skipped": self.skip_text()}, refresh=False)
+            self.bar.set_postfix({"skipped": skip_words(self.session_skips)}, refresh=False)
         self.bar.update(1)
-
-    def skip_text(self) -> str:
-        """This session's skipped updates: "0", or "3 (1 nonfinite, 2 blowup)"."""
-        total = sum(self.session_skips.values())
-        parts = ", ".join(f"{n} {why}" for why, n in sorted(self.session_skips.items()))
-        return f"{total} ({parts})" if total else "0"
 
     def __call__(self, run: RunState, status: StepStatus) -> None:
         if self.steps == 0 or not (due(run.cfg.train.log_every, status) or status.stopping):
@@ -104,7 +98,7 @@ class Logger:
         loss = rec.get("loss")
         rate = next((k for k in rec if k.endswith("_per_s")), None)
         shown = {"loss": f"{loss:.4f}" if loss is not None else "skipped", **({rate: f"{rec[rate]:.0f}"} if rate else {}),
-                 **({"skipped": self.skip_text()} if self.session_skips else {})}
+                 **({"skipped": skip_words(self.session_skips)} if self.session_skips else {})}
         self.bar.set_postfix(shown, refresh=False)
         self._reset()
         if self.main:

@@ -250,5 +250,5 @@ def _loop(run: RunState, hooks: Hooks) -> None:
                 raise Preempted(f"stopped by signal {signals.signum} at step {step + 1}; "
                                 f"continue with --resume auto")
     if run.main and run.start < t.max_steps:
-        say(f"trained steps {run.start + 1}-{t.max_steps}: {hooks.logger.skip_text()} updates skipped by the "
-            f"blow-up guard; run folder {run.run_dir.absolute()}")
+        say(f"trained steps {run.start + 1}-{t.max_steps}: {runlog.skip_words(hooks.logger.session_skips)} "
+            f"updates skipped by the blow-up guard; run folder {run.run_dir.absolute()}")

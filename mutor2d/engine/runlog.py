@@ -73,6 +73,12 @@ def skip_counts(run_dir, upto: int | None = None) -> dict[str, int]:
     return dict(Counter(skip["reason"] for skip in read_skips(run_dir) if upto is None or skip["step"] <= upto))
 
 
+def skip_words(counts: dict[str, int]) -> str:
+    """Skipped updates by reason in words: "0", or "3 (1 nonfinite, 2 blowup)"."""
+    total = sum(counts.values())
+    return f"{total} ({', '.join(f'{n} {why}' for why, n in sorted(counts.items()))})" if total else "0"
+
+
 def last_step(run_dir) -> int:
     """The last step the run logged (0 when none)."""
     return max((r.get("step", 0) for r in read_log(run_dir)), default=0) if (Path(run_dir) / "log.jsonl").is_file() else 0
@@ -120,10 +126,8 @@ def skip_table(runs: list) -> str:
     for arm, members in groups.items():
         updates = sum(last_step(r) for r in members)
         by = sum((Counter(skip_counts(r)) for r in members), Counter())
-        skipped = sum(by.values())
-        detail = f" ({', '.join(f'{n} {k}' for k, n in sorted(by.items()))})" if by else ""
-        share = f"{skipped / updates:.2%}" if updates else "–"
-        lines.append(f"| {arm} | {len(members)} | {updates} | {skipped}{detail} | {share} |")
+        share = f"{sum(by.values()) / updates:.2%}" if updates else "–"
+        lines.append(f"| {arm} | {len(members)} | {updates} | {skip_words(by)} | {share} |")
     return "\n".join(lines)
 
 

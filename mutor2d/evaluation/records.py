@@ -241,12 +241,10 @@ def _table_row(rec: dict, extra: list[str]) -> list[str]:
 
 def skips_text(run_dir: Path | None, step=None) -> str:
     """Updates the blow-up guard skipped up to ``step``: "0", "3 (1 nonfinite, 2 blowup)", "?" (no log)."""
-    from ..engine.runlog import skip_counts
+    from ..engine.runlog import skip_counts, skip_words
     if run_dir is None or not (Path(run_dir) / "log.jsonl").is_file():
         return "?"
-    counts = skip_counts(run_dir, None if step is None else int(step))
-    total = sum(counts.values())
-    return f"{total} ({', '.join(f'{n} {why}' for why, n in sorted(counts.items()))})" if total else "0"
+    return skip_words(skip_counts(run_dir, None if step is None else int(step)))
 
 
 def _decode_text(rec: dict) -> str:
