@@ -4,6 +4,7 @@ Inception ("inception") or a classifier trained here ("digits", "photos"). A ref
 are read with ``torch.load(weights_only=True)``, never through torch-fidelity's loaders."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -130,13 +131,10 @@ def cached_features(key: str | None, cache_root, compute) -> dict:
     if key is None or cache_root is None:
         return compute()
     path = Path(cache_root) / f"{key}-features.pt"
-    if path.is_file():
-        try:
-            found = load_tensors(path, "feature cache entry")
-            if isinstance(found, dict) and all(isinstance(v, torch.Tensor) for v in found.values()):
-                return found
-        except MetricsError:
-            pass
+    with contextlib.suppress(MetricsError):          # none yet, or unreadable: computed
+        found = load_tensors(path, "feature cache entry")
+        if isinstance(found, dict) and all(isinstance(v, torch.Tensor) for v in found.values()):
+            return found
     feats = compute()
     write_atomic(path, lambda f: torch.save(feats, f))
     return feats
@@ -204,8 +202,7 @@ def extract_features(source: ImageSource, *, features: str = "inception", weight
 
 def plan_metrics(samples: ImageSource, reference: ImageSource, metrics) -> tuple[set, dict]:
     """(metrics to compute, {metric: why skipped}); too few samples is an error."""
-    unknown = sorted(set(metrics) - set(METRICS))
-    if unknown:
+    if unknown := sorted(set(metrics) - set(METRICS)):
         raise MetricsError(f"metric {unknown[0]!r}: expected some of {list(METRICS)}")
     n1, n2 = samples.n or 0, reference.n or 0
     if n1 == 0:
@@ -271,13 +268,12 @@ def compute_metrics(samples: ImageSource, reference: ImageSource, *, features: s
     layers = {layer["isc" if m == "is" else m] for m in want} | ({"logits"} if labels else set())
     if not layers:
         raise MetricsError(f"nothing to compute: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
-    need_ref = bool(want & {"prc", "kid"}) or ("fid" in want and reference.mu is None)
 
     cuda = use_cuda(device)
     fe = build_extractor(features, layers, weights_path, cuda, verbose)
     f1 = features_of(samples.dataset, fe, cuda=cuda, batch_size=batch_size, verbose=verbose)
     f2 = None
-    if need_ref:
+    if want & {"prc", "kid"} or ("fid" in want and reference.mu is None):      # reference features needed
         key = "mutor2d-" + hashlib.sha1(f"{reference.identity}|{evaluator['feature_extractor']}|"
                                         f"{evaluator.get('weights_sha256', '')}|{'+'.join(sorted(layers))}"
                                         .encode()).hexdigest()[:16]

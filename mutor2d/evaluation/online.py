@@ -51,14 +51,13 @@ def online_record(cfg, step: int, metrics: dict) -> dict:
     ``online_stepN``, plain decoding with the run's sample settings, the digits classifier's features
     against digits:train."""
     s = cfg.sample
-    weights = embedded_weights("digits", cfg.data.data_seed)
     sampling = {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
                 "seed": s.seed, "decode": "plain", "step": step, "source": "online (train.eval_every)"}
     return make_record_fields(
-        metrics=metrics, evaluator=evaluator_info("digits", weights), reference="digits:train",
-        reference_detail={"n": None, "stored_stats": False}, n=cfg.train.eval_per_class * cfg.model.num_classes,
-        sampling=sampling, samples=f"online_step{step:08d}", config=cfg.to_dict(),
-        objective=section_dict(cfg.objective))
+        metrics=metrics, evaluator=evaluator_info("digits", embedded_weights("digits", cfg.data.data_seed)),
+        reference="digits:train", reference_detail={"n": None, "stored_stats": False},
+        n=cfg.train.eval_per_class * cfg.model.num_classes, sampling=sampling, samples=f"online_step{step:08d}",
+        config=cfg.to_dict(), objective=section_dict(cfg.objective))
 
 
 def digits_floor(n: int | None = None, data_seed: int = DIGITS_DATA_SEED, cache_dir=None) -> dict:

@@ -100,10 +100,8 @@ def write_record(record: dict, path: str | os.PathLike) -> Path:
 def run_provenance(folder: Path, checkpoint: str | None) -> dict | None:
     """Latest RUN/provenance.json session of the run above RUN/eval/, else the checkpoint's run; or None."""
     runs = [folder.parent] if folder.name == "eval" else []
-    runs += [p for p in (run_dir_from_meta({"checkpoint": checkpoint}), Path(checkpoint) if checkpoint else None)
-             if p is not None]
-    sessions = next((found for found in map(provenance_lib.read_sessions, runs) if found), [])
-    return sessions[-1] if sessions else None
+    runs += [run_dir_from_meta({"checkpoint": checkpoint}), Path(checkpoint)] if checkpoint else []
+    return next((found[-1] for run in runs if run and (found := provenance_lib.read_sessions(run))), None)
 
 
 def record_provenance(rec: dict) -> dict | None:

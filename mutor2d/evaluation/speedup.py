@@ -10,6 +10,7 @@ import statistics
 
 from .plan import WINDOW, method_steps, reference_steps
 from .records import markdown
+from .study_tables import step_values, t95
 
 MARGIN = 0.05              # confirmed needs the upper bound below +0.05 (5 % in FID)
 GAP = 0.163                # the gap the study is sized for: 15 % in FID, log(1 / 0.85)
@@ -24,7 +25,6 @@ def window_log_fid(groups: dict, label: str, steps: list[int], cfg: float) -> di
 
 def decide(diffs: list[float]) -> dict:
     """The decision rule on per-seed D values: {"n", "mean", "lo", "hi", "sd", "verdict"}."""
-    from .study_tables import t95
     m, h = t95(diffs)
     lo, hi = m - h, m + h
     verdict = ("not decided" if len(diffs) < 2 else "confirmed" if m <= 0 and hi < MARGIN else
@@ -55,10 +55,9 @@ def crossing(curve: list[tuple[int, float]], level: float) -> float | None:
 
 def _ratios(groups: dict, cfg: float, method: str, T: int, reference: str, seeds: list) -> tuple[float, float]:
     """(method's ratio, reference's self-ratio) over the given seeds (repeats allowed)."""
-    scored = sorted(k[1] for k in groups if k[0] == reference and isinstance(k[1], int))
-    curve = [(s, statistics.fmean(math.log(groups[(reference, s)]["by_seed"][cfg]["fid"][seed]) for seed in seeds))
-             for s in scored if all(seed in groups[(reference, s)]["by_seed"].get(cfg, {}).get("fid", {})
-                                    for seed in seeds)]
+    fids = step_values(groups, reference, cfg, "fid")
+    curve = [(s, statistics.fmean(math.log(fids[s][seed]) for seed in seeds))
+             for s in sorted(fids) if all(seed in fids[s] for seed in seeds)]
     centre, ratios = WINDOW[1] * T, []
     for label in (method, reference):
         late = window_log_fid(groups, label, method_steps(T), cfg)
@@ -116,8 +115,7 @@ def report(test: dict, ratio: dict) -> str:
              f"**{test['verdict']}** (confirmed if D <= 0 and its upper bound < +{MARGIN}; refuted if its lower "
              "bound > 0)", "",
              markdown(["seed", "D (log-FID)"], [[str(s), f"{d:+.3f}"] for s, d in test["per_seed"].items()])]
-    g = test["reference_gain"]
-    if g:
+    if g := test["reference_gain"]:
         lines += ["", f"{test['reference']}'s own gain from T to 2T (its window at T minus its window at 2T, "
                   f"log-FID): {g['mean']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}] over {g['n']} seeds"]
     if ratio:

@@ -60,8 +60,7 @@ def run_study(study: Study) -> dict:
     md = table(groups, study.cfg_scales)
     for cfg in study.cfg_scales:
         for metric, (name, _, _) in PAIRED.items():
-            rows = paired_table(groups, cfg, metric=metric)
-            if rows:      # else no run scored this metric (the digits study has no KID)
+            if rows := paired_table(groups, cfg, metric=metric):   # else no run scored it (digits: no KID)
                 md += f"\n\nPaired by seed, {name}, cfg {cfg:g}:\n\n" + rows
                 md += (f"\n\nPaired by seed, {name} averaged over the last {LATE_STEPS} steps scored, "
                        f"cfg {cfg:g}:\n\n" + late_table(groups, cfg, LATE_STEPS, metric=metric))

@@ -92,10 +92,9 @@ def evaluate(run_dir: Path, step: int, cfg_scales: list[float], num: int, label:
     for s, name in zip(cfg_scales, names):
         npz = run_dir / "samples" / f"{name}.npz"
         sample_cfg = config_lib.make("sample", cfg_scale=s)                   # plain decoding, temperature 1, no top-k/p
-        settings = generation.sampling_settings(sample_cfg)
-        meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(),
-                                     settings=settings, seed=seed, classes=classes, num=num,
-                                     batch_size=batch_size, ema=src.ema, grid=src.grid)
+        meta = npz_files.sample_meta(checkpoint=str(path), step=src.step, config=src.cfg.to_dict(), seed=seed,
+                                     settings=generation.sampling_settings(sample_cfg), classes=classes,
+                                     num=num, batch_size=batch_size, ema=src.ema, grid=src.grid)
         npz_files.NpzJob(npz, labels, batch_size, seed, meta).complete(
             generation.make_sampler(src.model, src.tokenizer, src.grid, sample_cfg))
         samples = open_images(npz)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from . import records
 from .plan import COMPUTE_MATCHED, METHODS, label_parts
-from .study_runs import read_curve
 
 VAL_BEST = "val-best"       # the step of a run picked by validation NLL (a table row, not a number)
 
 
 def collect(out: Path) -> list[dict]:
     """The study's records; those at a label's validation-selected step get ``study["val_best"]``."""
+    from .study_runs import read_curve            # torch: the tables and the speedup test need none
     recs = []
     for run in sorted(p for p in out.glob("*/*") if (p / "eval").is_dir()):
         selected = read_curve(run)["selected"]
@@ -146,8 +146,7 @@ def paired_rows(groups: dict, cfg: float, reference: str, metric: str, windows) 
         mine = step_values(groups, label, cfg, metric)
         for steps in windows(sorted(set(mine) & set(ref))):
             seeds = sorted(set.intersection(*[set(mine[s]) & set(ref[s]) for s in steps]), key=str)
-            diffs = [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in seeds]
-            if diffs:
+            if diffs := [statistics.fmean(mine[s][seed] - ref[s][seed] for s in steps) for seed in seeds]:
                 rows.append(paired_cells(label, ", ".join(map(str, steps)), diffs, metric))
     return rows
 
@@ -162,8 +161,7 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
 def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
     """Markdown: per seed, ``metric`` averaged over the last ``last`` shared steps minus ``reference``'s."""
     rows = paired_rows(groups, cfg, reference, metric, lambda steps: [steps[-last:]] if steps else [])
-    name = PAIRED[metric][0]
-    head = ["method", "steps", "seeds", f"mean {name} minus {reference} [95% CI]", "wins / losses"]
+    head = ["method", "steps", "seeds", f"mean {PAIRED[metric][0]} minus {reference} [95% CI]", "wins / losses"]
     return records.markdown(head, rows)
 
 
