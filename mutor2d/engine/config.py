@@ -24,9 +24,8 @@ class OptimConfig:
     def check(self) -> None:
         if self.lr <= 0:
             fail("optim.lr", "> 0", self.lr)
-        for b in self.betas:
-            if not 0 <= b < 1:
-                fail("optim.betas", "values in [0, 1)", list(self.betas))
+        if not all(0 <= b < 1 for b in self.betas):
+            fail("optim.betas", "values in [0, 1)", list(self.betas))
         for k in ("weight_decay", "warmup_steps", "min_lr", "grad_clip"):
             at_least(f"optim.{k}", getattr(self, k), 0)
 

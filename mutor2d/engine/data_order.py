@@ -49,14 +49,10 @@ class StepBatches:
         return torch.cat(out)
 
     def positions(self, first: int, count: int) -> torch.Tensor:
-        """Dataset indices of stream positions first .. first+count-1."""
-        out, pos = [], first
-        while pos < first + count:
-            epoch, off = divmod(pos, self.n)
-            take = min(self.n - off, first + count - pos)
-            out.append(self._perm_of(epoch)[off:off + take])
-            pos += take
-        return torch.cat(out)
+        """Dataset indices of stream positions first .. first+count-1 (epoch e holds e*n .. e*n+n-1)."""
+        last = first + count
+        return torch.cat([self._perm_of(e)[max(first - e * self.n, 0):last - e * self.n]
+                          for e in range(first // self.n, (last - 1) // self.n + 1)])
 
     def __len__(self) -> int:
         return max(0, self.end - self.start) * self.accum

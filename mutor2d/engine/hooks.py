@@ -126,10 +126,9 @@ class Logger:
         if (rule := run.step_rule()) is not None:   # a scheduled loss weight: its last update's value, as lr
             rec["reg_weight"] = rule.reg_weight
         vals = {}
-        if self.sums:
-            keys = sorted(self.sums)
-            vals = run.acc.reduce(torch.stack([self.sums[k] for k in keys]).to(run.device), reduction="sum")
-            vals = dict(zip(keys, vals.tolist()))
+        if keys := sorted(self.sums):
+            summed = run.acc.reduce(torch.stack([self.sums[k] for k in keys]).to(run.device), reduction="sum")
+            vals = dict(zip(keys, summed.tolist()))
             per_update = self.applied * run.acc.num_processes
             rec.update({k: v / per_update for k, v in vals.items() if k != "seq_tokens"})
         rec.update(run.kind.rates(run, self.steps, self.applied, dt, vals))

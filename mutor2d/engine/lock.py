@@ -72,11 +72,10 @@ class Owner:
         if self.host != socket.gethostname():
             return None
         try:
-            os.kill(self.pid, 0)
+            with contextlib.suppress(PermissionError):      # alive, another user's
+                os.kill(self.pid, 0)
         except ProcessLookupError:
             return False
-        except PermissionError:                    # alive, another user's
-            pass
         proc = _start_ticks(self.pid)               # None off Linux: running
         return proc is None or (proc[0] != "Z" and (self.ticks is None or proc[1] == self.ticks))
 

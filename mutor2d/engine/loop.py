@@ -187,10 +187,9 @@ def _train(cfg, run_dir, resume: str | None, kind, resume_with) -> Path:
         from .. import config as config_lib
         write_text_atomic(run.run_dir / "config.yaml", config_lib.dump(run.cfg))    # a failed write leaves none
         run.provenance = record_provenance(run)
-    if run.cfg.train.tracker != "none":
-        scalars = {k: v if isinstance(v, (int, float, str, bool)) else str(v)     # tracker hyper-parameters
-                   for k, v in flat(run.cfg.to_dict()).items()}
-        run.acc.init_trackers("tb", config=scalars)
+    if run.cfg.train.tracker != "none":                      # the config as the tracker's hyper-parameters
+        run.acc.init_trackers("tb", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                                            for k, v in flat(run.cfg.to_dict()).items()})
     run.module.train()
     t0 = time.perf_counter()
     hooks.logger.start()                      # the progress bar: closed before any line that ends the run
@@ -219,10 +218,8 @@ def startup_line(run: RunState) -> str:
 
 def short_count(n: int) -> str:
     """1234567 -> '1.23M'."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return str(n)
+    return next((f"{n / size:.3g}{unit}" for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if n >= size),
+                str(n))
 
 
 def _loop(run: RunState, hooks: Hooks) -> None:
