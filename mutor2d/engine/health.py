@@ -55,7 +55,10 @@ class Health:
         if weight_norm is not None:
             values["weight_norm"] = float(weight_norm)
         limits = self.limits()
-        self.last, quantity = self._verdict(values, limits)
+        bad = [k for k, v in values.items() if not math.isfinite(v)]
+        over = [k for k in ("weight_norm", "grad_norm") if k in values and k in limits and values[k] > limits[k]]
+        quantity = next(iter(bad + over), None)             # the quantity judged unhealthy, if any
+        self.last = "nonfinite" if bad else "blowup" if over else None
         self.fatal = self.last == "nonfinite" or quantity == "weight_norm"
         self.judged = {"values": values, "limits": limits, "quantity": quantity}
         if all(math.isfinite(v) for v in values.values()):
@@ -73,15 +76,6 @@ class Health:
         if self.factor and len(weights) >= MIN_HISTORY and statistics.median(weights) > 0:
             out["weight_norm"] = self.factor * statistics.median(weights)
         return out
-
-    @staticmethod
-    def _verdict(values: dict, limits: dict) -> tuple[str | None, str | None]:
-        if bad := [k for k, v in values.items() if not math.isfinite(v)]:
-            return "nonfinite", bad[0]
-        for k in ("weight_norm", "grad_norm"):
-            if k in values and k in limits and values[k] > limits[k]:
-                return "blowup", k
-        return None, None
 
     def state_dict(self) -> dict:
         """The histories: a list of values per quantity (a checkpoint part: mutor2d.checkpoint.state)."""

@@ -61,8 +61,7 @@ def last_step(groups: dict, method: str) -> int | None:
         m, frac = label_parts(label)
         if m == method and isinstance(at, int):
             steps.setdefault(frac, set()).add(at)
-    common = set.intersection(*steps.values()) if steps else set()
-    return max(common) if common else None
+    return max(set.intersection(*steps.values()), default=None) if steps else None
 
 
 def fraction_plot(groups: dict, methods: list[str], out: Path) -> Path:

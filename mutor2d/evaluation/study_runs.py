@@ -31,7 +31,6 @@ from .plan import COMPUTE_MATCHED, StudyError, run_config
 from .sources import DIGITS_DATA_SEED, ArrayImages, ImageSource, open_images
 
 VAL_CURVE_FILE = "val_nll.json"
-SAMPLE_METRICS = ("fid", "is", "prc", "kid")
 
 
 def train_seconds(run_dir: Path) -> tuple[float, int]:
@@ -67,7 +66,7 @@ def data_reference(data_name: str, data_seed: int, cache: Path, split: str = "tr
 
 
 def score(samples, ref, features: str, weights, cache: Path, device: str = "cpu"):
-    return compute_metrics(samples, ref, features=features, weights_path=weights, metrics=SAMPLE_METRICS,
+    return compute_metrics(samples, ref, features=features, weights_path=weights,
                            cache_root=cache / "fidelity_cache", device=device)
 
 
