@@ -48,10 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> Path:
-    """Load and check the run's config (a bad one fails before torch is imported), then train. Where a
-    resumed run continues from, and with which config, the engine decides once, holding the run's lock
-    (mutor2d.engine.setup.ResumeWith: the saved config plus --set / --max-steps)."""
+    """Load the plugins (MUTOR2D_PLUGINS), load and check the run's config (a bad one fails before torch
+    is imported), then train. Where a resumed run continues from, and with which config, the engine
+    decides once, holding the run's lock (mutor2d.engine.setup.ResumeWith: the saved config plus --set /
+    --max-steps)."""
     from mutor2d.engine import default_run_dir
+    load_plugins()
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
@@ -80,11 +82,7 @@ def main(argv=None) -> Path:
 def execute(args: argparse.Namespace) -> Path:
     """Run the parsed command line (train.py's, or a shim's with the same options) -> the run folder."""
     from mutor2d.engine.entry import run_entry
-
-    def start() -> Path:
-        load_plugins()
-        return run(args)
-    return run_entry(start)        # the run's last line is its summary (or its error), naming the run folder
+    return run_entry(lambda: run(args))    # the last line: the run's summary or error, naming its folder
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class Health:
         self.last = "nonfinite" if bad else "blowup" if over else None
         self.fatal = self.last == "nonfinite" or quantity == "weight_norm"
         self.judged = {"values": values, "limits": limits, "quantity": quantity}
-        if all(math.isfinite(v) for v in values.values()):
+        if not bad:
             self.history["grad_norm"].append(values["grad_norm"])
             if self.last is None and "weight_norm" in values:
                 self.history["weight_norm"].append(values["weight_norm"])

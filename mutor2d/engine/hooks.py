@@ -54,7 +54,6 @@ class Logger:
         self.main = run.main
         self.session_skips: Counter[str] = Counter()
         self.log = JsonLog(run.run_dir / "log.jsonl", run.start, run.main)
-        self.tracker = run.cfg.train.tracker != "none"
         self.start_step, self.max_steps, self.bar = run.start, run.cfg.train.max_steps, None
         self.lines = run.main and not sys.stderr.isatty()
         self._reset()
@@ -93,7 +92,7 @@ class Logger:
             return
         rec = self.record(run, status.done)
         self.log.write(rec)
-        if self.tracker:
+        if run.cfg.train.tracker != "none":
             run.acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=status.done)
         loss = rec.get("loss")
         rate = next((k for k in rec if k.endswith("_per_s")), None)

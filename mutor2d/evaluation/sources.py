@@ -64,9 +64,8 @@ class NpzImages(Dataset):
         return self.shape[0]
 
     def __getitem__(self, i: int) -> Tensor:
-        if self._handle is None or self._pid != os.getpid():
-            self._handle = zipfile.ZipFile(self.path).open(f"{self.key}.npy")
-            self._pid = os.getpid()
+        if self._pid != os.getpid():                 # a handle per process (None after pickling)
+            self._handle, self._pid = zipfile.ZipFile(self.path).open(f"{self.key}.npy"), os.getpid()
         self._handle.seek(self.offset + i * self.item_bytes)
         img = np.frombuffer(self._handle.read(self.item_bytes), dtype=np.uint8).reshape(self.shape[1:])
         return torch.from_numpy(img.copy()).permute(2, 0, 1)
