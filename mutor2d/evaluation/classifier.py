@@ -3,6 +3,7 @@ untouched, a cache file named by the settings' hash, and the torch-fidelity extr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,31 +32,29 @@ def fit(net_class: type, x: Tensor, y: Tensor, settings, flip: bool = False) -> 
     ``settings.epochs`` epochs of batches of ``settings.batch_size`` (seeded by ``settings.seed``; ``flip``:
     each image mirrored with probability 1/2). Deterministic; the global RNG untouched; one CPU thread
     (these ops are too small to gain from more, and lose a lot on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            net = net_class(settings.width, settings.feat_dim)
-            opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
-            gen = torch.Generator().manual_seed(settings.seed)
-            steps = settings.epochs * -(-len(y) // settings.batch_size)
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-            net.train()
-            for _ in range(settings.epochs):
-                for idx in torch.randperm(len(y), generator=gen).split(settings.batch_size):
-                    xb = x[idx]
-                    if flip:
-                        mirror = torch.rand(len(idx), generator=gen) < 0.5
-                        xb = torch.where(mirror[:, None, None, None], xb.flip(-1), xb)
-                    loss = F.cross_entropy(net(xb)[1], y[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    sched.step()
+    with contextlib.ExitStack() as stack:
+        stack.callback(torch.set_num_threads, torch.get_num_threads())     # restored on the way out
+        torch.set_num_threads(1)
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        torch.manual_seed(settings.seed)
+        net = net_class(settings.width, settings.feat_dim)
+        opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
+        gen = torch.Generator().manual_seed(settings.seed)
+        steps = settings.epochs * -(-len(y) // settings.batch_size)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        net.train()
+        for _ in range(settings.epochs):
+            for idx in torch.randperm(len(y), generator=gen).split(settings.batch_size):
+                xb = x[idx]
+                if flip:
+                    mirror = torch.rand(len(idx), generator=gen) < 0.5
+                    xb = torch.where(mirror[:, None, None, None], xb.flip(-1), xb)
+                loss = F.cross_entropy(net(xb)[1], y[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
         return net.eval()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def cached(name: str, settings, train: Callable, cache_dir: str | os.PathLike | None = None) -> Path:

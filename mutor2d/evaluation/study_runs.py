@@ -112,8 +112,7 @@ def candidates(every: int, upto: int) -> list[int]:
 
 def select_step(curve: dict[int, float], upto: int) -> int:
     """The step with the lowest validation NLL among the curve's steps <= ``upto`` (the earliest on a tie)."""
-    steps = [s for s in sorted(curve) if s <= upto]
-    if not steps:
+    if not (steps := [s for s in curve if s <= upto]):
         raise StudyError(f"no validation NLL at or before step {upto}")
     return min(steps, key=lambda s: (curve[s], s))
 
