@@ -42,12 +42,11 @@ class RunLocked(ConfigError):
 
 def _start_ticks(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks since boot) of ``pid`` from /proc; None off Linux."""
-    try:
+    with contextlib.suppress(OSError):
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()       # fields 3.. of proc(5); the name may hold spaces
-    return fields[0], int(fields[19])
+        fields = stat.rsplit(")", 1)[1].split()       # fields 3.. of proc(5); the name may hold spaces
+        return fields[0], int(fields[19])
+    return None
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,9 @@ class Owner:
 
 def read_owner(path: Path) -> Owner | None:
     """The owner a lock file names; None if the file is gone, empty or not a lock."""
-    try:
+    with contextlib.suppress(OSError, ValueError, TypeError):
         return Owner(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return None
 
 
 def _create(path: Path, me: Owner) -> bool:
@@ -118,12 +116,11 @@ def _folder_mutex(folder: Path):
 
 
 def _is_stale(path: Path, owner: Owner | None) -> bool:
-    if owner is None:
-        try:
-            return time.time() - path.stat().st_mtime > EMPTY_STALE_S
-        except FileNotFoundError:
-            return False
-    return owner.running() is False
+    if owner is not None:
+        return owner.running() is False
+    with contextlib.suppress(FileNotFoundError):            # an empty lock file: stale once old enough
+        return time.time() - path.stat().st_mtime > EMPTY_STALE_S
+    return False
 
 
 def acquire(run_dir: str | os.PathLike) -> Owner:
