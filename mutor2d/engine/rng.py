@@ -33,9 +33,9 @@ def seed_process(seed: int, rank: int, device: torch.device | str = "cpu") -> to
 def rng_state(layout_gen: torch.Generator, device: torch.device) -> dict:
     """This process's RNG states: tensors and plain values only."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-             "has_gauss": int(has_gauss), "gauss": float(gauss)}
-    state = {"torch": torch.get_rng_state(), "layout": layout_gen.get_state(), "numpy": numpy,
+    np_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    state = {"torch": torch.get_rng_state(), "layout": layout_gen.get_state(), "numpy": np_state,
              "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
