@@ -56,7 +56,8 @@ class Health:
             values["weight_norm"] = float(weight_norm)
         limits = self.limits()
         bad = [k for k, v in values.items() if not math.isfinite(v)]
-        over = [k for k in ("weight_norm", "grad_norm") if k in values and k in limits and values[k] > limits[k]]
+        over = [k for k in ("weight_norm", "grad_norm")
+                if k in values and k in limits and values[k] > limits[k]]
         quantity = next(iter(bad + over), None)             # the quantity judged unhealthy, if any
         self.last = "nonfinite" if bad else "blowup" if over else None
         self.fatal = self.last == "nonfinite" or quantity == "weight_norm"

@@ -291,8 +291,8 @@ def build_run(cfg, run_dir: str | os.PathLike, resume: str | None, kind: RunKind
             old = saved["config"].get("train", {}).get("max_steps")
             if old is not None and old != cfg.train.max_steps and cfg.optim.schedule == "cosine":
                 print(f"note: train.max_steps changed {old} -> {cfg.train.max_steps}: the cosine schedule is "
-                      f"rebuilt for {cfg.train.max_steps} steps (it ends at optim.min_lr={cfg.optim.min_lr:g})",
-                      flush=True)
+                      f"rebuilt for {cfg.train.max_steps} steps (it ends at optim.min_lr="
+                      f"{cfg.optim.min_lr:g})", flush=True)
     run.loader = build_loader(cfg, kind, dataset, acc, start)
     return run
 

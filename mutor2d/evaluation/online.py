@@ -55,8 +55,8 @@ def online_record(cfg, step: int, metrics: dict) -> dict:
                 "seed": s.seed, "decode": "plain", "step": step, "source": "online (train.eval_every)"}
     return make_record_fields(
         metrics=metrics, evaluator=evaluator_info("digits", embedded_weights("digits", cfg.data.data_seed)),
-        reference="digits:train", reference_detail={"n": None, "stored_stats": False},
-        n=cfg.train.eval_per_class * cfg.model.num_classes, sampling=sampling, samples=f"online_step{step:08d}",
+        reference="digits:train", reference_detail={"n": None, "stored_stats": False}, sampling=sampling,
+        n=cfg.train.eval_per_class * cfg.model.num_classes, samples=f"online_step{step:08d}",
         config=cfg.to_dict(), objective=section_dict(cfg.objective))
 
 

@@ -161,7 +161,8 @@ def paired_table(groups: dict, cfg: float, reference: str = "next-token", metric
 def late_table(groups: dict, cfg: float, last: int = 3, reference: str = "next-token", metric: str = "fid") -> str:
     """Markdown: per seed, ``metric`` averaged over the last ``last`` shared steps minus ``reference``'s."""
     rows = paired_rows(groups, cfg, reference, metric, lambda steps: [steps[-last:]] if steps else [])
-    head = ["method", "steps", "seeds", f"mean {PAIRED[metric][0]} minus {reference} [95% CI]", "wins / losses"]
+    name = PAIRED[metric][0]
+    head = ["method", "steps", "seeds", f"mean {name} minus {reference} [95% CI]", "wins / losses"]
     return records.markdown(head, rows)
 
 
