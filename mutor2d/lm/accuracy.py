@@ -151,15 +151,11 @@ def path_answer(text: str) -> str | None:
 
 # ----------------------------------------------------------------------------- every kind
 
-def check_kind(kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
-    return kind
-
-
 def extract(text: str, kind: str) -> str | None:
     """The final answer of a model output (None if it has none)."""
-    return {"gsm8k": gsm8k_answer, "math": boxed_answer, "path": path_answer}[check_kind(kind)](text)
+    if kind not in KINDS:
+        raise ValueError(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
+    return {"gsm8k": gsm8k_answer, "math": boxed_answer, "path": path_answer}[kind](text)
 
 
 def gold_answer(gold: str, kind: str) -> str:
@@ -185,12 +181,6 @@ def score(items: list[dict], kind: str) -> dict:
     no_answer = sum(extract(it["output"], kind) is None for it in items)
     return {"accuracy": correct / len(items) if items else 0.0, "n": len(items), "correct": correct,
             "no_answer": no_answer, "kind": kind}
-
-
-def scored_item(index: int, prompt: str, output: str, gold: str, kind: str) -> dict:
-    """One line of a prediction file."""
-    return {"index": index, "prompt": prompt, "output": output, "extracted": extract(output, kind),
-            "gold": gold, "correct": is_correct(output, gold, kind)}
 
 
 # ----------------------------------------------------------------------------- prediction files
@@ -255,12 +245,6 @@ def merge_parts(out: str | Path) -> list[dict]:
     return items
 
 
-def _keep_whole_lines(path: Path) -> None:
-    """Rewrite ``path`` without a last line cut short by a killed writer (so appends stay valid)."""
-    if path.is_file() and not path.read_text().endswith("\n") and path.stat().st_size:
-        path.write_text("".join(json.dumps(it) + "\n" for it in read_predictions(path, ())))
-
-
 def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int = 0, world: int = 1,
             batch_size: int = 8, agree=None) -> int:
     """Generate and score this process's share of ``items`` not yet in ``out`` or its part files,
@@ -273,14 +257,18 @@ def predict(items: list[dict], generate, out: str | Path, kind: str, rank: int =
                              "use another --out or delete it")
     todo = sorted((i for i in shard(list(range(len(items))), rank, world) if i not in done),
                   key=lambda i: (-len(items[i]["prompt_ids"]), i))
-    part = part_path(out, rank, world)
-    _keep_whole_lines(part)
+    part = part_path(out, rank, world)        # rewritten without a last line a killed writer cut short
+    if part.is_file() and part.stat().st_size and not part.read_text().endswith("\n"):
+        part.write_text("".join(json.dumps(it) + "\n" for it in read_predictions(part, ())))
     batches = [todo[start:start + batch_size] for start in range(0, len(todo), batch_size)]
     padding = agree(len(batches)) - len(batches) if agree else 0
     with open(part, "a") as f:
         for batch in batches:
             for i, text in zip(batch, generate([items[i] for i in batch])):
-                f.write(json.dumps(scored_item(i, items[i]["prompt"], text, items[i]["gold"], kind)) + "\n")
+                line = {"index": i, "prompt": items[i]["prompt"], "output": text,
+                        "extracted": extract(text, kind), "gold": items[i]["gold"],
+                        "correct": is_correct(text, items[i]["gold"], kind)}
+                f.write(json.dumps(line) + "\n")
             f.flush()
     for _ in range(padding):
         generate(items[:1])
