@@ -17,8 +17,7 @@ from .tasks import Size
 
 
 def final_loss(run: Path) -> float | None:
-    rows = [r for r in read_log(run) if "loss_ntp" in r]
-    return rows[-1]["loss_ntp"] if rows else None
+    return next((r["loss_ntp"] for r in reversed(read_log(run)) if "loss_ntp" in r), None)
 
 
 def table_rows(runs: dict[str, dict[int, Path]], max_steps: int) -> list[dict]:
@@ -203,20 +202,18 @@ def bootstrap(runs: dict[str, dict[int, Path]], reference: str, seed: int = 0) -
     seeds = sorted(set.intersection(*(set(by) for by in runs.values())))
     rng = np.random.default_rng(seed)
     out = {}
+
+    def interval(mean, draws) -> tuple[float, float, float]:
+        return (float(mean), *map(float, np.percentile(draws, [2.5, 97.5])))
     for step in steps:
         c = {arm: np.stack([correctness(by[s], step) for s in seeds]) for arm, by in runs.items()}  # (S, N)
         n_seeds, n_items = next(iter(c.values())).shape
         s_idx = rng.integers(0, n_seeds, (BOOTSTRAP_DRAWS, n_seeds))
         i_idx = rng.integers(0, n_items, (BOOTSTRAP_DRAWS, n_items))
         draws = {arm: np.array([m[si][:, ii].mean() for si, ii in zip(s_idx, i_idx)]) for arm, m in c.items()}
-        out[step] = {}
-        for arm, d in draws.items():
-            acc = (float(c[arm].mean()), *map(float, np.percentile(d, [2.5, 97.5])))
-            diff = None
-            if arm != reference and reference in draws:
-                diff = (float(c[arm].mean() - c[reference].mean()),
-                        *map(float, np.percentile(d - draws[reference], [2.5, 97.5])))
-            out[step][arm] = {"acc": acc, "diff": diff}
+        out[step] = {arm: {"acc": interval(c[arm].mean(), d),
+                           "diff": interval(c[arm].mean() - c[reference].mean(), d - draws[reference])
+                           if arm != reference and reference in draws else None} for arm, d in draws.items()}
     return out
 
 
