@@ -128,6 +128,14 @@ SETTINGS_METHODS = {"next-token": {"name": "ntp"},
                     "self-distilled targets": {**MUTOR_PAPER, "reg_target": "self_distill"}}
 STAR_METHODS = {"next-token": {"name": "ntp"},
                 "mutor-1d d=2..4": {"name": "mutor-1d", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}}
+ARITH_PRETRAINED = Task(
+    arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
+    Size(train=1000, test=200, shape=(2,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
+         pretrain_count=20000, pretrain_steps=3000),
+    Size(train=32, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
+         max_new_tokens=12, pretrain_count=64, pretrain_steps=3),
+    "lm_pretrained", "synthetic arithmetic, pretrained char-level Llama",
+    corpus=arith_corpus, prompt_modes=("causal", "bidirectional"))
 TASKS = {
     "arith": Task(
         arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
@@ -143,22 +151,12 @@ TASKS = {
         Size(train=64, test=8, shape=(2, 3, 20), hidden=16, layers=1, heads=2, max_steps=4, batch=8,
              eval_every=2, max_new_tokens=6),
         "lm_stargraph", "path-star graph, word-level Llama"),
-    "arith_pretrained": Task(
-        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
-        Size(train=1000, test=200, shape=(2,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
-             pretrain_count=20000, pretrain_steps=3000),
-        Size(train=32, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
-             max_new_tokens=12, pretrain_count=64, pretrain_steps=3),
-        "lm_pretrained", "synthetic arithmetic, pretrained char-level Llama",
-        corpus=arith_corpus, prompt_modes=("causal", "bidirectional")),
-    "arith_pretrained_4step": Task(
-        arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
-        Size(train=1000, test=200, shape=(4,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
-             max_new_tokens=60, pretrain_count=20000, pretrain_steps=3000, corpus_steps=(1, 2, 3)),
-        Size(train=32, test=8, shape=(2,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
-             max_new_tokens=12, pretrain_count=64, pretrain_steps=3, corpus_steps=(1,)),
-        "lm_pretrained_4step", "4-step arithmetic, base pretrained on 1-3 steps",
-        corpus=arith_corpus, prompt_modes=("causal", "bidirectional")),
+    "arith_pretrained": ARITH_PRETRAINED,
+    "arith_pretrained_4step": dataclasses.replace(
+        ARITH_PRETRAINED, stem="lm_pretrained_4step", title="4-step arithmetic, base pretrained on 1-3 steps",
+        size=dataclasses.replace(ARITH_PRETRAINED.size, shape=(4,), max_new_tokens=60,
+                                 corpus_steps=(1, 2, 3)),
+        quick=dataclasses.replace(ARITH_PRETRAINED.quick, shape=(2,), corpus_steps=(1,))),
     "stargraph_pretrained": Task(
         stargraph_records, graph_edges, stargraph_tokenizer, {"name": "jsonl", "kind": "path"},
         {**STAR_METHODS, "multihead d=2..4": {"name": "multihead", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}},
