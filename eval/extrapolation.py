@@ -119,11 +119,10 @@ def main(argv=None) -> dict:
     found = curves(args)
     summary = summarise(found)
     unit = "answer token" if args.kind == "lm" else "row"
-    result = {"kind": args.kind, "unit": unit, "data": getattr(args, "data", None), "stack": getattr(args, "stack", None),
-              "wrap": getattr(args, "wrap", None),
-              "runs": [{**r, "curve": r["curve"].to_dict()} for r in found], "summary": summary}
-    result["provenance"] = {"eval": provenance.provenance(),
-                            "runs": {r["label"]: run_provenance(Path(r["run"]), r["run"]) for r in found}}
+    result = {"kind": args.kind, "unit": unit, **{k: vars(args).get(k) for k in ("data", "stack", "wrap")},
+              "runs": [{**r, "curve": r["curve"].to_dict()} for r in found], "summary": summary,
+              "provenance": {"eval": provenance.provenance(),
+                             "runs": {r["label"]: run_provenance(Path(r["run"]), r["run"]) for r in found}}}
     with exit_on_write_error(args.out):
         write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(summary, unit))
