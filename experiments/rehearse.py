@@ -153,8 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The flags; argparse's one-line error for a value '' / 0, running for ever, or a file / folder mix-up."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    size = SIZES[args.size]
-    steps = size.max_steps if args.max_steps is None else args.max_steps
+    steps = SIZES[args.size].max_steps if args.max_steps is None else args.max_steps
     if not 1 <= steps <= STEPS_LIMIT:
         ap.error(f"--max-steps {args.max_steps}: expected 1..{STEPS_LIMIT}")
     if args.stop_at is not None and not 1 <= args.stop_at < steps:

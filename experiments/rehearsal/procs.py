@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +72,7 @@ def rank_of(pid: int) -> int | None:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    found = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
-    return int(found[0]) if found else None
+    return next((int(e[len(b"RANK="):]) for e in env if e.startswith(b"RANK=")), None)
 
 
 def log_steps(run_dir: Path) -> list[dict]:
@@ -80,10 +80,8 @@ def log_steps(run_dir: Path) -> list[dict]:
     out = []
     path = run_dir / "log.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
-        try:
+        with suppress(json.JSONDecodeError):
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
     return out
 
 
