@@ -94,10 +94,7 @@ _TEXT = r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}"
 
 def _drop_units(text: str) -> str:
     """Drop a trailing ``\\text{...}`` unit after a value; unwrap the remaining ``\\text{}``."""
-    while True:
-        stripped = re.sub(r"(?<=\S)\s*" + _TEXT + r"\s*$", "", text)
-        if stripped == text or not stripped.strip():
-            break
+    while (stripped := re.sub(r"(?<=\S)\s*" + _TEXT + r"\s*$", "", text)) != text and stripped.strip():
         text = stripped
     return re.sub(_TEXT, r"\1", text)
 

@@ -131,9 +131,8 @@ class LMRun:
     def snapshot(self, run, status) -> None:
         """RUN/step_N/ in the transformers layout at every checkpoint before the last (the last: ``finish``)."""
         skip = status.last or status.stopping or not status.healthy
-        if skip or not due(run.cfg.train.ckpt_every, status, at_end=False):
-            return
-        self.save_folder(run, run.run_dir / f"step_{status.done}")
+        if not skip and due(run.cfg.train.ckpt_every, status, at_end=False):
+            self.save_folder(run, run.run_dir / f"step_{status.done}")
 
     def rates(self, run, steps: int, applied: int, dt: float, sums: dict) -> dict:
         """Sequences/s and slots/s (regular + register slots of the canonical frame, padding included)."""
