@@ -128,28 +128,26 @@ SETTINGS_METHODS = {"next-token": {"name": "ntp"},
                     "self-distilled targets": {**MUTOR_PAPER, "reg_target": "self_distill"}}
 STAR_METHODS = {"next-token": {"name": "ntp"},
                 "mutor-1d d=2..4": {"name": "mutor-1d", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}}
+TINY = dict(test=8, hidden=16, layers=1, heads=2, batch=8, eval_every=2)   # shared by the --quick sizes
 ARITH_PRETRAINED = Task(
     arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
     Size(train=1000, test=200, shape=(2,), max_steps=300, batch=16, lr=1e-3, eval_every=300,
          pretrain_count=20000, pretrain_steps=3000),
-    Size(train=32, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=2, batch=8, eval_every=2,
-         max_new_tokens=12, pretrain_count=64, pretrain_steps=3),
+    Size(train=32, shape=(1,), max_steps=2, max_new_tokens=12, pretrain_count=64, pretrain_steps=3, **TINY),
     "lm_pretrained", "synthetic arithmetic, pretrained char-level Llama",
     corpus=arith_corpus, prompt_modes=("causal", "bidirectional"))
 TASKS = {
     "arith": Task(
         arith_records, lambda line: line["question"], arith_tokenizer, {"name": "gsm8k"}, ARITH_METHODS,
         Size(),
-        Size(train=64, test=8, shape=(1,), hidden=16, layers=1, heads=2, max_steps=4, batch=8, eval_every=2,
-             max_new_tokens=12),
+        Size(train=64, shape=(1,), max_steps=4, max_new_tokens=12, **TINY),
         "lm_study", "synthetic arithmetic, char-level Llama"),
     "stargraph": Task(
         stargraph_records, graph_key, stargraph_tokenizer, {"name": "jsonl", "kind": "path"},
         STAR_METHODS,
         Size(train=5000, test=500, shape=(2, 5, 20), max_steps=3000, eval_every=250, max_new_tokens=8,
              init_std=0.08),
-        Size(train=64, test=8, shape=(2, 3, 20), hidden=16, layers=1, heads=2, max_steps=4, batch=8,
-             eval_every=2, max_new_tokens=6),
+        Size(train=64, shape=(2, 3, 20), max_steps=4, max_new_tokens=6, **TINY),
         "lm_stargraph", "path-star graph, word-level Llama"),
     "arith_pretrained": ARITH_PRETRAINED,
     "arith_pretrained_4step": dataclasses.replace(
@@ -162,8 +160,8 @@ TASKS = {
         {**STAR_METHODS, "multihead d=2..4": {"name": "multihead", "d_min": 2, "d_max": 4, "reg_weight": A_STAR}},
         Size(train=2000, test=500, shape=(2, 5, 20), max_steps=400, lr=1e-3, eval_every=100, max_new_tokens=8,
              init_std=0.08, pretrain_count=20000, pretrain_steps=4000),
-        Size(train=32, test=8, shape=(2, 3, 20), hidden=16, layers=1, heads=2, max_steps=4, batch=8,
-             eval_every=2, max_new_tokens=6, init_std=0.08, pretrain_count=64, pretrain_steps=3),
+        Size(train=32, shape=(2, 3, 20), max_steps=4, max_new_tokens=6, init_std=0.08, pretrain_count=64,
+             pretrain_steps=3, **TINY),
         "lm_stargraph_pretrained", "path-star graph, base pretrained on walks and leaf-side paths",
         corpus=stargraph_corpus, prompt_modes=("causal", "bidirectional")),
 }
