@@ -111,8 +111,7 @@ def run_info(ckpt: Path) -> tuple[Path, dict, int | None]:
     run_dir = ckpt.parent if m else ckpt
     config = run_dir / "config.yaml"
     cfg = yaml.safe_load(config.read_text()) if config.is_file() else {}
-    step = int(m.group(1)) if m else (cfg.get("train") or {}).get("max_steps")
-    return run_dir, cfg, step
+    return run_dir, cfg, int(m.group(1)) if m else (cfg.get("train") or {}).get("max_steps")
 
 
 def guess_kind(located: list[tuple[str, dict]], data_name: str) -> str:
