@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import io
 from ..cli import HelpFormatter
+from . import arith
 from .prompts import tokenize
 from .records import LOADERS, OPENMATH_SOURCES, DataError, load_located, load_records, openmath_records, write_jsonl
 
@@ -151,15 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
 def check_generator_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--count, --seed, stargraph's --num-nodes and arith's --steps: one-line errors naming the flag."""
     from ..data.config import STARGRAPH_GRAPHS_LIMIT, STARGRAPH_NODES_LIMIT
-    from .arith import STEPS_LIMIT
     if not 1 <= args.count <= STARGRAPH_GRAPHS_LIMIT:
         ap.error(f"--count {args.count}: expected 1..{STARGRAPH_GRAPHS_LIMIT}")
     if args.seed < 0:
         ap.error(f"--seed {args.seed}: expected an integer >= 0")
     if args.kind == "stargraph" and args.num_nodes > STARGRAPH_NODES_LIMIT:
         ap.error(f"--num-nodes {args.num_nodes}: expected at most {STARGRAPH_NODES_LIMIT}")
-    if args.kind == "arith" and not 1 <= min(args.steps) <= max(args.steps) <= STEPS_LIMIT:
-        ap.error(f"--steps {' '.join(map(str, args.steps))}: expected step counts 1..{STEPS_LIMIT}")
+    if args.kind == "arith" and not 1 <= min(args.steps) <= max(args.steps) <= arith.STEPS_LIMIT:
+        ap.error(f"--steps {' '.join(map(str, args.steps))}: expected step counts 1..{arith.STEPS_LIMIT}")
 
 
 def run(args: argparse.Namespace) -> str:
@@ -169,8 +169,7 @@ def run(args: argparse.Namespace) -> str:
     if args.kind == "stargraph":
         records = stargraph_records(args.degree, args.path_len, args.num_nodes, args.count, args.seed, args.format)
     elif args.kind == "arith":
-        from .arith import arith_records
-        records = arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)
+        records = arith.arith_records(args.count, args.steps, args.seed, args.max_value, args.max_change)
     elif args.kind == "openmath":
         records = openmath_records(args.src, args.split)
     else:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .arith import arith_alphabet
+from .offline_tokenizers import char_tokenizer
+
 DEFAULT_POSITIONS = 256    # positions of a tiny model (prompt and answer together)
 
 
@@ -21,8 +24,6 @@ def write_tiny_llama(folder: str | Path, tokenizer=None, hidden: int = 64, layer
                      seed: int = 0, max_positions: int = DEFAULT_POSITIONS, init_std: float = 0.02) -> Path:
     """Write the model (``seed``, std ``init_std``) and ``tokenizer`` (default: arithmetic characters) to ``folder``."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from .arith import arith_alphabet
-    from .offline_tokenizers import char_tokenizer
     tok = char_tokenizer(arith_alphabet()) if tokenizer is None else tokenizer
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
@@ -91,8 +92,6 @@ def check_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check_args(args)
-    from .arith import arith_alphabet
-    from .offline_tokenizers import char_tokenizer
     write = write_tiny_gpt2 if args.arch == "gpt2" else write_tiny_llama
     folder = write(args.out, char_tokenizer(args.chars or arith_alphabet()), args.hidden, args.layers, args.heads,
                    args.seed, args.max_positions)
