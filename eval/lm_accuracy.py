@@ -30,7 +30,7 @@ import yaml
 
 from mutor2d.cli import HelpFormatter          # the command line parses and checks before torch is imported
 from mutor2d.engine.entry import run_entry
-from mutor2d.lm import accuracy
+from mutor2d.lm import accuracy, prompts, records
 from mutor2d.sampling.config import decode_modes
 
 DEFAULT_STOP = ["\nQuestion:", "\nProblem:"]
@@ -127,11 +127,10 @@ def generate_all(args, located, kind: str, out: Path):
     process is done, returns (accelerate's PartialState, the decoding settings of the record)."""
     from accelerate import PartialState
     from mutor2d.lm import drafter, hf
-    from mutor2d.lm import prompts as lm_prompts
     from mutor2d.sampling.stats import DecodeStats
     state = PartialState()
     tokenizer = hf.load_tokenizer(args.ckpt)
-    items = lm_prompts.eval_prompts(located, tokenizer)                 # every line checked before the model loads
+    items = prompts.eval_prompts(located, tokenizer)              # every line checked before the model loads
     mode = drafter.folder_mode(args.decode, args.ckpt)
     registers = drafter.load_registers(args.ckpt, args.draft) if mode == "registers" else None
     model = hf.load_for_inference(args.ckpt, args.dtype).to(state.device)
@@ -147,10 +146,9 @@ def generate_all(args, located, kind: str, out: Path):
 def evaluate(args) -> dict | None:
     from mutor2d import io
     from mutor2d.lm import hf
-    from mutor2d.lm import records as lm_records
     ckpt = Path(args.ckpt)
     run_dir, cfg, step = run_info(ckpt)
-    located = lm_records.load_located(args.data_name, args.data)[:args.limit or None]
+    located = records.load_located(args.data_name, args.data)[:args.limit or None]
     kind = args.kind or guess_kind(located, args.data_name)
     suffix = f"_step{step}" if ckpt != run_dir else ""
     out = Path(args.out) if args.out else run_dir / "eval" / f"predictions_{Path(args.data).stem}{suffix}.jsonl"

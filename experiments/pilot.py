@@ -29,7 +29,7 @@ from mutor2d.cli import HelpFormatter          # the command line parses and che
 from mutor2d.engine.entry import run_entry
 from mutor2d.evaluation.options import DEFAULT_CACHE
 from mutor2d.evaluation.plan import StudyError
-from mutor2d.evaluation.speedup import GAP, method_steps, resolvable_gap, seeds_needed
+from mutor2d.evaluation.speedup import GAP, method_steps, resolvable_gap, seeds_needed, window_log_fid
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +63,6 @@ def score_first_run(out: Path, T: int, nums: list[int], sample_seeds: int, cfg: 
 
 
 def summary(out: Path, T: int, nums: list[int], cfg: float, scored: dict, affordable: int) -> dict:
-    from mutor2d.evaluation.speedup import window_log_fid
     from mutor2d.evaluation.study_tables import collect, summarise
     fids = scored["fids"]
     sampling = {f"{w}, {n} samples": log_sd([v for (w2, n2, _, s), v in fids.items() if (w2, n2, s) == (w, n, T)])
