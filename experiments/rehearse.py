@@ -34,9 +34,8 @@ CONFIG = "llamagen_b_mutor2d.yaml"
 STAGES = ("images", "vq", "extract", "train+stop", "resume", "sample", "fid", "board")
 
 
-def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
-    """train.py with the shipped GPT-B MuToR-2D config; --set only what the rehearsal must change."""
-    data = data_dir(args, w)
+def train_command(args, size: RehearsalSize, w: Path, data: Path) -> list[str]:
+    """train.py with the shipped GPT-B MuToR-2D config on ``data``'s codes; --set only what must change."""
     sets = [f"train.batch_size={size.batch_size}", f"train.max_steps={size.max_steps}",
             f"data.path={data / 'codes'}", f"data.tokenizer={data / 'vq_ds16_c2i.pt'}",
             f"train.ckpt_every={size.ckpt_every}", f"train.sample_every={size.max_steps}", "train.log_every=1",
@@ -45,14 +44,12 @@ def train_command(args, size: RehearsalSize, w: Path) -> list[str]:
     return (launcher(args.launcher) + [str(ROOT / "train.py"), "--config", CONFIG, "--out", str(w / "run")]
             + [word for s in sets for word in ("--set", s)])
 
-def data_dir(args, w: Path) -> Path:
-    """Where the ImageFolder, the VQ file and the codes are: --reuse DIR, else the workdir."""
-    return Path(args.reuse).resolve() if args.reuse else w
-
 
 def stage_jobs(args, size: RehearsalSize, w: Path, env: dict, state: dict) -> dict:
     """stage name -> a function returning that stage's details (each checks its own outputs)."""
     run_dir, logs = w / "run", w / "logs"
+    data = Path(args.reuse).resolve() if args.reuse else w      # the ImageFolder, the VQ file and the codes
+    train = train_command(args, size, w, data)
     n_images, augs = 2 * size.per_class, 2 * size.crops
     extract = launcher(args.launcher) + [
         str(ROOT / "tokenizers/extract_codes.py"), "--images", str(w / "images"), "--tokenizer",
@@ -66,17 +63,17 @@ def stage_jobs(args, size: RehearsalSize, w: Path, env: dict, state: dict) -> di
     board = [PY, str(ROOT / "eval/leaderboard.py"), str(run_dir)]
 
     def stop():
-        res = stop_mid_run(train_command(args, size, w), env, run_dir, size.stop_at, logs / "train.log", args.signal)
+        res = stop_mid_run(train, env, run_dir, size.stop_at, logs / "train.log", args.signal)
         state["stopped"] = check_stop(res, run_dir, size, args.signal, args.sharding)
         return state["stopped"]
 
     def resume():
-        out = run("resume", train_command(args, size, w) + ["--resume", "auto"], env, logs / "resume.log")
+        out = run("resume", train + ["--resume", "auto"], env, logs / "resume.log")
         found = check_resume(out, run_dir, state["stopped"]["step"], size.max_steps, args.sharding)
         return {**found, "seconds_per_step": seconds_per_step(log_steps(run_dir), size.batch_size)}
 
     def evaluate():
-        write_reference(data_dir(args, w) / "images", w / "ref_imagefolder256.npz")
+        write_reference(data / "images", w / "ref_imagefolder256.npz")
         make_standin_inception(w / "standin-inception.pth")
         run("fid", fid, env, logs / "fid.log")
         return check_record(run_dir)
@@ -95,7 +92,7 @@ def stage_jobs(args, size: RehearsalSize, w: Path, env: dict, state: dict) -> di
     }
     if args.reuse:                  # an earlier workdir of the same size provides the data
         for name in ("images", "vq", "extract"):
-            jobs[name] = lambda: {"reused": str(data_dir(args, w))}
+            jobs[name] = lambda: {"reused": str(data)}
     return jobs
 
 
