@@ -41,20 +41,18 @@ def _load(cls, ref: str | Path, what: str, key: str = "model.hf", markers=("conf
     """``cls.from_pretrained(ref)`` from a local folder (holding one of ``markers``) or the local hub cache."""
     folder = Path(ref).expanduser()
     local = folder.is_dir()
-    where = f"no {what} at {folder.resolve()}"
+    where = f"{key}={str(ref)!r}: no {what} at {folder.resolve()}"
     if local and markers and not any((folder / m).is_file() for m in markers):
-        raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder with config.json; "
-                           "nothing is downloaded)")
+        raise LMModelError(f"{where} (expected a local folder with config.json; nothing is downloaded)")
     if not local and not _HUB_NAME.fullmatch(str(ref)):
-        raise LMModelError(f"{key}={str(ref)!r}: {where} (expected a local folder or a cached hub "
-                           "name; nothing is downloaded)")
+        raise LMModelError(f"{where} (expected a local folder or a cached hub name; nothing is downloaded)")
     try:
         with refusing_pickles(key, ref):
             return cls.from_pretrained(str(ref) if not local else folder, local_files_only=True, **kwargs)
     except (OSError, ValueError, SafetensorError) as e:      # transformers' own messages are many lines
         if not local and isinstance(e, OSError):
-            raise LMModelError(f"{key}={str(ref)!r}: {where} and none in the local Hugging Face cache "
-                               "(expected a local folder or a cached hub name; nothing is downloaded)") from None
+            raise LMModelError(f"{where} and none in the local Hugging Face cache (expected a local folder "
+                               "or a cached hub name; nothing is downloaded)") from None
         source = folder.resolve() if local else "the local Hugging Face cache"
         raise LMModelError(f"{key}={str(ref)!r}: cannot load the {what} from {source}: "
                            f"{str(e).splitlines()[0].strip()}") from None
