@@ -126,8 +126,7 @@ class TextEnds(Ends):
 
     def emit(self, rows, tokens, count, n):
         for r, toks, c in zip(rows.tolist(), tokens.tolist(), count.tolist()):
-            if c:
-                self.state.emit(r, toks[:c])
+            self.state.emit(r, toks[:c])            # nothing when c = 0
         return torch.tensor([not self.state.done[r] for r in rows.tolist()], dtype=torch.bool, device=rows.device)
 
     def more(self, active, rounds):
