@@ -41,10 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags, checked: a bad --num or --batch-size is a one-line ValueError naming it."""
     args = build_parser().parse_args(argv)
-    if args.num < 0:
-        raise ValueError(f"--num {args.num}: expected >= 0 (0 = all test graphs)")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size}: expected >= 1")
+    for flag, low, note in (("num", 0, " (0 = all test graphs)"), ("batch_size", 1, "")):
+        if (value := getattr(args, flag)) < low:
+            raise ValueError(f"--{flag.replace('_', '-')} {value}: expected >= {low}{note}")
     return args
 
 
