@@ -43,9 +43,8 @@ def main(argv=None) -> str:
         raise records.RecordError("no evaluation records found in " + ", ".join(args.runs))
     table = records.markdown_table(recs, paper=args.paper)
     print(table)
-    for line in (records.provenance_warning(recs), records.data_set_warning(recs)):
-        if line:
-            warn(line)
+    for line in filter(None, (records.provenance_warning(recs), records.data_set_warning(recs))):
+        warn(line)
     if args.plot:
         print(f"plot: {records.plot_fid(recs, args.plot, paper=args.paper)}", file=sys.stderr)
     return table
