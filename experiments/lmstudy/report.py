@@ -10,6 +10,7 @@ from mutor2d import provenance
 from mutor2d.engine.runlog import read_log, skip_counts
 from mutor2d.evaluation.plan import StudyError
 from mutor2d.evaluation.records import markdown
+from mutor2d.evaluation.study_tables import t95
 from mutor2d.io import write_json_atomic
 
 from .runs import load_jsonl, records_of
@@ -119,7 +120,6 @@ def check_skips(runs: dict[str, dict[int, Path]], max_steps: int, reference: str
 def interval_table(runs: dict[str, dict[int, Path]], max_steps: int, out: Path, reference: str = "next-token") -> str:
     """Markdown: per arm, final accuracy (95% CI over seeds), the paired difference to ``reference`` with CI and
     wins / ties / losses, CPU seconds per run, forwards per token, and skipped updates per seed."""
-    from mutor2d.evaluation.study_tables import t95     # imports torch
     final = {arm: {s: records_of(r)[max_steps] for s, r in by.items()} for arm, by in runs.items()}
     acc = {arm: {s: rec["metrics"]["accuracy"] for s, rec in by.items()} for arm, by in final.items()}
     cpu = cpu_seconds(out)
