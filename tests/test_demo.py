@@ -115,8 +115,9 @@ def test_auto_picks_the_measured_fastest(run, tmp_path, capsys):
                     "--out", str(tmp_path / "auto.png")])
     assert f"--decode auto: {auto_decode(1, 'cpu', True)} (batches of 1 images on cpu)" in capsys.readouterr().out
     sample_py.main(["--ckpt", str(run), "--num", "20", "--npz", "--batch-size", "30", "--decode", "auto",
-                    "--device", "cpu"])                          # --npz alone: its batches are of --num's images
-    assert f"--decode auto: {auto_decode(20, 'cpu', True)} (batches of 20 images on cpu)" in capsys.readouterr().out
+                    "--device", "cpu"])                 # --npz alone: its batches are of --num's images
+    picked = f"--decode auto: {auto_decode(20, 'cpu', True)} (batches of 20 images on cpu)"
+    assert picked in capsys.readouterr().out
 
 
 def test_an_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):

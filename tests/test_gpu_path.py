@@ -47,8 +47,8 @@ CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])   # on the CPU too, so CI sees the hook's interface move
 def test_sample_grid_hook_decodes_on_the_device_like_sample_py(tmp_path, device):
-    """A VQ tokenizer built on the CPU (as the engine's loop.Hooks does) decodes the training grid on the run's device, and
-    the grid is sample.py's on the same checkpoint and device, byte for byte."""
+    """A VQ tokenizer built on the CPU (as the engine's loop.Hooks does) decodes the training grid on the run's
+    device, and the grid is sample.py's on the same checkpoint and device, byte for byte."""
     from mutor2d.data.tokens import build_tokenizer
     from mutor2d.engine.hooks import StepStatus
     from mutor2d.image.hooks import SampleGrids

@@ -43,7 +43,7 @@ class Drafts:
 
     def select(self, index: Tensor) -> "Drafts":
         """The drafts of the rows ``index`` (b',)."""
-        return Drafts(*(None if t is None else t[index] for t in vars(self).values()))    # the fields, in order
+        return Drafts(*(None if t is None else t[index] for t in vars(self).values()))      # fields in order
 
 
 def pick(p: Tensor, greedy: bool, generator) -> Tensor:
