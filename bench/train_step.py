@@ -36,6 +36,8 @@ MFU_TARGET = 0.70
 
 def mask_objective() -> type:
     """TokenPrediction whose layouts' visibility has no fast path: SDPA gets the dense boolean mask."""
+    import dataclasses
+
     from mutor2d.model.attention import Visibility
     from mutor2d.objectives.token_prediction import TokenPrediction
     from mutor2d.objectives.layout import Layout
@@ -49,7 +51,7 @@ def mask_objective() -> type:
     class MaskObjective(TokenPrediction):
         def layout(self, batch, prefix_len, generator):
             lay = super().layout(batch, prefix_len, generator)
-            return MaskLayout(**vars(lay))
+            return MaskLayout(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
     return MaskObjective
 
 

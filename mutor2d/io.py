@@ -158,6 +158,7 @@ def exit_on_write_error(what: str, left: str = "no partial file is left"):
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically."""
     return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 

@@ -186,8 +186,9 @@ def measured_device() -> tuple[str, int]:
 def provenance(data: dict | None = None, init: dict | None = None, device: str | None = None,
                threads: int | None = None, root: str | os.PathLike = PACKAGE_ROOT) -> dict:
     """The provenance dict (module doc): code, versions, device, threads, data, init."""
-    measured = measured_device() if device is None or threads is None else (device, threads)
-    device, threads = device or measured[0], measured[1] if threads is None else threads
+    if device is None or threads is None:
+        measured = measured_device()
+        device, threads = device or measured[0], threads if threads is not None else measured[1]
     return {"code": code_identity(root), "versions": versions(), "device": str(device), "threads": int(threads),
             "data": data, "init": init}
 

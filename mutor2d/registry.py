@@ -54,6 +54,7 @@ def resolve(target: str | Callable) -> Callable:
 
 
 def builder(name: str) -> Callable:
+    """The builder entered as ``name``, its module imported now."""
     return resolve(REGISTRY[name].build)
 
 

@@ -92,8 +92,9 @@ def records_of(run: Path) -> dict[int, dict]:
 
 def finished(run: Path, max_steps: int, records: bool = True) -> bool:
     """The run's model is saved (and, with ``records``, its accuracy at ``max_steps`` recorded)."""
-    from mutor2d.lm.run import LMRun          # imports torch
-    return LMRun().finished(run) and (not records or max_steps in records_of(run))
+    from mutor2d.lm.hf import INFERENCE_FILE
+    saved = (run / "config.json").is_file() and (run / INFERENCE_FILE).is_file()
+    return saved and (not records or max_steps in records_of(run))
 
 
 def train_py():

@@ -221,4 +221,5 @@ def build_dataset(cfg: DataConfig, split: str = "train") -> Dataset:
 
 
 def collate(items: list[dict]) -> dict:
+    """Items of one dataset -> a batch: each key stacked along a new first dimension."""
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}

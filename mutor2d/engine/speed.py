@@ -8,7 +8,6 @@ tokens of the sequence (an over-estimate: they attend to a prefix only).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -33,10 +32,13 @@ def env_peak() -> float | None:
     """$MUTOR2D_PEAK_TFLOPS in FLOP/s, None when unset or empty; ValueError naming a bad value."""
     if not (text := os.environ.get(PEAK_ENV, "").strip()):
         return None
-    with contextlib.suppress(ValueError):
-        if math.isfinite(value := float(text)) and value > 0:
-            return value * 1e12
-    raise ValueError(f"{PEAK_ENV}={text!r}: expected a positive number of TFLOP/s (e.g. 989)")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{PEAK_ENV}={text!r}: expected a positive number of TFLOP/s (e.g. 989)")
+    return value * 1e12
 
 
 def peak_flops(device: torch.device) -> float | None:

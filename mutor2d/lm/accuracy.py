@@ -135,8 +135,10 @@ def as_rational(text: str) -> Fraction | None:
 
 def math_equal(a: str, b: str) -> bool:
     na, nb = normalize_math(a), normalize_math(b)
+    if na == nb:
+        return True
     ra = as_rational(na)
-    return na == nb or (ra is not None and ra == as_rational(nb))
+    return ra is not None and ra == as_rational(nb)
 
 
 # ----------------------------------------------------------------------------- path
@@ -215,7 +217,8 @@ def score_file(path: str | Path, kind: str) -> dict:
 
 
 def part_path(out: str | Path, rank: int, world: int) -> Path:
-    return Path(f"{out}.part{rank}of{world}")
+    out = Path(out)
+    return out.with_name(f"{out.name}.part{rank}of{world}")
 
 
 def shard(indices: list[int], rank: int, world: int) -> list[int]:

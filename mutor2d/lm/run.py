@@ -83,11 +83,7 @@ class LMRun:
                 fail("eval.max_new_tokens", f"at most {limit}, the model's positions", cfg.eval.max_new_tokens)
             for where, rec in located:
                 more = tokenize([rec], self.tokenizer, d.max_prompt_len, d.max_answer_len, d.add_eos, [where])
-                for p, a in more if limit is not None else []:      # longer than the model's positions
-                    if len(p) + len(a) > limit:
-                        raise ConfigError(f"{where}: {len(p)} + {len(a)} = {len(p) + len(a)} prompt + answer "
-                                          f"tokens, more than the model's {limit} positions; lower "
-                                          "data.max_prompt_len / data.max_answer_len")
+                check_positions(more, limit, where)
                 pairs += more
             if cfg.eval.path:
                 self.eval_items, self.eval_kind = read_eval_items(cfg, self.tokenizer)
@@ -240,6 +236,14 @@ def base_reference(cfg: LMRunConfig, model, tokenizer) -> str:
         fail("model.hf", "a local folder or cached hub name of the base model (a LoRA run on a model "
                          "object without name_or_path must name where its base loads from)", ref)
     return ref
+
+
+def check_positions(pairs: list, limit: int | None, where: str) -> None:
+    """A prompt + answer longer than the model's positions is a one-line error naming the line."""
+    for p, a in pairs if limit is not None else []:
+        if len(p) + len(a) > limit:
+            raise ConfigError(f"{where}: {len(p)} + {len(a)} = {len(p) + len(a)} prompt + answer tokens, more "
+                              f"than the model's {limit} positions; lower data.max_prompt_len / data.max_answer_len")
 
 
 def load_trainable(model: MutorLM, state: dict, trainable: set[str]) -> None:

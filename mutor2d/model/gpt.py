@@ -277,6 +277,7 @@ class GPT(nn.Module):
             get_backend(name, vis.key_rank.device).prepare(vis, dropout_p)
 
     def logits(self, h: Tensor) -> Tensor:
+        """Final norm + LM head, float32 logits."""
         return self.output(self.norm(h)).float()
 
     def head_layers(self, count: int) -> nn.ModuleList:

@@ -122,7 +122,8 @@ class Layout:
 
     def dense_mask(self) -> Tensor:
         """(B, T+R, T+R) bool attention matrix (True = may attend); for SDPA and pictures."""
-        return (self.visibility or Visibility(self.key_rank, self.query_limit)).dense_mask()[:, 0]
+        return Visibility(self.key_rank, self.query_limit, None, None, self.extra_rank,
+                          self.extra_limit).dense_mask()[:, 0]
 
     def gather_targets(self, body: Tensor) -> tuple[Tensor, Tensor]:
         """body (B, N) tokens -> (ntp targets (B, T), register targets (B, R))."""

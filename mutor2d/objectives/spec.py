@@ -5,7 +5,6 @@ is a RegisterSpec2D with the loss's fields beside, mutor2d.objectives.config). T
 them: mutor2d.objectives.layout."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -70,7 +69,11 @@ class RegisterSpec:
         while they are candidates (x_{t+1} is the next-token head's). Their count is the useful draft
         length: D - 2 for mutor-2d, d_max - 1 for mutor-1d with d_min <= 2, 0 otherwise."""
         have = set(self.offset_pairs())
-        return list(itertools.takewhile(have.__contains__, ((0, d) for d in itertools.count(2))))
+        out, d = [], 2
+        while (0, d) in have:
+            out.append((0, d))
+            d += 1
+        return out
 
     def check_height(self, H: int, name: str, shape: str) -> None:
         """Raise LayoutError if this spec cannot work on a grid of H rows (2D offsets need H > 1);

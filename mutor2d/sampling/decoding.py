@@ -112,9 +112,10 @@ def run_decoder(model, prefix: Tensor, grid: tuple[int, int], rules: SamplingRul
                 objective=None, generator: torch.Generator | None = None,
                 stats: DecodeStats | None = None, progress: Progress | None = None) -> Tensor:
     """``generate`` after its checks: checked ``rules`` and a fitted ``mode`` (``decoding_mode``), so
-    a caller sampling many batches checks its settings once; the drafter follows the register rules of
-    ``objective`` (the checkpoint's section); ``progress`` (``rounds.Progress``) sees the tokens as they
-    are emitted."""
+    a caller sampling many batches checks its settings once. The prefix is checked by the model's
+    conditioning kind; the model runs in eval mode (its training flag is restored after). The drafter
+    follows the register rules of ``objective`` (the checkpoint's section); ``progress``
+    (``rounds.Progress``) sees the tokens as they are emitted."""
     model = unwrap_model(model)
     model.conditioning.check(model.cfg, prefix)
     if rules.guided and not model.conditioning.guidable:
@@ -166,7 +167,7 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
     eager_decode = model.eager_decode
     if inductor is None:
         inductor = CPU_DECODE_INDUCTOR if model.output.weight.device.type == "cpu" else {}
-    settings = dict(inductor)        # none: the patch changes nothing
+    settings = dict(inductor)
     from torch._inductor import config as inductor_config
 
     def step(caches, args, kwargs):
@@ -182,6 +183,9 @@ def compile_decoder(model, inductor: dict | None = None) -> None:
         return x.clone(memory_format=torch.contiguous_format) if isinstance(x, Tensor) else x
 
     def decode(*args):
+        inputs = ([a.cache for a in layers], tuple(map(fresh, args)), {})
+        if not settings:                  # the default on CUDA: no patch to enter on every step
+            return compiled(*inputs)
         with inductor_config.patch(settings):
-            return compiled([a.cache for a in layers], tuple(map(fresh, args)), {})
+            return compiled(*inputs)
     model.decode_step = decode

@@ -11,7 +11,7 @@ them is the argmax. Without drafts (K = 0, plain decoding) the token is drawn fr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -43,7 +43,7 @@ class Drafts:
 
     def select(self, index: Tensor) -> "Drafts":
         """The drafts of the rows ``index`` (b',)."""
-        return Drafts(*(None if t is None else t[index] for t in vars(self).values()))      # fields in order
+        return Drafts(*(None if (t := getattr(self, f.name)) is None else t[index] for f in fields(self)))
 
 
 def pick(p: Tensor, greedy: bool, generator) -> Tensor:
